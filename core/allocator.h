@@ -1,0 +1,38 @@
+// Allocators. Both cache freed blocks: glibc hands large blocks back to the OS on
+// every free, which makes a training step up to 2x slower; CUDA's cudaMalloc/cudaFree
+// synchronise the device. See Note [Caching allocators].
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace eg {
+
+struct AllocatorStats {
+  size_t allocated = 0;       // bytes handed out and not yet returned
+  size_t reserved = 0;        // bytes held from the system (allocated + cached)
+  size_t peak_allocated = 0;  // high-water mark of `allocated`
+  uint64_t system_allocs = 0; // calls that reached the system allocator
+  uint64_t cache_hits = 0;    // requests served from the cache
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // `stream` is the CUDA stream the block is used on (stream-ordered reuse); ignored on CPU.
+  virtual void* allocate(size_t nbytes, void* stream = nullptr) = 0;
+  virtual void deallocate(void* p, size_t nbytes) = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak() = 0;
+  // Returns every cached (unused) block to the system.
+  virtual void empty_cache() = 0;
+};
+
+Allocator& cpu_allocator();
+// Throws eg::Error when egeria was built without CUDA.
+Allocator& cuda_allocator(int device = 0);
+
+// Size class used by both caching allocators: small sizes round up to 512 bytes,
+// large ones to a quarter of their power of two, so a reused block wastes < 25%.
+size_t allocation_size_class(size_t nbytes);
+
+}  // namespace eg

@@ -1,0 +1,31 @@
+// CUDA execution context (internal; never included by public headers): the current
+// stream per device, cuBLAS/cuDNN handles bound to it, and the status-check macros.
+// Library code never synchronises on the hot path; EG_SYNC_DEBUG=1 in the environment
+// makes eg::cuda::after_launch() synchronise and check after every kernel.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace eg::cuda {
+
+const char* cublas_status_string(cublasStatus_t s);
+
+int device_count();  // 0 when there is no driver or no device
+cudaStream_t current_stream(int device = -1);  // -1: the current device
+cublasHandle_t cublas_handle();  // for the current device, bound to current_stream()
+cudnnHandle_t cudnn_handle();
+void set_device(int device);
+void memcpy(void* dst, Device dd, const void* src, Device sd, size_t n);
+void memset_zero(void* p, size_t n, Device d);
+void synchronize();              // current stream; for tests, tools and D2H reads
+void after_launch(const char* what);  // checks the launch; syncs when EG_SYNC_DEBUG=1
+
+}  // namespace eg::cuda
+
+#define EG_CUDA_CHECK(expr) EG_CHECK_GEN(expr, cudaSuccess, cudaGetErrorString)
+#define EG_CUDNN_CHECK(expr) EG_CHECK_GEN(expr, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
+#define EG_CUBLAS_CHECK(expr) EG_CHECK_GEN(expr, CUBLAS_STATUS_SUCCESS, ::eg::cuda::cublas_status_string)

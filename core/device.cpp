@@ -1,0 +1,76 @@
+// Device queries and raw copies. The only core file that branches on EG_WITH_CUDA
+// besides the CUDA context and allocator.
+#include <cstdlib>
+#include <cstring>
+
+#include "core/tensor.h"
+#ifdef EG_WITH_CUDA
+#include "core/cuda_context.h"
+#endif
+
+namespace eg {
+
+Device Device::parse(const std::string& s) {
+  if (s == "cpu") return cpu();
+  if (s == "cuda") return cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    const std::string n = s.substr(5);
+    char* end = nullptr;
+    long i = n.empty() ? -1 : std::strtol(n.c_str(), &end, 10);
+    if (!n.empty() && end && *end == '\0' && i >= 0) return cuda(int(i));
+  }
+  EG_THROW("unknown device '", s, "' (expected cpu, cuda or cuda:N)");
+}
+
+std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+bool built_with_cuda() {
+#ifdef EG_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef EG_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
+  if (n == 0) return;
+  if (dd.is_cpu() && sd.is_cpu()) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#ifdef EG_WITH_CUDA
+  cuda::memcpy(dst, dd, src, sd, n);
+#else
+  EG_THROW("this build of egeria has no CUDA support (copy between ", sd.str(), " and ", dd.str(), ")");
+#endif
+}
+
+void Tensor::zero_() {
+  if (nbytes() == 0) return;
+  if (device().is_cpu()) {
+    std::memset(raw(), 0, nbytes());
+  } else {
+#ifdef EG_WITH_CUDA
+    cuda::memset_zero(raw(), nbytes(), device());
+#endif
+  }
+  ++impl().version;
+}
+
+#ifndef EG_WITH_CUDA
+Allocator& cuda_allocator(int) {
+  EG_THROW("this build of egeria has no CUDA support; rebuild with -DEG_CUDA=ON");
+}
+#endif
+
+}  // namespace eg

@@ -1,0 +1,31 @@
+// Where a tensor lives: the CPU or one CUDA device.
+#pragma once
+#include <string>
+
+namespace eg {
+
+enum class DeviceType : uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::cpu, 0}; }
+  static Device cuda(int i = 0) { return {DeviceType::cuda, i}; }
+  // "cpu", "cuda", "cuda:N"; throws eg::Error naming the bad string.
+  static Device parse(const std::string& s);
+
+  bool is_cpu() const { return type == DeviceType::cpu; }
+  bool is_cuda() const { return type == DeviceType::cuda; }
+  std::string str() const;
+  bool operator==(const Device& o) const { return type == o.type && (is_cpu() || index == o.index); }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
+// True when egeria was built with CUDA and a usable GPU is present. A missing
+// driver or device means "no GPU", never an error.
+bool cuda_available();
+int cuda_device_count();
+bool built_with_cuda();
+
+}  // namespace eg

@@ -1,0 +1,253 @@
+#include "core/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "core/rng.h"
+
+namespace eg {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) {
+  data = dev.is_cpu() ? cpu_allocator().allocate(n) : cuda_allocator(dev.index).allocate(n);
+}
+
+Storage::~Storage() {
+  if (device.is_cpu()) cpu_allocator().deallocate(data, nbytes);
+  else cuda_allocator(device.index).deallocate(data, nbytes);
+}
+
+int64_t Tensor::size(int d) const {
+  int n = dim();
+  if (d < 0) d += n;
+  EG_CHECK(d >= 0 && d < n, "dimension ", d, " out of range for a tensor of shape ",
+           shape_str(shape()));
+  return shape()[size_t(d)];
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "undefined tensor";
+  return detail::concat(dtype_name(dtype()), shape_str(shape()), " on ", device().str());
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) EG_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(impl);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+
+namespace {
+template <class F>
+void fill_host(void* p, DType t, int64_t n, F value_at) {
+  switch (t) {
+    case DType::f32: for (int64_t i = 0; i < n; ++i) static_cast<float*>(p)[i] = float(value_at(i)); break;
+    case DType::f64: for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] = value_at(i); break;
+    case DType::bf16: for (int64_t i = 0; i < n; ++i) static_cast<bf16_t*>(p)[i] = float_to_bf16(float(value_at(i))); break;
+    case DType::f16: for (int64_t i = 0; i < n; ++i) static_cast<f16_t*>(p)[i] = float_to_f16(float(value_at(i))); break;
+    case DType::s8: for (int64_t i = 0; i < n; ++i) static_cast<int8_t*>(p)[i] = int8_t(value_at(i)); break;
+    case DType::u8: for (int64_t i = 0; i < n; ++i) static_cast<uint8_t*>(p)[i] = uint8_t(value_at(i)); break;
+    case DType::s32: for (int64_t i = 0; i < n; ++i) static_cast<int32_t*>(p)[i] = int32_t(value_at(i)); break;
+    case DType::s64: for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(p)[i] = int64_t(value_at(i)); break;
+  }
+}
+double read_host(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::bf16: return bf16_to_float(static_cast<const bf16_t*>(p)[i]);
+    case DType::f16: return f16_to_float(static_cast<const f16_t*>(p)[i]);
+    case DType::s8: return static_cast<const int8_t*>(p)[i];
+    case DType::u8: return static_cast<const uint8_t*>(p)[i];
+    case DType::s32: return static_cast<const int32_t*>(p)[i];
+    case DType::s64: return double(static_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+// Builds on the host, then moves to `device`.
+template <class F>
+Tensor make_host_then_move(const Shape& shape, DType dtype, Device device, F value_at) {
+  Tensor t = Tensor::empty(shape, dtype, Device::cpu());
+  fill_host(t.raw(), dtype, t.numel(), value_at);
+  return t.to(device);
+}
+}  // namespace
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  return make_host_then_move(shape, dtype, device, [value](int64_t) { return value; });
+}
+
+Tensor Tensor::arange(int64_t n, DType dtype, Device device) {
+  return make_host_then_move({n}, dtype, device, [](int64_t i) { return double(i); });
+}
+
+Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
+  uint64_t seed = gen.seed(), off = gen.reserve(uint64_t(shape_numel(shape)));
+  return make_host_then_move(shape, dtype, device,
+                             [=](int64_t i) { return philox_normal(seed, off, uint64_t(i)); });
+}
+
+Tensor Tensor::uniform(const Shape& shape, double lo, double hi, Generator& gen, DType dtype,
+                       Device device) {
+  uint64_t seed = gen.seed(), off = gen.reserve(uint64_t(shape_numel(shape)));
+  return make_host_then_move(shape, dtype, device, [=](int64_t i) {
+    return lo + (hi - lo) * double(philox_uniform(seed, off, uint64_t(i)));
+  });
+}
+
+template <class T>
+Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, Device device) {
+  EG_CHECK(int64_t(v.size()) == shape_numel(shape), "from_vector: ", v.size(),
+           " values do not fill shape ", shape_str(shape));
+  Tensor t = empty(shape, dtype_v<T>, Device::cpu());
+  if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
+  return t.to(device);
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  EG_CHECK(dtype() == dtype_v<T>, "to_vector: tensor holds ", dtype_name(dtype()), ", asked for ",
+           dtype_name(dtype_v<T>));
+  std::vector<T> v(static_cast<size_t>(numel()));
+  if (!v.empty()) copy_bytes(v.data(), Device::cpu(), raw(), device(), nbytes());
+  return v;
+}
+
+#define EG_INSTANTIATE(T)                                                                  \
+  template Tensor Tensor::from_vector<T>(const std::vector<T>&, const Shape&, Device);   \
+  template std::vector<T> Tensor::to_vector<T>() const;
+EG_INSTANTIATE(float)
+EG_INSTANTIATE(double)
+EG_INSTANTIATE(bf16_t)
+EG_INSTANTIATE(f16_t)
+EG_INSTANTIATE(int8_t)
+EG_INSTANTIATE(uint8_t)
+EG_INSTANTIATE(int32_t)
+EG_INSTANTIATE(int64_t)
+#undef EG_INSTANTIATE
+
+double Tensor::item() const {
+  EG_CHECK(numel() == 1, "item() needs a tensor with one element, got shape ", shape_str(shape()));
+  Tensor h = to(Device::cpu());
+  return read_host(h.raw(), dtype(), 0);
+}
+
+Tensor Tensor::reshape(Shape s) const {
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      EG_CHECK(infer < 0, "reshape: only one dimension may be -1, got ", shape_str(s));
+      infer = int(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    EG_CHECK(known > 0 && numel() % known == 0, "reshape: cannot view ", shape_str(shape()),
+             " as ", shape_str(s));
+    s[size_t(infer)] = numel() / known;
+  }
+  EG_CHECK(shape_numel(s) == numel(), "reshape: cannot view ", shape_str(shape()), " (", numel(),
+           " elements) as ", shape_str(s));
+  auto v = std::make_shared<TensorImpl>(*impl_ptr());
+  v->shape = s;
+  return Tensor(v);
+}
+
+Tensor Tensor::flatten(int start_dim) const {
+  EG_CHECK(start_dim >= 0 && start_dim <= dim(), "flatten: bad start_dim ", start_dim);
+  Shape s(shape().begin(), shape().begin() + start_dim);
+  int64_t rest = 1;
+  for (int i = start_dim; i < dim(); ++i) rest *= shape()[size_t(i)];
+  s.push_back(rest);
+  return reshape(s);
+}
+
+Tensor Tensor::slice(int64_t b, int64_t e) const {
+  EG_CHECK(dim() >= 1, "slice: tensor has no dimension 0");
+  EG_CHECK(0 <= b && b <= e && e <= shape()[0], "slice [", b, ", ", e, ") out of range for ",
+           shape_str(shape()));
+  auto v = std::make_shared<TensorImpl>(*impl_ptr());
+  v->shape[0] = e - b;
+  v->offset += size_t(b) * (nbytes() / size_t(std::max<int64_t>(shape()[0], 1)));
+  v->grad = nullptr;
+  v->grad_fn = nullptr;
+  v->requires_grad = false;
+  return Tensor(v);
+}
+
+Tensor Tensor::detach() const {
+  auto v = std::make_shared<TensorImpl>();
+  v->storage = impl().storage;
+  v->offset = impl().offset;
+  v->shape = shape();
+  v->dtype = dtype();
+  return Tensor(v);
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape(), dtype(), device());
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  Tensor t = empty(shape(), dtype(), d);
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType t) const {
+  if (t == dtype()) return *this;
+  Tensor src = to(Device::cpu());
+  Tensor dst = empty(shape(), t, Device::cpu());
+  const void* p = src.raw();
+  DType st = dtype();
+  fill_host(dst.raw(), t, numel(), [&](int64_t i) { return read_host(p, st, i); });
+  return dst.to(device());
+}
+
+void Tensor::copy_(const Tensor& src) {
+  EG_CHECK(src.numel() == numel(), "copy_: source has ", src.numel(), " elements, destination ",
+           numel());
+  EG_CHECK(src.dtype() == dtype(), "copy_: source is ", dtype_name(src.dtype()),
+           ", destination is ", dtype_name(dtype()));
+  if (nbytes()) copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+  ++impl().version;
+}
+
+Tensor& Tensor::set_requires_grad(bool r) {
+  EG_CHECK(!r || is_floating(dtype()), "only floating-point tensors can require gradients, this one is ",
+           dtype_name(dtype()));
+  impl().requires_grad = r;
+  return *this;
+}
+
+}  // namespace eg

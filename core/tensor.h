@@ -1,0 +1,128 @@
+// Tensor: a handle to a shared TensorImpl (shape, dtype, device, a window into a
+// Storage, and autograd metadata). Copies of a Tensor are the same tensor; views
+// (reshape, slice along dim 0) are new TensorImpls over the same Storage.
+// Layout: contiguous row-major; NCHW for images, [B, T, C] for sequences.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace eg {
+
+namespace autograd { struct Node; }
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+int64_t shape_numel(const Shape& s);
+
+struct Storage {
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+};
+
+class Tensor;
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  size_t offset = 0;  // bytes
+  Shape shape;
+  DType dtype = DType::f32;
+  // autograd
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;
+  uint32_t output_nr = 0;
+  uint64_t version = 0;  // bumped by in-place writes through the public API
+};
+
+class Generator;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- factories
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
+                     Device device = Device::cpu());
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& v, const Shape& shape, Device device = Device::cpu());
+  // Counter-based random numbers: identical for a given (seed, offset) on CPU and GPU.
+  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32,
+                      Device device = Device::cpu());
+  static Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen,
+                        DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor arange(int64_t n, DType dtype = DType::s64, Device device = Device::cpu());
+
+  // ---- properties
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  int dim() const { return int(impl().shape.size()); }
+  int64_t size(int d) const;  // negative d counts from the end
+  int64_t numel() const { return shape_numel(impl().shape); }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device; }
+  bool is_cuda() const { return device().is_cuda(); }
+  std::string str() const;  // "f32[128, 3, 32, 32] on cpu"
+
+  void* raw() const { return static_cast<char*>(impl().storage->data) + impl().offset; }
+  template <class T>
+  T* data() const {
+    EG_CHECK(dtype() == dtype_v<T>, "tensor holds ", dtype_name(dtype()), " but was read as ",
+             dtype_name(dtype_v<T>));
+    return static_cast<T*>(raw());
+  }
+
+  // ---- views and copies
+  Tensor reshape(Shape shape) const;  // view; one dim may be -1
+  Tensor flatten(int start_dim = 1) const;
+  Tensor slice(int64_t begin, int64_t end) const;  // view of rows [begin, end) of dim 0
+  Tensor to(Device device) const;                  // copy (or this tensor when already there)
+  Tensor to(DType dtype) const;                    // converting copy (or this tensor)
+  Tensor clone() const;
+  Tensor detach() const;  // shares storage, no autograd history
+  void copy_(const Tensor& src);  // same numel and dtype; any devices
+  void zero_();
+  template <class T> std::vector<T> to_vector() const;  // copies to host
+  double item() const;                                  // single-element tensor as double
+  bool same_storage(const Tensor& o) const { return impl().storage == o.impl().storage; }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+
+  // ---- autograd
+  bool requires_grad() const { return impl_ && impl_->requires_grad; }
+  Tensor& set_requires_grad(bool r);
+  Tensor grad() const { return impl_ && impl_->grad ? Tensor(impl_->grad) : Tensor(); }
+  void set_grad(const Tensor& g) { impl().grad = g.impl_; }
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
+  // Runs backpropagation from this tensor; see autograd/engine.h.
+  void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
+
+  TensorImpl& impl() const {
+    EG_CHECK(impl_, "use of an undefined tensor");
+    return *impl_;
+  }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Copies raw bytes between host and device memory (cudaMemcpy on CUDA builds).
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n);
+
+}  // namespace eg

@@ -1,0 +1,10 @@
+// Declarations of the cuda implementations; kernels/registry.cpp wires the ones that
+// exist. An implementation of op X is eg::cudak::X with the signature ops::X's type.
+#pragma once
+#include "kernels/ops.h"
+
+namespace eg::cudak {
+#define EG_DECLARE_IMPL(name, Fn) ops::Fn name;
+EG_OP_LIST(EG_DECLARE_IMPL)
+#undef EG_DECLARE_IMPL
+}  // namespace eg::cudak

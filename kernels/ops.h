@@ -1,0 +1,223 @@
+// Every op, declared once. An op is a function signature plus up to three
+// implementations: `ref` (plain loops, f32 and f64: the ground truth), `cpu` (the fast
+// CPU path: oneDNN, Eigen or vectorised OpenMP loops; f32) and `cuda` (cuDNN, cuBLAS or
+// our kernels; f32). kernels/registry.cpp is the only place that wires them.
+//
+// Kernel contract: outputs are allocated by the caller with the right shape and dtype;
+// a kernel writes them (overwrites, never accumulates, unless the op says so), runs on
+// the context's stream, does not allocate tensors and does not synchronise. An output
+// or optional input passed as an undefined Tensor is skipped / absent: a backward given
+// an undefined dx does not compute dx (that is how a frozen conv skips its
+// weight-gradient kernel). Shapes are validated by the autograd layer, not here.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "core/tensor.h"
+
+namespace eg::ops {
+
+enum class Backend : uint8_t { ref = 0, cpu = 1, cuda = 2 };
+const char* backend_name(Backend b);
+
+// ---------------------------------------------------------------- parameters
+struct Conv2dParams {
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+};
+// x [N, C, H, W], w [K, C/groups, R, S] -> [N, K, P, Q]
+Shape conv2d_out_shape(const Shape& x, const Shape& w, const Conv2dParams& p);
+
+enum class PoolKind : uint8_t { max, avg };
+struct Pool2dParams {
+  PoolKind kind = PoolKind::max;
+  int64_t kernel_h = 2, kernel_w = 2, stride_h = 2, stride_w = 2, pad_h = 0, pad_w = 0;
+  bool count_include_pad = false;  // avg only
+};
+Shape pool2d_out_shape(const Shape& x, const Pool2dParams& p);
+
+enum class Act : uint8_t { relu, relu6, gelu };  // gelu: exact erf form, as PyTorch's default
+enum class Binary : uint8_t { add, sub, mul, div };
+
+struct CrossEntropyParams {
+  double label_smoothing = 0.0;
+  int64_t ignore_index = -100;
+};
+
+struct AttentionParams {
+  bool causal = false;
+  double scale = 0.0;  // 0: 1/sqrt(head_dim)
+};
+
+struct SgdParams {
+  double lr = 0.1, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+  bool first_step = false;  // momentum buffer is initialised to the gradient, as PyTorch does
+};
+struct AdamWParams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+// ---------------------------------------------------------------- signatures
+// Convolution. bias / db may be undefined.
+using Conv2dFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p);
+using Conv2dBwdData = void(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p);
+using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p);
+
+// Batch norm over (N, H, W) per channel C of x [N, C, H, W]. Training forward writes
+// save_mean and save_invstd [C] (biased variance) and, when running_mean/var are
+// defined, updates them in place: r = (1 - momentum) r + momentum * batch (unbiased var).
+using BatchNormFwdTrain = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                               Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
+                               Tensor& running_var, double momentum, double eps);
+using BatchNormFwdInfer = void(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& running_mean, const Tensor& running_var, Tensor& y, double eps);
+// training=true: batch statistics (mean/invstd are the saved ones, dx includes the
+// statistics' gradient). training=false: mean/invstd are constants (from running stats).
+using BatchNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training);
+
+// Activations, elementwise. Backward reads the forward input x.
+using ActFwd = void(Act act, const Tensor& x, Tensor& y);
+using ActBwd = void(Act act, const Tensor& dy, const Tensor& x, Tensor& dx);
+
+// Pooling. Max pooling writes argmax indices (s32, flat index h*W+w within the input
+// plane) to `indices`; avg pooling leaves it undefined.
+using Pool2dFwd = void(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p);
+using Pool2dBwd = void(const Tensor& dy, const Tensor& indices, Tensor& dx, const Pool2dParams& p);
+// Global average pooling x [N, C, H, W] -> y [N, C].
+using GlobalAvgPoolFwd = void(const Tensor& x, Tensor& y);
+using GlobalAvgPoolBwd = void(const Tensor& dy, Tensor& dx);
+
+// c = alpha * op(a) @ op(b) + beta * c; a, b, c 2-D, or 3-D with the same batch size
+// (batched matmul). op(t) = t^T over the last two dims when trans is set.
+using Gemm = void(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b,
+                  double alpha, double beta);
+// Linear: x [M, K], w [N, K], bias [N] (may be undefined) -> y [M, N] = x w^T + b.
+using LinearFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
+using LinearBwd = void(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
+
+// Elementwise with numpy broadcasting of a and b to c's shape (same rank after
+// left-padding with 1s).
+using BinaryFwd = void(Binary op, const Tensor& a, const Tensor& b, Tensor& c);
+using Scale = void(const Tensor& x, Tensor& y, double alpha);  // y = alpha * x (y may be x)
+// y += alpha * x, same shapes (gradient accumulation).
+using Axpy = void(const Tensor& x, Tensor& y, double alpha);
+// y = sum of x over the dims where y has size 1 (y has x's rank): sum/mean and the
+// backward of broadcasting. broadcast_to is its adjoint: y[i] = x[broadcast index].
+using SumTo = void(const Tensor& x, Tensor& y);
+using BroadcastTo = void(const Tensor& x, Tensor& y);
+
+// Softmax / log-softmax over the last dim.
+using SoftmaxFwd = void(const Tensor& x, Tensor& y, bool log);
+using SoftmaxBwd = void(const Tensor& dy, const Tensor& y, Tensor& dx, bool log);
+
+// Cross-entropy, mean over non-ignored rows: logits [N, C], target s64 [N].
+// loss [1]; lse [N] saved log-sum-exp. Backward scales by dloss [1].
+using CrossEntropyFwd = void(const Tensor& logits, const Tensor& target, Tensor& loss, Tensor& lse,
+                             const CrossEntropyParams& p);
+using CrossEntropyBwd = void(const Tensor& dloss, const Tensor& logits, const Tensor& target,
+                             const Tensor& lse, Tensor& dlogits, const CrossEntropyParams& p);
+
+// Layer norm over the last dim D: x [M, D], gamma/beta [D]; mean/rstd [M] saved.
+using LayerNormFwd = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                          Tensor& mean, Tensor& rstd, double eps);
+using LayerNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+
+// Embedding: ids s64 [...], table [V, D] -> y [..., D]. Backward overwrites dtable
+// with the scattered sum. Out-of-range ids are the caller's to check.
+using EmbeddingFwd = void(const Tensor& ids, const Tensor& table, Tensor& y);
+using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
+
+// Dropout: element i is kept when philox_uniform(seed, offset, i) >= p, and scaled by
+// 1/(1-p). mask (u8) records kept elements. Same mask on every device.
+using DropoutFwd = void(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset);
+using DropoutBwd = void(const Tensor& dy, const Tensor& mask, Tensor& dx, double p);
+
+// Scaled dot-product attention: q [B, H, T, D], k/v [B, H, S, D] -> out [B, H, T, D];
+// key_padding_mask u8 [B, S] (1 = padding, masked out; may be undefined); lse [B, H, T]
+// saved. A fully masked row yields zeros.
+using AttentionFwd = void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                          Tensor& out, Tensor& lse, const AttentionParams& p);
+using AttentionBwd = void(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& key_padding_mask, const Tensor& out, const Tensor& lse,
+                          Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+
+// Fused optimizer updates over flat tensors (a gradient bucket or one parameter).
+// SGD, PyTorch semantics: g += wd p; buf = first ? g : momentum buf + (1-dampening) g;
+// g = nesterov ? g + momentum buf : buf; p -= lr g.
+using SgdStep = void(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p);
+// AdamW (decoupled weight decay): p -= lr wd p; m, v moments; bias-corrected step.
+using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p);
+
+// Sum of squares of x into out [1] (f32 or f64 accumulator; for gradient clipping).
+using SumSquares = void(const Tensor& x, Tensor& out);
+// Converting copy between dtypes (f32 <-> f64/bf16/f16, u8/s8 -> f32), same shape.
+using Cast = void(const Tensor& x, Tensor& y);
+
+// ---------------------------------------------------------------- registry
+template <class Fn>
+struct Op {
+  const char* name;
+  Fn* impl[3];
+  bool has(Backend b) const { return impl[int(b)] != nullptr; }
+};
+
+#define EG_OP_LIST(X)                                                      \
+  X(conv2d_fwd, Conv2dFwd) X(conv2d_bwd_data, Conv2dBwdData)               \
+  X(conv2d_bwd_weight, Conv2dBwdWeight) X(batchnorm_fwd_train, BatchNormFwdTrain) \
+  X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd) \
+  X(act_fwd, ActFwd) X(act_bwd, ActBwd) X(pool2d_fwd, Pool2dFwd)           \
+  X(pool2d_bwd, Pool2dBwd) X(global_avgpool_fwd, GlobalAvgPoolFwd)         \
+  X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm)                    \
+  X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd) X(binary_fwd, BinaryFwd) \
+  X(scale, Scale) X(axpy, Axpy) X(sum_to, SumTo) X(broadcast_to, BroadcastTo) \
+  X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd)                    \
+  X(cross_entropy_fwd, CrossEntropyFwd) X(cross_entropy_bwd, CrossEntropyBwd) \
+  X(layernorm_fwd, LayerNormFwd) X(layernorm_bwd, LayerNormBwd)            \
+  X(embedding_fwd, EmbeddingFwd) X(embedding_bwd, EmbeddingBwd)            \
+  X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)                    \
+  X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd)            \
+  X(sgd_step, SgdStep) X(adamw_step, AdamWStep) X(sum_squares, SumSquares) \
+  X(cast, Cast)
+
+#define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
+EG_OP_LIST(EG_DECLARE_OP)
+#undef EG_DECLARE_OP
+
+// The backend an op runs on for this tensor: cuda for CUDA tensors; on the CPU the
+// fast path when registered and the tensor is f32, else ref. Override for tests with
+// force_backend (thread-local; Backend::ref forces the reference everywhere on CPU).
+Backend pick_backend(bool has_cpu, const Tensor& key);
+void set_forced_cpu_backend(int b);  // -1: none
+int forced_cpu_backend();
+
+namespace detail {
+template <class T, class... R>
+const Tensor& first_tensor(const T& t, const R&... r) {
+  if constexpr (std::is_same_v<std::decay_t<T>, Tensor>) {
+    return t;
+  } else {
+    static_assert(sizeof...(R) > 0, "op called without a tensor argument");
+    return first_tensor(r...);
+  }
+}
+}  // namespace detail
+
+// Runs one implementation explicitly (tests, benchmarks).
+template <class Fn, class... A>
+void run(const Op<Fn>& op, Backend b, A&&... a) {
+  EG_CHECK(op.has(b), "op ", op.name, " has no ", backend_name(b), " implementation");
+  op.impl[int(b)](std::forward<A>(a)...);
+}
+
+// Runs the op on the backend chosen for its first tensor argument.
+template <class Fn, class... A>
+void call(const Op<Fn>& op, A&&... a) {
+  const Tensor& key = detail::first_tensor(a...);
+  run(op, pick_backend(op.has(Backend::cpu), key), std::forward<A>(a)...);
+}
+
+}  // namespace eg::ops

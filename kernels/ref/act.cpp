@@ -1,0 +1,61 @@
+// Activations, reference: relu, relu6, gelu (exact erf form) and their backward.
+// Layout: any shape, contiguous. f32 and f64.
+#include <cmath>
+
+#include "kernels/ref/ref.h"
+
+namespace eg::ref {
+
+namespace {
+
+template <class T>
+T act_value(ops::Act a, T x) {
+  switch (a) {
+    case ops::Act::relu: return x > T(0) ? x : T(0);
+    case ops::Act::relu6: return x < T(0) ? T(0) : (x > T(6) ? T(6) : x);
+    case ops::Act::gelu: return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2)));
+  }
+  return x;
+}
+
+template <class T>
+T act_grad(ops::Act a, T x) {
+  switch (a) {
+    case ops::Act::relu: return x > T(0) ? T(1) : T(0);
+    case ops::Act::relu6: return (x > T(0) && x < T(6)) ? T(1) : T(0);
+    case ops::Act::gelu: {
+      T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
+      T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);  // 1/sqrt(2 pi)
+      return cdf + x * pdf;
+    }
+  }
+  return T(1);
+}
+
+template <class T>
+void fwd(ops::Act a, const Tensor& x, Tensor& y) {
+  const T* xp = x.data<T>();
+  T* yp = y.data<T>();
+  for (int64_t i = 0; i < x.numel(); ++i) yp[i] = act_value(a, xp[i]);
+}
+
+template <class T>
+void bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const T *dyp = dy.data<T>(), *xp = x.data<T>();
+  T* dxp = dx.data<T>();
+  for (int64_t i = 0; i < x.numel(); ++i) dxp[i] = dyp[i] * act_grad(a, xp[i]);
+}
+
+}  // namespace
+
+void act_fwd(ops::Act a, const Tensor& x, Tensor& y) {
+  if (x.dtype() == DType::f64) fwd<double>(a, x, y);
+  else fwd<float>(a, x, y);
+}
+
+void act_bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  if (x.dtype() == DType::f64) bwd<double>(a, dy, x, dx);
+  else bwd<float>(a, dy, x, dx);
+}
+
+}  // namespace eg::ref

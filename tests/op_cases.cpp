@@ -1,0 +1,75 @@
+#include "tests/op_cases.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/rng.h"
+
+namespace eg::testing {
+
+std::vector<OpCase>& op_cases() {
+  static std::vector<OpCase> v;
+  return v;
+}
+
+bool OpCase::supports(ops::Backend b) const {
+  for (auto& u : uses)
+    if (!u.has(b)) return false;
+  return true;
+}
+
+Tensor randn(const Shape& s, DType dt, uint64_t seed, double scale) {
+  Generator g(seed);
+  Tensor t = Tensor::randn(s, g, DType::f64);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] *= scale;
+  return t.to(dt);
+}
+
+Tensor uniform(const Shape& s, DType dt, uint64_t seed, double lo, double hi) {
+  Generator g(seed);
+  return Tensor::uniform(s, lo, hi, g, dt);
+}
+
+Tensor randint(const Shape& s, int64_t lo, int64_t hi, uint64_t seed, DType dt) {
+  Generator g(seed);
+  Tensor u = Tensor::uniform(s, 0.0, 1.0, g, DType::f64);
+  Tensor t = Tensor::empty(s, DType::s64);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<int64_t>()[i] = lo + std::min<int64_t>(hi - lo - 1, int64_t(u.data<double>()[i] * double(hi - lo)));
+  return t.to(dt);
+}
+
+Tensor empty_on(const Tensor& like, const Shape& s, DType dt) { return Tensor::empty(s, dt, like.device()); }
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), t.device()); }
+
+Compare compare(const Tensor& got, const Tensor& ref, const Tolerance& tol) {
+  Compare c;
+  if (got.shape() != ref.shape()) {
+    c.worst_ratio = INFINITY;
+    c.detail = "shape " + shape_str(got.shape()) + " vs ref " + shape_str(ref.shape());
+    return c;
+  }
+  Tensor g = got.to(Device::cpu()).to(DType::f64), r = ref.to(Device::cpu()).to(DType::f64);
+  const double *gp = g.data<double>(), *rp = r.data<double>();
+  int64_t worst = -1;
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    double lim = tol.atol + tol.rtol * std::fabs(rp[i]);
+    double ratio = std::fabs(gp[i] - rp[i]) / lim;
+    if (std::isnan(gp[i]) != std::isnan(rp[i]) || std::isnan(ratio)) ratio = INFINITY;
+    if (ratio > c.worst_ratio || (worst < 0 && ratio >= c.worst_ratio)) {
+      c.worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  if (worst >= 0) {
+    std::ostringstream os;
+    os << "worst at flat index " << worst << ": got " << gp[worst] << ", ref " << rp[worst]
+       << " (atol " << tol.atol << ", rtol " << tol.rtol << ")";
+    c.detail = os.str();
+  }
+  return c;
+}
+
+}  // namespace eg::testing

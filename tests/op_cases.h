@@ -1,0 +1,82 @@
+// The op table (ggml's test-backend-ops, our way). Each OpCase names an op
+// configuration, makes its inputs, and runs its forward (and backward) kernels on a
+// chosen backend. The same table drives:
+//   tests/test_ops.cpp   parity of every registered backend against ref (f32), and
+//                        finite-difference gradcheck of the ref backward in f64;
+//   bench/bench_ops.cpp  Google Benchmark cases reporting GFLOP/s or GB/s.
+// Adding an op means adding cases here (one file per op group: op_cases_<group>.cpp);
+// it is then tested and benchmarked for free. Tolerances live in the cases:
+// |got - ref| <= atol + rtol * |ref|.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace eg::testing {
+
+using Tensors = std::vector<Tensor>;
+
+struct Tolerance {
+  double atol = 1e-5, rtol = 1e-4;
+};
+
+struct OpCase {
+  std::string name;  // "<op>/<variant>", unique; [a-z0-9_/] only
+  // Inputs for floating dtype `dt` (f32 or f64) on the CPU, deterministic. Integer
+  // inputs (ids, targets, masks) keep their own dtype.
+  std::function<Tensors(DType dt)> make_inputs;
+  // Forward outputs from inputs already on the backend's device.
+  std::function<Tensors(ops::Backend b, const Tensors& in)> forward;
+  // Optional backward: input gradients (undefined where an input is not
+  // differentiable) from inputs, forward outputs and output gradients.
+  std::function<Tensors(ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout)> backward;
+  // Which ops the case calls: a backend is tested only when all of them have it.
+  struct Use {
+    const char* op;
+    std::function<bool(ops::Backend)> has;
+  };
+  std::vector<Use> uses;
+  std::vector<int> diff_outputs = {0};  // outputs that carry gradient (dout given for these)
+  Tolerance fwd_tol, bwd_tol{1e-4, 1e-3};
+  Tolerance grad_tol{1e-6, 1e-4};  // gradcheck, f64
+  bool gradcheck = true;           // small cases only: gradcheck costs 2 forwards per element
+  bool bench = false;              // realistic sizes: benchmarked
+  double flops = 0;                // per forward (+ backward when bench_backward) call
+  double bytes = 0;                // memory traffic, for bandwidth-bound ops
+  bool bench_backward = false;
+
+  bool supports(ops::Backend b) const;
+};
+
+std::vector<OpCase>& op_cases();
+
+// Registration from each op_cases_<group>.cpp: static RegisterCases r([](auto& v){...});
+struct RegisterCases {
+  explicit RegisterCases(const std::function<void(std::vector<OpCase>&)>& add) { add(op_cases()); }
+};
+
+template <class Fn>
+OpCase::Use uses(const ops::Op<Fn>& op) {
+  return {op.name, [&op](ops::Backend b) { return op.has(b); }};
+}
+
+// Deterministic inputs: a seed per (case, input) keeps cases independent.
+Tensor randn(const Shape& s, DType dt, uint64_t seed, double scale = 1.0);
+Tensor uniform(const Shape& s, DType dt, uint64_t seed, double lo, double hi);
+Tensor randint(const Shape& s, int64_t lo, int64_t hi, uint64_t seed, DType dt = DType::s64);
+// Output allocated like `like`'s device, with the given shape/dtype.
+Tensor empty_on(const Tensor& like, const Shape& s, DType dt);
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+
+// Largest violation of |a - b| <= atol + rtol |b| (as a ratio; <= 1 passes) and a
+// message describing the worst element.
+struct Compare {
+  double worst_ratio = 0;
+  std::string detail;
+};
+Compare compare(const Tensor& got, const Tensor& ref, const Tolerance& tol);
+
+}  // namespace eg::testing

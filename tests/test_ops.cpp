@@ -1,0 +1,154 @@
+// Runs the op table (tests/op_cases.h): parity of each backend against ref, and
+// finite-difference gradcheck of the ref backward in f64. CUDA cases skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/op_cases.h"
+
+namespace eg::testing {
+namespace {
+
+struct Param {
+  size_t index;
+  ops::Backend backend;
+};
+
+std::string case_id(const OpCase& c) {
+  std::string s = c.name;
+  for (char& ch : s)
+    if (ch == '/') ch = '_';
+  return s;
+}
+
+Tensors to_device(const Tensors& v, Device d) {
+  Tensors r;
+  for (auto& t : v) r.push_back(t.defined() ? t.to(d) : t);
+  return r;
+}
+
+Tensors make_douts(const OpCase& c, const Tensors& out, uint64_t seed) {
+  Tensors d(out.size());
+  for (int k : c.diff_outputs)
+    d[size_t(k)] = randn(out[size_t(k)].shape(), out[size_t(k)].dtype(), seed + uint64_t(k));
+  return d;
+}
+
+class Parity : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Parity, MatchesRef) {
+  const OpCase& c = op_cases()[GetParam().index];
+  const ops::Backend b = GetParam().backend;
+  Device dev = Device::cpu();
+  if (b == ops::Backend::cuda) {
+    if (!cuda_available()) GTEST_SKIP() << "no GPU present";
+    dev = Device::cuda(0);
+  }
+  Tensors in = c.make_inputs(DType::f32);
+  Tensors ref_out = c.forward(ops::Backend::ref, in);
+  Tensors din = to_device(in, dev);
+  Tensors got_out = c.forward(b, din);
+  ASSERT_EQ(got_out.size(), ref_out.size());
+  for (size_t k = 0; k < ref_out.size(); ++k) {
+    if (!ref_out[k].defined()) continue;
+    Compare cmp = compare(got_out[k], ref_out[k], c.fwd_tol);
+    EXPECT_LE(cmp.worst_ratio, 1.0) << c.name << " forward output " << k << ": " << cmp.detail;
+  }
+  if (!c.backward) return;
+  Tensors dout = make_douts(c, ref_out, 7777);
+  Tensors ref_din = c.backward(ops::Backend::ref, in, ref_out, dout);
+  Tensors got_din = c.backward(b, din, got_out, to_device(dout, dev));
+  ASSERT_EQ(got_din.size(), ref_din.size());
+  for (size_t j = 0; j < ref_din.size(); ++j) {
+    if (!ref_din[j].defined()) continue;
+    Compare cmp = compare(got_din[j], ref_din[j], c.bwd_tol);
+    EXPECT_LE(cmp.worst_ratio, 1.0) << c.name << " gradient of input " << j << ": " << cmp.detail;
+  }
+}
+
+double dot_outputs(const OpCase& c, const Tensors& out, const Tensors& dout) {
+  double s = 0;
+  for (int k : c.diff_outputs) {
+    const Tensor& o = out[size_t(k)];
+    const double* op = o.data<double>();
+    const double* dp = dout[size_t(k)].data<double>();
+    for (int64_t i = 0; i < o.numel(); ++i) s += op[i] * dp[i];
+  }
+  return s;
+}
+
+class Gradcheck : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(Gradcheck, RefBackwardMatchesFiniteDifferences) {
+  const OpCase& c = op_cases()[GetParam()];
+  Tensors in = c.make_inputs(DType::f64);
+  Tensors out = c.forward(ops::Backend::ref, in);
+  Tensors dout = make_douts(c, out, 4242);
+  Tensors grads = c.backward(ops::Backend::ref, in, out, dout);
+  ASSERT_EQ(grads.size(), in.size());
+  int checked = 0;
+  for (size_t j = 0; j < in.size(); ++j) {
+    if (!grads[j].defined()) continue;
+    ASSERT_EQ(in[j].dtype(), DType::f64) << "input " << j << " has a gradient but is not floating";
+    Tensor numeric = Tensor::zeros(in[j].shape(), DType::f64);
+    double* x = in[j].data<double>();
+    const double h = 1e-6;
+    for (int64_t e = 0; e < in[j].numel(); ++e) {
+      const double saved = x[e];
+      x[e] = saved + h;
+      double lp = dot_outputs(c, c.forward(ops::Backend::ref, in), dout);
+      x[e] = saved - h;
+      double lm = dot_outputs(c, c.forward(ops::Backend::ref, in), dout);
+      x[e] = saved;
+      numeric.data<double>()[e] = (lp - lm) / (2 * h);
+    }
+    Compare cmp = compare(grads[j], numeric, c.grad_tol);
+    EXPECT_LE(cmp.worst_ratio, 1.0) << c.name << " d/d input " << j << ": analytic vs numeric, "
+                                    << cmp.detail;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << c.name << ": backward returned no gradient to check";
+}
+
+std::vector<Param> parity_params() {
+  std::vector<Param> v;
+  for (size_t i = 0; i < op_cases().size(); ++i)
+    for (ops::Backend b : {ops::Backend::cpu, ops::Backend::cuda})
+      if (op_cases()[i].supports(b)) v.push_back({i, b});
+  return v;
+}
+
+std::vector<size_t> gradcheck_params() {
+  std::vector<size_t> v;
+  for (size_t i = 0; i < op_cases().size(); ++i)
+    if (op_cases()[i].backward && op_cases()[i].gradcheck) v.push_back(i);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, Parity, ::testing::ValuesIn(parity_params()),
+                         [](const ::testing::TestParamInfo<Param>& p) {
+                           return case_id(op_cases()[p.param.index]) + "_" + ops::backend_name(p.param.backend);
+                         });
+INSTANTIATE_TEST_SUITE_P(Ops, Gradcheck, ::testing::ValuesIn(gradcheck_params()),
+                         [](const ::testing::TestParamInfo<size_t>& p) { return case_id(op_cases()[p.param]); });
+
+TEST(OpTable, EveryOpIsCovered) {
+  // Every op in kernels/ops.h is called by at least one case; each case with a
+  // backward is gradchecked unless it is a benchmark-size case.
+  std::vector<std::string> missing;
+#define EG_CHECK_CASE(name, Fn)                                    \
+  {                                                                \
+    bool found = false;                                            \
+    for (auto& c : op_cases())                                     \
+      for (auto& u : c.uses) found |= std::string(u.op) == #name;  \
+    if (!found) missing.push_back(#name);                          \
+  }
+  EG_OP_LIST(EG_CHECK_CASE)
+#undef EG_CHECK_CASE
+  std::string list;
+  for (auto& m : missing) list += m + " ";
+  EXPECT_TRUE(missing.empty()) << "ops with no case in the op table: " << list;
+}
+
+}  // namespace
+}  // namespace eg::testing
