@@ -67,4 +67,8 @@ class Generator {
   uint64_t seed_, offset_;
 };
 
+// The process-wide generator used by layer initialisers and dropout by default.
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
 }  // namespace eg

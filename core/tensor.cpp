@@ -7,6 +7,12 @@
 
 namespace eg {
 
+Generator& default_generator() {
+  static Generator g(0);
+  return g;
+}
+void manual_seed(uint64_t seed) { default_generator().set_state(seed, 0); }
+
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
   os << "[";
@@ -175,9 +181,9 @@ Tensor Tensor::reshape(Shape s) const {
   }
   EG_CHECK(shape_numel(s) == numel(), "reshape: cannot view ", shape_str(shape()), " (", numel(),
            " elements) as ", shape_str(s));
-  auto v = std::make_shared<TensorImpl>(*impl_ptr());
-  v->shape = s;
-  return Tensor(v);
+  Tensor v = detach();  // a plain view: autograd goes through fn::reshape
+  v.impl().shape = s;
+  return v;
 }
 
 Tensor Tensor::flatten(int start_dim) const {
@@ -193,13 +199,10 @@ Tensor Tensor::slice(int64_t b, int64_t e) const {
   EG_CHECK(dim() >= 1, "slice: tensor has no dimension 0");
   EG_CHECK(0 <= b && b <= e && e <= shape()[0], "slice [", b, ", ", e, ") out of range for ",
            shape_str(shape()));
-  auto v = std::make_shared<TensorImpl>(*impl_ptr());
-  v->shape[0] = e - b;
-  v->offset += size_t(b) * (nbytes() / size_t(std::max<int64_t>(shape()[0], 1)));
-  v->grad = nullptr;
-  v->grad_fn = nullptr;
-  v->requires_grad = false;
-  return Tensor(v);
+  Tensor v = detach();
+  v.impl().shape[0] = e - b;
+  v.impl().offset += size_t(b) * (nbytes() / size_t(std::max<int64_t>(shape()[0], 1)));
+  return v;
 }
 
 Tensor Tensor::detach() const {

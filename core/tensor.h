@@ -89,6 +89,7 @@ class Tensor {
   }
 
   // ---- views and copies
+  // Views carry no autograd history (use fn::reshape to differentiate through one).
   Tensor reshape(Shape shape) const;  // view; one dim may be -1
   Tensor flatten(int start_dim = 1) const;
   Tensor slice(int64_t begin, int64_t end) const;  // view of rows [begin, end) of dim 0
@@ -107,7 +108,7 @@ class Tensor {
   bool requires_grad() const { return impl_ && impl_->requires_grad; }
   Tensor& set_requires_grad(bool r);
   Tensor grad() const { return impl_ && impl_->grad ? Tensor(impl_->grad) : Tensor(); }
-  void set_grad(const Tensor& g) { impl().grad = g.impl_; }
+  void set_grad(const Tensor& g) const { impl().grad = g.impl_; }
   const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
   // Runs backpropagation from this tensor; see autograd/engine.h.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;

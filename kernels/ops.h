@@ -154,6 +154,9 @@ using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
 
 // Sum of squares of x into out [1] (f32 or f64 accumulator; for gradient clipping).
 using SumSquares = void(const Tensor& x, Tensor& out);
+// Layout: x [A, B, C, D] -> y [A, C, B, D] (splitting heads out of [B, T, H, Dh] and
+// back). Its own adjoint: the backward is the same op on the gradient.
+using Swap12 = void(const Tensor& x, Tensor& y);
 // Converting copy between dtypes (f32 <-> f64/bf16/f16, u8/s8 -> f32), same shape.
 using Cast = void(const Tensor& x, Tensor& y);
 
@@ -181,7 +184,7 @@ struct Op {
   X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)                    \
   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd)            \
   X(sgd_step, SgdStep) X(adamw_step, AdamWStep) X(sum_squares, SumSquares) \
-  X(cast, Cast)
+  X(cast, Cast) X(swap12, Swap12)
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
 EG_OP_LIST(EG_DECLARE_OP)

@@ -56,8 +56,9 @@ Compare compare(const Tensor& got, const Tensor& ref, const Tolerance& tol) {
   int64_t worst = -1;
   for (int64_t i = 0; i < g.numel(); ++i) {
     double lim = tol.atol + tol.rtol * std::fabs(rp[i]);
-    double ratio = std::fabs(gp[i] - rp[i]) / lim;
-    if (std::isnan(gp[i]) != std::isnan(rp[i]) || std::isnan(ratio)) ratio = INFINITY;
+    double diff = std::fabs(gp[i] - rp[i]);
+    double ratio = diff == 0 ? 0 : diff / lim;  // lim 0 (exact ops): any difference fails
+    if (std::isnan(gp[i]) || std::isnan(rp[i])) ratio = std::isnan(gp[i]) && std::isnan(rp[i]) ? 0 : INFINITY;
     if (ratio > c.worst_ratio || (worst < 0 && ratio >= c.worst_ratio)) {
       c.worst_ratio = ratio;
       worst = i;

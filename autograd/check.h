@@ -1,0 +1,28 @@
+// Input validation shared by the differentiable functions (internal).
+#pragma once
+#include "core/tensor.h"
+
+namespace eg::fn::detail {
+
+inline void check_defined(const Tensor& t, const char* fn, const char* what) {
+  EG_CHECK(t.defined(), fn, ": ", what, " is undefined");
+}
+inline void check_dim(const Tensor& t, int d, const char* fn, const char* what) {
+  check_defined(t, fn, what);
+  EG_CHECK(t.dim() == d, fn, ": ", what, " must be ", d, "-D, got shape ", shape_str(t.shape()));
+}
+inline void check_same(const Tensor& a, const Tensor& b, const char* fn, const char* what) {
+  if (!b.defined()) return;
+  EG_CHECK(a.dtype() == b.dtype(), fn, ": ", what, " is ", dtype_name(b.dtype()), " but the input is ",
+           dtype_name(a.dtype()));
+  EG_CHECK(a.device() == b.device(), fn, ": ", what, " is on ", b.device().str(), " but the input is on ",
+           a.device().str());
+}
+inline void check_float(const Tensor& t, const char* fn, const char* what) {
+  EG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, fn, ": ", what,
+           " must be f32 or f64, got ", dtype_name(t.dtype()));
+}
+inline Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+inline Tensor empty_as(const Tensor& t, const Shape& s) { return Tensor::empty(s, t.dtype(), t.device()); }
+
+}  // namespace eg::fn::detail

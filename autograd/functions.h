@@ -1,0 +1,52 @@
+// Differentiable functions: each validates its inputs in the user's terms, allocates
+// outputs, runs the op's forward through the registry, and records a Node whose
+// backward calls the op's backward kernels for exactly the inputs that need a gradient.
+#pragma once
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+
+namespace eg::fn {
+
+// ---- convolution, normalisation, pooling, activations (functions_nn.cpp)
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p);
+// training: batch statistics, running stats updated in place (when defined).
+// !training: running statistics. See Note [Frozen BatchNorm semantics] in layers/batchnorm.h.
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean,
+                  Tensor running_var, bool training, double momentum, double eps);
+Tensor activation(const Tensor& x, ops::Act act);
+inline Tensor relu(const Tensor& x) { return activation(x, ops::Act::relu); }
+inline Tensor relu6(const Tensor& x) { return activation(x, ops::Act::relu6); }
+inline Tensor gelu(const Tensor& x) { return activation(x, ops::Act::gelu); }
+Tensor pool2d(const Tensor& x, const ops::Pool2dParams& p);
+Tensor global_avg_pool(const Tensor& x);  // [N, C, H, W] -> [N, C]
+
+// ---- math (functions_math.cpp)
+Tensor add(const Tensor& a, const Tensor& b);  // numpy broadcasting
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, double alpha);
+// Sum over `dims` (negative counts from the end); keepdim keeps them as size 1.
+Tensor sum(const Tensor& x, std::vector<int> dims, bool keepdim = false);
+Tensor sum(const Tensor& x);  // all elements -> [1]
+Tensor mean(const Tensor& x, std::vector<int> dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor reshape(const Tensor& x, const Shape& shape);  // differentiable view
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);  // 2-D or batched 3-D
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);  // x [..., K] -> [..., N]
+Tensor softmax(const Tensor& x);      // last dim
+Tensor log_softmax(const Tensor& x);  // last dim
+// Mean cross-entropy over rows not equal to ignore_index: logits [N, C], target s64 [N].
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
+                     int64_t ignore_index = -100);
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps = 1e-5);
+Tensor embedding(const Tensor& ids, const Tensor& table);
+// Identity unless training and p > 0; draws counters from `gen`.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& key_padding_mask, bool causal, double scale = 0.0);
+
+}  // namespace eg::fn

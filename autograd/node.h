@@ -1,0 +1,100 @@
+// Define-by-run autograd: Nodes and edges of the backward graph.
+// An op records a Node only when grad mode is on and some input requires grad. A
+// Node's `next` edges point at the Nodes that produced its inputs (an AccumulateGrad
+// for a leaf that requires grad, nothing for an input that does not), so
+// needs_input_grad(i) tells a backward which gradients anyone wants: a frozen conv's
+// weight has no edge, and its weight-gradient kernel is never run.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace eg::autograd {
+
+using Tensors = std::vector<Tensor>;
+
+struct Node;
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+};
+
+struct Node {
+  virtual ~Node() = default;
+  // Gradients w.r.t. each input (one per `next` edge; undefined where not needed)
+  // from the gradients w.r.t. each output (undefined for outputs nobody used).
+  virtual Tensors apply(Tensors grad_outputs) = 0;
+  virtual std::string name() const = 0;
+  // Frees saved tensors once the backward has run (unless retain_graph).
+  virtual void release() {}
+
+  bool needs_input_grad(size_t i) const { return i < next.size() && next[i].fn != nullptr; }
+  std::vector<Edge> next;
+  uint32_t num_outputs = 1;
+  uint64_t sequence_nr = 0;  // creation order; later nodes run first when several are ready
+};
+
+// Sink for a leaf tensor: accumulates into its .grad (in place when it exists, so a
+// gradient that lives in an optimizer bucket stays there).
+struct AccumulateGrad final : Node {
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> v) : var(std::move(v)) {}
+  Tensors apply(Tensors grads) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  std::weak_ptr<TensorImpl> var;
+};
+
+// A Node whose backward is a function over saved tensors. The saved tensors are
+// dropped by release(), so activations are freed as soon as their backward ran.
+struct FunctionNode final : Node {
+  using Backward = std::function<Tensors(const Tensors& grad_outputs, const Tensors& saved, const Node& self)>;
+  FunctionNode(std::string n, Backward b) : name_(std::move(n)), backward_(std::move(b)) {}
+  Tensors apply(Tensors grads) override;
+  std::string name() const override { return name_; }
+  void release() override {
+    saved.clear();
+    released_ = true;
+  }
+  Tensors saved;
+
+ private:
+  std::string name_;
+  Backward backward_;
+  bool released_ = false;
+};
+
+// Grad mode (thread-local). NoGradGuard disables recording for its scope.
+bool grad_enabled();
+void set_grad_enabled(bool on);
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// True when an op on these inputs must record a Node.
+bool needs_record(const Tensors& inputs);
+// Records `node` as the producer of `outputs` from `inputs` (sets edges, grad_fn,
+// requires_grad). Call only when needs_record(inputs).
+void record(const std::shared_ptr<Node>& node, const Tensors& inputs, const std::vector<Tensor*>& outputs);
+// Convenience: makes a FunctionNode and records it when needed; returns it (or null).
+std::shared_ptr<FunctionNode> record_function(const char* name, const Tensors& inputs,
+                                              const std::vector<Tensor*>& outputs, Tensors saved,
+                                              FunctionNode::Backward backward);
+
+// Runs the backward pass from `roots` with `grads` (undefined: ones, for a scalar
+// root). Iterative (no recursion), so a 1000-layer network cannot overflow the stack.
+void backward(const Tensors& roots, const Tensors& grads = {}, bool retain_graph = false);
+
+// Number of Nodes reachable from t's grad_fn (tests: a frozen prefix records none).
+size_t graph_size(const Tensor& t);
+
+}  // namespace eg::autograd

@@ -1,0 +1,83 @@
+#include "layers/layers.h"
+
+#include <cmath>
+
+namespace eg::nn {
+
+namespace {
+Tensor uniform_init(const Shape& s, double bound, Generator& g) { return Tensor::uniform(s, -bound, bound, g); }
+}  // namespace
+
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, Conv2dOptions o, Generator& g)
+    : in_channels(in), out_channels(out), kernel_size(k) {
+  EG_CHECK(in > 0 && out > 0 && k > 0 && o.groups > 0 && in % o.groups == 0 && out % o.groups == 0,
+           "Conv2d(", in, ", ", out, ", kernel ", k, ", groups ", o.groups,
+           "): channel counts must be positive and divisible by groups");
+  params = {o.stride, o.stride, o.padding, o.padding, o.dilation, o.dilation, o.groups};
+  double fan_in = double(in / o.groups * k * k);
+  weight = register_parameter("weight", uniform_init({out, in / o.groups, k, k}, 1.0 / std::sqrt(fan_in), g));
+  if (o.bias) bias = register_parameter("bias", uniform_init({out}, 1.0 / std::sqrt(fan_in), g));
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  EG_CHECK(x.dim() == 4 && x.size(1) == in_channels, "Conv2d(", in_channels, " -> ", out_channels,
+           "): expected input [N, ", in_channels, ", H, W], got ", shape_str(x.shape()));
+  return fn::conv2d(x, weight, bias, params);
+}
+
+double Conv2d::flops_per_sample(int64_t h, int64_t w) const {
+  Shape o = ops::conv2d_out_shape({1, in_channels, h, w}, weight.shape(), params);
+  return 2.0 * double(o[1] * o[2] * o[3]) * double(in_channels / params.groups * kernel_size * kernel_size);
+}
+
+BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps(eps), momentum(momentum) {
+  EG_CHECK(c > 0, "BatchNorm2d: channel count must be positive, got ", c);
+  weight = register_parameter("weight", Tensor::ones({c}));
+  bias = register_parameter("bias", Tensor::zeros({c}));
+  running_mean = register_buffer("running_mean", Tensor::zeros({c}));
+  running_var = register_buffer("running_var", Tensor::ones({c}));
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  EG_CHECK(x.dim() == 4 && x.size(1) == weight.size(0), "BatchNorm2d(", weight.size(0),
+           "): expected input [N, ", weight.size(0), ", H, W], got ", shape_str(x.shape()));
+  // See Note [Frozen BatchNorm semantics].
+  bool batch_stats = is_training() && !is_frozen();
+  return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps);
+}
+
+Linear::Linear(int64_t in, int64_t out, bool b, Generator& g) : in_features(in), out_features(out) {
+  EG_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
+  weight = register_parameter("weight", uniform_init({out, in}, 1.0 / std::sqrt(double(in)), g));
+  if (b) bias = register_parameter("bias", uniform_init({out}, 1.0 / std::sqrt(double(in)), g));
+}
+
+Tensor Linear::forward(const Tensor& x) { return fn::linear(x, weight, bias); }
+
+std::string Activation::type_name() const {
+  switch (act) {
+    case ops::Act::relu: return "ReLU";
+    case ops::Act::relu6: return "ReLU6";
+    case ops::Act::gelu: return "GELU";
+  }
+  return "Activation";
+}
+
+std::shared_ptr<Pool2d> MaxPool2d(int64_t k, int64_t s, int64_t p) {
+  return std::make_shared<Pool2d>(ops::Pool2dParams{ops::PoolKind::max, k, k, s, s, p, p, false});
+}
+std::shared_ptr<Pool2d> AvgPool2d(int64_t k, int64_t s, int64_t p) {
+  return std::make_shared<Pool2d>(ops::Pool2dParams{ops::PoolKind::avg, k, k, s, s, p, p, false});
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, Generator& g) {
+  EG_CHECK(num > 0 && dim > 0, "Embedding(", num, ", ", dim, "): sizes must be positive");
+  weight = register_parameter("weight", Tensor::randn({num, dim}, g));
+}
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", Tensor::ones({dim}));
+  bias = register_parameter("bias", Tensor::zeros({dim}));
+}
+
+}  // namespace eg::nn

@@ -1,0 +1,122 @@
+// The standard layers. Constructors initialise parameters as PyTorch does (Kaiming
+// uniform with a = sqrt(5) for weights, uniform(+-1/sqrt(fan_in)) for biases) from
+// the generator given, or eg::default_generator().
+#pragma once
+#include "core/rng.h"
+#include "layers/module.h"
+
+namespace eg::nn {
+
+struct Conv2dOptions {
+  int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
+  bool bias = true;
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in, int64_t out, int64_t kernel, Conv2dOptions o = {}, Generator& g = default_generator());
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Conv2d"; }
+  Tensor weight, bias;  // bias undefined when disabled
+  ops::Conv2dParams params;
+  int64_t in_channels, out_channels, kernel_size;
+  // Forward FLOPs per sample for an input of spatial size h x w (multiply-add = 2).
+  double flops_per_sample(int64_t h, int64_t w) const;
+};
+
+// Note [Frozen BatchNorm semantics]
+// A frozen BatchNorm behaves as in eval mode whatever train() says: it normalises
+// with its running statistics and leaves them untouched. Updating running statistics
+// of a frozen layer would silently change what the frozen prefix computes (and would
+// invalidate cached activations), and its gamma/beta no longer adapt to batch
+// statistics anyway. Unfreezing restores batch statistics in training mode.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "BatchNorm2d"; }
+  Tensor weight, bias, running_mean, running_var;
+  double eps, momentum;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias = true, Generator& g = default_generator());
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Linear"; }
+  Tensor weight, bias;
+  int64_t in_features, out_features;
+};
+
+class Activation : public Module {
+ public:
+  explicit Activation(ops::Act a) : act(a) {}
+  Tensor forward(const Tensor& x) override { return fn::activation(x, act); }
+  std::string type_name() const override;
+  ops::Act act;
+};
+inline std::shared_ptr<Activation> ReLU() { return std::make_shared<Activation>(ops::Act::relu); }
+inline std::shared_ptr<Activation> ReLU6() { return std::make_shared<Activation>(ops::Act::relu6); }
+inline std::shared_ptr<Activation> GELU() { return std::make_shared<Activation>(ops::Act::gelu); }
+
+class Pool2d : public Module {
+ public:
+  explicit Pool2d(ops::Pool2dParams p) : params(p) {}
+  Tensor forward(const Tensor& x) override { return fn::pool2d(x, params); }
+  std::string type_name() const override { return params.kind == ops::PoolKind::max ? "MaxPool2d" : "AvgPool2d"; }
+  ops::Pool2dParams params;
+};
+std::shared_ptr<Pool2d> MaxPool2d(int64_t kernel, int64_t stride, int64_t padding = 0);
+std::shared_ptr<Pool2d> AvgPool2d(int64_t kernel, int64_t stride, int64_t padding = 0);
+
+class GlobalAvgPool : public Module {  // [N, C, H, W] -> [N, C]
+ public:
+  Tensor forward(const Tensor& x) override { return fn::global_avg_pool(x); }
+  std::string type_name() const override { return "GlobalAvgPool"; }
+};
+
+class Flatten : public Module {  // [N, ...] -> [N, prod(...)]
+ public:
+  Tensor forward(const Tensor& x) override { return fn::reshape(x, {x.size(0), -1}); }
+  std::string type_name() const override { return "Flatten"; }
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p, Generator& g = default_generator()) : p(p), gen(&g) {}
+  Tensor forward(const Tensor& x) override { return fn::dropout(x, p, is_training() && !is_frozen(), *gen); }
+  std::string type_name() const override { return "Dropout"; }
+  double p;
+  Generator* gen;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, Generator& g = default_generator());  // N(0, 1) init
+  Tensor forward(const Tensor& ids) override { return fn::embedding(ids, weight); }
+  std::string type_name() const override { return "Embedding"; }
+  Tensor weight;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) override { return fn::layer_norm(x, weight, bias, eps); }
+  std::string type_name() const override { return "LayerNorm"; }
+  Tensor weight, bias;
+  double eps;
+};
+
+// Mean cross-entropy over the batch, with label smoothing and an ignored index.
+class CrossEntropyLoss {
+ public:
+  explicit CrossEntropyLoss(double label_smoothing = 0.0, int64_t ignore_index = -100)
+      : label_smoothing(label_smoothing), ignore_index(ignore_index) {}
+  Tensor operator()(const Tensor& logits, const Tensor& target) const {
+    return fn::cross_entropy(logits, target, label_smoothing, ignore_index);
+  }
+  double label_smoothing;
+  int64_t ignore_index;
+};
+
+}  // namespace eg::nn

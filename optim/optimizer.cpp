@@ -1,0 +1,126 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+namespace eg::optim {
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
+  EG_CHECK(lr >= 0 && std::isfinite(lr), "learning rate must be a finite non-negative number, got ", lr);
+  for (size_t i = 0; i < params_.size(); ++i)
+    EG_CHECK(params_[i].defined() && is_floating(params_[i].dtype()), "parameter ", i,
+             " given to the optimizer is not a floating-point tensor");
+}
+
+void Optimizer::zero_grad() {
+  for (auto& p : params_)
+    if (p.grad().defined()) p.grad().zero_();
+}
+
+SGD::SGD(std::vector<Tensor> params, double lr, SgdOptions o)
+    : Optimizer(std::move(params), lr), options(o), momentum_(params_.size()) {
+  EG_CHECK(o.momentum >= 0 && o.weight_decay >= 0, "SGD: momentum and weight decay must be non-negative");
+  EG_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD: nesterov needs momentum > 0 and no dampening");
+}
+
+void SGD::step() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    if (!active(p)) continue;
+    ops::SgdParams sp{lr_, options.momentum, options.dampening, options.weight_decay, options.nesterov, false};
+    if (options.momentum > 0 && !momentum_[i].defined()) {
+      momentum_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
+      sp.first_step = true;
+    }
+    ops::call(ops::sgd_step, p, p.grad(), momentum_[i], sp);
+  }
+}
+
+std::map<std::string, Tensor> SGD::state_dict() const {
+  std::map<std::string, Tensor> sd;
+  for (size_t i = 0; i < momentum_.size(); ++i)
+    if (momentum_[i].defined()) sd[std::to_string(i) + ".momentum"] = momentum_[i];
+  return sd;
+}
+
+void SGD::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto it = sd.find(std::to_string(i) + ".momentum");
+    if (it == sd.end()) {
+      momentum_[i] = Tensor();
+      continue;
+    }
+    EG_CHECK(it->second.shape() == params_[i].shape(), "optimizer state for parameter ", i, " has shape ",
+             shape_str(it->second.shape()), " but the parameter is ", shape_str(params_[i].shape()));
+    momentum_[i] = it->second.to(params_[i].device()).clone();
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, double lr, AdamWOptions o)
+    : Optimizer(std::move(params), lr), options(o), m_(params_.size()), v_(params_.size()), steps_(params_.size(), 0) {
+  EG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1)");
+  EG_CHECK(o.eps > 0, "AdamW: eps must be positive");
+}
+
+void AdamW::step() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    if (!active(p)) continue;
+    if (!m_[i].defined()) {
+      m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+      v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
+    }
+    ops::AdamWParams ap{lr_, options.beta1, options.beta2, options.eps, options.weight_decay, ++steps_[i]};
+    ops::call(ops::adamw_step, p, p.grad(), m_[i], v_[i], ap);
+  }
+}
+
+std::map<std::string, Tensor> AdamW::state_dict() const {
+  std::map<std::string, Tensor> sd;
+  for (size_t i = 0; i < m_.size(); ++i) {
+    if (!m_[i].defined()) continue;
+    std::string k = std::to_string(i);
+    sd[k + ".exp_avg"] = m_[i];
+    sd[k + ".exp_avg_sq"] = v_[i];
+    sd[k + ".step"] = Tensor::full({1}, double(steps_[i]), DType::s64);
+  }
+  return sd;
+}
+
+void AdamW::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::string k = std::to_string(i);
+    auto m = sd.find(k + ".exp_avg"), v = sd.find(k + ".exp_avg_sq"), s = sd.find(k + ".step");
+    if (m == sd.end() || v == sd.end() || s == sd.end()) {
+      m_[i] = v_[i] = Tensor();
+      steps_[i] = 0;
+      continue;
+    }
+    EG_CHECK(m->second.shape() == params_[i].shape() && v->second.shape() == params_[i].shape(),
+             "AdamW state for parameter ", i, " does not match its shape ", shape_str(params_[i].shape()));
+    m_[i] = m->second.to(params_[i].device()).clone();
+    v_[i] = v->second.to(params_[i].device()).clone();
+    steps_[i] = int64_t(s->second.item());
+  }
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  double total = 0;
+  for (auto& p : params) {
+    if (!p.grad().defined()) continue;
+    Tensor ss = Tensor::empty({1}, p.grad().dtype(), p.device());
+    ops::call(ops::sum_squares, p.grad(), ss);
+    total += ss.item();
+  }
+  double norm = std::sqrt(total);
+  if (std::isfinite(norm) && norm > max_norm) {
+    double s = max_norm / (norm + 1e-6);
+    for (auto& p : params) {
+      if (!p.grad().defined()) continue;
+      Tensor g = p.grad();
+      ops::call(ops::scale, g, g, s);
+    }
+  }
+  return norm;
+}
+
+}  // namespace eg::optim

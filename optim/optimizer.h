@@ -1,0 +1,72 @@
+// Optimizers over a list of parameters, with fused update kernels (ops::sgd_step,
+// ops::adamw_step). A parameter that does not require grad (frozen) or has no
+// gradient is skipped, and its state is kept: see Note [Freezing a module].
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace eg::optim {
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  void zero_grad();  // zeroes existing gradients in place
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  const std::vector<Tensor>& params() const { return params_; }
+  // Optimizer state as named tensors ("3.momentum"), for checkpoints.
+  virtual std::map<std::string, Tensor> state_dict() const = 0;
+  virtual void load_state_dict(const std::map<std::string, Tensor>& sd) = 0;
+
+ protected:
+  bool active(const Tensor& p) const { return p.requires_grad() && p.grad().defined(); }
+  std::vector<Tensor> params_;
+  double lr_;
+};
+
+struct SgdOptions {
+  double momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, double lr, SgdOptions o = {});
+  void step() override;
+  std::map<std::string, Tensor> state_dict() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& sd) override;
+  SgdOptions options;
+
+ private:
+  std::vector<Tensor> momentum_;  // undefined until a parameter's first step
+};
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, double lr, AdamWOptions o = {});
+  void step() override;
+  std::map<std::string, Tensor> state_dict() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& sd) override;
+  AdamWOptions options;
+
+ private:
+  std::vector<Tensor> m_, v_;
+  std::vector<int64_t> steps_;  // per parameter: a frozen parameter's count does not advance
+};
+
+// Scales gradients so their global L2 norm is at most max_norm; returns the norm
+// before clipping. A NaN/Inf norm is returned unchanged (callers decide to stop).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace eg::optim

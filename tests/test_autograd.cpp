@@ -1,0 +1,115 @@
+// autograd/: the engine, grad mode, needs_input_grad, saved-tensor release, retain_graph.
+#include <gtest/gtest.h>
+
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
+#include "layers/layers.h"
+
+using namespace eg;
+
+namespace {
+Tensor param(const Shape& s, uint64_t seed, DType dt = DType::f64) {
+  Generator g(seed);
+  return Tensor::randn(s, g, dt).set_requires_grad(true);
+}
+}  // namespace
+
+TEST(Autograd, SimpleChainRule) {
+  Tensor x = Tensor::from_vector<double>({1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor y = fn::sum(fn::mul(x, x));  // d/dx = 2x
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, 4, 6}));
+  // Gradients accumulate across backward calls, as in PyTorch.
+  fn::sum(fn::scale(x, 3.0)).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{5, 7, 9}));
+}
+
+TEST(Autograd, DeepGraphDoesNotOverflowTheStack) {
+  Tensor x = Tensor::ones({4}, DType::f64).set_requires_grad(true);
+  Tensor h = x;
+  for (int i = 0; i < 100000; ++i) h = fn::scale(h, 1.0);
+  fn::sum(h).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>(4, 1.0)));
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor w = param({4, 3}, 1);
+  Tensor x = param({2, 3}, 2);
+  {
+    autograd::NoGradGuard ng;
+    Tensor y = fn::linear(x, w, Tensor());
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(autograd::graph_size(y), 0u);
+  }
+  Tensor y = fn::linear(x, w, Tensor());
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_GT(autograd::graph_size(y), 0u);
+}
+
+TEST(Autograd, FrozenWeightGetsNoGradientButInputDoes) {
+  // Note [Frozen layers skip weight gradients]: the weight's edge is absent, so the
+  // backward never allocates or computes dw.
+  Tensor x = param({2, 3, 6, 6}, 3);
+  Tensor w = param({4, 3, 3, 3}, 4);
+  w.set_requires_grad(false);
+  Tensor y = fn::conv2d(x, w, Tensor(), {});
+  fn::sum(y).backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(Autograd, SavedTensorsAreReleasedAfterBackward) {
+  Tensor x = param({64}, 5);
+  std::weak_ptr<Storage> saved;
+  Tensor y;
+  {
+    Tensor h = fn::mul(x, x);  // h is saved by the next mul
+    saved = h.impl().storage;
+    y = fn::sum(fn::mul(h, h));
+  }
+  EXPECT_FALSE(saved.expired());  // the graph holds it until backward
+  y.backward();
+  EXPECT_TRUE(saved.expired());
+  EXPECT_THROW(y.backward(), Error);  // graph freed: a second backward is an error
+}
+
+TEST(Autograd, RetainGraphAllowsASecondBackward) {
+  Tensor x = Tensor::from_vector<double>({2}, {1}).set_requires_grad(true);
+  Tensor y = fn::sum(fn::mul(x, x));
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  EXPECT_DOUBLE_EQ(x.grad().item(), 8.0);
+}
+
+TEST(Autograd, BackwardOnNonScalarNeedsAGradient) {
+  Tensor x = param({3}, 6);
+  Tensor y = fn::scale(x, 2.0);
+  EXPECT_THROW(y.backward(), Error);
+  y.backward(Tensor::ones({3}, DType::f64));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>(3, 2.0)));
+  Tensor c = Tensor::ones({1});
+  EXPECT_THROW(c.backward(), Error);  // nothing requires grad
+}
+
+TEST(Autograd, BroadcastingGradientsSumOverBroadcastDims) {
+  Tensor a = param({2, 3}, 7), b = param({3}, 8);
+  auto r = autograd::gradcheck([](const std::vector<Tensor>& in) { return fn::div(fn::mul(fn::add(in[0], in[1]), in[1]), fn::add(in[1], in[1])); },
+                               {a, b});
+  EXPECT_TRUE(r.ok) << r.detail;
+}
+
+TEST(Autograd, CompositeGradcheckConvBnReluLinearCrossEntropy) {
+  Tensor x = param({4, 2, 5, 5}, 9);
+  Tensor w = param({3, 2, 3, 3}, 10), g = param({3}, 11), bta = param({3}, 12);
+  Tensor lw = param({5, 27}, 13), lb = param({5}, 14);
+  Tensor target = Tensor::from_vector<int64_t>({0, 4, 2, 1}, {4});
+  auto f = [&](const std::vector<Tensor>& in) {
+    Tensor rm = Tensor::zeros({3}, DType::f64), rv = Tensor::ones({3}, DType::f64);
+    Tensor h = fn::conv2d(in[0], in[1], Tensor(), {2, 2, 1, 1, 1, 1, 1});
+    h = fn::relu(fn::batch_norm(h, in[2], in[3], rm, rv, true, 0.1, 1e-5));
+    Tensor logits = fn::linear(fn::reshape(h, {4, 27}), in[4], in[5]);
+    return fn::cross_entropy(logits, target, 0.1);
+  };
+  auto r = autograd::gradcheck(f, {x, w, g, bta, lw, lb}, 1e-6, 1e-6, 1e-3);
+  EXPECT_TRUE(r.ok) << r.detail;
+}

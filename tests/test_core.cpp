@@ -1,0 +1,113 @@
+// core/: dtypes, devices, tensors and views, the caching CPU allocator, the RNG.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+using namespace eg;
+
+TEST(CoreDType, HalfConversionsRoundTripAndRound) {
+  for (float v : {0.f, -0.f, 1.f, -2.5f, 65504.f, 6.1035156e-05f /*min normal*/, 5.9604645e-08f /*min subnormal*/})
+    EXPECT_EQ(f16_to_float(float_to_f16(v)), v) << v;
+  EXPECT_TRUE(std::isinf(f16_to_float(float_to_f16(1e6f))));
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(NAN))));
+  EXPECT_EQ(float_to_f16(1.0f + 1.0f / 4096).bits, float_to_f16(1.0f).bits);  // ties to even
+  EXPECT_EQ(bf16_to_float(float_to_bf16(3.140625f)), 3.140625f);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
+  EXPECT_THROW(parse_dtype("float128"), Error);
+}
+
+TEST(CoreDevice, ParsesAndRejects) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda:3").index, 3);
+  EXPECT_THROW(Device::parse("gpu"), Error);
+  EXPECT_THROW(Device::parse("cuda:x"), Error);
+  try {
+    Device::parse("tpu:0");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown device 'tpu:0'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CoreTensor, ViewsShareStorage) {
+  Tensor t = Tensor::arange(12, DType::f32).reshape({3, 4});
+  Tensor r = t.reshape({2, -1});
+  EXPECT_EQ(r.shape(), (Shape{2, 6}));
+  EXPECT_TRUE(r.same_storage(t));
+  Tensor s = t.slice(1, 3);
+  EXPECT_EQ(s.shape(), (Shape{2, 4}));
+  EXPECT_EQ(s.data<float>()[0], 4.f);
+  s.data<float>()[0] = 100.f;
+  EXPECT_EQ(t.data<float>()[4], 100.f);
+  Tensor c = t.clone();
+  c.data<float>()[0] = -1;
+  EXPECT_EQ(t.data<float>()[0], 0.f);
+  EXPECT_THROW(t.reshape({5, -1}), Error);
+  EXPECT_THROW(t.slice(2, 5), Error);
+  EXPECT_THROW(t.data<double>(), Error);
+}
+
+TEST(CoreTensor, DTypeConversionAndItem) {
+  Tensor t = Tensor::from_vector<float>({1.5f, -2.f, 3.25f}, {3});
+  EXPECT_EQ(t.to(DType::f64).to_vector<double>(), (std::vector<double>{1.5, -2, 3.25}));
+  EXPECT_EQ(t.to(DType::s32).to_vector<int32_t>(), (std::vector<int32_t>{1, -2, 3}));
+  EXPECT_DOUBLE_EQ(t.slice(2, 3).item(), 3.25);
+  EXPECT_THROW(t.item(), Error);
+  EXPECT_THROW(Tensor::empty({2, -1}), Error);
+  EXPECT_THROW(Tensor::from_vector<float>({1.f}, {2}), Error);
+}
+
+TEST(CoreTensor, CudaWithoutGpuIsAClearError) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present";
+  EXPECT_THROW(Tensor::zeros({2}, DType::f32, Device::cuda(0)), Error);
+}
+
+TEST(CoreAllocator, ReusesFreedBlocks) {
+  Allocator& a = cpu_allocator();
+  const size_t n = (1 << 22) + 12345;  // above glibc's mmap threshold
+  void* p = a.allocate(n);
+  AllocatorStats s0 = a.stats();
+  a.deallocate(p, n);
+  EXPECT_EQ(a.stats().allocated, s0.allocated - allocation_size_class(n));
+  void* q = a.allocate(n);
+  AllocatorStats s1 = a.stats();
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(s1.system_allocs, s0.system_allocs);
+  EXPECT_EQ(s1.cache_hits, s0.cache_hits + 1);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % 64, 0u);
+  a.deallocate(q, n);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, a.stats().allocated);
+}
+
+TEST(CoreAllocator, SizeClassesWasteUnderAQuarter) {
+  for (size_t n : {1ul, 511ul, 4097ul, 100000ul, 3000001ul, (1ul << 30) + 1}) {
+    size_t c = allocation_size_class(n);
+    EXPECT_GE(c, n);
+    EXPECT_LT(double(c - n), 0.25 * double(c) + 512) << n;
+  }
+}
+
+TEST(CoreRng, CounterBasedAndDistributed) {
+  Generator g1(42), g2(42);
+  Tensor a = Tensor::uniform({1000}, 0, 1, g1), b = Tensor::uniform({1000}, 0, 1, g2);
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  EXPECT_EQ(g1.offset(), 1000u);
+  // A draw at offset 500 of a fresh generator equals the second half of the first draw.
+  Generator g3(42, 500);
+  Tensor c = Tensor::uniform({500}, 0, 1, g3);
+  EXPECT_EQ(c.to_vector<float>(), a.slice(500, 1000).to_vector<float>());
+  Generator gn(7);
+  Tensor n = Tensor::randn({20000}, gn, DType::f64);
+  double mean = 0, var = 0;
+  for (double v : n.to_vector<double>()) mean += v;
+  mean /= 20000;
+  for (double v : n.to_vector<double>()) var += (v - mean) * (v - mean);
+  var /= 20000;
+  EXPECT_NEAR(mean, 0.0, 0.03);
+  EXPECT_NEAR(var, 1.0, 0.04);
+  EXPECT_NE(philox4x32(1, 0).x[0], philox4x32(2, 0).x[0]);
+}

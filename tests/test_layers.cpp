@@ -1,0 +1,100 @@
+// layers/: validation at the boundary, state dicts, freezing, attention.
+#include <gtest/gtest.h>
+
+#include "autograd/gradcheck.h"
+#include "layers/attention.h"
+#include "layers/layers.h"
+#include "optim/optimizer.h"
+
+using namespace eg;
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Layers, Conv2dNamesAShapeMismatch) {
+  nn::Conv2d conv(3, 8, 3);
+  std::string msg = error_of([&] { conv(Tensor::zeros({2, 4, 8, 8})); });
+  EXPECT_NE(msg.find("expected input [N, 3, H, W], got [2, 4, 8, 8]"), std::string::npos) << msg;
+  EXPECT_THROW(nn::Conv2d(3, 8, 3, {1, 0, 1, 2}), Error);  // 3 channels do not split in 2 groups
+  nn::Linear lin(5, 2);
+  msg = error_of([&] { lin(Tensor::zeros({3, 4})); });
+  EXPECT_NE(msg.find("last dimension is 4 but the layer expects 5"), std::string::npos) << msg;
+}
+
+TEST(Layers, StateDictRoundTripAndMismatchErrors) {
+  manual_seed(1);
+  nn::Sequential a({std::make_shared<nn::Conv2d>(1, 2, 3), std::make_shared<nn::BatchNorm2d>(2)});
+  manual_seed(2);
+  nn::Sequential b({std::make_shared<nn::Conv2d>(1, 2, 3), std::make_shared<nn::BatchNorm2d>(2)});
+  auto sd = a.state_dict();
+  EXPECT_EQ(sd.size(), 6u);  // conv weight+bias, bn weight+bias+running_mean+running_var
+  EXPECT_TRUE(sd.count("0.weight") && sd.count("1.running_var"));
+  b.load_state_dict(sd);
+  EXPECT_EQ(b.state_dict()["0.weight"].to_vector<float>(), sd["0.weight"].to_vector<float>());
+  auto bad = sd;
+  bad["0.weight"] = Tensor::zeros({2, 1, 5, 5});
+  std::string msg = error_of([&] { b.load_state_dict(bad); });
+  EXPECT_NE(msg.find("'0.weight' has shape [2, 1, 5, 5] but this model expects [2, 1, 3, 3]"), std::string::npos) << msg;
+  bad = sd;
+  bad.erase("1.bias");
+  EXPECT_THROW(b.load_state_dict(bad), Error);
+  bad = sd;
+  bad["2.weight"] = Tensor::zeros({1});
+  EXPECT_THROW(b.load_state_dict(bad), Error);
+}
+
+TEST(Layers, FrozenParametersStayBitwiseUnchangedAndResumeMomentum) {
+  manual_seed(3);
+  auto conv = std::make_shared<nn::Conv2d>(2, 4, 3);
+  auto bn = std::make_shared<nn::BatchNorm2d>(4);
+  auto head = std::make_shared<nn::Linear>(4 * 4 * 4, 3);
+  nn::Sequential model({conv, bn, nn::ReLU(), std::make_shared<nn::Flatten>(), head});
+  optim::SGD opt(model.parameters(), 0.1, {0.9, 0.0, 5e-4, false});
+  Generator g(4);
+  Tensor x = Tensor::randn({8, 2, 6, 6}, g);
+  Tensor y = Tensor::from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  auto step = [&] {
+    opt.zero_grad();
+    fn::cross_entropy(model(x), y).backward();
+    opt.step();
+  };
+  step();  // momentum buffers exist now
+  conv->freeze();
+  bn->freeze();
+  auto w0 = conv->weight.to_vector<float>();
+  auto rm0 = bn->running_mean.to_vector<float>();
+  auto h0 = head->weight.to_vector<float>();
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_EQ(conv->weight.to_vector<float>(), w0);  // no weight decay or momentum leak
+  EXPECT_EQ(bn->running_mean.to_vector<float>(), rm0);  // Note [Frozen BatchNorm semantics]
+  EXPECT_NE(head->weight.to_vector<float>(), h0);
+  conv->unfreeze();
+  bn->unfreeze();
+  step();
+  EXPECT_NE(conv->weight.to_vector<float>(), w0);
+}
+
+TEST(Layers, MultiHeadAttentionGradcheck) {
+  Generator g(5);
+  nn::MultiHeadAttention mha(8, 2, 0.0, g);
+  for (auto& [n, p] : mha.named_parameters()) {
+    Tensor d = p.to(DType::f64);
+    p.impl().storage = d.impl().storage;
+    p.impl().dtype = DType::f64;
+  }
+  Tensor q = Tensor::randn({2, 3, 8}, g, DType::f64).set_requires_grad(true);
+  Tensor mask = Tensor::from_vector<uint8_t>({0, 0, 1, 0, 0, 0}, {2, 3});
+  auto r = autograd::gradcheck([&](const std::vector<Tensor>& in) { return mha.forward(in[0], in[0], in[0], mask, false); },
+                               {q}, 1e-6, 1e-6, 1e-3);
+  EXPECT_TRUE(r.ok) << r.detail;
+  Tensor out = mha.forward(q, q, q, Tensor(), true);
+  EXPECT_EQ(out.shape(), (Shape{2, 3, 8}));
+}
