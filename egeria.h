@@ -11,3 +11,4 @@
 #include "layers/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "models/model.h"

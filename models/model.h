@@ -1,0 +1,37 @@
+// A built-in model: a Module that exposes its ordered "layer modules" — the units
+// freezing acts on (stem, residual / inverted-residual blocks, encoder and decoder
+// layers, head) — and its forward FLOPs per sample.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/module.h"
+
+namespace eg::models {
+
+class Model : public nn::Module {
+ public:
+  // Front to back. Freezing a prefix of this list freezes the front of the network.
+  virtual std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const = 0;
+  // Multiply-adds count 2; convolutions and matmuls only (norms and activations are
+  // a few percent and omitted, as in the papers' tables).
+  virtual double flops_per_sample() const = 0;
+};
+
+using ModelPtr = std::shared_ptr<Model>;
+
+struct ModelConfig {
+  std::string name;          // "resnet56", "resnet50", "mobilenetv2", "transformer-tiny", ...
+  int64_t num_classes = 10;  // vision
+  int64_t in_channels = 3;
+  int64_t image_size = 32;   // vision input H = W
+  bool small_input = true;   // ImageNet-style nets: 3x3 stride-1 stem, no max pool
+  double width = 1.0;        // MobileNetV2 width multiplier
+};
+
+// Builds a model by name; throws eg::Error listing the known names.
+ModelPtr build_model(const ModelConfig& c, Generator& g);
+std::vector<std::string> model_names();
+
+}  // namespace eg::models

@@ -1,0 +1,50 @@
+// Model names -> builders.
+#include <functional>
+#include <map>
+
+#include "models/mobilenet_v2.h"
+#include "models/resnet.h"
+
+namespace eg::models {
+
+namespace {
+using Builder = std::function<ModelPtr(const ModelConfig&, Generator&)>;
+const std::map<std::string, Builder>& builders() {
+  static const std::map<std::string, Builder> b = [] {
+    std::map<std::string, Builder> m;
+    for (int d : {20, 32, 44, 56, 110})
+      m["resnet" + std::to_string(d)] = [d](const ModelConfig& c, Generator& g) {
+        return ResNet::cifar(d, c.num_classes, c.in_channels, g);
+      };
+    for (int d : {18, 50})
+      m["resnet" + std::to_string(d)] = [d](const ModelConfig& c, Generator& g) {
+        return ResNet::imagenet(d, c.num_classes, c.in_channels, c.image_size, c.small_input, g);
+      };
+    m["mobilenetv2"] = [](const ModelConfig& c, Generator& g) {
+      return std::make_shared<MobileNetV2>(c.num_classes, c.in_channels, c.image_size, c.width, c.small_input, g);
+    };
+    return m;
+  }();
+  return b;
+}
+}  // namespace
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> v;
+  for (auto& [n, b] : builders()) v.push_back(n);
+  return v;
+}
+
+ModelPtr build_model(const ModelConfig& c, Generator& g) {
+  auto it = builders().find(c.name);
+  if (it == builders().end()) {
+    std::string known;
+    for (auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
+    EG_THROW("unknown model '", c.name, "' (known: ", known, ")");
+  }
+  EG_CHECK(c.num_classes > 0 && c.in_channels > 0 && c.image_size > 0, "model '", c.name,
+           "': classes, channels and image size must be positive");
+  return it->second(c, g);
+}
+
+}  // namespace eg::models

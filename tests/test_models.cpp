@@ -1,0 +1,72 @@
+// models/: parameter counts match the published architectures; layer modules cover
+// every parameter exactly once, front to back.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "models/model.h"
+
+using namespace eg;
+
+namespace {
+models::ModelPtr build(const std::string& name, int64_t classes, int64_t image = 32, bool small = true) {
+  Generator g(0);
+  models::ModelConfig c;
+  c.name = name;
+  c.num_classes = classes;
+  c.image_size = image;
+  c.small_input = small;
+  return models::build_model(c, g);
+}
+}  // namespace
+
+TEST(Models, CifarResNetParameterCountsMatchHeEtAl) {
+  // He et al. 2016, Table 6 (CIFAR-10): 0.27M, 0.46M, 0.66M, 0.85M, 1.7M.
+  const std::pair<const char*, double> expected[] = {
+      {"resnet20", 0.27e6}, {"resnet32", 0.46e6}, {"resnet44", 0.66e6}, {"resnet56", 0.85e6}, {"resnet110", 1.7e6}};
+  for (auto [name, n] : expected) {
+    auto m = build(name, 10);
+    EXPECT_NEAR(double(m->num_parameters()), n, 0.01 * n) << name << ": " << m->num_parameters();
+  }
+}
+
+TEST(Models, ImageNetParameterCountsMatchTorchvision) {
+  EXPECT_EQ(build("resnet50", 1000, 224, false)->num_parameters(), 25557032);
+  EXPECT_EQ(build("resnet18", 1000, 224, false)->num_parameters(), 11689512);
+  EXPECT_EQ(build("mobilenetv2", 1000, 224, false)->num_parameters(), 3504872);
+}
+
+TEST(Models, FlopsPerSampleAreTheKnownValues) {
+  // ResNet-56 on 32x32: ~125M multiply-adds (0.25 GFLOPs); ResNet-50 on 224: ~4.1G MACs.
+  EXPECT_NEAR(build("resnet56", 10)->flops_per_sample(), 2 * 125.5e6, 0.03 * 2 * 125.5e6);
+  EXPECT_NEAR(build("resnet50", 1000, 224, false)->flops_per_sample(), 2 * 4.09e9, 0.03 * 2 * 4.09e9);
+}
+
+TEST(Models, LayerModulesPartitionTheParameters) {
+  for (const std::string name : {"resnet20", "resnet18", "mobilenetv2"}) {
+    auto m = build(name, 10);
+    auto units = m->layer_modules();
+    ASSERT_GE(units.size(), 3u) << name;
+    EXPECT_EQ(units.front().first, "stem");
+    EXPECT_EQ(units.back().first, "head");
+    int64_t total = 0;
+    std::set<TensorImpl*> seen;
+    for (auto& [n, u] : units)
+      for (auto& p : u->parameters()) {
+        EXPECT_TRUE(seen.insert(p.impl_ptr().get()).second) << name << ": parameter in two units";
+        total += p.numel();
+      }
+    EXPECT_EQ(total, m->num_parameters()) << name;
+  }
+  EXPECT_EQ(build("resnet56", 10)->layer_modules().size(), 1u + 27u + 1u);
+}
+
+TEST(Models, UnknownModelListsTheKnownOnes) {
+  try {
+    build("resnet57", 10);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown model 'resnet57'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("resnet56"), std::string::npos);
+  }
+}
