@@ -28,6 +28,7 @@ struct ModelConfig {
   int64_t image_size = 32;   // vision input H = W
   bool small_input = true;   // ImageNet-style nets: 3x3 stride-1 stem, no max pool
   double width = 1.0;        // MobileNetV2 width multiplier
+  int64_t vocab = 8000;      // Transformers: shared source/target vocabulary
 };
 
 // Builds a model by name; throws eg::Error listing the known names.

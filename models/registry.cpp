@@ -4,6 +4,7 @@
 
 #include "models/mobilenet_v2.h"
 #include "models/resnet.h"
+#include "models/transformer.h"
 
 namespace eg::models {
 
@@ -23,6 +24,10 @@ const std::map<std::string, Builder>& builders() {
     m["mobilenetv2"] = [](const ModelConfig& c, Generator& g) {
       return std::make_shared<MobileNetV2>(c.num_classes, c.in_channels, c.image_size, c.width, c.small_input, g);
     };
+    for (const char* n : {"transformer-base", "transformer-tiny"})
+      m[n] = [n](const ModelConfig& c, Generator& g) {
+        return std::make_shared<Transformer>(transformer_preset(n, c.vocab), g);
+      };
     return m;
   }();
   return b;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "models/model.h"
+#include "models/transformer.h"
 
 using namespace eg;
 
@@ -69,4 +70,27 @@ TEST(Models, UnknownModelListsTheKnownOnes) {
     EXPECT_NE(std::string(e.what()).find("unknown model 'resnet57'"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("resnet56"), std::string::npos);
   }
+}
+
+TEST(Models, TransformerBaseHasThePaperShape) {
+  Generator g(0);
+  models::ModelConfig c;
+  c.name = "transformer-base";
+  c.vocab = 37000;
+  auto m = models::build_model(c, g);
+  // Vaswani et al. Table 3 quotes ~65M with a 37k shared vocabulary. Counted exactly:
+  // embedding 37000*512 + 6 encoder layers (4 projections 512*512+512, FFN
+  // 512*2048+2048 + 2048*512+512, 2 LayerNorms) + 6 decoder layers (8 projections,
+  // FFN, 3 LayerNorms) = 18,944,000 + 6*3,152,384 + 6*4,204,032.
+  EXPECT_EQ(m->num_parameters(), 18944000 + 6 * 3152384 + 6 * 4204032);
+  EXPECT_EQ(m->layer_modules().size(), 1u + 6u + 6u);
+}
+
+TEST(Models, CorpusBleu) {
+  std::vector<std::vector<int64_t>> ref = {{1, 2, 3, 4, 5, 6}};
+  EXPECT_NEAR(models::corpus_bleu(ref, ref), 100.0, 1e-9);
+  EXPECT_EQ(models::corpus_bleu({{7, 8, 9}}, ref), 0.0);
+  double partial = models::corpus_bleu({{1, 2, 3, 4, 9, 6}}, ref);
+  EXPECT_GT(partial, 0.0);
+  EXPECT_LT(partial, 100.0);
 }

@@ -1,0 +1,222 @@
+#include "models/transformer.h"
+
+#include <cmath>
+#include <map>
+
+namespace eg::models {
+
+namespace {
+
+class FeedForward : public nn::Module {
+ public:
+  FeedForward(int64_t d, int64_t ff, double p, Generator& g) {
+    l1 = register_module("linear1", std::make_shared<nn::Linear>(d, ff, true, g));
+    l2 = register_module("linear2", std::make_shared<nn::Linear>(ff, d, true, g));
+    drop = register_module("dropout", std::make_shared<nn::Dropout>(p, g));
+  }
+  Tensor forward(const Tensor& x) override { return l2->forward(drop->forward(fn::relu(l1->forward(x)))); }
+  std::string type_name() const override { return "FeedForward"; }
+  std::shared_ptr<nn::Linear> l1, l2;
+  std::shared_ptr<nn::Dropout> drop;
+};
+
+class EncoderLayer : public nn::Module {
+ public:
+  EncoderLayer(const TransformerConfig& c, Generator& g) {
+    attn = register_module("self_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout, g));
+    ffn = register_module("ffn", std::make_shared<FeedForward>(c.d_model, c.ffn, c.dropout, g));
+    ln1 = register_module("norm1", std::make_shared<nn::LayerNorm>(c.d_model));
+    ln2 = register_module("norm2", std::make_shared<nn::LayerNorm>(c.d_model));
+    drop = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, g));
+  }
+  Tensor run(const Tensor& x, const Tensor& mask) {
+    Tensor h = ln1->forward(fn::add(x, drop->forward(attn->forward(x, x, x, mask, false))));
+    return ln2->forward(fn::add(h, drop->forward(ffn->forward(h))));
+  }
+  std::string type_name() const override { return "EncoderLayer"; }
+  std::shared_ptr<nn::MultiHeadAttention> attn;
+  std::shared_ptr<FeedForward> ffn;
+  std::shared_ptr<nn::LayerNorm> ln1, ln2;
+  std::shared_ptr<nn::Dropout> drop;
+};
+
+class DecoderLayer : public nn::Module {
+ public:
+  DecoderLayer(const TransformerConfig& c, Generator& g) {
+    self_attn = register_module("self_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout, g));
+    cross_attn = register_module("cross_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout, g));
+    ffn = register_module("ffn", std::make_shared<FeedForward>(c.d_model, c.ffn, c.dropout, g));
+    ln1 = register_module("norm1", std::make_shared<nn::LayerNorm>(c.d_model));
+    ln2 = register_module("norm2", std::make_shared<nn::LayerNorm>(c.d_model));
+    ln3 = register_module("norm3", std::make_shared<nn::LayerNorm>(c.d_model));
+    drop = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, g));
+  }
+  Tensor run(const Tensor& y, const Tensor& memory, const Tensor& src_mask, const Tensor& tgt_mask) {
+    Tensor h = ln1->forward(fn::add(y, drop->forward(self_attn->forward(y, y, y, tgt_mask, true))));
+    h = ln2->forward(fn::add(h, drop->forward(cross_attn->forward(h, memory, memory, src_mask, false))));
+    return ln3->forward(fn::add(h, drop->forward(ffn->forward(h))));
+  }
+  std::string type_name() const override { return "DecoderLayer"; }
+  std::shared_ptr<nn::MultiHeadAttention> self_attn, cross_attn;
+  std::shared_ptr<FeedForward> ffn;
+  std::shared_ptr<nn::LayerNorm> ln1, ln2, ln3;
+  std::shared_ptr<nn::Dropout> drop;
+};
+
+}  // namespace
+
+TransformerConfig transformer_preset(const std::string& name, int64_t vocab) {
+  TransformerConfig c;
+  c.vocab = vocab;
+  if (name == "transformer-base") return c;
+  if (name == "transformer-tiny") {
+    c.enc_layers = c.dec_layers = 2;
+    return c;
+  }
+  EG_THROW("unknown transformer preset '", name, "' (transformer-base, transformer-tiny)");
+}
+
+Transformer::Transformer(const TransformerConfig& c, Generator& g) : cfg_(c) {
+  EG_CHECK(c.vocab > 3 && c.d_model % 2 == 0 && c.max_len > 0, "Transformer: bad configuration (vocab ", c.vocab,
+           ", d_model ", c.d_model, ")");
+  embedding_ = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, g));
+  {  // N(0, d^-1/2) so that the sqrt(d) scaling yields unit-variance inputs
+    Tensor w = Tensor::randn({c.vocab, c.d_model}, g);
+    float* p = w.data<float>();
+    for (int64_t i = 0; i < w.numel(); ++i) p[i] *= float(1.0 / std::sqrt(double(c.d_model)));
+    embedding_->weight.copy_(w);
+  }
+  Tensor pos = Tensor::empty({c.max_len, c.d_model});
+  for (int64_t t = 0; t < c.max_len; ++t)
+    for (int64_t i = 0; i < c.d_model / 2; ++i) {
+      double a = double(t) / std::pow(10000.0, 2.0 * double(i) / double(c.d_model));
+      pos.data<float>()[t * c.d_model + 2 * i] = float(std::sin(a));
+      pos.data<float>()[t * c.d_model + 2 * i + 1] = float(std::cos(a));
+    }
+  positions_ = register_buffer("positions", pos);
+  drop_ = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, g));
+  units_.emplace_back("embedding", embedding_);
+  for (int64_t i = 0; i < c.enc_layers; ++i) {
+    auto l = register_module("encoder." + std::to_string(i), std::make_shared<EncoderLayer>(c, g));
+    enc_.push_back(l);
+    units_.emplace_back("encoder." + std::to_string(i), l);
+  }
+  for (int64_t i = 0; i < c.dec_layers; ++i) {
+    auto l = register_module("decoder." + std::to_string(i), std::make_shared<DecoderLayer>(c, g));
+    dec_.push_back(l);
+    units_.emplace_back("decoder." + std::to_string(i), l);
+  }
+}
+
+Tensor Transformer::padding_mask(const Tensor& ids) const {
+  Tensor h = ids.to(Device::cpu());
+  Tensor m = Tensor::empty(ids.shape(), DType::u8);
+  for (int64_t i = 0; i < ids.numel(); ++i) m.data<uint8_t>()[i] = h.data<int64_t>()[i] == cfg_.pad_id;
+  return m.to(ids.device());
+}
+
+Tensor Transformer::embed(const Tensor& ids) {
+  EG_CHECK(ids.dim() == 2 && ids.dtype() == DType::s64, "Transformer: token ids must be s64 [B, T], got ",
+           dtype_name(ids.dtype()), shape_str(ids.shape()));
+  EG_CHECK(ids.size(1) <= cfg_.max_len, "Transformer: sequence of ", ids.size(1), " tokens exceeds max_len ",
+           cfg_.max_len);
+  Tensor e = fn::scale(embedding_->forward(ids), std::sqrt(double(cfg_.d_model)));
+  Tensor pos = positions_.slice(0, ids.size(1)).reshape({1, ids.size(1), cfg_.d_model});
+  return drop_->forward(fn::add(e, pos));
+}
+
+Tensor Transformer::encode(const Tensor& src, Tensor& src_mask) {
+  src_mask = padding_mask(src);
+  Tensor h = embed(src);
+  for (auto& l : enc_) h = static_cast<EncoderLayer&>(*l).run(h, src_mask);
+  return h;
+}
+
+Tensor Transformer::decode(const Tensor& memory, const Tensor& src_mask, const Tensor& tgt_in) {
+  Tensor tgt_mask = padding_mask(tgt_in), h = embed(tgt_in);
+  for (auto& l : dec_) h = static_cast<DecoderLayer&>(*l).run(h, memory, src_mask, tgt_mask);
+  return fn::linear(h, embedding_->weight, Tensor());  // tied output projection
+}
+
+Tensor Transformer::forward(const Tensor& src, const Tensor& tgt_in) {
+  Tensor src_mask;
+  Tensor memory = encode(src, src_mask);
+  return decode(memory, src_mask, tgt_in);
+}
+
+std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, int64_t max_len) {
+  autograd::NoGradGuard ng;
+  const int64_t b = src.size(0);
+  max_len = std::min(max_len, cfg_.max_len - 1);
+  Tensor src_mask;
+  Tensor memory = encode(src, src_mask);
+  std::vector<std::vector<int64_t>> seq(size_t(b), std::vector<int64_t>{cfg_.bos_id});
+  std::vector<bool> done(size_t(b), false);
+  for (int64_t t = 0; t < max_len; ++t) {
+    std::vector<int64_t> flat;
+    for (auto& s : seq) flat.insert(flat.end(), s.begin(), s.end());
+    Tensor tgt = Tensor::from_vector(flat, {b, t + 1}, src.device());
+    std::vector<float> logits = decode(memory, src_mask, tgt).to_vector<float>();
+    bool all = true;
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t next = cfg_.pad_id;
+      if (!done[size_t(i)]) {
+        const float* row = logits.data() + (i * (t + 1) + t) * cfg_.vocab;
+        next = 0;
+        for (int64_t v = 1; v < cfg_.vocab; ++v)
+          if (row[v] > row[next]) next = v;
+        if (next == cfg_.eos_id) done[size_t(i)] = true;
+      }
+      seq[size_t(i)].push_back(next);
+      all = all && done[size_t(i)];
+    }
+    if (all) break;
+  }
+  for (auto& s : seq) {  // strip bos, stop at eos
+    std::vector<int64_t> out;
+    for (size_t k = 1; k < s.size() && s[k] != cfg_.eos_id && s[k] != cfg_.pad_id; ++k) out.push_back(s[k]);
+    s = out;
+  }
+  return seq;
+}
+
+double Transformer::flops_per_sample() const {
+  // Per target token with source and target length L = 32: linear layers 2 * weights,
+  // attention scores and mixing 4 * L * d per attention.
+  const double d = double(cfg_.d_model), f = double(cfg_.ffn), L = 32;
+  double enc = 2 * (4 * d * d + 2 * d * f) + 4 * L * d;
+  double dec = 2 * (8 * d * d + 2 * d * f) + 8 * L * d;
+  return double(cfg_.enc_layers) * enc + double(cfg_.dec_layers) * dec + 2 * d * double(cfg_.vocab);
+}
+
+double corpus_bleu(const std::vector<std::vector<int64_t>>& hyps, const std::vector<std::vector<int64_t>>& refs) {
+  EG_CHECK(hyps.size() == refs.size(), "corpus_bleu: ", hyps.size(), " hypotheses for ", refs.size(), " references");
+  double match[4] = {0, 0, 0, 0}, total[4] = {0, 0, 0, 0}, hyp_len = 0, ref_len = 0;
+  for (size_t s = 0; s < hyps.size(); ++s) {
+    const auto &h = hyps[s], &r = refs[s];
+    hyp_len += double(h.size());
+    ref_len += double(r.size());
+    for (size_t n = 1; n <= 4; ++n) {
+      std::map<std::vector<int64_t>, int> rc;
+      for (size_t i = 0; i + n <= r.size(); ++i) ++rc[std::vector<int64_t>(r.begin() + long(i), r.begin() + long(i + n))];
+      for (size_t i = 0; i + n <= h.size(); ++i) {
+        auto it = rc.find(std::vector<int64_t>(h.begin() + long(i), h.begin() + long(i + n)));
+        if (it != rc.end() && it->second > 0) {
+          --it->second;
+          ++match[n - 1];
+        }
+        ++total[n - 1];
+      }
+    }
+  }
+  if (hyp_len == 0) return 0;
+  double log_p = 0;
+  for (int n = 0; n < 4; ++n) {
+    if (match[n] == 0) return 0;
+    log_p += 0.25 * std::log(match[n] / total[n]);
+  }
+  double bp = hyp_len < ref_len ? std::exp(1 - ref_len / hyp_len) : 1.0;
+  return 100.0 * bp * std::exp(log_p);
+}
+
+}  // namespace eg::models
