@@ -1,0 +1,120 @@
+#include "data/loader.h"
+
+#include <numeric>
+
+namespace eg::data {
+
+Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {
+  EG_CHECK(data_ && data_->size() > 0, "loader: the dataset is empty");
+  EG_CHECK(o.batch_size > 0, "loader: batch size must be positive, got ", o.batch_size);
+  EG_CHECK(!o.drop_last || data_->size() >= o.batch_size, "loader: batch size ", o.batch_size,
+           " is larger than the dataset (", data_->size(), " samples)");
+  EG_CHECK(o.workers >= 1 && o.prefetch >= 1, "loader: need at least one worker and one batch of prefetch");
+}
+
+Loader::~Loader() { stop_workers(); }
+
+int64_t Loader::batches_per_epoch() const {
+  const int64_t n = data_->size(), b = opt_.batch_size;
+  return opt_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> v(size_t(data_->size()));
+  std::iota(v.begin(), v.end(), 0);
+  if (!opt_.shuffle) return v;
+  // Fisher-Yates with counter-based draws: a pure function of (seed, epoch).
+  const uint64_t key = opt_.seed * 0x2545F4914F6CDD1Dull + uint64_t(epoch);
+  for (size_t i = v.size() - 1; i > 0; --i) {
+    uint64_t r = uint64_t(philox4x32(key, i).x[0]) << 32 | philox4x32(key, i).x[1];
+    std::swap(v[i], v[size_t(r % (i + 1))]);
+  }
+  return v;
+}
+
+void Loader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  stopping_ = false;
+}
+
+void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
+  stop_workers();
+  EG_CHECK(start_batch >= 0 && start_batch <= batches_per_epoch(), "loader: cannot start epoch ", epoch, " at batch ",
+           start_batch, " of ", batches_per_epoch());
+  epoch_ = epoch;
+  order_ = epoch_order(epoch);
+  consumed_ = issued_ = start_batch;
+  end_ = batches_per_epoch();
+  ready_.clear();
+  error_ = nullptr;
+  for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+}
+
+Batch Loader::build(int64_t index) const {
+  const int64_t b0 = index * opt_.batch_size, b1 = std::min(data_->size(), b0 + opt_.batch_size), n = b1 - b0;
+  const int64_t c = data_->images.size(1), h = data_->images.size(2), w = data_->images.size(3);
+  Batch b;
+  b.index = index;
+  b.x = Tensor::empty({n, c, h, w});
+  b.y = Tensor::empty({n}, DType::s64);
+  AugmentOptions aug = opt_.aug;
+  if (!opt_.augment) aug.crop_padding = 0, aug.hflip = false;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t id = order_[size_t(b0 + i)];
+    b.ids.push_back(id);
+    b.y.data<int64_t>()[i] = data_->labels.data<int64_t>()[id];
+    augment_into(*data_, id, aug, opt_.seed, epoch_, b.x.data<float>() + i * c * h * w);
+  }
+  return b;
+}
+
+void Loader::worker_loop() {
+  for (;;) {
+    int64_t index;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopping_ || (issued_ < end_ && issued_ < consumed_ + opt_.prefetch); });
+      if (stopping_) return;
+      index = issued_++;
+    }
+    try {
+      Batch b = build(index);
+      std::lock_guard<std::mutex> l(mu_);
+      ready_[index] = std::move(b);
+    } catch (...) {
+      std::lock_guard<std::mutex> l(mu_);
+      error_ = std::current_exception();
+    }
+    cv_.notify_all();
+  }
+}
+
+bool Loader::next(Batch& b) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (consumed_ >= end_) return false;
+  EG_CHECK(!threads_.empty(), "loader: start_epoch() was not called");
+  cv_.wait(l, [&] { return error_ || ready_.count(consumed_); });
+  if (error_) std::rethrow_exception(error_);
+  b = std::move(ready_[consumed_]);
+  ready_.erase(consumed_++);
+  l.unlock();
+  cv_.notify_all();
+  return true;
+}
+
+std::vector<int64_t> Loader::upcoming_ids(int64_t batches) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<int64_t> v;
+  const int64_t b0 = consumed_ * opt_.batch_size;
+  const int64_t b1 = std::min<int64_t>(std::min(end_, consumed_ + batches) * opt_.batch_size, int64_t(order_.size()));
+  for (int64_t i = b0; i < b1; ++i) v.push_back(order_[size_t(i)]);
+  return v;
+}
+
+}  // namespace eg::data
