@@ -1,0 +1,403 @@
+#include "train/trainer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/parallel.h"
+#include "data/loader.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "train/safetensors.h"
+
+namespace eg::train {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const char* kCheckpoint = "checkpoint.safetensors";
+
+bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
+
+void make_dirs(const std::string& dir) {
+  std::string cur;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+        EG_THROW("cannot create output directory '", cur, "': ", std::strerror(errno));
+    }
+    if (i < dir.size()) cur += dir[i];
+  }
+}
+
+void append_line(const std::string& path, const json& j) {
+  std::ofstream f(path, std::ios::app);
+  f << j.dump() << "\n";
+  EG_CHECK(f.good(), "cannot append to '", path, "' (disk full?)");
+}
+
+json config_json(const TrainConfig& c) {
+  return {{"model", c.model}, {"dataset", c.dataset}, {"data_dir", c.data_dir}, {"epochs", c.epochs},
+          {"batch_size", c.batch_size}, {"lr", c.lr}, {"optimizer", c.optimizer}, {"momentum", c.momentum},
+          {"weight_decay", c.weight_decay}, {"nesterov", c.nesterov}, {"lr_schedule", c.lr_schedule},
+          {"milestones", c.milestones}, {"gamma", c.gamma}, {"warmup_steps", c.warmup_steps}, {"device", c.device},
+          {"threads", c.threads}, {"seed", c.seed}, {"train_limit", c.train_limit}, {"test_limit", c.test_limit},
+          {"target_accuracy", c.target_accuracy}, {"augment", c.augment}, {"freeze", c.freeze}};
+}
+
+struct Run {
+  TrainConfig cfg;
+  Device device;
+  std::shared_ptr<data::ImageDataset> train, test;
+  models::ModelPtr model;
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<optim::LrSchedule> sched;
+  int64_t steps_per_epoch = 0;
+};
+
+std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t spe) {
+  const int64_t total = c.epochs * spe;
+  std::unique_ptr<optim::LrSchedule> s;
+  if (c.lr_schedule == "step" || c.lr_schedule == "multistep") {
+    std::vector<int64_t> ms = c.milestones;
+    if (ms.empty()) ms = {std::max<int64_t>(1, c.epochs / 2), std::max<int64_t>(1, c.epochs * 3 / 4)};
+    for (auto& m : ms) m *= spe;
+    s = optim::multistep_lr(c.lr, ms, c.gamma);
+  } else if (c.lr_schedule == "cosine") {
+    s = optim::cosine_lr(c.lr, total);
+  } else if (c.lr_schedule == "constant") {
+    s = optim::constant_lr(c.lr);
+  } else if (c.lr_schedule == "inverse-sqrt") {
+    return optim::inverse_sqrt_lr(c.lr, std::max<int64_t>(1, c.warmup_steps));
+  } else if (c.lr_schedule == "linear") {
+    s = optim::linear_decay_lr(c.lr, total);
+  }
+  return c.warmup_steps > 0 ? optim::linear_warmup(std::move(s), c.warmup_steps) : std::move(s);
+}
+
+Run setup(const TrainConfig& c) {
+  Run r;
+  r.cfg = c;
+  r.device = Device::parse(c.device);
+  if (r.device.is_cuda())
+    EG_CHECK(cuda_available(), "--device ", c.device, ": ",
+             built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
+  set_num_threads(c.threads);
+  r.train = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true));
+  r.test = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false));
+  EG_CHECK(r.train->size() >= c.batch_size, "--batch-size ", c.batch_size, " is larger than the training set (",
+           r.train->size(), " images)");
+  models::ModelConfig mc;
+  mc.name = c.model;
+  mc.in_channels = r.train->images.size(1);
+  mc.image_size = r.train->images.size(2);
+  mc.num_classes = c.dataset == "cifar100" ? 100 : 10;
+  EG_CHECK(c.model.rfind("transformer", 0) != 0, "--model ", c.model, " trains on translation data, which `egeria train` ",
+           "does not support yet; use an image model (", "resnet20/32/44/56/110, resnet18/50, mobilenetv2)");
+  Generator g(c.seed);
+  r.model = models::build_model(mc, g);
+  r.model->to(r.device);
+  if (c.optimizer == "sgd")
+    r.opt = std::make_unique<optim::SGD>(r.model->parameters(), c.lr,
+                                         optim::SgdOptions{c.momentum, 0.0, c.weight_decay, c.nesterov});
+  else
+    r.opt = std::make_unique<optim::AdamW>(r.model->parameters(), c.lr,
+                                           optim::AdamWOptions{0.9, 0.999, 1e-8, c.weight_decay});
+  r.steps_per_epoch = r.train->size() / c.batch_size;
+  r.sched = make_schedule(c, r.steps_per_epoch);
+  return r;
+}
+
+struct EvalOut {
+  double acc = 0, loss = 0;
+};
+
+EvalOut evaluate(models::Model& m, const data::ImageDataset& d, const std::string& ds, Device dev) {
+  autograd::NoGradGuard ng;
+  m.eval();
+  data::LoaderOptions o;
+  o.batch_size = 500;
+  o.shuffle = false;
+  o.drop_last = false;
+  o.aug.norm = data::default_normalization(ds);
+  data::Loader l(std::make_shared<data::ImageDataset>(d), o);
+  l.start_epoch(0);
+  data::Batch b;
+  double loss = 0;
+  int64_t correct = 0;
+  while (l.next(b)) {
+    Tensor logits = m.forward(b.x.to(dev));
+    loss += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
+    std::vector<float> lv = logits.to_vector<float>();
+    const int64_t k = logits.size(1);
+    for (int64_t i = 0; i < b.y.numel(); ++i) {
+      const float* row = lv.data() + i * k;
+      correct += int64_t(std::max_element(row, row + k) - row) == b.y.data<int64_t>()[i];
+    }
+  }
+  m.train();
+  return {double(correct) / double(d.size()), loss / double(d.size())};
+}
+
+std::string human_time(double s) {
+  char buf[32];
+  int t = int(s);
+  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
+  return buf;
+}
+
+}  // namespace
+
+void validate(const TrainConfig& c) {
+  auto known = models::model_names();
+  EG_CHECK(std::find(known.begin(), known.end(), c.model) != known.end(), "--model: unknown model '", c.model, "'");
+  EG_CHECK(c.epochs > 0, "--epochs must be positive, got ", c.epochs);
+  EG_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
+  EG_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
+  EG_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1), got ", c.momentum);
+  EG_CHECK(c.weight_decay >= 0, "--weight-decay must be non-negative, got ", c.weight_decay);
+  EG_CHECK(c.optimizer == "sgd" || c.optimizer == "adamw", "--optimizer must be sgd or adamw, got '", c.optimizer, "'");
+  const std::vector<std::string> scheds = {"step", "multistep", "cosine", "constant", "inverse-sqrt", "linear"};
+  EG_CHECK(std::find(scheds.begin(), scheds.end(), c.lr_schedule) != scheds.end(),
+           "--lr-schedule must be one of step, multistep, cosine, constant, inverse-sqrt, linear; got '", c.lr_schedule, "'");
+  EG_CHECK(std::is_sorted(c.milestones.begin(), c.milestones.end()), "--milestones must be ascending");
+  EG_CHECK(c.train_limit >= 0 && c.test_limit >= 0, "--train-limit/--test-limit must be non-negative");
+  EG_CHECK(c.target_accuracy >= 0 && c.target_accuracy <= 100, "--target-accuracy must be in [0, 1] or [0, 100]");
+  EG_CHECK(c.freeze == "none", "--freeze ", c.freeze, ": layer freezing policies are not available yet (only 'none')");
+  Device::parse(c.device);
+}
+
+Summary run_training(const TrainConfig& cin) {
+  validate(cin);
+  Run r = setup(cin);
+  const TrainConfig& c = r.cfg;
+  make_dirs(c.out);
+  const std::string ckpt = c.out + "/" + kCheckpoint, metrics = c.out + "/metrics.jsonl";
+  const double target = c.target_accuracy > 1 ? c.target_accuracy / 100 : c.target_accuracy;
+
+  json state = {{"epoch", 0}, {"batch", 0}, {"step", 0}, {"train_seconds", 0.0}, {"best_acc", 0.0},
+                {"time_to_target", -1.0}, {"images", 0}};
+  if (c.resume && file_exists(ckpt)) {
+    Metadata meta;
+    TensorMap all = load_safetensors(ckpt, &meta);
+    json saved = json::parse(meta.at("state"));
+    json scfg = json::parse(meta.at("config"));
+    EG_CHECK(scfg.at("model") == c.model, "--resume: '", ckpt, "' is a checkpoint of model '",
+             scfg.at("model").get<std::string>(), "', not '", c.model, "'");
+    EG_CHECK(scfg.at("dataset") == c.dataset, "--resume: '", ckpt, "' was trained on '",
+             scfg.at("dataset").get<std::string>(), "', not '", c.dataset, "'");
+    TensorMap ms, os;
+    for (auto& [k, t] : all) {
+      if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
+      if (k.rfind("optim/", 0) == 0) os[k.substr(6)] = t;
+    }
+    r.model->load_state_dict(ms);
+    r.opt->load_state_dict(os);
+    default_generator().set_state(saved.at("rng_seed"), saved.at("rng_offset"));
+    state = saved;
+    std::printf("resuming %s from epoch %lld, batch %lld (step %lld)\n", ckpt.c_str(),
+                (long long)state["epoch"].get<int64_t>() + 1, (long long)state["batch"].get<int64_t>(),
+                (long long)state["step"].get<int64_t>());
+  } else {
+    EG_CHECK(!c.resume || !file_exists(metrics), "--resume: no checkpoint in '", c.out, "' to resume from");
+    std::ofstream(metrics, std::ios::trunc);
+  }
+  write_file_atomic(c.out + "/config.json", config_json(c).dump(2) + "\n");
+
+  auto save = [&](int64_t epoch, int64_t batch) {
+    TensorMap all;
+    for (auto& [k, t] : r.model->state_dict()) all["model/" + k] = t;
+    for (auto& [k, t] : r.opt->state_dict()) all["optim/" + k] = t;
+    state["epoch"] = epoch;
+    state["batch"] = batch;
+    state["rng_seed"] = default_generator().seed();
+    state["rng_offset"] = default_generator().offset();
+    save_safetensors(ckpt, all, {{"state", state.dump()}, {"config", config_json(c).dump()}});
+  };
+
+  data::LoaderOptions lo;
+  lo.batch_size = c.batch_size;
+  lo.augment = c.augment;
+  lo.aug.crop_padding = c.augment ? (r.train->images.size(2) >= 32 ? 4 : 2) : 0;
+  lo.aug.hflip = c.augment;
+  lo.aug.norm = data::default_normalization(c.dataset);
+  lo.workers = c.workers;
+  lo.seed = c.seed;
+  data::Loader loader(r.train, lo);
+
+  const bool tty = ::isatty(STDOUT_FILENO);
+  Summary s;
+  int64_t step = state["step"], this_run = 0, images = state["images"];
+  double train_secs = state["train_seconds"];
+  r.model->train();
+  const int64_t start_epoch = state["epoch"], start_batch = state["batch"];
+  for (int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
+    loader.start_epoch(epoch, epoch == start_epoch ? start_batch : 0);
+    double loss_sum = 0;
+    int64_t loss_n = 0;
+    auto t_epoch = Clock::now();
+    data::Batch b;
+    while (loader.next(b)) {
+      auto t0 = Clock::now();
+      const double lr = r.sched->lr_at(step);
+      r.opt->set_lr(lr);
+      Tensor loss = fn::cross_entropy(r.model->forward(b.x.to(r.device)), b.y.to(r.device));
+      const double lv = loss.item();
+      if (!std::isfinite(lv)) {
+        append_line(metrics, {{"type", "error"}, {"step", step}, {"epoch", epoch + 1}, {"loss", std::to_string(lv)}});
+        EG_THROW("the training loss became ", lv, " at step ", step, " (epoch ", epoch + 1, ", batch ", b.index,
+                 "); stopped without saving. The last good checkpoint is ",
+                 file_exists(ckpt) ? "'" + ckpt + "'" : std::string("absent (none was written yet)"),
+                 ". Try a lower --lr.");
+      }
+      r.opt->zero_grad();
+      loss.backward();
+      r.opt->step();
+      ++step;
+      ++this_run;
+      images += b.y.numel();
+      loss_sum += lv;
+      ++loss_n;
+      train_secs += std::chrono::duration<double>(Clock::now() - t0).count();
+      const double ips = double(images) / std::max(train_secs, 1e-9);
+      if (step % c.log_every == 0)
+        append_line(metrics, {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
+                              {"train_seconds", train_secs}, {"images_per_second", ips}});
+      const int64_t done = b.index + 1, total = r.steps_per_epoch;
+      if (tty) {
+        const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+        std::printf("\repoch %lld/%lld [%-30s] %lld/%lld  loss %.4f  %.0f img/s  ETA %s   ", (long long)epoch + 1,
+                    (long long)c.epochs, std::string(size_t(30 * done / total), '=').c_str(), (long long)done,
+                    (long long)total, loss_sum / double(loss_n), ips,
+                    human_time(el / double(loss_n) * double(total - done)).c_str());
+        std::fflush(stdout);
+      } else if (step % c.log_every == 0) {
+        std::printf("epoch %lld step %lld  loss %.4f  lr %.4g  %.0f img/s\n", (long long)epoch + 1, (long long)step, lv,
+                    lr, ips);
+        std::fflush(stdout);
+      }
+      if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) {
+        state["step"] = step;
+        state["train_seconds"] = train_secs;
+        state["images"] = images;
+        save(epoch, b.index + 1);
+      }
+      if (c.stop_after_steps > 0 && this_run >= c.stop_after_steps) {
+        s.steps = step;
+        return s;  // as if killed here
+      }
+    }
+    if (tty) std::printf("\n");
+    EvalOut ev = evaluate(*r.model, *r.test, c.dataset, r.device);
+    double best = std::max(state["best_acc"].get<double>(), ev.acc);
+    state["best_acc"] = best;
+    if (target > 0 && ev.acc >= target && state["time_to_target"].get<double>() < 0) state["time_to_target"] = train_secs;
+    append_line(metrics, {{"type", "epoch"}, {"epoch", epoch + 1}, {"step", step},
+                          {"train_loss", loss_n ? loss_sum / double(loss_n) : NAN}, {"test_loss", ev.loss},
+                          {"test_accuracy", ev.acc}, {"lr", r.sched->lr_at(std::max<int64_t>(step - 1, 0))},
+                          {"train_seconds", train_secs}});
+    std::printf("epoch %lld/%lld: test accuracy %.2f%%  test loss %.4f  (best %.2f%%)  %s\n", (long long)epoch + 1,
+                (long long)c.epochs, 100 * ev.acc, ev.loss, 100 * best, human_time(train_secs).c_str());
+    std::fflush(stdout);
+    state["step"] = step;
+    state["train_seconds"] = train_secs;
+    state["images"] = images;
+    state["last_acc"] = ev.acc;
+    state["last_loss"] = ev.loss;
+    save(epoch + 1, 0);
+  }
+  s.completed = true;
+  s.steps = step;
+  s.final_test_accuracy = state.value("last_acc", 0.0);
+  s.final_test_loss = state.value("last_loss", 0.0);
+  s.best_test_accuracy = state["best_acc"];
+  s.train_seconds = train_secs;
+  s.images_per_second = double(images) / std::max(train_secs, 1e-9);
+  s.time_to_target_seconds = state["time_to_target"];
+  TensorMap weights = r.model->state_dict();
+  save_safetensors(c.out + "/model.safetensors", weights, {{"model", c.model}, {"dataset", c.dataset}});
+  json sj = {{"model", c.model}, {"dataset", c.dataset}, {"epochs", c.epochs},
+             {"final_test_accuracy", s.final_test_accuracy}, {"best_test_accuracy", s.best_test_accuracy},
+             {"final_test_loss", s.final_test_loss}, {"train_seconds", s.train_seconds},
+             {"time_to_target_seconds", s.time_to_target_seconds < 0 ? json(nullptr) : json(s.time_to_target_seconds)},
+             {"images_per_second", s.images_per_second}, {"steps", s.steps}, {"parameters", r.model->num_parameters()},
+             {"flops_per_sample", r.model->flops_per_sample()}, {"freeze", c.freeze}};
+  write_file_atomic(c.out + "/summary.json", sj.dump(2) + "\n");
+  return s;
+}
+
+EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit) {
+  Metadata meta;
+  const std::string p = out + "/" + kCheckpoint;
+  TensorMap all = load_safetensors(p, &meta);
+  EG_CHECK(meta.count("config"), "'", p, "' has no training configuration in its metadata");
+  json cfg = json::parse(meta.at("config"));
+  TrainConfig c;
+  c.model = cfg.at("model");
+  c.dataset = cfg.at("dataset");
+  c.data_dir = data_dir.empty() ? cfg.value("data_dir", "") : data_dir;
+  c.test_limit = test_limit;
+  data::ImageDataset test = data::load_image_dataset({c.dataset, c.data_dir, test_limit}, false);
+  models::ModelConfig mc;
+  mc.name = c.model;
+  mc.in_channels = test.images.size(1);
+  mc.image_size = test.images.size(2);
+  mc.num_classes = c.dataset == "cifar100" ? 100 : 10;
+  Generator g(0);
+  auto m = models::build_model(mc, g);
+  TensorMap ms;
+  for (auto& [k, t] : all)
+    if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
+  m->load_state_dict(ms);
+  EvalOut e = evaluate(*m, test, c.dataset, Device::cpu());
+  return {e.acc, e.loss, test.size()};
+}
+
+StepBench bench_step(const std::string& model, int64_t bs, const std::string& device, int iters, int threads) {
+  EG_CHECK(bs > 0 && iters > 0, "bench step: batch size and iterations must be positive");
+  set_num_threads(threads);
+  Device dev = Device::parse(device);
+  models::ModelConfig mc;
+  mc.name = model;
+  mc.image_size = model == "resnet50" || model == "resnet18" ? 224 : 32;
+  mc.small_input = mc.image_size == 32;
+  mc.num_classes = model == "resnet50" || model == "resnet18" ? 1000 : 10;
+  Generator g(0);
+  auto m = models::build_model(mc, g);
+  m->to(dev);
+  optim::SGD opt(m->parameters(), 0.01, {0.9, 0, 5e-4, false});
+  Tensor x = Tensor::randn({bs, 3, mc.image_size, mc.image_size}, g).to(dev);
+  std::vector<int64_t> labels(size_t(bs));
+  for (int64_t i = 0; i < bs; ++i) labels[size_t(i)] = i % mc.num_classes;
+  Tensor y = Tensor::from_vector(labels, {bs}, dev);
+  std::vector<double> ms;
+  const int warmup = 3;
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto t0 = Clock::now();
+    Tensor loss = fn::cross_entropy(m->forward(x), y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    (void)loss.item();  // waits for the device
+    if (i >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  StepBench r;
+  r.iterations = iters;
+  r.median_step_ms = ms[ms.size() / 2];
+  r.samples_per_second = double(bs) / (r.median_step_ms / 1000);
+  return r;
+}
+
+}  // namespace eg::train
