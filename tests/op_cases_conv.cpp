@@ -1,0 +1,91 @@
+// Op cases: 2-D convolution (forward, backward-data, backward-weight with bias grad).
+// Small gradchecked cases cover stride, padding, dilation, groups (depthwise too),
+// rectangular kernels and bias; bench cases are ResNet-56's three 3x3 layers and its
+// stride-2 transition at batch 128.
+#include <cmath>
+
+#include "tests/op_cases.h"
+
+namespace eg::testing {
+namespace {
+
+struct ConvSpec {
+  std::string variant;
+  Shape x, w;  // [N, C, H, W], [K, C/groups, R, S]
+  ops::Conv2dParams p;
+  bool bias = false;
+  bool big = false;
+  bool want_dw = true;  // false: dw undefined (frozen weight), db still computed when biased
+};
+
+ops::Conv2dParams params(int64_t stride, int64_t pad, int64_t dil = 1, int64_t groups = 1) {
+  ops::Conv2dParams p;
+  p.stride_h = p.stride_w = stride;
+  p.pad_h = p.pad_w = pad;
+  p.dil_h = p.dil_w = dil;
+  p.groups = groups;
+  return p;
+}
+
+void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
+  OpCase c;
+  c.name = "conv2d/" + s.variant;
+  // Weights scaled by 1/sqrt(fan_in) (as initialisers do), so outputs are O(1).
+  const double wscale = 1.0 / std::sqrt(double(s.w[1] * s.w[2] * s.w[3]));
+  c.make_inputs = [s, wscale](DType dt) {
+    Tensors in{randn(s.x, dt, 31), randn(s.w, dt, 32, wscale), Tensor()};
+    if (s.bias) in[2] = randn({s.w[0]}, dt, 33);
+    return in;
+  };
+  c.forward = [p = s.p](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_on(in[0], ops::conv2d_out_shape(in[0].shape(), in[1].shape(), p), in[0].dtype());
+    ops::run(ops::conv2d_fwd, b, in[0], in[1], in[2], y, p);
+    return Tensors{y};
+  };
+  c.backward = [p = s.p, want_dw = s.want_dw](ops::Backend b, const Tensors& in, const Tensors&,
+                                               const Tensors& dout) {
+    Tensor dx = empty_like(in[0]), dw, db;
+    ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p);
+    if (want_dw) dw = empty_like(in[1]);
+    if (in[2].defined()) db = empty_like(in[2]);
+    ops::run(ops::conv2d_bwd_weight, b, dout[0], in[0], dw, db, p);
+    return Tensors{dx, dw, db};
+  };
+  c.uses = {uses(ops::conv2d_fwd), uses(ops::conv2d_bwd_data), uses(ops::conv2d_bwd_weight)};
+  c.gradcheck = !s.big;
+  c.bench = s.big;
+  c.bench_backward = true;
+  if (s.big) {
+    const Shape y = ops::conv2d_out_shape(s.x, s.w, s.p);
+    c.flops = 3 * 2.0 * double(y[0] * y[1] * y[2] * y[3]) * double(s.w[1] * s.w[2] * s.w[3]);
+    // Forward and input gradient reduce over C*R*S (or K*R*S) <= 576 terms of O(1);
+    // the weight gradient reduces over N*P*Q = 131072 products of unit normals
+    // (|dw| ~ 360), summed in blocks by oneDNN and in double by ref.
+    c.fwd_tol = {2e-5, 1e-4};
+    c.bwd_tol = {2e-3, 2e-4};
+  }
+  v.push_back(c);
+}
+
+RegisterCases reg([](std::vector<OpCase>& v) {
+  add_conv(v, {"3x3_pad1_bias", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true});
+  add_conv(v, {"3x3_stride2", {2, 3, 7, 7}, {4, 3, 3, 3}, params(2, 1)});
+  add_conv(v, {"3x3_dil2", {2, 3, 6, 6}, {4, 3, 3, 3}, params(1, 2, 2)});
+  add_conv(v, {"groups3", {2, 6, 5, 5}, {6, 2, 3, 3}, params(1, 1, 1, 3), true});
+  add_conv(v, {"depthwise_stride2_bias", {2, 4, 6, 6}, {4, 1, 3, 3}, params(2, 1, 1, 4), true});
+  add_conv(v, {"1x1_stride2", {2, 4, 6, 6}, {5, 4, 1, 1}, params(2, 0)});
+  {
+    ops::Conv2dParams p;  // rectangular everything: kernel 2x3, stride (1, 2), pad (0, 1), dilation (2, 1)
+    p.stride_h = 1, p.stride_w = 2, p.pad_h = 0, p.pad_w = 1, p.dil_h = 2, p.dil_w = 1;
+    add_conv(v, {"rect_2x3", {2, 2, 5, 7}, {3, 2, 2, 3}, p, true});
+  }
+  add_conv(v, {"frozen_weight_bias_grad", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, false});
+  // ResNet-56 (CIFAR, batch 128): the three stages' 3x3 convs and a stage transition.
+  add_conv(v, {"resnet56_c16_32x32", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
+  add_conv(v, {"resnet56_c32_16x16", {128, 32, 16, 16}, {32, 32, 3, 3}, params(1, 1), false, true});
+  add_conv(v, {"resnet56_c64_8x8", {128, 64, 8, 8}, {64, 64, 3, 3}, params(1, 1), false, true});
+  add_conv(v, {"resnet56_c16to32_stride2", {128, 16, 32, 32}, {32, 16, 3, 3}, params(2, 1), false, true});
+});
+
+}  // namespace
+}  // namespace eg::testing

@@ -1,0 +1,196 @@
+// Op cases: batch norm (training and inference forward, backward in both modes),
+// max/avg pooling and global average pooling.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "tests/op_cases.h"
+
+namespace eg::testing {
+namespace {
+
+// ---- batch norm
+
+// Inputs: x (offset and scaled so the statistics matter), gamma, beta, running mean
+// and running variance.
+Tensors bn_inputs(const Shape& s, DType dt) {
+  Tensor x = randn(s, dt, 41, 2.0);
+  if (dt == DType::f64)
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] += 0.5;
+  else
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 0.5f;
+  const int64_t c = s[1];
+  return {x, uniform({c}, dt, 42, 0.5, 1.5), randn({c}, dt, 43), randn({c}, dt, 44, 0.3),
+          uniform({c}, dt, 45, 0.5, 2.0)};
+}
+
+constexpr double kMomentum = 0.1, kEps = 1e-5;
+
+// Training mode. Outputs: y, saved mean, saved invstd, updated running mean and
+// variance (the running statistics are cloned first, so each call starts alike).
+// want: which of dx, dgamma, dbeta the backward asks for.
+void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool want_dx = true,
+                  bool want_affine = true) {
+  OpCase c;
+  c.name = "batchnorm/train_" + variant;
+  c.make_inputs = [s](DType dt) { return bn_inputs(s, dt); };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    const int64_t ch = in[0].size(1);
+    Tensor y = empty_like(in[0]), mean = empty_on(in[0], {ch}, in[0].dtype()), invstd = empty_on(in[0], {ch}, in[0].dtype());
+    Tensor rm = in[3].clone(), rv = in[4].clone();
+    ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps);
+    return Tensors{y, mean, invstd, rm, rv};
+  };
+  c.backward = [want_dx, want_affine](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+    Tensor dx, dg, db;
+    if (want_dx) dx = empty_like(in[0]);
+    if (want_affine) dg = empty_like(in[1]), db = empty_like(in[2]);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true);
+    return Tensors{dx, dg, db, Tensor(), Tensor()};
+  };
+  c.uses = {uses(ops::batchnorm_fwd_train), uses(ops::batchnorm_bwd)};
+  c.gradcheck = !big;
+  c.bench = big;
+  c.bench_backward = true;
+  // Minimal traffic: forward reads x, writes y; backward reads dy, x, writes dx.
+  c.bytes = double(shape_numel(s)) * 4 * (2 + 3);
+  // Variance sums over N*H*W values; the backward's dx subtracts two such sums.
+  c.fwd_tol = {2e-5, 1e-4};
+  c.bwd_tol = {big ? 1e-4 : 2e-5, 1e-4};
+  v.push_back(c);
+}
+
+// Inference mode: running statistics are constants, in both directions.
+void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big) {
+  OpCase c;
+  c.name = "batchnorm/infer_" + variant;
+  c.make_inputs = [s](DType dt) { return bn_inputs(s, dt); };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_like(in[0]);
+    ops::run(ops::batchnorm_fwd_infer, b, in[0], in[1], in[2], in[3], in[4], y, kEps);
+    return Tensors{y};
+  };
+  c.backward = [](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
+    // invstd from the running variance, as autograd computes it (on the host).
+    Tensor var = in[4].to(DType::f64);
+    for (int64_t i = 0; i < var.numel(); ++i) var.data<double>()[i] = 1.0 / std::sqrt(var.data<double>()[i] + kEps);
+    Tensor invstd = var.to(in[0].dtype()).to(in[0].device());
+    Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false);
+    return Tensors{dx, dg, db, Tensor(), Tensor()};
+  };
+  c.uses = {uses(ops::batchnorm_fwd_infer), uses(ops::batchnorm_bwd)};
+  c.gradcheck = !big;
+  c.bench = big;
+  c.bytes = double(shape_numel(s)) * 4 * 2;
+  c.bwd_tol = {2e-5, 1e-4};
+  v.push_back(c);
+}
+
+// ---- pooling
+
+ops::Pool2dParams pool(ops::PoolKind kind, int64_t k, int64_t stride, int64_t pad, bool include_pad = false) {
+  ops::Pool2dParams p;
+  p.kind = kind;
+  p.kernel_h = p.kernel_w = k;
+  p.stride_h = p.stride_w = stride;
+  p.pad_h = p.pad_w = pad;
+  p.count_include_pad = include_pad;
+  return p;
+}
+
+// Distinct values 0.01 apart in a random order: no ties in any window, and finite
+// differences (h = 1e-6) never change an argmax.
+Tensor distinct_values(const Shape& s, DType dt, uint64_t seed) {
+  Tensor keys = randn(s, DType::f64, seed);
+  std::vector<int64_t> order(size_t(keys.numel()));
+  std::iota(order.begin(), order.end(), 0);
+  const double* k = keys.data<double>();
+  std::sort(order.begin(), order.end(), [k](int64_t a, int64_t b) { return k[a] < k[b]; });
+  Tensor t = Tensor::empty(s, DType::f64);
+  for (size_t r = 0; r < order.size(); ++r) t.data<double>()[order[r]] = 0.01 * (double(r) - 0.5 * double(order.size()));
+  return t.to(dt);
+}
+
+void add_pool(std::vector<OpCase>& v, const std::string& variant, Shape s, ops::Pool2dParams p, bool big) {
+  OpCase c;
+  const bool is_max = p.kind == ops::PoolKind::max;
+  c.name = std::string("pool2d/") + (is_max ? "max_" : "avg_") + variant;
+  c.make_inputs = [s, big, is_max](DType dt) {
+    return Tensors{is_max && !big ? distinct_values(s, dt, 51) : randn(s, dt, 51)};
+  };
+  c.forward = [p, is_max](ops::Backend b, const Tensors& in) {
+    const Shape os = ops::pool2d_out_shape(in[0].shape(), p);
+    Tensor y = empty_on(in[0], os, in[0].dtype()), idx;
+    if (is_max) idx = empty_on(in[0], os, DType::s32);
+    ops::run(ops::pool2d_fwd, b, in[0], y, idx, p);
+    return is_max ? Tensors{y, idx} : Tensors{y};
+  };
+  c.backward = [p, is_max](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+    Tensor dx = empty_like(in[0]);
+    ops::run(ops::pool2d_bwd, b, dout[0], is_max ? out[1] : Tensor(), dx, p);
+    return Tensors{dx};
+  };
+  c.uses = {uses(ops::pool2d_fwd), uses(ops::pool2d_bwd)};
+  // Max pooling and its scatter are exact (same first-maximum rule on every backend;
+  // indices compared exactly); averages differ by summation order only.
+  if (is_max) c.fwd_tol = c.bwd_tol = {0, 0};
+  c.gradcheck = !big;
+  c.bench = big;
+  c.bench_backward = true;
+  const Shape os = ops::pool2d_out_shape(s, p);
+  const double in_bytes = double(shape_numel(s)) * 4, out_bytes = double(shape_numel(os)) * 4;
+  // Forward: read x, write y (and indices); backward: read dy (and indices), write dx.
+  c.bytes = is_max ? 2 * in_bytes + 4 * out_bytes : 2 * in_bytes + 2 * out_bytes;
+  v.push_back(c);
+}
+
+void add_global_avgpool(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big) {
+  OpCase c;
+  c.name = "global_avgpool/" + variant;
+  c.make_inputs = [s](DType dt) { return Tensors{randn(s, dt, 61)}; };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_on(in[0], {in[0].size(0), in[0].size(1)}, in[0].dtype());
+    ops::run(ops::global_avgpool_fwd, b, in[0], y);
+    return Tensors{y};
+  };
+  c.backward = [](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
+    Tensor dx = empty_like(in[0]);
+    ops::run(ops::global_avgpool_bwd, b, dout[0], dx);
+    return Tensors{dx};
+  };
+  c.uses = {uses(ops::global_avgpool_fwd), uses(ops::global_avgpool_bwd)};
+  c.gradcheck = !big;
+  c.bench = big;
+  c.bench_backward = true;
+  c.bytes = double(shape_numel(s)) * 4 * 2;
+  c.fwd_tol = {1e-6, 1e-5};
+  c.bwd_tol = {1e-7, 1e-6};
+  v.push_back(c);
+}
+
+RegisterCases reg([](std::vector<OpCase>& v) {
+  add_bn_train(v, "small", {4, 3, 4, 5}, false);
+  add_bn_train(v, "small_no_dx", {4, 3, 4, 5}, false, false, true);
+  add_bn_train(v, "small_dx_only", {3, 2, 5, 5}, false, true, false);
+  add_bn_train(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);
+  add_bn_infer(v, "small", {4, 3, 4, 5}, false);
+  add_bn_infer(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);
+
+  using ops::PoolKind;
+  add_pool(v, "3x3_s2_pad1", {2, 3, 7, 7}, pool(PoolKind::max, 3, 2, 1), false);
+  add_pool(v, "2x2_s2", {2, 3, 6, 6}, pool(PoolKind::max, 2, 2, 0), false);
+  add_pool(v, "3x3_s1_pad1_rect", {2, 2, 5, 7}, pool(PoolKind::max, 3, 1, 1), false);
+  add_pool(v, "3x3_s2_pad1_incl", {2, 3, 7, 7}, pool(PoolKind::avg, 3, 2, 1, true), false);
+  add_pool(v, "3x3_s2_pad1_excl", {2, 3, 7, 7}, pool(PoolKind::avg, 3, 2, 1, false), false);
+  add_pool(v, "2x2_s2", {2, 3, 6, 6}, pool(PoolKind::avg, 2, 2, 0), false);
+  add_pool(v, "3x3_s2_pad1_32x64x56x56", {32, 64, 56, 56}, pool(PoolKind::max, 3, 2, 1), true);
+  add_pool(v, "3x3_s2_pad1_32x64x56x56", {32, 64, 56, 56}, pool(PoolKind::avg, 3, 2, 1, false), true);
+  add_pool(v, "2x2_s2_128x64x16x16", {128, 64, 16, 16}, pool(PoolKind::avg, 2, 2, 0), true);
+
+  add_global_avgpool(v, "small", {2, 3, 4, 5}, false);
+  add_global_avgpool(v, "resnet56_128x64x8x8", {128, 64, 8, 8}, true);
+});
+
+}  // namespace
+}  // namespace eg::testing

@@ -1,0 +1,97 @@
+// Op cases: fused optimizer steps (sgd_step, adamw_step). The forward is one step: it
+// clones param and state (the kernels update in place, and the inputs are shared by
+// every backend's run) and returns the updated tensors. No backward.
+#include <cmath>
+
+#include "tests/op_cases.h"
+
+namespace eg::testing {
+namespace {
+
+// Bench cases report traffic including the clones: param and each state tensor are
+// read and written once more by clone().
+void add_sgd(std::vector<OpCase>& v, const std::string& name, int64_t n, ops::SgdParams p, bool big) {
+  OpCase c;
+  c.name = "sgd_step/" + name;
+  const bool has_buf = p.momentum != 0.0;
+  c.make_inputs = [=](DType dt) {
+    // first_step must overwrite the buffer without reading it: NaN would show through.
+    Tensor buf = !has_buf ? Tensor() : p.first_step ? Tensor::full({n}, NAN, dt) : randn({n}, dt, 63);
+    return Tensors{randn({n}, dt, 61), randn({n}, dt, 62, 0.1), buf};
+  };
+  c.forward = [=](ops::Backend b, const Tensors& in) {
+    Tensor w = in[0].clone(), buf = has_buf ? in[2].clone() : Tensor();
+    ops::run(ops::sgd_step, b, w, in[1], buf, p);
+    return Tensors{w, buf};
+  };
+  c.uses = {uses(ops::sgd_step)};
+  c.fwd_tol = {1e-6, 1e-6};
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(n) * 4 * (has_buf ? 5 + 4 : 3 + 2);
+  v.push_back(c);
+}
+
+void add_adamw(std::vector<OpCase>& v, const std::string& name, int64_t n, ops::AdamWParams p, bool big) {
+  OpCase c;
+  c.name = "adamw_step/" + name;
+  c.make_inputs = [=](DType dt) {
+    // Step 1 starts from zero moments, as AdamW does; later steps from a plausible state
+    // (v >= 0, of the order of g^2).
+    Tensor m = p.step == 1 ? Tensor::zeros({n}, dt) : randn({n}, dt, 73, 0.02);
+    Tensor vv = p.step == 1 ? Tensor::zeros({n}, dt) : uniform({n}, dt, 74, 0.0, 0.02);
+    return Tensors{randn({n}, dt, 71), randn({n}, dt, 72, 0.1), m, vv};
+  };
+  c.forward = [=](ops::Backend b, const Tensors& in) {
+    Tensor w = in[0].clone(), m = in[2].clone(), vv = in[3].clone();
+    ops::run(ops::adamw_step, b, w, in[1], m, vv, p);
+    return Tensors{w, m, vv};
+  };
+  c.uses = {uses(ops::adamw_step)};
+  c.fwd_tol = {1e-6, 1e-5};
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(n) * 4 * (7 + 6);
+  v.push_back(c);
+}
+
+ops::SgdParams sgd(double lr, double momentum, double dampening, double wd, bool nesterov, bool first) {
+  ops::SgdParams p;
+  p.lr = lr;
+  p.momentum = momentum;
+  p.dampening = dampening;
+  p.weight_decay = wd;
+  p.nesterov = nesterov;
+  p.first_step = first;
+  return p;
+}
+
+ops::AdamWParams adamw(double lr, double wd, int64_t step) {
+  ops::AdamWParams p;
+  p.lr = lr;
+  p.weight_decay = wd;
+  p.step = step;
+  return p;
+}
+
+RegisterCases reg([](std::vector<OpCase>& v) {
+  const int64_t n = 1037;  // not a multiple of any vector width or chunk
+  add_sgd(v, "plain", n, sgd(0.1, 0, 0, 0, false, false), false);
+  add_sgd(v, "weight_decay", n, sgd(0.1, 0, 0, 5e-4, false, false), false);
+  add_sgd(v, "momentum", n, sgd(0.1, 0.9, 0, 0, false, false), false);
+  add_sgd(v, "momentum_dampening_wd", n, sgd(0.05, 0.9, 0.1, 1e-2, false, false), false);
+  add_sgd(v, "nesterov_wd", n, sgd(0.1, 0.9, 0, 5e-4, true, false), false);
+  add_sgd(v, "momentum_first_step", n, sgd(0.1, 0.9, 0.1, 5e-4, false, true), false);
+  add_sgd(v, "nesterov_first_step", n, sgd(0.1, 0.9, 0, 5e-4, true, true), false);
+  add_sgd(v, "nesterov_wd_n850k", 850000, sgd(0.1, 0.9, 0, 5e-4, true, false), true);
+  add_sgd(v, "nesterov_wd_n25600k", 25600000, sgd(0.1, 0.9, 0, 5e-4, true, false), true);
+
+  add_adamw(v, "step1", n, adamw(1e-3, 0.01, 1), false);
+  add_adamw(v, "step10", n, adamw(1e-3, 0.01, 10), false);
+  add_adamw(v, "step10_lr_wd", 3 * 2048 + 5, adamw(3e-2, 0.1, 10), false);
+  add_adamw(v, "step10_n850k", 850000, adamw(1e-3, 0.01, 10), true);
+  add_adamw(v, "step10_n25600k", 25600000, adamw(1e-3, 0.01, 10), true);
+});
+
+}  // namespace
+}  // namespace eg::testing

@@ -1,0 +1,179 @@
+// train/: safetensors files, atomic writes, the trainer's outputs, resumption and
+// bad input.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "train/safetensors.h"
+#include "train/trainer.h"
+
+using namespace eg;
+
+namespace {
+std::string tmpdir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "eg_train_" + name;
+  std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str());
+  return d;
+}
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+train::TrainConfig small_run(const std::string& out) {
+  train::TrainConfig c;
+  c.model = "resnet20";
+  c.dataset = "synthetic";
+  c.train_limit = 192;
+  c.test_limit = 64;
+  c.batch_size = 32;
+  c.epochs = 2;
+  c.lr = 0.05;
+  c.out = out;
+  c.threads = 2;
+  c.log_every = 1;
+  c.seed = 3;
+  return c;
+}
+}  // namespace
+
+TEST(Safetensors, RoundTripAndHeaderLayout) {
+  std::string d = tmpdir("st");
+  train::TensorMap m{{"a", Tensor::from_vector<float>({1, 2, 3}, {3})},
+                     {"b", Tensor::from_vector<int64_t>({7, -8}, {2, 1})},
+                     {"c", Tensor::from_vector<uint8_t>({9}, {1})}};
+  train::save_safetensors(d + "/x.safetensors", m, {{"k", "v"}});
+  train::Metadata meta;
+  auto r = train::load_safetensors(d + "/x.safetensors", &meta);
+  EXPECT_EQ(r.at("a").to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(r.at("b").shape(), (Shape{2, 1}));
+  EXPECT_EQ(r.at("b").to_vector<int64_t>(), (std::vector<int64_t>{7, -8}));
+  EXPECT_EQ(meta.at("k"), "v");
+  std::string raw = slurp(d + "/x.safetensors");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(raw[size_t(i)])) << (8 * i);
+  auto h = nlohmann::json::parse(raw.substr(8, n));
+  EXPECT_EQ(h["a"]["dtype"], "F32");
+  EXPECT_EQ(h["b"]["dtype"], "I64");
+  EXPECT_EQ(raw.size(), 8 + n + 12 + 16 + 1);
+}
+
+TEST(Safetensors, TruncatedAndCorruptFilesAreNamed) {
+  std::string d = tmpdir("st_bad");
+  train::save_safetensors(d + "/x.safetensors", {{"a", Tensor::zeros({100})}});
+  std::string raw = slurp(d + "/x.safetensors");
+  std::ofstream(d + "/cut.safetensors", std::ios::binary) << raw.substr(0, raw.size() - 10);
+  try {
+    train::load_safetensors(d + "/cut.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cut.safetensors"), std::string::npos);
+  }
+  std::string bad = raw;
+  bad[9] = '#';
+  std::ofstream(d + "/bad.safetensors", std::ios::binary) << bad;
+  EXPECT_THROW(train::load_safetensors(d + "/bad.safetensors"), Error);
+  EXPECT_THROW(train::load_safetensors(d + "/none.safetensors"), Error);
+}
+
+TEST(Safetensors, AFailedWriteLeavesThePreviousFileIntact) {
+  std::string d = tmpdir("st_full");
+  const std::string p = d + "/w.safetensors";
+  train::save_safetensors(p, {{"a", Tensor::ones({10})}});
+  const std::string before = slurp(p);
+  // Simulate a full disk: cap the size of files this process may write.
+  std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old;
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit cap = old;
+  cap.rlim_cur = 4096;
+  setrlimit(RLIMIT_FSIZE, &cap);
+  std::string msg;
+  try {
+    train::save_safetensors(p, {{"a", Tensor::ones({100000})}});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_NE(msg.find("the previous file, if any, is unchanged"), std::string::npos) << msg;
+  EXPECT_EQ(slurp(p), before);
+  EXPECT_EQ(std::system(("ls '" + d + "' | grep -q tmp").c_str()) == 0, false) << "temporary file left behind";
+}
+
+TEST(Trainer, WritesItsFilesAndResumesBitIdentically) {
+  std::string a = tmpdir("full"), b = tmpdir("killed");
+  auto s = train::run_training(small_run(a));
+  ASSERT_TRUE(s.completed);
+  for (const char* f : {"config.json", "metrics.jsonl", "summary.json", "model.safetensors", "checkpoint.safetensors"})
+    EXPECT_TRUE(std::ifstream(a + "/" + f).good()) << f;
+  auto sum = nlohmann::json::parse(slurp(a + "/summary.json"));
+  for (const char* k : {"model", "dataset", "epochs", "final_test_accuracy", "best_test_accuracy", "train_seconds",
+                        "time_to_target_seconds", "images_per_second"})
+    EXPECT_TRUE(sum.contains(k)) << k;
+  EXPECT_GT(sum["final_test_accuracy"].get<double>(), 0.2);  // 10 classes: better than chance
+
+  // Interrupted at step 4 (mid-epoch 1), then at step 9 (epoch 2), resumed each time.
+  auto c = small_run(b);
+  c.checkpoint_every = 1;
+  c.stop_after_steps = 4;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.resume = true;
+  c.stop_after_steps = 5;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.stop_after_steps = 0;
+  ASSERT_TRUE(train::run_training(c).completed);
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  ASSERT_EQ(wa.size(), wb.size());
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+}
+
+TEST(Trainer, BadInputIsNamed) {
+  std::string d = tmpdir("bad");
+  auto expect_error = [&](train::TrainConfig c, const std::string& needle) {
+    try {
+      train::run_training(c);
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto c = small_run(d);
+  c.model = "resnet21";
+  expect_error(c, "unknown model 'resnet21'");
+  c = small_run(d);
+  c.dataset = "imagenet22k";
+  expect_error(c, "unknown dataset 'imagenet22k'");
+  c = small_run(d);
+  c.dataset = "cifar10";
+  c.data_dir = d + "/nowhere";
+  expect_error(c, "data_batch_1.bin");
+  c = small_run(d);
+  c.batch_size = 100000;
+  expect_error(c, "--batch-size");
+  c = small_run(d);
+  c.device = "tpu";
+  expect_error(c, "unknown device 'tpu'");
+  c = small_run(d);
+  c.lr = 1e6;  // diverges
+  c.epochs = 1;
+  expect_error(c, "the training loss became");
+}
+
+TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {
+  std::string d = tmpdir("other");
+  auto c = small_run(d);
+  c.epochs = 1;
+  c.train_limit = 64;
+  train::run_training(c);
+  c.model = "resnet32";
+  c.resume = true;
+  try {
+    train::run_training(c);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint of model 'resnet20', not 'resnet32'"), std::string::npos) << e.what();
+  }
+}
