@@ -210,7 +210,7 @@ Summary run_training(const TrainConfig& cin) {
                 (long long)state["epoch"].get<int64_t>() + 1, (long long)state["batch"].get<int64_t>(),
                 (long long)state["step"].get<int64_t>());
   } else {
-    EG_CHECK(!c.resume || !file_exists(metrics), "--resume: no checkpoint in '", c.out, "' to resume from");
+    if (c.resume) std::printf("--resume: no checkpoint in '%s' yet; starting from the beginning\n", c.out.c_str());
     std::ofstream(metrics, std::ios::trunc);
   }
   write_file_atomic(c.out + "/config.json", config_json(c).dump(2) + "\n");
