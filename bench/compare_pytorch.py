@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Training-step throughput, egeria vs PyTorch, measured side by side in one run.
+
+  bench/compare_pytorch.py --egeria build/egeria [--model resnet56] [--batch-size 128]
+                           [--threads 2] [--device cpu] [--repeats 5]
+
+Runs `egeria bench step` and the same model in PyTorch (CIFAR ResNet with option-A
+shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs), alternating the
+two `--repeats` times, and reports the median images/s of each and their ratio.
+PyTorch's best CPU configuration is taken: channels_last vs contiguous and
+mkldnn-enabled, whichever is faster. PyTorch missing: prints a message and exits 0.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+
+def torch_resnet(depth, nn, F):
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.pad = cout - cin
+            self.stride = stride
+
+        def forward(self, x):
+            h = F.relu(self.b1(self.c1(x)))
+            h = self.b2(self.c2(h))
+            s = x
+            if self.stride != 1 or self.pad:
+                s = F.pad(x[:, :, ::self.stride, ::self.stride], (0, 0, 0, 0, 0, self.pad))
+            return F.relu(h + s)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            n = (depth - 2) // 6
+            layers = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+            cin = 16
+            for i, w in enumerate((16, 32, 64)):
+                for b in range(n):
+                    layers.append(Block(cin, w, 2 if i > 0 and b == 0 else 1))
+                    cin = w
+            self.body = nn.Sequential(*layers)
+            self.fc = nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.fc(F.adaptive_avg_pool2d(self.body(x), 1).flatten(1))
+
+    return Net()
+
+
+def bench_torch(model_name, bs, threads, iters, channels_last):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    m = torch_resnet(int(model_name[len("resnet"):]), nn, F)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    x = torch.randn(bs, 3, 32, 32)
+    y = torch.arange(bs) % 10
+    if channels_last:
+        m = m.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
+    times = []
+    for i in range(3 + iters):
+        t = time.perf_counter()
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i >= 3:
+            times.append(time.perf_counter() - t)
+    return bs / statistics.median(times)
+
+
+def bench_egeria(exe, model, bs, threads, device, iters):
+    out = subprocess.run([exe, "bench", "step", "--model", model, "--batch-size", str(bs), "--threads", str(threads),
+                          "--device", device, "--iterations", str(iters)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["images_per_second"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--egeria", required=True)
+    ap.add_argument("--model", default="resnet56")
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("compare_pytorch: PyTorch is not installed (Debian: python3-torch); egeria only")
+        torch = None
+    eg, pt = [], {False: [], True: []}
+    for _ in range(a.repeats):
+        eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations))
+        if torch is not None and a.device == "cpu":
+            for cl in (False, True):
+                pt[cl].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, cl))
+    res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device,
+           "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
+    if pt[False]:
+        best_cl = max((False, True), key=lambda c: statistics.median(pt[c]))
+        res["pytorch_version"] = torch.__version__
+        res["pytorch_images_per_second"] = statistics.median(pt[best_cl])
+        res["pytorch_config"] = "channels_last" if best_cl else "contiguous (NCHW)"
+        res["ratio_egeria_over_pytorch"] = res["egeria_images_per_second"] / res["pytorch_images_per_second"]
+    print(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
