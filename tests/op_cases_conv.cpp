@@ -1,7 +1,7 @@
 // Op cases: 2-D convolution (forward, backward-data, backward-weight with bias grad).
 // Small gradchecked cases cover stride, padding, dilation, groups (depthwise too),
-// rectangular kernels and bias; bench cases are ResNet-56's three 3x3 layers and its
-// stride-2 transition at batch 128.
+// rectangular kernels and bias; bench cases are ResNet-56's three 3x3 layers, its
+// stride-2 transition and its stem (3 -> 16 channels) at batch 128.
 #include <cmath>
 
 #include "tests/op_cases.h"
@@ -58,11 +58,12 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
   if (s.big) {
     const Shape y = ops::conv2d_out_shape(s.x, s.w, s.p);
     c.flops = 3 * 2.0 * double(y[0] * y[1] * y[2] * y[3]) * double(s.w[1] * s.w[2] * s.w[3]);
-    // Forward and input gradient reduce over C*R*S (or K*R*S) <= 576 terms of O(1);
-    // the weight gradient reduces over N*P*Q = 131072 products of unit normals
-    // (|dw| ~ 360), summed in blocks by oneDNN and in double by ref.
+    // Forward and input gradient reduce over C*R*S (or K*R*S) <= 576 products of O(1)
+    // (worst error seen ~5e-6). The weight gradient reduces over N*P*Q (131072 for the
+    // 32x32 layer) products of unit normals, so |dw| ~ sqrt(N*P*Q) and oneDNN's float
+    // accumulation errs by ~3e-5 of that scale (ref sums in double): atol is 1e-4 of it.
     c.fwd_tol = {2e-5, 1e-4};
-    c.bwd_tol = {2e-3, 2e-4};
+    c.bwd_tol = {1e-4 * std::sqrt(double(y[0] * y[2] * y[3])), 1e-4};
   }
   v.push_back(c);
 }
@@ -85,6 +86,7 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_conv(v, {"resnet56_c32_16x16", {128, 32, 16, 16}, {32, 32, 3, 3}, params(1, 1), false, true});
   add_conv(v, {"resnet56_c64_8x8", {128, 64, 8, 8}, {64, 64, 3, 3}, params(1, 1), false, true});
   add_conv(v, {"resnet56_c16to32_stride2", {128, 16, 32, 32}, {32, 16, 3, 3}, params(2, 1), false, true});
+  add_conv(v, {"resnet56_stem_c3to16", {128, 3, 32, 32}, {16, 3, 3, 3}, params(1, 1), false, true});
 });
 
 }  // namespace

@@ -378,7 +378,7 @@ StepBench bench_step(const std::string& model, int64_t bs, const std::string& de
   m->to(dev);
   optim::SGD opt(m->parameters(), 0.01, {0.9, 0, 5e-4, false});
   Tensor x = Tensor::randn({bs, 3, mc.image_size, mc.image_size}, g).to(dev);
-  std::vector<int64_t> labels(size_t(bs));
+  std::vector<int64_t> labels(static_cast<size_t>(bs));
   for (int64_t i = 0; i < bs; ++i) labels[size_t(i)] = i % mc.num_classes;
   Tensor y = Tensor::from_vector(labels, {bs}, dev);
   std::vector<double> ms;

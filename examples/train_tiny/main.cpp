@@ -28,9 +28,11 @@ int main(int argc, char** argv) try {
       nn::ReLU(), nn::MaxPool2d(2, 2),
       std::make_shared<nn::Conv2d>(32, 64, 3, nn::Conv2dOptions{1, 1, 1, 1, false}), std::make_shared<nn::BatchNorm2d>(64),
       nn::ReLU(), nn::MaxPool2d(2, 2), std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64 * 7 * 7, 10)});
-  optim::SGD opt(model->parameters(), 0.05, {0.9, 0.0, 5e-4, true});
+  optim::AdamW opt(model->parameters(), 3e-3, {0.9, 0.999, 1e-8, 1e-4});
   nn::CrossEntropyLoss loss_fn;
-  const int64_t bs = 64;
+  const int64_t bs = 32;
+  auto sched = optim::linear_warmup(optim::cosine_lr(3e-3, epochs * (n_train / bs)), 20);
+  int64_t step = 0;
   auto start = std::chrono::steady_clock::now();
   Generator shuffle_gen(1);
   for (int e = 0; e < epochs; ++e) {
@@ -38,6 +40,7 @@ int main(int argc, char** argv) try {
     double total = 0;
     int64_t steps = 0;
     for (int64_t b = 0; b + bs <= n_train; b += bs, ++steps) {
+      opt.set_lr(sched->lr_at(step++));
       Tensor loss = loss_fn((*model)(xtr.slice(b, b + bs)), ytr.slice(b, b + bs));
       opt.zero_grad();
       loss.backward();

@@ -1,0 +1,159 @@
+// Batch normalisation over (N, H, W) per channel, fast CPU path: vectorised OpenMP
+// loops, parallel over channels (training forward, backward) or over (n, c) rows
+// (inference forward). Layout: x, y [N, C, H, W] contiguous, viewed as [N, C, L];
+// gamma, beta, statistics [C]. f32; rows of L are summed in float (SIMD lanes), rows
+// are combined in double.
+//
+// Napkin math (128x16x32x32, 8 MB per tensor): one channel's slice (128 rows of 4 KB,
+// 512 KB) fits in L2, so the training forward reads x from memory once (mean pass),
+// re-reads it from L2 (variance and normalise passes) and writes y once: 16 MB of
+// traffic; the backward reads dy and x once (sums), again from L2 (dx) and writes dx:
+// 24 MB. At ~20 GB/s per core from DRAM that is ~0.8 and ~1.2 ms; measured with the
+// tensors L3-resident, 0.44 and 0.65 ms on one core.
+//
+// Why not oneDNN: on NCHW, oneDNN 2.6 runs its generic ncsp_bnorm (measured 3.4 ms
+// forward, 5.7 ms backward on one core); its fast JIT path wants nChw16c, i.e. two more
+// reorders per call. It also keeps variance where we keep invstd, and has no
+// inference-mode backward (statistics as constants), which these loops give for free.
+#include <cmath>
+
+#include "kernels/cpu/cpu.h"
+
+namespace eg::cpu {
+
+namespace {
+
+struct Dims {
+  int64_t N, C, L;
+};
+Dims dims_of(const Tensor& x) { return {x.size(0), x.size(1), x.numel() / (x.size(0) * x.size(1))}; }
+
+// Row sums in float (SIMD lanes); callers combine rows in double.
+float row_sum(const float* a, int64_t L) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < L; ++i) s += a[i];
+  return s;
+}
+
+float row_sq_dev(const float* a, float mu, int64_t L) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < L; ++i) s += (a[i] - mu) * (a[i] - mu);
+  return s;
+}
+
+// sum dy and sum dy * (x - mu) in one pass.
+void row_dy_sums(const float* dy, const float* x, float mu, int64_t L, float& sdy, float& sdyx) {
+  float a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+  for (int64_t i = 0; i < L; ++i) {
+    a += dy[i];
+    b += dy[i] * (x[i] - mu);
+  }
+  sdy = a, sdyx = b;
+}
+
+}  // namespace
+
+void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
+                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
+                         double eps) {
+  const Dims d = dims_of(x);
+  const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
+  float *yp = y.data<float>(), *mp = save_mean.data<float>(), *ip = save_invstd.data<float>();
+  float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
+  float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
+  const double m = double(d.N * d.L);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < d.C; ++c) {
+    const int64_t stride = d.C * d.L;  // between rows of one channel
+    const float* xc = xp + c * d.L;
+    double sum = 0;
+    for (int64_t n = 0; n < d.N; ++n) sum += double(row_sum(xc + n * stride, d.L));
+    const double mean = sum / m;
+    const float mf = float(mean);
+    // Squared deviations from the float mean, corrected for its rounding (exact in
+    // exact arithmetic: sum (x - mf)^2 - m (mean - mf)^2).
+    double ss = 0;
+    for (int64_t n = 0; n < d.N; ++n) ss += double(row_sq_dev(xc + n * stride, mf, d.L));
+    const double dm = mean - double(mf);
+    ss -= m * dm * dm;
+    const double var = ss > 0 ? ss / m : 0.0, invstd = 1.0 / std::sqrt(var + eps);
+    const float scale = float(invstd * double(gp[c])), shift = float(double(bp[c]) - mean * invstd * double(gp[c]));
+    for (int64_t n = 0; n < d.N; ++n) {
+      const float* xr = xc + n * stride;
+      float* yr = yp + c * d.L + n * stride;
+#pragma omp simd
+      for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
+    }
+    mp[c] = mf;
+    ip[c] = float(invstd);
+    if (rmp) rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean);
+    if (rvp) rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * ss / (m - 1));
+  }
+}
+
+void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, Tensor& y, double eps) {
+  const Dims d = dims_of(x);
+  const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
+  const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
+  float* yp = y.data<float>();
+  // 8 bytes per element, one streaming pass.
+#pragma omp parallel for collapse(2) schedule(static) if (x.numel() > 32768)
+  for (int64_t n = 0; n < d.N; ++n)
+    for (int64_t c = 0; c < d.C; ++c) {
+      const double sd = double(gp[c]) / std::sqrt(double(vp[c]) + eps);
+      const float scale = float(sd), shift = float(double(bp[c]) - double(mp[c]) * sd);
+      const float* xr = xp + (n * d.C + c) * d.L;
+      float* yr = yp + (n * d.C + c) * d.L;
+#pragma omp simd
+      for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
+    }
+}
+
+// dbeta = sum dy, dgamma = sum dy * xhat with xhat = (x - mean) * invstd;
+// training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
+// inference: dx = gamma * invstd * dy (the statistics are constants).
+void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training) {
+  const Dims d = dims_of(x);
+  const float *dyp = dy.data<float>(), *xp = x.data<float>(), *gp = gamma.data<float>();
+  const float *mp = mean.data<float>(), *ip = invstd.data<float>();
+  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+  float* dgp = dgamma.defined() ? dgamma.data<float>() : nullptr;
+  float* dbp = dbeta.defined() ? dbeta.data<float>() : nullptr;
+  const bool need_sums = dgp || dbp || (dxp && training);
+  const double m = double(d.N * d.L);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < d.C; ++c) {
+    const int64_t stride = d.C * d.L;  // between rows of one channel
+    const float* xc = xp + c * d.L;
+    const float* dyc = dyp + c * d.L;
+    const float mu = mp[c], is = ip[c];
+    double sdy = 0, sdyx = 0;
+    if (need_sums)
+      for (int64_t n = 0; n < d.N; ++n) {
+        float a, b;
+        row_dy_sums(dyc + n * stride, xc + n * stride, mu, d.L, a, b);
+        sdy += double(a), sdyx += double(b);
+      }
+    sdyx *= double(is);
+    if (dgp) dgp[c] = float(sdyx);
+    if (dbp) dbp[c] = float(sdy);
+    if (!dxp) continue;
+    const float gi = gp[c] * is;
+    // dx = gi * dy - a * (x - mu) - b, with the statistics' terms folded into a and b.
+    const float a = training ? float(double(gi) * double(is) * sdyx / m) : 0.f;
+    const float b = training ? float(double(gi) * sdy / m) : 0.f;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const float *dyr = dyc + n * stride, *xr = xc + n * stride;
+      float* dxr = dxp + c * d.L + n * stride;
+#pragma omp simd
+      for (int64_t i = 0; i < d.L; ++i) dxr[i] = gi * dyr[i] - a * (xr[i] - mu) - b;
+    }
+  }
+}
+
+}  // namespace eg::cpu

@@ -1,0 +1,176 @@
+// Layer norm, embedding, dropout, sum of squares and casts, fast CPU path (f32,
+// OpenMP over rows / elements). Dropout draws the same Philox numbers as ref and CUDA.
+#include <cmath>
+#include <cstring>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/rng.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
+
+namespace eg::cpu {
+
+void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd, double eps) {
+  const int64_t d = x.size(-1), m = x.numel() / d;
+  const float *xp = x.data<float>(), *gp = g.data<float>(), *bp = b.data<float>();
+  float *yp = y.data<float>(), *mp = mean.data<float>(), *rp = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (x.numel() > 16384)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* in = xp + r * d;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < d; ++i) s += in[i];
+    const float mu = s / float(d);
+    float v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int64_t i = 0; i < d; ++i) v += (in[i] - mu) * (in[i] - mu);
+    const float rs = 1.f / std::sqrt(v / float(d) + float(eps));
+    mp[r] = mu;
+    rp[r] = rs;
+    float* out = yp + r * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) out[i] = (in[i] - mu) * rs * gp[i] + bp[i];
+  }
+}
+
+void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                   Tensor& dg, Tensor& db) {
+  const int64_t d = x.size(-1), m = x.numel() / d;
+  const float *xp = x.data<float>(), *gy = dy.data<float>(), *gp = g.data<float>();
+  const float *mp = mean.data<float>(), *rp = rstd.data<float>();
+  if (dx.defined()) {
+    float* out = dx.data<float>();
+#pragma omp parallel for schedule(static) if (x.numel() > 16384)
+    for (int64_t r = 0; r < m; ++r) {
+      const float *in = xp + r * d, *gr = gy + r * d;
+      const float mu = mp[r], rs = rp[r];
+      float s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
+      for (int64_t i = 0; i < d; ++i) {
+        const float dxh = gr[i] * gp[i];
+        s1 += dxh;
+        s2 += dxh * (in[i] - mu) * rs;
+      }
+      s1 /= float(d);
+      s2 /= float(d);
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) out[r * d + i] = rs * (gr[i] * gp[i] - s1 - (in[i] - mu) * rs * s2);
+    }
+  }
+  if (dg.defined() || db.defined()) {
+    // Column sums: parallel over columns, rows streamed (double accumulators).
+    float* dgp = dg.defined() ? dg.data<float>() : nullptr;
+    float* dbp = db.defined() ? db.data<float>() : nullptr;
+#pragma omp parallel for schedule(static) if (x.numel() > 16384)
+    for (int64_t i = 0; i < d; ++i) {
+      double sg = 0, sb = 0;
+      for (int64_t r = 0; r < m; ++r) {
+        sg += double(gy[r * d + i]) * double((xp[r * d + i] - mp[r]) * rp[r]);
+        sb += double(gy[r * d + i]);
+      }
+      if (dgp) dgp[i] = float(sg);
+      if (dbp) dbp[i] = float(sb);
+    }
+  }
+}
+
+void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y) {
+  const int64_t d = table.size(1), n = ids.numel();
+  const int64_t* ip = ids.data<int64_t>();
+  const float* tp = table.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static) if (n * d > 65536)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(yp + i * d, tp + ip[i] * d, size_t(d) * sizeof(float));
+}
+
+void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
+  // Scatter-add, parallel over embedding columns so no two threads touch a row slot.
+  const int64_t d = dt.size(1), n = ids.numel();
+  const int64_t* ip = ids.data<int64_t>();
+  const float* gp = dy.data<float>();
+  float* tp = dt.data<float>();
+  std::memset(tp, 0, dt.nbytes());
+#pragma omp parallel if (n * d > 65536)
+  {
+#ifdef _OPENMP
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+    const int64_t nt = 1, t = 0;
+#endif
+    const int64_t c0 = d * t / nt, c1 = d * (t + 1) / nt;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = c0; k < c1; ++k) tp[ip[i] * d + k] += gp[i * d + k];
+  }
+}
+
+void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
+  const int64_t n = x.numel();
+  const float s = float(1.0 / (1.0 - p)), pf = float(p);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  uint8_t* mp = mask.data<uint8_t>();
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= pf;
+    mp[i] = keep;
+    yp[i] = keep ? xp[i] * s : 0.f;
+  }
+}
+
+void dropout_bwd(const Tensor& dy, const Tensor& mask, Tensor& dx, double p) {
+  const int64_t n = dy.numel();
+  const float s = float(1.0 / (1.0 - p));
+  const float* gp = dy.data<float>();
+  const uint8_t* mp = mask.data<uint8_t>();
+  float* out = dx.data<float>();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) out[i] = mp[i] ? gp[i] * s : 0.f;
+}
+
+void sum_squares(const Tensor& x, Tensor& out) {
+  if (x.dtype() != DType::f32) return ref::sum_squares(x, out);
+  const float* xp = x.data<float>();
+  const int64_t n = x.numel();
+  double s = 0;
+#pragma omp parallel for schedule(static) reduction(+ : s) if (n > 65536)
+  for (int64_t b = 0; b < n; b += 4096) {
+    float part = 0;
+    const int64_t e = std::min(n, b + 4096);
+#pragma omp simd reduction(+ : part)
+    for (int64_t i = b; i < e; ++i) part += xp[i] * xp[i];
+    s += part;
+  }
+  if (out.dtype() == DType::f64) out.data<double>()[0] = s;
+  else out.data<float>()[0] = float(s);
+}
+
+void cast(const Tensor& x, Tensor& y) {
+  const int64_t n = x.numel();
+  if (x.dtype() == DType::u8 && y.dtype() == DType::f32) {
+    const uint8_t* xp = x.data<uint8_t>();
+    float* yp = y.data<float>();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) yp[i] = float(xp[i]);
+    return;
+  }
+  if (x.dtype() == DType::f32 && y.dtype() == DType::bf16) {
+    const float* xp = x.data<float>();
+    bf16_t* yp = y.data<bf16_t>();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) yp[i] = float_to_bf16(xp[i]);
+    return;
+  }
+  if (x.dtype() == DType::bf16 && y.dtype() == DType::f32) {
+    const bf16_t* xp = x.data<bf16_t>();
+    float* yp = y.data<float>();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) yp[i] = bf16_to_float(xp[i]);
+    return;
+  }
+  ref::cast(x, y);
+}
+
+}  // namespace eg::cpu

@@ -1,0 +1,60 @@
+// Optimizer updates, reference: SGD (momentum, dampening, nesterov, weight decay) and
+// AdamW (decoupled weight decay, bias-corrected moments), PyTorch semantics, in place
+// over flat tensors of any shape. f32 and f64; arithmetic in the tensor's dtype, as
+// PyTorch's single-tensor loops do.
+#include <cmath>
+
+#include "kernels/ref/ref.h"
+
+namespace eg::ref {
+
+namespace {
+
+// momentum == 0 never touches momentum_buf (it may be undefined, as optim::SGD passes it).
+template <class T>
+void sgd(Tensor& param, const Tensor& grad, Tensor& buf, const ops::SgdParams& p) {
+  T* w = param.data<T>();
+  const T* g = grad.data<T>();
+  T* mb = p.momentum != 0.0 ? buf.data<T>() : nullptr;
+  const T lr = T(p.lr), wd = T(p.weight_decay), mom = T(p.momentum), damp = T(1.0 - p.dampening);
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    T d = g[i] + wd * w[i];
+    if (mb) {
+      mb[i] = p.first_step ? d : mom * mb[i] + damp * d;
+      d = p.nesterov ? d + mom * mb[i] : mb[i];
+    }
+    w[i] -= lr * d;
+  }
+}
+
+template <class T>
+void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p) {
+  T* w = param.data<T>();
+  const T* g = grad.data<T>();
+  T *mp = m.data<T>(), *vp = v.data<T>();
+  const T b1 = T(p.beta1), b2 = T(p.beta2), lr = T(p.lr), eps = T(p.eps);
+  const T decay = T(1.0 - p.lr * p.weight_decay);
+  const T bc1 = T(1.0 - std::pow(p.beta1, double(p.step)));
+  const T bc2 = T(1.0 - std::pow(p.beta2, double(p.step)));
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    w[i] *= decay;
+    mp[i] = b1 * mp[i] + (T(1) - b1) * g[i];
+    vp[i] = b2 * vp[i] + (T(1) - b2) * g[i] * g[i];
+    const T mhat = mp[i] / bc1, vhat = vp[i] / bc2;
+    w[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+  }
+}
+
+}  // namespace
+
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const ops::SgdParams& p) {
+  if (param.dtype() == DType::f64) sgd<double>(param, grad, momentum_buf, p);
+  else sgd<float>(param, grad, momentum_buf, p);
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p) {
+  if (param.dtype() == DType::f64) adamw<double>(param, grad, m, v, p);
+  else adamw<float>(param, grad, m, v, p);
+}
+
+}  // namespace eg::ref

@@ -1,0 +1,137 @@
+// Op cases: layer norm, embedding, dropout, sum of squares, casts.
+#include "tests/op_cases.h"
+
+namespace eg::testing {
+namespace {
+
+void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m, int64_t d, bool big) {
+  OpCase c;
+  c.name = "layernorm/" + variant;
+  c.make_inputs = [m, d](DType dt) {
+    return Tensors{randn({m, d}, dt, 61, 2.0), uniform({d}, dt, 62, 0.5, 1.5), randn({d}, dt, 63)};
+  };
+  c.forward = [m](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_like(in[0]), mean = empty_on(in[0], {m}, in[0].dtype()), rstd = empty_on(in[0], {m}, in[0].dtype());
+    ops::run(ops::layernorm_fwd, b, in[0], in[1], in[2], y, mean, rstd, 1e-5);
+    return Tensors{y, mean, rstd};
+  };
+  c.backward = [](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+    Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]);
+    ops::run(ops::layernorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db);
+    return Tensors{dx, dg, db};
+  };
+  c.uses = {uses(ops::layernorm_fwd), uses(ops::layernorm_bwd)};
+  c.bwd_tol = {2e-4, 2e-3};
+  c.gradcheck = !big;
+  c.bench = big;
+  c.bench_backward = true;
+  c.bytes = double(m * d) * 4 * 5;
+  v.push_back(c);
+}
+
+void add_embedding(std::vector<OpCase>& v, const std::string& variant, Shape ids, int64_t vocab, int64_t d, bool big) {
+  OpCase c;
+  c.name = "embedding/" + variant;
+  c.make_inputs = [ids, vocab, d](DType dt) {
+    Tensor t = randint(ids, 0, vocab, 71);
+    t.data<int64_t>()[0] = t.data<int64_t>()[t.numel() - 1];  // a repeated id: gradients accumulate
+    return Tensors{t, randn({vocab, d}, dt, 72)};
+  };
+  c.forward = [d](ops::Backend b, const Tensors& in) {
+    Shape s = in[0].shape();
+    s.push_back(d);
+    Tensor y = empty_on(in[1], s, in[1].dtype());
+    ops::run(ops::embedding_fwd, b, in[0], in[1], y);
+    return Tensors{y};
+  };
+  c.backward = [](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
+    Tensor dt = empty_like(in[1]);
+    ops::run(ops::embedding_bwd, b, dout[0], in[0], dt);
+    return Tensors{Tensor(), dt};
+  };
+  c.uses = {uses(ops::embedding_fwd), uses(ops::embedding_bwd)};
+  c.gradcheck = !big;
+  c.bench = big;
+  c.bench_backward = true;
+  c.bytes = double(shape_numel(ids) * d) * 4 * 4;
+  v.push_back(c);
+}
+
+void add_dropout(std::vector<OpCase>& v, const std::string& variant, Shape s, double p, bool big) {
+  OpCase c;
+  c.name = "dropout/" + variant;
+  c.make_inputs = [s](DType dt) { return Tensors{randn(s, dt, 81)}; };
+  c.forward = [p](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_like(in[0]), mask = Tensor::empty(in[0].shape(), DType::u8, in[0].device());
+    ops::run(ops::dropout_fwd, b, in[0], y, mask, p, 1234, 99);
+    return Tensors{y, mask};
+  };
+  c.backward = [p](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+    Tensor dx = empty_like(in[0]);
+    ops::run(ops::dropout_bwd, b, dout[0], out[1], dx, p);
+    return Tensors{dx};
+  };
+  c.uses = {uses(ops::dropout_fwd), uses(ops::dropout_bwd)};
+  c.fwd_tol = {1e-6, 1e-6};  // the mask must match exactly on every backend
+  c.gradcheck = !big;
+  c.bench = big;
+  c.bench_backward = true;
+  c.bytes = double(shape_numel(s)) * (4 * 4 + 2);
+  v.push_back(c);
+}
+
+void add_reductions(std::vector<OpCase>& v, const std::string& variant, int64_t n, bool big) {
+  OpCase c;
+  c.name = "sum_squares/" + variant;
+  c.make_inputs = [n](DType dt) { return Tensors{randn({n}, dt, 91)}; };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    Tensor out = empty_on(in[0], {1}, in[0].dtype());
+    ops::run(ops::sum_squares, b, in[0], out);
+    return Tensors{out};
+  };
+  c.uses = {uses(ops::sum_squares)};
+  c.fwd_tol = {1e-4, 1e-5};
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(n) * 4;
+  v.push_back(c);
+}
+
+void add_cast(std::vector<OpCase>& v, const std::string& variant, DType from, DType to, int64_t n, bool big) {
+  OpCase c;
+  c.name = "cast/" + variant;
+  c.make_inputs = [from, n](DType) {
+    if (from == DType::u8) return Tensors{randint({n}, 0, 256, 95, DType::u8)};
+    return Tensors{randn({n}, DType::f32, 96, 100.0).to(from)};
+  };
+  c.forward = [to](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_on(in[0], in[0].shape(), to);
+    ops::run(ops::cast, b, in[0], y);
+    return Tensors{y};
+  };
+  c.uses = {uses(ops::cast)};
+  c.fwd_tol = {0, 0};  // conversions are exact functions
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(n) * double(dtype_size(from) + dtype_size(to));
+  v.push_back(c);
+}
+
+RegisterCases reg([](std::vector<OpCase>& v) {
+  add_layernorm(v, "small", 6, 8, false);
+  add_layernorm(v, "transformer_4096x512", 4096, 512, true);
+  add_embedding(v, "small", {3, 4}, 7, 5, false);
+  add_embedding(v, "tokens_64x128_vocab32000", {64, 128}, 32000, 512, true);
+  add_dropout(v, "p01", {4, 50}, 0.1, false);
+  add_dropout(v, "p05", {4, 50}, 0.5, false);
+  add_dropout(v, "ffn_128x512x512", {128, 512, 512}, 0.1, true);
+  add_reductions(v, "small", 1000, false);
+  add_reductions(v, "resnet56_params", 853018, true);
+  add_cast(v, "f32_to_bf16", DType::f32, DType::bf16, 1000, false);
+  add_cast(v, "bf16_to_f32", DType::bf16, DType::f32, 1000, false);
+  add_cast(v, "f32_to_f16", DType::f32, DType::f16, 1000, false);
+  add_cast(v, "u8_to_f32_images", DType::u8, DType::f32, 128 * 3 * 32 * 32, true);
+});
+
+}  // namespace
+}  // namespace eg::testing
