@@ -98,3 +98,11 @@ TEST(Layers, MultiHeadAttentionGradcheck) {
   Tensor out = mha.forward(q, q, q, Tensor(), true);
   EXPECT_EQ(out.shape(), (Shape{2, 3, 8}));
 }
+
+TEST(Layers, WindowLargerThanInputIsAnError) {
+  nn::Conv2d conv(1, 1, 3, {2, 0, 1, 1, false});
+  EXPECT_THROW(conv(Tensor::zeros({1, 1, 2, 2})), Error);
+  auto pool = nn::MaxPool2d(3, 2);
+  EXPECT_THROW((*pool)(Tensor::zeros({1, 1, 2, 2})), Error);
+  EXPECT_EQ(conv(Tensor::zeros({1, 1, 5, 5})).shape(), (Shape{1, 1, 2, 2}));
+}
