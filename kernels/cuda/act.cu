@@ -1,0 +1,45 @@
+// Activations on CUDA: relu, relu6, gelu (erf form) and their backward, f32.
+// One thread per element; bandwidth-bound (8 B/elem forward, 12 B/elem backward:
+// ~0.3 ms for 128x16x32x32 at ~3 TB/s on an H100).
+#include "kernels/cuda/common.cuh"
+
+namespace eg::cudak {
+
+// ---- kernels
+namespace {
+__global__ void act_fwd_kernel(int act, const float* x, float* y, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const float v = x[i];
+    y[i] = act == 0 ? fmaxf(v, 0.f) : act == 1 ? fminf(fmaxf(v, 0.f), 6.f) : 0.5f * v * (1.f + erff(v * 0.70710678f));
+  }
+}
+__global__ void act_bwd_kernel(int act, const float* dy, const float* x, float* dx, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const float v = x[i];
+    float g;
+    if (act == 0) g = v > 0.f ? 1.f : 0.f;
+    else if (act == 1) g = (v > 0.f && v < 6.f) ? 1.f : 0.f;
+    else g = 0.5f * (1.f + erff(v * 0.70710678f)) + v * expf(-0.5f * v * v) * 0.39894228f;
+    dx[i] = dy[i] * g;
+  }
+}
+}  // namespace
+
+// ---- launchers
+void act_fwd(ops::Act a, const Tensor& x, Tensor& y) {
+  require_f32(x, "activation");
+  const int64_t n = x.numel();
+  if (!n) return;
+  act_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(a), x.data<float>(), y.data<float>(), n);
+  cuda::after_launch("act_fwd");
+}
+
+void act_bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  require_f32(x, "activation backward");
+  const int64_t n = x.numel();
+  if (!n) return;
+  act_bwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(a), dy.data<float>(), x.data<float>(), dx.data<float>(), n);
+  cuda::after_launch("act_bwd");
+}
+
+}  // namespace eg::cudak

@@ -1,0 +1,93 @@
+// Shared helpers for the CUDA kernels: launch geometry, warp/block reductions, and
+// shape descriptors passed by value to kernels (up to 8 dims).
+#pragma once
+#include <cstdint>
+
+#include "core/cuda_context.h"
+#include "kernels/cuda/cuda.h"
+
+namespace eg::cudak {
+
+constexpr int kThreads = 256;
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+inline cudaStream_t stream() { return cuda::current_stream(); }
+
+inline void require_f32(const Tensor& t, const char* op) {
+  EG_CHECK(t.dtype() == DType::f32, op, " on CUDA supports f32 tensors, got ", dtype_name(t.dtype()));
+}
+
+// Grid-stride loop over [0, n).
+#define EG_CUDA_LOOP(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(blockDim.x) * gridDim.x)
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide reductions; every thread gets the result. blockDim.x a multiple of 32, <= 1024.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float sh[32];
+  __syncthreads();
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  const int nw = int(blockDim.x >> 5);
+  float r = int(threadIdx.x) < nw ? sh[threadIdx.x] : 0.f;
+  r = warp_sum(r);
+  if (threadIdx.x == 0) sh[0] = r;
+  __syncthreads();
+  return sh[0];
+}
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float sh[32];
+  __syncthreads();
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  const int nw = int(blockDim.x >> 5);
+  float r = int(threadIdx.x) < nw ? sh[threadIdx.x] : -INFINITY;
+  r = warp_max(r);
+  if (threadIdx.x == 0) sh[0] = r;
+  __syncthreads();
+  return sh[0];
+}
+
+struct Dims {
+  int n = 0;
+  int64_t size[8] = {};
+  int64_t stride[8] = {};  // element strides into the operand; 0 on broadcast dims
+};
+
+// `out` shape with the strides of operand `s` broadcast to it (s left-padded with 1s).
+inline Dims broadcast_dims(const Shape& s, const Shape& out) {
+  EG_CHECK(out.size() <= 8, "CUDA kernels support up to 8 dimensions, got ", out.size());
+  Dims d;
+  d.n = int(out.size());
+  int64_t acc = 1;
+  for (int i = int(out.size()) - 1, j = int(s.size()) - 1; i >= 0; --i, --j) {
+    const int64_t sz = j >= 0 ? s[size_t(j)] : 1;
+    d.size[i] = out[size_t(i)];
+    d.stride[i] = (sz == 1 && out[size_t(i)] != 1) ? 0 : acc;
+    acc *= sz;
+  }
+  return d;
+}
+
+__device__ __forceinline__ int64_t offset_of(int64_t i, const Dims& d) {
+  int64_t off = 0;
+  for (int k = d.n - 1; k >= 0; --k) {
+    const int64_t idx = i % d.size[k];
+    i /= d.size[k];
+    off += idx * d.stride[k];
+  }
+  return off;
+}
+
+}  // namespace eg::cudak

@@ -1,0 +1,216 @@
+// Convolution and batch norm on CUDA through cuDNN 9 (legacy API), f32, NCHW.
+// conv: the algorithm per (shapes, params, pass) comes from cudnnGet*Algorithm_v7
+// (the fastest whose workspace fits 256 MiB) and is cached; workspaces come from the
+// caching allocator. BN: cuDNN's spatial batch norm (saveInvVariance is exactly our
+// invstd = 1/sqrt(var + eps); running variance is the unbiased one, as ops.h); the
+// inference-mode backward (frozen statistics) is our kernel.
+#include <map>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+
+namespace eg::cudak {
+
+namespace {
+
+constexpr size_t kMaxWorkspace = size_t(256) << 20;
+
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  explicit TensorDesc(const Shape& s) {
+    EG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
+    EG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(s[0]), int(s[1]), int(s[2]),
+                                              int(s[3])));
+  }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+};
+
+struct ConvDescs {
+  TensorDesc x, y;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  ConvDescs(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p) : x(xs), y(ys) {
+    EG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    EG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(ws[0]), int(ws[1]), int(ws[2]),
+                                              int(ws[3])));
+    EG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    EG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, int(p.pad_h), int(p.pad_w), int(p.stride_h), int(p.stride_w),
+                                                   int(p.dil_h), int(p.dil_w), CUDNN_CROSS_CORRELATION,
+                                                   CUDNN_DATA_FLOAT));
+    EG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, int(p.groups)));
+    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_DEFAULT_MATH));  // exact f32, no TF32
+  }
+  ~ConvDescs() {
+    cudnnDestroyConvolutionDescriptor(conv);
+    cudnnDestroyFilterDescriptor(w);
+  }
+};
+
+std::string conv_key(const char* pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p) {
+  std::string k = pass;
+  for (auto v : x) k += "," + std::to_string(v);
+  for (auto v : w) k += "," + std::to_string(v);
+  for (auto v : {p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w, p.groups}) k += "," + std::to_string(v);
+  return k;
+}
+
+// First (fastest by cuDNN's heuristics) algorithm whose workspace fits.
+template <class Perf, class Get>
+int pick_algo(const std::string& key, Get get) {
+  static std::map<std::string, std::pair<int, size_t>> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second.first;
+  Perf perf[16];
+  int found = 0;
+  get(perf, 16, &found);
+  for (int i = 0; i < found; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) {
+      cache[key] = {int(perf[i].algo), perf[i].memory};
+      return int(perf[i].algo);
+    }
+  EG_THROW("cuDNN found no algorithm for ", key);
+}
+
+Tensor workspace(size_t bytes, Device d) { return Tensor::empty({int64_t(std::max<size_t>(bytes, 1))}, DType::u8, d); }
+
+__global__ void bn_infer_bwd_dx_kernel(const float* dy, const float* gamma, const float* invstd, float* dx, int64_t c,
+                                       int64_t hw, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const int64_t ch = (i / hw) % c;
+    dx[i] = dy[i] * gamma[ch] * invstd[ch];
+  }
+}
+// Per channel: dgamma = sum dy (x - mean) invstd, dbeta = sum dy.
+__global__ void bn_param_grad_kernel(const float* dy, const float* x, const float* mean, const float* invstd, float* dg,
+                                     float* db, int64_t n, int64_t c, int64_t hw) {
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    float sg = 0.f, sb = 0.f;
+    for (int64_t k = threadIdx.x; k < n * hw; k += blockDim.x) {
+      const int64_t i = (k / hw) * c * hw + ch * hw + k % hw;
+      sg += dy[i] * (x[i] - mean[ch]) * invstd[ch];
+      sb += dy[i];
+    }
+    sg = block_sum(sg);
+    sb = block_sum(sb);
+    if (threadIdx.x == 0) {
+      if (dg) dg[ch] = sg;
+      if (db) db[ch] = sb;
+    }
+  }
+}
+
+}  // namespace
+
+// ---- convolution
+void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
+  require_f32(x, "conv2d");
+  cudnnHandle_t h = cuda::cudnn_handle();
+  ConvDescs d(x.shape(), w.shape(), y.shape(), p);
+  auto algo = cudnnConvolutionFwdAlgo_t(pick_algo<cudnnConvolutionFwdAlgoPerf_t>(
+      conv_key("fwd", x.shape(), w.shape(), p), [&](cudnnConvolutionFwdAlgoPerf_t* perf, int n, int* found) {
+        EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.d, d.w, d.conv, d.y.d, n, found, perf));
+      }));
+  size_t ws = 0;
+  EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x.d, d.w, d.conv, d.y.d, algo, &ws));
+  Tensor buf = workspace(ws, x.device());
+  const float one = 1.f, zero = 0.f;
+  EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x.d, x.raw(), d.w, w.raw(), d.conv, algo, buf.raw(), ws, &zero, d.y.d,
+                                         y.raw()));
+  if (bias.defined()) {
+    TensorDesc bd({1, bias.numel(), 1, 1});
+    EG_CUDNN_CHECK(cudnnAddTensor(h, &one, bd.d, bias.raw(), &one, d.y.d, y.raw()));
+  }
+}
+
+void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
+  require_f32(dy, "conv2d backward");
+  cudnnHandle_t h = cuda::cudnn_handle();
+  ConvDescs d(dx.shape(), w.shape(), dy.shape(), p);
+  auto algo = cudnnConvolutionBwdDataAlgo_t(pick_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
+      conv_key("bwd_data", dx.shape(), w.shape(), p), [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int n, int* found) {
+        EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y.d, d.conv, d.x.d, n, found, perf));
+      }));
+  size_t ws = 0;
+  EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y.d, d.conv, d.x.d, algo, &ws));
+  Tensor buf = workspace(ws, dy.device());
+  const float one = 1.f, zero = 0.f;
+  EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.raw(), d.y.d, dy.raw(), d.conv, algo, buf.raw(), ws, &zero,
+                                              d.x.d, dx.raw()));
+}
+
+void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
+  require_f32(dy, "conv2d backward");
+  cudnnHandle_t h = cuda::cudnn_handle();
+  const float one = 1.f, zero = 0.f;
+  if (dw.defined()) {
+    ConvDescs d(x.shape(), dw.shape(), dy.shape(), p);
+    auto algo = cudnnConvolutionBwdFilterAlgo_t(pick_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        conv_key("bwd_filter", x.shape(), dw.shape(), p),
+        [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int n, int* found) {
+          EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.d, d.y.d, d.conv, d.w, n, found, perf));
+        }));
+    size_t ws = 0;
+    EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.d, d.y.d, d.conv, d.w, algo, &ws));
+    Tensor buf = workspace(ws, dy.device());
+    EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x.d, x.raw(), d.y.d, dy.raw(), d.conv, algo, buf.raw(), ws,
+                                                  &zero, d.w, dw.raw()));
+  }
+  if (db.defined()) {
+    TensorDesc yd(dy.shape()), bd({1, db.numel(), 1, 1});
+    EG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, yd.d, dy.raw(), &zero, bd.d, db.raw()));
+  }
+}
+
+// ---- batch norm
+void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
+                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps) {
+  require_f32(x, "batch_norm");
+  cudnnHandle_t h = cuda::cudnn_handle();
+  TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
+  const float one = 1.f, zero = 0.f;
+  const bool run = running_mean.defined() && running_var.defined();
+  EG_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d, y.raw(), pd.d, gamma.raw(), beta.raw(), momentum,
+      run ? running_mean.raw() : nullptr, run ? running_var.raw() : nullptr, std::max(eps, CUDNN_BN_MIN_EPSILON),
+      save_mean.raw(), save_invstd.raw()));
+}
+
+void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, Tensor& y, double eps) {
+  require_f32(x, "batch_norm");
+  cudnnHandle_t h = cuda::cudnn_handle();
+  TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
+  const float one = 1.f, zero = 0.f;
+  EG_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d,
+                                                         y.raw(), pd.d, gamma.raw(), beta.raw(), running_mean.raw(),
+                                                         running_var.raw(), std::max(eps, CUDNN_BN_MIN_EPSILON)));
+}
+
+void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training) {
+  require_f32(x, "batch_norm backward");
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  if (!training) {  // statistics are constants
+    if (dx.defined() && x.numel())
+      bn_infer_bwd_dx_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
+          dy.data<float>(), gamma.data<float>(), invstd.data<float>(), dx.data<float>(), c, hw, x.numel());
+    if (dgamma.defined() || dbeta.defined())
+      bn_param_grad_kernel<<<unsigned(std::min<int64_t>(c, 65535)), kThreads, 0, stream()>>>(
+          dy.data<float>(), x.data<float>(), mean.data<float>(), invstd.data<float>(),
+          dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr, n, c, hw);
+    cuda::after_launch("batchnorm_bwd(inference)");
+    return;
+  }
+  cudnnHandle_t h = cuda::cudnn_handle();
+  TensorDesc xd(x.shape()), pd({1, c, 1, 1});
+  // cuDNN writes all three gradients; skipped ones go to scratch.
+  Tensor gx = dx.defined() ? dx : Tensor::empty(x.shape(), DType::f32, x.device());
+  Tensor gg = dgamma.defined() ? dgamma : Tensor::empty({c}, DType::f32, x.device());
+  Tensor gb = dbeta.defined() ? dbeta : Tensor::empty({c}, DType::f32, x.device());
+  const float one = 1.f, zero = 0.f;
+  EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x.raw(), xd.d,
+                                                 dy.raw(), xd.d, gx.raw(), pd.d, gamma.raw(), gg.raw(), gb.raw(),
+                                                 CUDNN_BN_MIN_EPSILON, mean.raw(), invstd.raw()));
+}
+
+}  // namespace eg::cudak

@@ -1,0 +1,103 @@
+// Elementwise ops on CUDA, f32: binary add/sub/mul/div with broadcasting (stride
+// descriptors, one thread per output element), scale, axpy, sum_to (one block per
+// output element, block reduction over the broadcast dims) and broadcast_to.
+// Napkin math: binary moves 12 B/elem (broadcast operands hit in cache): 128x16x32x32
+// = 25 MB -> ~10 us at 3 TB/s; launch latency dominates small tensors.
+#include "kernels/cuda/common.cuh"
+
+namespace eg::cudak {
+
+// ---- kernels
+namespace {
+__global__ void binary_kernel(int op, const float* a, const float* b, float* c, Dims da, Dims db, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const float x = a[offset_of(i, da)], y = b[offset_of(i, db)];
+    c[i] = op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y;
+  }
+}
+__global__ void scale_kernel(const float* x, float* y, float s, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] = s * x[i];
+}
+__global__ void axpy_kernel(const float* x, float* y, float s, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] += s * x[i];
+}
+// y[j] = sum_r x[kept(j) + red(r)]
+__global__ void sum_to_kernel(const float* x, float* y, Dims kept, Dims red, int64_t ny, int64_t r) {
+  for (int64_t j = blockIdx.x; j < ny; j += gridDim.x) {
+    const int64_t base = offset_of(j, kept);
+    float s = 0.f;
+    for (int64_t k = threadIdx.x; k < r; k += blockDim.x) s += x[base + offset_of(k, red)];
+    s = block_sum(s);
+    if (threadIdx.x == 0) y[j] = s;
+  }
+}
+__global__ void broadcast_kernel(const float* x, float* y, Dims dx, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] = x[offset_of(i, dx)];
+}
+}  // namespace
+
+// ---- launchers
+void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
+  require_f32(c, "binary op");
+  const int64_t n = c.numel();
+  if (!n) return;
+  binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(op), a.data<float>(), b.data<float>(), c.data<float>(),
+                                                          broadcast_dims(a.shape(), c.shape()),
+                                                          broadcast_dims(b.shape(), c.shape()), n);
+  cuda::after_launch("binary_fwd");
+}
+
+void scale(const Tensor& x, Tensor& y, double alpha) {
+  require_f32(x, "scale");
+  const int64_t n = x.numel();
+  if (!n) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), float(alpha), n);
+  cuda::after_launch("scale");
+}
+
+void axpy(const Tensor& x, Tensor& y, double alpha) {
+  require_f32(x, "axpy");
+  const int64_t n = x.numel();
+  if (!n) return;
+  axpy_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), float(alpha), n);
+  cuda::after_launch("axpy");
+}
+
+void sum_to(const Tensor& x, Tensor& y) {
+  require_f32(x, "sum_to");
+  const Shape& xs = x.shape();
+  const Shape ys = [&] {  // y left-padded to x's rank
+    Shape s(xs.size() - y.shape().size(), 1);
+    s.insert(s.end(), y.shape().begin(), y.shape().end());
+    return s;
+  }();
+  // kept: y's dims (size 1 where reduced), strides into x; red: the reduced dims.
+  Dims kept, red;
+  kept.n = red.n = int(xs.size());
+  int64_t acc = 1, r = 1;
+  for (int i = int(xs.size()) - 1; i >= 0; --i) {
+    const bool reduced = ys[size_t(i)] == 1 && xs[size_t(i)] != 1;
+    kept.size[i] = reduced ? 1 : xs[size_t(i)];
+    kept.stride[i] = reduced ? 0 : acc;
+    red.size[i] = reduced ? xs[size_t(i)] : 1;
+    red.stride[i] = reduced ? acc : 0;
+    if (reduced) r *= xs[size_t(i)];
+    acc *= xs[size_t(i)];
+  }
+  const int64_t ny = y.numel();
+  if (!ny) return;
+  const unsigned grid = unsigned(std::min<int64_t>(ny, 65535));
+  sum_to_kernel<<<grid, kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), kept, red, ny, r);
+  cuda::after_launch("sum_to");
+}
+
+void broadcast_to(const Tensor& x, Tensor& y) {
+  require_f32(x, "broadcast_to");
+  const int64_t n = y.numel();
+  if (!n) return;
+  broadcast_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(),
+                                                             broadcast_dims(x.shape(), y.shape()), n);
+  cuda::after_launch("broadcast_to");
+}
+
+}  // namespace eg::cudak

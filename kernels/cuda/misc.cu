@@ -1,0 +1,130 @@
+// Embedding, dropout, sum of squares and casts on CUDA.
+// Dropout draws eg::philox_uniform(seed, offset, i) per element, the same function
+// the CPU paths use, so masks match bit for bit across devices.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/rng.h"
+#include "kernels/cuda/common.cuh"
+
+namespace eg::cudak {
+
+// ---- kernels
+namespace {
+__global__ void embedding_fwd_kernel(const int64_t* ids, const float* table, float* y, int64_t n, int64_t d) {
+  EG_CUDA_LOOP(i, n * d) y[i] = table[ids[i / d] * d + i % d];
+}
+__global__ void embedding_bwd_kernel(const float* dy, const int64_t* ids, float* dt, int64_t n, int64_t d) {
+  EG_CUDA_LOOP(i, n * d) atomicAdd(&dt[ids[i / d] * d + i % d], dy[i]);
+}
+__global__ void dropout_fwd_kernel(const float* x, float* y, uint8_t* mask, float p, float s, uint64_t seed,
+                                   uint64_t offset, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= p;
+    mask[i] = keep;
+    y[i] = keep ? x[i] * s : 0.f;
+  }
+}
+__global__ void dropout_bwd_kernel(const float* dy, const uint8_t* mask, float* dx, float s, int64_t n) {
+  EG_CUDA_LOOP(i, n) dx[i] = mask[i] ? dy[i] * s : 0.f;
+}
+__global__ void sum_squares_kernel(const float* x, float* out, int64_t n) {
+  float s = 0.f;
+  EG_CUDA_LOOP(i, n) s += x[i] * x[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) atomicAdd(out, s);
+}
+template <class A, class B>
+__global__ void cast_kernel(const A* x, B* y, int64_t n);
+template <>
+__global__ void cast_kernel<float, __nv_bfloat16>(const float* x, __nv_bfloat16* y, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] = __float2bfloat16_rn(x[i]);
+}
+template <>
+__global__ void cast_kernel<__nv_bfloat16, float>(const __nv_bfloat16* x, float* y, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] = __bfloat162float(x[i]);
+}
+template <>
+__global__ void cast_kernel<float, __half>(const float* x, __half* y, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] = __float2half_rn(x[i]);
+}
+template <>
+__global__ void cast_kernel<__half, float>(const __half* x, float* y, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] = __half2float(x[i]);
+}
+template <>
+__global__ void cast_kernel<uint8_t, float>(const uint8_t* x, float* y, int64_t n) {
+  EG_CUDA_LOOP(i, n) y[i] = float(x[i]);
+}
+}  // namespace
+
+// ---- launchers
+void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y) {
+  require_f32(table, "embedding");
+  const int64_t n = ids.numel(), d = table.size(1);
+  if (!n) return;
+  embedding_fwd_kernel<<<blocks_for(n * d), kThreads, 0, stream()>>>(ids.data<int64_t>(), table.data<float>(),
+                                                                     y.data<float>(), n, d);
+  cuda::after_launch("embedding_fwd");
+}
+
+void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
+  require_f32(dt, "embedding backward");
+  EG_CUDA_CHECK(cudaMemsetAsync(dt.raw(), 0, dt.nbytes(), stream()));
+  const int64_t n = ids.numel(), d = dt.size(1);
+  if (!n) return;
+  embedding_bwd_kernel<<<blocks_for(n * d), kThreads, 0, stream()>>>(dy.data<float>(), ids.data<int64_t>(),
+                                                                     dt.data<float>(), n, d);
+  cuda::after_launch("embedding_bwd");
+}
+
+void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
+  require_f32(x, "dropout");
+  const int64_t n = x.numel();
+  if (!n) return;
+  dropout_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), mask.data<uint8_t>(),
+                                                               float(p), float(1.0 / (1.0 - p)), seed, offset, n);
+  cuda::after_launch("dropout_fwd");
+}
+
+void dropout_bwd(const Tensor& dy, const Tensor& mask, Tensor& dx, double p) {
+  require_f32(dy, "dropout backward");
+  const int64_t n = dy.numel();
+  if (!n) return;
+  dropout_bwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(dy.data<float>(), mask.data<uint8_t>(), dx.data<float>(),
+                                                               float(1.0 / (1.0 - p)), n);
+  cuda::after_launch("dropout_bwd");
+}
+
+void sum_squares(const Tensor& x, Tensor& out) {
+  require_f32(x, "sum_squares");
+  require_f32(out, "sum_squares output");
+  EG_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, sizeof(float), stream()));
+  const int64_t n = x.numel();
+  if (!n) return;
+  sum_squares_kernel<<<std::min(blocks_for(n), 1024u), kThreads, 0, stream()>>>(x.data<float>(), out.data<float>(), n);
+  cuda::after_launch("sum_squares");
+}
+
+void cast(const Tensor& x, Tensor& y) {
+  const int64_t n = x.numel();
+  if (!n) return;
+  const DType a = x.dtype(), b = y.dtype();
+  const unsigned g = blocks_for(n);
+  cudaStream_t s = stream();
+  if (a == DType::f32 && b == DType::bf16)
+    cast_kernel<<<g, kThreads, 0, s>>>(x.data<float>(), static_cast<__nv_bfloat16*>(y.raw()), n);
+  else if (a == DType::bf16 && b == DType::f32)
+    cast_kernel<<<g, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x.raw()), y.data<float>(), n);
+  else if (a == DType::f32 && b == DType::f16)
+    cast_kernel<<<g, kThreads, 0, s>>>(x.data<float>(), static_cast<__half*>(y.raw()), n);
+  else if (a == DType::f16 && b == DType::f32)
+    cast_kernel<<<g, kThreads, 0, s>>>(static_cast<const __half*>(x.raw()), y.data<float>(), n);
+  else if (a == DType::u8 && b == DType::f32)
+    cast_kernel<<<g, kThreads, 0, s>>>(x.data<uint8_t>(), y.data<float>(), n);
+  else
+    EG_THROW("cast from ", dtype_name(a), " to ", dtype_name(b), " is not supported on CUDA");
+  cuda::after_launch("cast");
+}
+
+}  // namespace eg::cudak

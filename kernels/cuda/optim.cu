@@ -1,0 +1,58 @@
+// Fused optimizer updates on CUDA, f32, one pass over flat tensors (PyTorch
+// semantics, as ops.h spells out). Napkin math: SGD with momentum moves 16 B/param
+// (ResNet-56: 14 MB, ~5 us at 3 TB/s); AdamW 28 B/param.
+#include "kernels/cuda/common.cuh"
+
+namespace eg::cudak {
+
+// ---- kernels
+namespace {
+__global__ void sgd_kernel(float* p, const float* g, float* buf, float lr, float mom, float damp, float wd, bool nesterov,
+                           bool first, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    float d = g[i] + wd * p[i];
+    if (mom != 0.f) {
+      const float b = first ? d : mom * buf[i] + (1.f - damp) * d;
+      buf[i] = b;
+      d = nesterov ? d + mom * b : b;
+    }
+    p[i] -= lr * d;
+  }
+}
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float lr, float b1, float b2, float eps,
+                             float wd, float bc1, float bc2, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const float gi = g[i];
+    p[i] *= 1.f - lr * wd;
+    const float mi = b1 * m[i] + (1.f - b1) * gi, vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+  }
+}
+}  // namespace
+
+// ---- launchers
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const ops::SgdParams& s) {
+  require_f32(param, "sgd_step");
+  const int64_t n = param.numel();
+  if (!n) return;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(param.data<float>(), grad.data<float>(),
+                                                       buf.defined() ? buf.data<float>() : nullptr, float(s.lr),
+                                                       float(s.momentum), float(s.dampening), float(s.weight_decay),
+                                                       s.nesterov, s.first_step, n);
+  cuda::after_launch("sgd_step");
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& a) {
+  require_f32(param, "adamw_step");
+  const int64_t n = param.numel();
+  if (!n) return;
+  const float bc1 = float(1.0 - std::pow(a.beta1, double(a.step))), bc2 = float(1.0 - std::pow(a.beta2, double(a.step)));
+  adamw_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(param.data<float>(), grad.data<float>(), m.data<float>(),
+                                                         v.data<float>(), float(a.lr), float(a.beta1), float(a.beta2),
+                                                         float(a.eps), float(a.weight_decay), bc1, bc2, n);
+  cuda::after_launch("adamw_step");
+}
+
+}  // namespace eg::cudak

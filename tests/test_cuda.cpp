@@ -1,0 +1,67 @@
+// CUDA runtime pieces: the caching allocator, copies, and device-independent RNG.
+// Every test skips without a GPU; tools/gpu-check runs them on one.
+#include <gtest/gtest.h>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+using namespace eg;
+
+#define EG_REQUIRE_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no GPU present"
+
+TEST(Cuda, CachingAllocatorReusesBlocksAndTracksStats) {
+  EG_REQUIRE_GPU();
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();
+  AllocatorStats s0 = a.stats();
+  const size_t n = (8u << 20) + 100;
+  void* p = a.allocate(n);
+  AllocatorStats s1 = a.stats();
+  EXPECT_EQ(s1.allocated, s0.allocated + allocation_size_class(n));
+  EXPECT_GE(s1.peak_allocated, s1.allocated);
+  EXPECT_EQ(s1.system_allocs, s0.system_allocs + 1);
+  a.deallocate(p, n);
+  EXPECT_EQ(a.stats().allocated, s0.allocated);
+  void* q = a.allocate(n);  // same stream, same size class: served from the cache
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a.stats().cache_hits, s1.cache_hits + 1);
+  a.deallocate(q, n);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, a.stats().allocated);
+}
+
+TEST(Cuda, RoundTripAndZeroing) {
+  EG_REQUIRE_GPU();
+  Generator g(1);
+  Tensor h = Tensor::randn({3, 5, 7}, g);
+  Tensor d = h.to(Device::cuda(0));
+  EXPECT_TRUE(d.is_cuda());
+  EXPECT_EQ(d.to(Device::cpu()).to_vector<float>(), h.to_vector<float>());
+  d.zero_();
+  for (float v : d.to_vector<float>()) EXPECT_EQ(v, 0.f);
+  Tensor c = d.clone();
+  EXPECT_TRUE(c.is_cuda());
+}
+
+TEST(Cuda, DropoutMaskEqualsTheCpuMask) {
+  EG_REQUIRE_GPU();
+  Tensor x = Tensor::ones({1000});
+  Tensor y = Tensor::empty({1000}), m = Tensor::empty({1000}, DType::u8);
+  ops::run(ops::dropout_fwd, ops::Backend::cpu, x, y, m, 0.3, 42, 7);
+  Tensor xd = x.to(Device::cuda(0)), yd = Tensor::empty({1000}, DType::f32, Device::cuda(0)),
+         md = Tensor::empty({1000}, DType::u8, Device::cuda(0));
+  ops::run(ops::dropout_fwd, ops::Backend::cuda, xd, yd, md, 0.3, 42, 7);
+  EXPECT_EQ(md.to_vector<uint8_t>(), m.to_vector<uint8_t>());
+}
+
+TEST(Cuda, OutOfMemoryIsAClearError) {
+  EG_REQUIRE_GPU();
+  try {
+    Tensor::empty({int64_t(1) << 42}, DType::f32, Device::cuda(0));  // 16 TiB
+    FAIL() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA out of memory"), std::string::npos) << e.what();
+  }
+}
