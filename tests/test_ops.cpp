@@ -14,6 +14,7 @@ struct Param {
   size_t index;
   ops::Backend backend;
 };
+void PrintTo(const Param& p, std::ostream* os) { *os << op_cases()[p.index].name << " on " << ops::backend_name(p.backend); }
 
 std::string case_id(const OpCase& c) {
   std::string s = c.name;
