@@ -53,8 +53,8 @@ void add_gemm(std::vector<OpCase>& v, const GemmCfg& g) {
   };
   c.uses = {uses(ops::gemm)};
   // Reduction length k (forward) or m, n (backward); f32 rounding grows ~sqrt(k).
-  c.fwd_tol = g.big ? Tolerance{2e-4, 1e-4} : Tolerance{1e-5, 1e-5};
-  c.bwd_tol = g.big ? Tolerance{5e-4, 1e-4} : Tolerance{1e-5, 1e-5};
+  c.fwd_tol = g.big ? Tolerance{2e-4, 1e-4} : Tolerance{2e-6, 1e-5};
+  c.bwd_tol = g.big ? Tolerance{5e-4, 1e-4} : Tolerance{2e-6, 1e-5};
   c.gradcheck = !g.big;
   c.bench = g.big;
   c.flops = 2.0 * double(std::max<int64_t>(g.batch, 1)) * double(g.m * g.n * g.k);
@@ -91,8 +91,8 @@ void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
     return Tensors{dx, dw, db};
   };
   c.uses = {uses(ops::linear_fwd), uses(ops::linear_bwd)};
-  c.fwd_tol = l.big ? Tolerance{5e-5, 1e-4} : Tolerance{1e-5, 1e-5};
-  c.bwd_tol = l.big ? Tolerance{5e-4, 1e-4} : Tolerance{1e-5, 1e-5};
+  c.fwd_tol = l.big ? Tolerance{5e-5, 1e-4} : Tolerance{2e-6, 1e-5};
+  c.bwd_tol = l.big ? Tolerance{5e-4, 1e-4} : Tolerance{2e-6, 1e-5};
   c.gradcheck = !l.big;
   c.bench = l.big;
   c.bench_backward = true;
@@ -140,8 +140,8 @@ void add_attention(std::vector<OpCase>& v, const AttnCfg& a) {
     return Tensors{dq, dk, dv, Tensor()};
   };
   c.uses = {uses(ops::attention_fwd), uses(ops::attention_bwd)};
-  c.fwd_tol = {1e-5, 1e-4};
-  c.bwd_tol = {5e-5, 1e-4};
+  c.fwd_tol = a.big ? Tolerance{1e-5, 1e-4} : Tolerance{1e-6, 1e-5};
+  c.bwd_tol = a.big ? Tolerance{1e-5, 1e-4} : Tolerance{2e-6, 1e-5};
   c.gradcheck = !a.big;
   c.bench = a.big;
   c.bench_backward = true;

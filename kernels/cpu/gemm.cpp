@@ -73,8 +73,8 @@ struct Operands {
   void* c;
 };
 
-// Builds (or finds) the primitive and runs it. EG_DNNL_TRY is not used: its parameter
-// `what` also rewrites the e.what() call in its body; this does its job meanwhile.
+// Builds (or finds) the primitive and runs it; oneDNN errors from either step are
+// rethrown as eg::Error naming the op.
 void run(const char* op, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, double alpha,
          double beta, const Operands& x) {
   if (m == 0 || n == 0) return;
