@@ -12,3 +12,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "models/model.h"
+#include "freeze/plasticity.h"
+#include "freeze/policy.h"
+#include "freeze/tracker.h"
+#include "train/trainer.h"

@@ -46,6 +46,35 @@ Tensors AccumulateGrad::apply(Tensors grads) {
   return {};
 }
 
+void Node::take_children(std::vector<std::shared_ptr<Node>>& out) {
+  for (auto& e : next)
+    if (e.fn) out.push_back(std::move(e.fn));
+}
+
+void FunctionNode::take_children(std::vector<std::shared_ptr<Node>>& out) {
+  Node::take_children(out);
+  for (auto& t : saved)
+    if (t.defined() && t.impl_ptr().use_count() == 1 && t.impl().grad_fn) out.push_back(std::move(t.impl().grad_fn));
+  saved.clear();
+}
+
+namespace {
+// See Note [Iterative graph destruction]. Called from each destructor that owns
+// children, where the virtual take_children still resolves to that class.
+void release_graph(Node& self) {
+  std::vector<std::shared_ptr<Node>> stack;
+  self.take_children(stack);
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = std::move(stack.back());
+    stack.pop_back();
+    if (n.use_count() == 1) n->take_children(stack);
+  }
+}
+}  // namespace
+
+Node::~Node() { release_graph(*this); }
+FunctionNode::~FunctionNode() { release_graph(*this); }
+
 Tensors FunctionNode::apply(Tensors grads) {
   EG_CHECK(!released_, "backward through ", name_,
            " a second time: its saved tensors were freed; pass retain_graph=true to the first backward");

@@ -23,8 +23,16 @@ struct Edge {
   uint32_t input_nr = 0;
 };
 
+// Note [Iterative graph destruction]
+// A graph is a chain of shared_ptrs (Node -> Edge -> Node, and Node -> saved tensor ->
+// its grad_fn). Freed recursively, a deep network's graph (ResNet-110, a long
+// sequence) overflows the stack. ~Node therefore moves the nodes it solely owns onto
+// an explicit stack and frees them one at a time (take_children).
 struct Node {
-  virtual ~Node() = default;
+  virtual ~Node();
+  // Moves out the Nodes this node keeps alive (edges; saved tensors' histories when
+  // this node holds the last reference to them), for iterative destruction.
+  virtual void take_children(std::vector<std::shared_ptr<Node>>& out);
   // Gradients w.r.t. each input (one per `next` edge; undefined where not needed)
   // from the gradients w.r.t. each output (undefined for outputs nobody used).
   virtual Tensors apply(Tensors grad_outputs) = 0;
@@ -58,7 +66,9 @@ struct FunctionNode final : Node {
     saved.clear();
     released_ = true;
   }
+  ~FunctionNode() override;
   Tensors saved;
+  void take_children(std::vector<std::shared_ptr<Node>>& out) override;
 
  private:
   std::string name_;

@@ -157,6 +157,12 @@ using SumSquares = void(const Tensor& x, Tensor& out);
 // Layout: x [A, B, C, D] -> y [A, C, B, D] (splitting heads out of [B, T, H, Dh] and
 // back). Its own adjoint: the backward is the same op on the gradient.
 using Swap12 = void(const Tensor& x, Tensor& y);
+// Similarity-preserving (SP) loss pieces (Tung & Mori 2019; Egeria's plasticity):
+// x [B, F] (an activation flattened per sample) -> g [B, B] = X X^T with every row
+// divided by its L2 norm (max(norm, 1e-12)). sp_loss: out [1] = ||ga - gb||_F^2 / B^2.
+// No backward: plasticity is a measurement, not a training loss.
+using SpGram = void(const Tensor& x, Tensor& g);
+using SpLoss = void(const Tensor& ga, const Tensor& gb, Tensor& out);
 // Converting copy between dtypes (f32 <-> f64/bf16/f16, u8/s8 -> f32), same shape.
 using Cast = void(const Tensor& x, Tensor& y);
 
@@ -184,7 +190,7 @@ struct Op {
   X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)                    \
   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd)            \
   X(sgd_step, SgdStep) X(adamw_step, AdamWStep) X(sum_squares, SumSquares) \
-  X(cast, Cast) X(swap12, Swap12)
+  X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
 EG_OP_LIST(EG_DECLARE_OP)

@@ -16,15 +16,20 @@ class MobileNetV2 : public Model {
   Tensor forward(const Tensor& x) override;
   std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const override { return units_; }
   double flops_per_sample() const override { return flops_; }
+  std::vector<double> module_flops() const override { return module_flops_; }
   std::string type_name() const override { return "MobileNetV2"; }
 
  private:
   void add_unit(const std::string& name, nn::ModulePtr m) {
     register_module(name, m);
     units_.emplace_back(name, m);
+    double before = 0;
+    for (double f : module_flops_) before += f;
+    module_flops_.push_back(flops_ - before);
   }
   std::vector<std::pair<std::string, nn::ModulePtr>> units_;
   double flops_ = 0;
+  std::vector<double> module_flops_;  // flops_ added since the previous unit, per unit
 };
 
 }  // namespace eg::models

@@ -17,6 +17,11 @@ class Model : public nn::Module {
   // Multiply-adds count 2; convolutions and matmuls only (norms and activations are
   // a few percent and omitted, as in the papers' tables).
   virtual double flops_per_sample() const = 0;
+  // True when forward(x) is the composition of the layer modules' forwards, front to
+  // back (vision models). Freezing policies and the reference model rely on it.
+  virtual bool sequential() const { return true; }
+  // Forward FLOPs per sample of each layer module (same order), when known.
+  virtual std::vector<double> module_flops() const { return {}; }
 };
 
 using ModelPtr = std::shared_ptr<Model>;

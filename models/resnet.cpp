@@ -122,6 +122,9 @@ std::shared_ptr<nn::Sequential> head(int64_t in, int64_t classes, Generator& g, 
 void ResNet::add_unit(const std::string& name, nn::ModulePtr m) {
   register_module(name, m);
   units_.emplace_back(name, m);
+  double before = 0;
+  for (double f : module_flops_) before += f;
+  module_flops_.push_back(flops_ - before);
 }
 
 Tensor ResNet::forward(const Tensor& x) {

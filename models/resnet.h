@@ -19,6 +19,7 @@ class ResNet : public Model {
   Tensor forward(const Tensor& x) override;
   std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const override { return units_; }
   double flops_per_sample() const override { return flops_; }
+  std::vector<double> module_flops() const override { return module_flops_; }
   std::string type_name() const override { return "ResNet"; }
 
   static std::shared_ptr<ResNet> cifar(int depth, int64_t num_classes, int64_t in_channels, Generator& g);
@@ -29,6 +30,7 @@ class ResNet : public Model {
   void add_unit(const std::string& name, nn::ModulePtr m);
   std::vector<std::pair<std::string, nn::ModulePtr>> units_;
   double flops_ = 0;
+  std::vector<double> module_flops_;  // flops_ added since the previous unit, per unit
 };
 
 }  // namespace eg::models

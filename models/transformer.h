@@ -28,6 +28,7 @@ class Transformer : public Model {
   // Greedy decoding: [B, <= max_len] ids, starting after bos, stopping at eos.
   std::vector<std::vector<int64_t>> greedy_decode(const Tensor& src, int64_t max_len);
   std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const override { return units_; }
+  bool sequential() const override { return false; }
   double flops_per_sample() const override;  // per target token, at sequence length 32
   std::string type_name() const override { return "Transformer"; }
   const TransformerConfig& config() const { return cfg_; }

@@ -1,10 +1,12 @@
 // The egeria command line:
 //   egeria train --model resnet20 --dataset fashion-mnist --epochs 15 --out runs/r20
+//   egeria train --model transformer-tiny --dataset en-es --data-dir datasets/en-es --out runs/tt
 //   egeria eval  --out runs/r20
 //   egeria bench step --model resnet56 --batch-size 128 --device cpu
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
 #include "train/trainer.h"
@@ -15,9 +17,13 @@ int main(int argc, char** argv) {
   eg::train::TrainConfig c;
 
   auto* train = app.add_subcommand("train", "train a built-in model");
-  train->add_option("--model", c.model, "resnet20|32|44|56|110, resnet18|50, mobilenetv2")->capture_default_str();
-  train->add_option("--dataset", c.dataset, "fashion-mnist, mnist, cifar10, cifar100, synthetic")->capture_default_str();
-  train->add_option("--data-dir", c.data_dir, "dataset directory (fashion-mnist defaults to Debian's package)");
+  // Flags marked (*) default differently for Transformers: see Note [Model-dependent defaults].
+  train->add_option("--model", c.model, "resnet20|32|44|56|110, resnet18|50, mobilenetv2, transformer-tiny|base")
+      ->capture_default_str();
+  train->add_option("--dataset", c.dataset, "fashion-mnist, mnist, cifar10, cifar100, synthetic; en-es (*)")
+      ->capture_default_str();
+  train->add_option("--data-dir", c.data_dir,
+                    "dataset directory (fashion-mnist defaults to Debian's package, en-es to datasets/en-es)");
   train->add_option("--epochs", c.epochs)->capture_default_str()->check(CLI::PositiveNumber);
   train->add_option("--batch-size", c.batch_size)->capture_default_str()->check(CLI::PositiveNumber);
   train->add_option("--lr", c.lr, "base learning rate")->capture_default_str()->check(CLI::PositiveNumber);
@@ -34,8 +40,10 @@ int main(int argc, char** argv) {
   train->add_option("--device", c.device, "cpu or cuda:N")->capture_default_str();
   train->add_option("--threads", c.threads, "CPU threads (0: all cores)")->capture_default_str();
   train->add_option("--seed", c.seed)->capture_default_str();
-  train->add_option("--train-limit", c.train_limit, "use the first N training images")->check(CLI::NonNegativeNumber);
-  train->add_option("--test-limit", c.test_limit, "use the first N test images")->check(CLI::NonNegativeNumber);
+  train->add_option("--train-limit", c.train_limit, "use the first N training images (or sentence pairs)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--test-limit", c.test_limit, "use the first N test images (translation: valid and test pairs)")
+      ->check(CLI::NonNegativeNumber);
   train->add_option("--target-accuracy", c.target_accuracy, "report time to reach this test accuracy");
   train->add_option("--out", c.out, "output directory")->capture_default_str();
   train->add_flag("--resume", c.resume, "continue from DIR/checkpoint.safetensors");
@@ -43,8 +51,44 @@ int main(int argc, char** argv) {
   train->add_option("--log-every", c.log_every)->capture_default_str()->check(CLI::PositiveNumber);
   train->add_option("--workers", c.workers, "data loader threads")->capture_default_str()->check(CLI::PositiveNumber);
   train->add_flag("!--no-augment", c.augment, "disable random crop and flip");
-  train->add_option("--freeze", c.freeze, "layer freezing policy")->capture_default_str();
+  train->add_option("--freeze", c.freeze, "layer freezing policy: none, static, freezeout, autofreeze, egeria")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "static", "freezeout", "autofreeze", "egeria"}));
+  train->add_option("--freeze-interval", c.freeze_interval,
+                    "egeria/autofreeze: iterations between evaluations n (0: the paper's guideline)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--freeze-window", c.freeze_window, "egeria: W, stale readings before freezing")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  train->add_option("--freeze-tolerance", c.freeze_tolerance, "egeria: T coefficient")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  train->add_option("--freeze-reference", c.freeze_reference, "egeria: reference model precision")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "int8"}));
+  train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");
+  train->add_option("--freeze-threads", c.freeze_threads, "egeria: threads of each background thread")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  train->add_option("--static-modules", c.static_modules, "static: number of front modules to freeze");
+  train->add_option("--static-epoch", c.static_epoch, "static: epoch at which they freeze");
+  train->add_option("--freezeout-t0", c.freezeout_t0, "freezeout: fraction of training when the first module freezes")
+      ->capture_default_str();
+  train->add_option("--autofreeze-percentile", c.autofreeze_percentile, "autofreeze: gradient-change percentile")
+      ->capture_default_str();
   train->add_option("--stop-after-steps", c.stop_after_steps, "end after N steps of this invocation (testing)");
+  std::vector<double> betas;
+  train->add_option("--adam-betas", betas, "AdamW beta1,beta2 (0.9,0.999; 0.9,0.98 for Transformers)")
+      ->delimiter(',')
+      ->expected(2);
+  train->add_option("--vocab-size", c.vocab_size, "translation: SentencePiece vocabulary, shared by both languages")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  train->add_option("--max-len", c.max_len, "translation: tokens per sentence; longer training pairs are dropped")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  train->add_option("--max-tokens", c.max_tokens, "translation: batch by this many tokens instead of --batch-size")
+      ->check(CLI::NonNegativeNumber);
 
   std::string eval_out, eval_data;
   int64_t eval_limit = 0;
@@ -68,16 +112,25 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) {
+      std::set<std::string> given;
+      for (const CLI::Option* o : train->get_options())
+        if (o->count() > 0) given.insert(o->get_name());
+      eg::train::apply_model_defaults(c, given);
+      if (!betas.empty()) c.adam_beta1 = betas[0], c.adam_beta2 = betas[1];
       auto s = eg::train::run_training(c);
-      if (s.completed)
+      if (s.completed && s.tokens_per_second > 0)
+        std::printf("final test BLEU %.2f (best valid BLEU %.2f), %.1f s, %.0f tokens/s; summary in %s/summary.json\n",
+                    s.final_test_bleu, s.best_valid_bleu, s.train_seconds, s.tokens_per_second, c.out.c_str());
+      else if (s.completed)
         std::printf("final test accuracy %.2f%% (best %.2f%%), %.1f s, %.0f images/s; summary in %s/summary.json\n",
                     100 * s.final_test_accuracy, 100 * s.best_test_accuracy, s.train_seconds, s.images_per_second,
                     c.out.c_str());
     } else if (*eval) {
       auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit);
-      std::printf("%s\n", nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss}, {"samples", r.samples}}
-                              .dump()
-                              .c_str());
+      nlohmann::json j = r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
+                                       : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss},
+                                                        {"samples", r.samples}};
+      std::printf("%s\n", j.dump().c_str());
     } else if (*step) {
       auto r = eg::train::bench_step(bmodel, bbatch, bdevice, biters, bthreads);
       std::printf("%s\n", nlohmann::json{{"model", bmodel}, {"batch_size", bbatch}, {"device", bdevice},

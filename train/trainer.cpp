@@ -17,7 +17,9 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "freeze/policy.h"
 #include "train/safetensors.h"
+#include "train/translate.h"
 
 namespace eg::train {
 
@@ -30,7 +32,9 @@ const char* kCheckpoint = "checkpoint.safetensors";
 
 bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
 
-void make_dirs(const std::string& dir) {
+}  // namespace
+
+void detail::make_dirs(const std::string& dir) {
   std::string cur;
   for (size_t i = 0; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
@@ -40,6 +44,10 @@ void make_dirs(const std::string& dir) {
     if (i < dir.size()) cur += dir[i];
   }
 }
+
+namespace {
+
+using detail::make_dirs;
 
 void append_line(const std::string& path, const json& j) {
   std::ofstream f(path, std::ios::app);
@@ -53,7 +61,8 @@ json config_json(const TrainConfig& c) {
           {"weight_decay", c.weight_decay}, {"nesterov", c.nesterov}, {"lr_schedule", c.lr_schedule},
           {"milestones", c.milestones}, {"gamma", c.gamma}, {"warmup_steps", c.warmup_steps}, {"device", c.device},
           {"threads", c.threads}, {"seed", c.seed}, {"train_limit", c.train_limit}, {"test_limit", c.test_limit},
-          {"target_accuracy", c.target_accuracy}, {"augment", c.augment}, {"freeze", c.freeze}};
+          {"target_accuracy", c.target_accuracy}, {"augment", c.augment}, {"freeze", c.freeze},
+          {"adam_betas", {c.adam_beta1, c.adam_beta2}}};
 }
 
 struct Run {
@@ -66,7 +75,9 @@ struct Run {
   int64_t steps_per_epoch = 0;
 };
 
-std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t spe) {
+}  // namespace
+
+std::unique_ptr<optim::LrSchedule> detail::make_schedule(const TrainConfig& c, int64_t spe) {
   const int64_t total = c.epochs * spe;
   std::unique_ptr<optim::LrSchedule> s;
   if (c.lr_schedule == "step" || c.lr_schedule == "multistep") {
@@ -86,6 +97,13 @@ std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t s
   return c.warmup_steps > 0 ? optim::linear_warmup(std::move(s), c.warmup_steps) : std::move(s);
 }
 
+std::string detail::config_json_text(const TrainConfig& c) { return config_json(c).dump(); }
+
+namespace {
+
+using detail::human_time;
+using detail::make_schedule;
+
 Run setup(const TrainConfig& c) {
   Run r;
   r.cfg = c;
@@ -103,8 +121,6 @@ Run setup(const TrainConfig& c) {
   mc.in_channels = r.train->images.size(1);
   mc.image_size = r.train->images.size(2);
   mc.num_classes = c.dataset == "cifar100" ? 100 : 10;
-  EG_CHECK(c.model.rfind("transformer", 0) != 0, "--model ", c.model, " trains on translation data, which `egeria train` ",
-           "does not support yet; use an image model (", "resnet20/32/44/56/110, resnet18/50, mobilenetv2)");
   Generator g(c.seed);
   r.model = models::build_model(mc, g);
   r.model->to(r.device);
@@ -113,7 +129,7 @@ Run setup(const TrainConfig& c) {
                                          optim::SgdOptions{c.momentum, 0.0, c.weight_decay, c.nesterov});
   else
     r.opt = std::make_unique<optim::AdamW>(r.model->parameters(), c.lr,
-                                           optim::AdamWOptions{0.9, 0.999, 1e-8, c.weight_decay});
+                                           optim::AdamWOptions{c.adam_beta1, c.adam_beta2, 1e-8, c.weight_decay});
   r.steps_per_epoch = r.train->size() / c.batch_size;
   r.sched = make_schedule(c, r.steps_per_epoch);
   return r;
@@ -150,14 +166,41 @@ EvalOut evaluate(models::Model& m, const data::ImageDataset& d, const std::strin
   return {double(correct) / double(d.size()), loss / double(d.size())};
 }
 
-std::string human_time(double s) {
+}  // namespace
+
+std::string detail::human_time(double s) {
   char buf[32];
   int t = int(s);
   std::snprintf(buf, sizeof buf, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
   return buf;
 }
 
-}  // namespace
+void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given) {
+  if (!is_translation_model(c.model)) return;  // TrainConfig's initialisers are the image defaults
+  // See Note [Model-dependent defaults]. Transformer recipe of Vaswani et al. / fairseq,
+  // with a shorter warmup for the 2+2-layer model, which sees fewer steps.
+  auto set = [&](const char* flag, auto& field, auto value) {
+    if (!given.count(flag)) field = value;
+  };
+  set("--dataset", c.dataset, std::string("en-es"));
+  set("--optimizer", c.optimizer, std::string("adamw"));
+  set("--lr", c.lr, 5e-4);
+  set("--lr-schedule", c.lr_schedule, std::string("inverse-sqrt"));
+  set("--warmup-steps", c.warmup_steps, int64_t(c.model == "transformer-tiny" ? 1000 : 4000));
+  set("--weight-decay", c.weight_decay, 0.0);
+  set("--batch-size", c.batch_size, int64_t(64));
+  if (!given.count("--adam-betas")) {
+    c.adam_beta1 = 0.9;
+    c.adam_beta2 = 0.98;
+  }
+}
+
+TrainConfig default_config(const std::string& model) {
+  TrainConfig c;
+  c.model = model;
+  apply_model_defaults(c);
+  return c;
+}
 
 void validate(const TrainConfig& c) {
   auto known = models::model_names();
@@ -174,20 +217,77 @@ void validate(const TrainConfig& c) {
   EG_CHECK(std::is_sorted(c.milestones.begin(), c.milestones.end()), "--milestones must be ascending");
   EG_CHECK(c.train_limit >= 0 && c.test_limit >= 0, "--train-limit/--test-limit must be non-negative");
   EG_CHECK(c.target_accuracy >= 0 && c.target_accuracy <= 100, "--target-accuracy must be in [0, 1] or [0, 100]");
-  EG_CHECK(c.freeze == "none", "--freeze ", c.freeze, ": layer freezing policies are not available yet (only 'none')");
+  {
+    auto pols = freeze::policy_names();
+    EG_CHECK(std::find(pols.begin(), pols.end(), c.freeze) != pols.end(), "--freeze: unknown policy '", c.freeze,
+             "' (none, static, freezeout, autofreeze, egeria)");
+    EG_CHECK(c.freeze == "none" || !is_translation_model(c.model), "--freeze ", c.freeze,
+             ": layer freezing of Transformers is not available yet; use --freeze none");
+    EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
+    EG_CHECK(c.freeze_window >= 1, "--freeze-window must be at least 1, got ", c.freeze_window);
+    EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
+    EG_CHECK(c.freeze_reference == "fp32" || c.freeze_reference == "int8",
+             "--freeze-reference must be fp32 or int8, got '", c.freeze_reference, "'");
+  }
+  EG_CHECK(c.adam_beta1 >= 0 && c.adam_beta1 < 1 && c.adam_beta2 >= 0 && c.adam_beta2 < 1,
+           "--adam-betas must both be in [0, 1), got ", c.adam_beta1, ",", c.adam_beta2);
+  if (is_translation_model(c.model)) {
+    EG_CHECK(c.dataset == "en-es", "--model ", c.model, " trains on sentence pairs: use --dataset en-es (with --data-dir ",
+             "pointing at a directory of train/valid/test.tsv), not '", c.dataset, "'");
+    EG_CHECK(c.vocab_size > 4, "--vocab-size must exceed the 4 special tokens (pad, bos, eos, unk), got ", c.vocab_size);
+    EG_CHECK(c.max_len >= 2, "--max-len must be at least 2 tokens, got ", c.max_len);
+    EG_CHECK(c.max_tokens >= 0, "--max-tokens must be non-negative, got ", c.max_tokens);
+    EG_CHECK(c.target_accuracy == 0, "--target-accuracy applies to image models; translation runs report BLEU");
+  } else {
+    EG_CHECK(c.dataset != "en-es", "--dataset en-es is English-Spanish sentence pairs: train it with --model ",
+             "transformer-tiny or transformer-base, not ", c.model);
+  }
   Device::parse(c.device);
 }
 
 Summary run_training(const TrainConfig& cin) {
   validate(cin);
+  if (is_translation_model(cin.model)) return run_translation(cin);
   Run r = setup(cin);
   const TrainConfig& c = r.cfg;
   make_dirs(c.out);
-  const std::string ckpt = c.out + "/" + kCheckpoint, metrics = c.out + "/metrics.jsonl";
+  const std::string ckpt = c.out + "/" + kCheckpoint, metrics = c.out + "/metrics.jsonl",
+                    freeze_log = c.out + "/freeze.jsonl";
+  freeze::PolicyConfig pc;
+  pc.name = c.freeze;
+  pc.model.name = c.model;
+  pc.model.in_channels = r.train->images.size(1);
+  pc.model.image_size = r.train->images.size(2);
+  pc.model.num_classes = c.dataset == "cifar100" ? 100 : 10;
+  pc.total_steps = c.epochs * r.steps_per_epoch;
+  pc.steps_per_epoch = r.steps_per_epoch;
+  pc.tracker.interval = c.freeze_interval;
+  pc.tracker.window = c.freeze_window;
+  pc.tracker.tolerance_coef = c.freeze_tolerance;
+  pc.reference = c.freeze_reference;
+  pc.synchronous = c.freeze_sync;
+  pc.reference_threads = c.freeze_threads;
+  pc.static_modules = c.static_modules;
+  pc.static_epoch = c.static_epoch;
+  pc.freezeout_t0 = c.freezeout_t0;
+  pc.autofreeze_percentile = c.autofreeze_percentile;
+  const auto units = r.model->layer_modules();
+  auto policy = freeze::make_policy(pc, int64_t(units.size()));
+  // Share of parameters and of forward FLOPs in each layer module (Fig. 11; FLOPs saved).
+  std::vector<double> unit_params, unit_flops = r.model->module_flops();
+  for (auto& u : units) unit_params.push_back(double(u.second->num_parameters()) / double(r.model->num_parameters()));
+  if (unit_flops.size() != units.size()) unit_flops = unit_params;
+  else
+    for (auto& f : unit_flops) f /= std::max(r.model->flops_per_sample(), 1.0);
+  auto frozen_share = [&](const std::vector<double>& share, int64_t k) {
+    double v = 0;
+    for (int64_t i = 0; i < k && i < int64_t(share.size()); ++i) v += share[size_t(i)];
+    return v;
+  };
   const double target = c.target_accuracy > 1 ? c.target_accuracy / 100 : c.target_accuracy;
 
   json state = {{"epoch", 0}, {"batch", 0}, {"step", 0}, {"train_seconds", 0.0}, {"best_acc", 0.0},
-                {"time_to_target", -1.0}, {"images", 0}};
+                {"time_to_target", -1.0}, {"images", 0}, {"flops_saved_sum", 0.0}, {"freeze_seconds", 0.0}};
   if (c.resume && file_exists(ckpt)) {
     Metadata meta;
     TensorMap all = load_safetensors(ckpt, &meta);
@@ -197,13 +297,19 @@ Summary run_training(const TrainConfig& cin) {
              scfg.at("model").get<std::string>(), "', not '", c.model, "'");
     EG_CHECK(scfg.at("dataset") == c.dataset, "--resume: '", ckpt, "' was trained on '",
              scfg.at("dataset").get<std::string>(), "', not '", c.dataset, "'");
-    TensorMap ms, os;
+    EG_CHECK(scfg.value("freeze", std::string("none")) == c.freeze, "--resume: '", ckpt, "' was trained with --freeze ",
+             scfg.value("freeze", std::string("none")), ", not ", c.freeze);
+    TensorMap ms, os, fs;
     for (auto& [k, t] : all) {
       if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
       if (k.rfind("optim/", 0) == 0) os[k.substr(6)] = t;
+      if (k.rfind("freeze/", 0) == 0) fs[k.substr(7)] = t;
     }
     r.model->load_state_dict(ms);
     r.opt->load_state_dict(os);
+    if (saved.contains("freeze")) policy->load_state(saved["freeze"]);
+    policy->load_state_tensors(fs);
+    freeze::apply_frozen_prefix(*r.model, policy->frozen_prefix());
     default_generator().set_state(saved.at("rng_seed"), saved.at("rng_offset"));
     state = saved;
     std::printf("resuming %s from epoch %lld, batch %lld (step %lld)\n", ckpt.c_str(),
@@ -212,6 +318,7 @@ Summary run_training(const TrainConfig& cin) {
   } else {
     if (c.resume) std::printf("--resume: no checkpoint in '%s' yet; starting from the beginning\n", c.out.c_str());
     std::ofstream(metrics, std::ios::trunc);
+    std::ofstream(freeze_log, std::ios::trunc);
   }
   write_file_atomic(c.out + "/config.json", config_json(c).dump(2) + "\n");
 
@@ -219,6 +326,8 @@ Summary run_training(const TrainConfig& cin) {
     TensorMap all;
     for (auto& [k, t] : r.model->state_dict()) all["model/" + k] = t;
     for (auto& [k, t] : r.opt->state_dict()) all["optim/" + k] = t;
+    for (auto& [k, t] : policy->state_tensors()) all["freeze/" + k] = t;
+    state["freeze"] = policy->state();
     state["epoch"] = epoch;
     state["batch"] = batch;
     state["rng_seed"] = default_generator().seed();
@@ -252,7 +361,11 @@ Summary run_training(const TrainConfig& cin) {
       auto t0 = Clock::now();
       const double lr = r.sched->lr_at(step);
       r.opt->set_lr(lr);
-      Tensor loss = fn::cross_entropy(r.model->forward(b.x.to(r.device)), b.y.to(r.device));
+      const int64_t capture = policy->capture_module(step);
+      Tensor captured;
+      Tensor logits = freeze::forward_with_frozen_prefix(*r.model, b.x.to(r.device), policy->frozen_prefix(), capture,
+                                                         &captured);
+      Tensor loss = fn::cross_entropy(logits, b.y.to(r.device));
       const double lv = loss.item();
       if (!std::isfinite(lv)) {
         append_line(metrics, {{"type", "error"}, {"step", step}, {"epoch", epoch + 1}, {"loss", std::to_string(lv)}});
@@ -266,6 +379,23 @@ Summary run_training(const TrainConfig& cin) {
       r.opt->step();
       ++step;
       ++this_run;
+      {
+        const int64_t k = policy->frozen_prefix();
+        state["flops_saved_sum"] = state["flops_saved_sum"].get<double>() + frozen_share(unit_flops, k);
+        auto tf = Clock::now();
+        policy->after_step({step, epoch, lr, lv}, b.x, captured, *r.model);
+        if (freeze::apply_frozen_prefix(*r.model, policy->frozen_prefix()))
+          append_line(metrics, {{"type", "freeze"}, {"step", step}, {"epoch", epoch + 1},
+                                {"frozen_modules", policy->frozen_prefix()},
+                                {"active_param_fraction", 1 - frozen_share(unit_params, policy->frozen_prefix())},
+                                {"train_seconds", train_secs}});
+        for (auto& j : policy->take_log()) {
+          j["epoch"] = epoch + 1;
+          append_line(freeze_log, j);
+        }
+        state["freeze_seconds"] = state["freeze_seconds"].get<double>() +
+                                  std::chrono::duration<double>(Clock::now() - tf).count();
+      }
       images += b.y.numel();
       loss_sum += lv;
       ++loss_n;
@@ -273,7 +403,9 @@ Summary run_training(const TrainConfig& cin) {
       const double ips = double(images) / std::max(train_secs, 1e-9);
       if (step % c.log_every == 0)
         append_line(metrics, {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
-                              {"train_seconds", train_secs}, {"images_per_second", ips}});
+                              {"train_seconds", train_secs}, {"images_per_second", ips},
+                              {"frozen_modules", policy->frozen_prefix()},
+                              {"active_param_fraction", 1 - frozen_share(unit_params, policy->frozen_prefix())}});
       const int64_t done = b.index + 1, total = r.steps_per_epoch;
       if (tty) {
         const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
@@ -333,6 +465,19 @@ Summary run_training(const TrainConfig& cin) {
              {"time_to_target_seconds", s.time_to_target_seconds < 0 ? json(nullptr) : json(s.time_to_target_seconds)},
              {"images_per_second", s.images_per_second}, {"steps", s.steps}, {"parameters", r.model->num_parameters()},
              {"flops_per_sample", r.model->flops_per_sample()}, {"freeze", c.freeze}};
+  {
+    json st = policy->stats();
+    const double bg = st.value("reference_cpu_seconds", 0.0) / double(std::max(1, num_threads()));
+    sj["frozen_fraction_final"] = frozen_share(unit_params, policy->frozen_prefix());
+    sj["frozen_modules_final"] = policy->frozen_prefix();
+    sj["backward_flops_saved_fraction"] = step > 0 ? state["flops_saved_sum"].get<double>() / double(step) : 0.0;
+    // Training-thread time in the policy plus the background threads' CPU time spread
+    // over the training's threads, as a share of training time.
+    sj["reference_overhead_fraction"] =
+        s.train_seconds > 0 ? (state["freeze_seconds"].get<double>() + bg) / s.train_seconds : 0.0;
+    sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
+    sj["freeze_stats"] = st;
+  }
   write_file_atomic(c.out + "/summary.json", sj.dump(2) + "\n");
   return s;
 }
@@ -343,6 +488,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   TensorMap all = load_safetensors(p, &meta);
   EG_CHECK(meta.count("config"), "'", p, "' has no training configuration in its metadata");
   json cfg = json::parse(meta.at("config"));
+  if (is_translation_model(cfg.at("model"))) return evaluate_translation_checkpoint(out, data_dir, test_limit);
   TrainConfig c;
   c.model = cfg.at("model");
   c.dataset = cfg.at("dataset");

@@ -1,10 +1,17 @@
 // The training loop behind `egeria train`, usable from C++ as well: data, model,
 // optimizer and schedule from a TrainConfig; progress on the terminal; metrics,
-// summary and atomic, resumable checkpoints in the output directory.
+// summary and atomic, resumable checkpoints in the output directory. Image models
+// train here; Transformers on sentence pairs in train/translate.cpp, with the same files.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
+
+namespace eg::optim {
+class LrSchedule;
+}
 
 namespace eg::train {
 
@@ -27,12 +34,37 @@ struct TrainConfig {
   bool augment = true;
   int workers = 1;
   int64_t stop_after_steps = 0;  // testing: end this invocation after N steps (as if killed)
+  // Layer freezing (freeze/policy.h): none, static, freezeout, autofreeze, egeria.
   std::string freeze = "none";
+  int64_t freeze_interval = 0;        // egeria/autofreeze n (0: the paper's guideline)
+  int64_t freeze_window = 10;         // egeria W
+  double freeze_tolerance = 0.2;      // egeria: T = this x the largest of a module's first 3 slopes
+  std::string freeze_reference = "fp32";
+  bool freeze_sync = false;           // egeria: evaluate plasticity inline (deterministic)
+  int freeze_threads = 1;             // egeria: threads of each background thread
+  int64_t static_modules = -1, static_epoch = -1;
+  double freezeout_t0 = 0.5, autofreeze_percentile = 50;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999;
+  // Translation (Transformers): shared SentencePiece vocabulary, tokens per side
+  // (longer training pairs are dropped), and batching by a token budget when > 0.
+  int64_t vocab_size = 8000, max_len = 128, max_tokens = 0;
 };
+
+// Note [Model-dependent defaults]
+// TrainConfig's initialisers are the image models' defaults (SGD, lr 0.1, ...). A
+// Transformer trains with other ones (AdamW with betas 0.9/0.98, lr 5e-4, inverse
+// square root schedule with warmup, no weight decay, 64 sentences, dataset en-es).
+// apply_model_defaults(c, given) sets those for c.model, leaving alone the fields whose
+// flags are in `given` ("--lr", "--optimizer", ...: what the user set explicitly); for
+// image models it changes nothing. The CLI calls it with the flags it parsed; library
+// users call default_config(model) and then set what they want.
+void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given = {});
+TrainConfig default_config(const std::string& model);
 
 struct Summary {
   double final_test_accuracy = 0, best_test_accuracy = 0, final_test_loss = 0, train_seconds = 0,
          images_per_second = 0, time_to_target_seconds = -1;
+  double final_test_bleu = 0, best_valid_bleu = 0, tokens_per_second = 0;  // translation
   int64_t steps = 0;
   bool completed = false;
 };
@@ -47,6 +79,8 @@ void validate(const TrainConfig& c);
 struct EvalResult {
   double accuracy = 0, loss = 0;
   int64_t samples = 0;
+  bool translation = false;  // then `bleu` is set and `accuracy` is not
+  double bleu = 0;
 };
 EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& data_dir, int64_t test_limit);
 
@@ -56,5 +90,13 @@ struct StepBench {
   int iterations = 0;
 };
 StepBench bench_step(const std::string& model, int64_t batch_size, const std::string& device, int iterations, int threads);
+
+// Shared by the image loop and the translation loop; not part of the API.
+namespace detail {
+void make_dirs(const std::string& dir);
+std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t steps_per_epoch);
+std::string human_time(double seconds);
+std::string config_json_text(const TrainConfig& c);  // the configuration as a JSON object
+}  // namespace detail
 
 }  // namespace eg::train

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Time-to-accuracy of the freezing policies (Egeria §6), rerunnable by anyone.
+
+  bench/time_to_accuracy.py --egeria build/egeria [--models resnet20,resnet56]
+      [--policies none,egeria,autofreeze,static] [--epochs 30] [--threads 2]
+      [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"]
+
+For each model, trains on Fashion-MNIST (all 60,000 training images unless
+--train-limit) on the CPU with the step LR schedule (decay 10x at 50% and 75% of the
+run) and the same seed, once per policy, then prints a table with final and best test
+accuracy, wall time, the time to reach the `none` run's final accuracy, and the
+speedup against `none`. The table is also written to OUT/table.md and OUT/table.json.
+Runs already complete in OUT are reused (delete a run's folder to redo it).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+
+def run(args, model, policy):
+    out = os.path.join(args.out, f"{model}-{policy}")
+    summary = os.path.join(out, "summary.json")
+    if os.path.exists(summary):
+        return out
+    cmd = [args.egeria, "train", "--model", model, "--dataset", "fashion-mnist", "--epochs", str(args.epochs),
+           "--threads", str(args.threads), "--seed", str(args.seed), "--freeze", policy, "--out", out,
+           "--lr-schedule", "step", "--checkpoint-every", "0"]
+    if args.train_limit:
+        cmd += ["--train-limit", str(args.train_limit)]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    if args.extra:
+        cmd += args.extra.split()
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+    return out
+
+
+def epochs_of(out):
+    rows = []
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("type") == "epoch":
+                rows.append(r)
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--egeria", default="build/egeria")
+    p.add_argument("--models", default="resnet20,resnet56")
+    p.add_argument("--policies", default="none,egeria,autofreeze,static")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-limit", type=int, default=0)
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--out", default="runs/tta")
+    p.add_argument("--extra", default="", help="extra flags for every run")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args()
+    if not os.path.exists(args.egeria):
+        sys.exit(f"time_to_accuracy: {args.egeria} does not exist; build egeria first (tools/test-all or cmake)")
+    policies = args.policies.split(",")
+    if "none" not in policies:
+        policies = ["none"] + policies
+    table = []
+    for model in args.models.split(","):
+        outs = {pol: run(args, model, pol) for pol in policies}
+        base = json.load(open(os.path.join(outs["none"], "summary.json")))
+        target = base["final_test_accuracy"]
+        base_time = None
+        for pol in policies:
+            s = json.load(open(os.path.join(outs[pol], "summary.json")))
+            tt = next((e["train_seconds"] for e in epochs_of(outs[pol]) if e["test_accuracy"] >= target - 1e-12), None)
+            if pol == "none":
+                base_time = tt
+            table.append({
+                "model": model, "policy": pol,
+                "final_acc": 100 * s["final_test_accuracy"], "best_acc": 100 * s["best_test_accuracy"],
+                "train_seconds": s["train_seconds"], "time_to_baseline_final": tt,
+                "speedup_to_target": (base_time / tt) if (tt and base_time) else None,
+                "wall_speedup": None,
+                "frozen_fraction_final": s.get("frozen_fraction_final"),
+                "backward_flops_saved_fraction": s.get("backward_flops_saved_fraction"),
+                "reference_overhead_fraction": s.get("reference_overhead_fraction"),
+                "evaluations_dropped": s.get("evaluations_dropped"),
+            })
+        base_wall = next(r["train_seconds"] for r in table if r["model"] == model and r["policy"] == "none")
+        for r in table:
+            if r["model"] == model:
+                r["wall_speedup"] = base_wall / r["train_seconds"]
+    lines = ["| model | policy | final acc | best acc | train s | time to none's final (s) | speedup to it | wall speedup | bwd FLOPs saved | ref overhead | dropped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v, fmt: "n/a" if v is None else fmt.format(v)
+    for r in table:
+        lines.append(f"| {r['model']} | {r['policy']} | {r['final_acc']:.2f} | {r['best_acc']:.2f} | {r['train_seconds']:.0f} | "
+                     f"{f(r['time_to_baseline_final'], '{:.0f}')} | {f(r['speedup_to_target'], '{:.2f}x')} | "
+                     f"{r['wall_speedup']:.2f}x | {f(r['backward_flops_saved_fraction'], '{:.1%}')} | "
+                     f"{f(r['reference_overhead_fraction'], '{:.2%}')} | {f(r['evaluations_dropped'], '{}')} |")
+    os.makedirs(args.out, exist_ok=True)
+    open(os.path.join(args.out, "table.md"), "w").write("\n".join(lines) + "\n")
+    json.dump(table, open(os.path.join(args.out, "table.json"), "w"), indent=2)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

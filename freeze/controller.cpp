@@ -1,0 +1,156 @@
+#include "freeze/controller.h"
+
+#include <omp.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "autograd/node.h"
+#include "core/error.h"
+#include "freeze/plasticity.h"
+
+namespace eg::freeze {
+
+namespace {
+
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void background_thread_setup(const ControllerOptions& o) {
+  omp_set_num_threads(std::max(1, o.threads));
+  if (o.nice > 0) (void)setpriority(PRIO_PROCESS, pid_t(syscall(SYS_gettid)), o.nice);  // best effort
+}
+
+void idle() { std::this_thread::sleep_for(std::chrono::microseconds(500)); }
+
+}  // namespace
+
+PlasticityController::PlasticityController(const models::ModelConfig& mc, ControllerOptions o)
+    : mc_(mc),
+      opt_(o),
+      in_q_(size_t(std::max(1, o.capacity))),
+      ref_q_(size_t(std::max(1, o.capacity))),
+      res_q_(size_t(std::max(8, 4 * o.capacity))) {
+  if (!opt_.synchronous) {
+    ref_thread_ = std::thread([this] { reference_loop(); });
+    plast_thread_ = std::thread([this] { plasticity_loop(); });
+  }
+}
+
+PlasticityController::~PlasticityController() {
+  stop_ = true;
+  if (ref_thread_.joinable()) ref_thread_.join();
+  if (plast_thread_.joinable()) plast_thread_.join();
+}
+
+void PlasticityController::set_snapshot(std::shared_ptr<const Snapshot> snap) { snapshot_ = std::move(snap); }
+
+Tensor PlasticityController::reference_gram(const Input& in) {
+  if (in.snap != built_from_) {
+    ref_ = quant::make_reference(opt_.precision, mc_, *in.snap);
+    built_from_ = in.snap;
+    ++builds_;
+  }
+  autograd::NoGradGuard ng;
+  return sp_gram(ref_->activation(in.x, in.module));
+}
+
+bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out) {
+  EG_CHECK(snapshot_, "plasticity evaluation before the reference model was created");
+  EG_CHECK(x.device().is_cpu(), "the reference model's input must be on the CPU");
+  Input in{step, module, x, snapshot_, Tensor(), false};
+  if (train_out.is_cuda()) {
+    in.train = sp_gram(train_out).to(Device::cpu());  // only b x b leaves the GPU
+    in.train_is_gram = true;
+  } else {
+    in.train = train_out.detach();
+  }
+  if (opt_.synchronous) {
+    const int64_t t0 = thread_cpu_ns();
+    Tensor gr = reference_gram(in);
+    Tensor gt = in.train_is_gram ? in.train : sp_gram(in.train);
+    sync_results_.push_back({step, module, sp_loss_from_grams(gt, gr)});
+    cpu_ns_ += thread_cpu_ns() - t0;
+    ++completed_;
+    return true;
+  }
+  if (!in_q_.try_push(std::move(in))) {
+    ++dropped_;
+    return false;
+  }
+  ++submitted_;
+  return true;
+}
+
+void PlasticityController::reference_loop() {
+  background_thread_setup(opt_);
+  while (!stop_) {
+    auto in = in_q_.try_pop();
+    if (!in) {
+      idle();
+      continue;
+    }
+    const int64_t t0 = thread_cpu_ns();
+    Pair r{in->step, in->module, std::move(in->train), Tensor(), in->train_is_gram};
+    try {
+      r.ref = reference_gram(*in);
+    } catch (const std::exception&) {
+      r.ref = Tensor();  // reported as a dropped evaluation
+    }
+    cpu_ns_ += thread_cpu_ns() - t0;
+    while (!stop_ && !ref_q_.try_push(std::move(r))) idle();
+  }
+}
+
+void PlasticityController::plasticity_loop() {
+  background_thread_setup(opt_);
+  while (!stop_) {
+    auto p = ref_q_.try_pop();
+    if (!p) {
+      idle();
+      continue;
+    }
+    const int64_t t0 = thread_cpu_ns();
+    bool ok = false;
+    if (p->ref.defined()) {
+      try {
+        Tensor gt = p->train_is_gram ? p->train : sp_gram(p->train);
+        Result res{p->step, p->module, sp_loss_from_grams(gt, p->ref)};
+        while (!stop_ && !res_q_.try_push(std::move(res))) idle();
+        ok = true;
+      } catch (const std::exception&) {
+      }
+    }
+    ++(ok ? completed_ : dropped_);
+    ++finished_;
+    cpu_ns_ += thread_cpu_ns() - t0;
+  }
+}
+
+std::vector<PlasticityController::Result> PlasticityController::poll() {
+  // Synchronous results, and asynchronous ones that drain() took off the queue, first.
+  std::vector<Result> out;
+  out.swap(sync_results_);
+  if (!opt_.synchronous)
+    while (auto r = res_q_.try_pop()) out.push_back(*r);
+  return out;
+}
+
+void PlasticityController::drain() {
+  if (opt_.synchronous) return;
+  // Keep taking results meanwhile: a full result queue would stall the plasticity thread.
+  while (finished_.load() < submitted_.load() && !stop_) {
+    while (auto r = res_q_.try_pop()) sync_results_.push_back(*r);
+    idle();
+  }
+}
+
+double PlasticityController::background_cpu_seconds() const { return double(cpu_ns_.load()) * 1e-9; }
+
+}  // namespace eg::freeze

@@ -1,0 +1,101 @@
+// The asynchronous side of Egeria (§4.1, §4.2): the reference model's forward and the
+// plasticity computation run on two background CPU threads, connected to the training
+// loop by bounded single-producer/single-consumer queues:
+//
+//   training thread --input (x, module, training output)--> reference thread
+//   reference thread --(training output, reference Gram)--> plasticity thread
+//   plasticity thread --result (step, module, P)----------> training thread (polled)
+//
+// The training output travels with its input, so the two sides of an evaluation can
+// never be mismatched, and every accepted evaluation ends completed or dropped.
+//
+// Training never waits: an evaluation that finds the pipeline full is dropped and
+// counted. The reference is rebuilt from the latest snapshot on the reference thread.
+// Background threads run at a lower scheduling priority (nice) with their own thread
+// count, so they take the CPU the training leaves idle. `synchronous` evaluates
+// inline instead (deterministic; for tests and reproducible runs).
+#pragma once
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "freeze/spsc_queue.h"
+#include "quant/reference.h"
+
+namespace eg::freeze {
+
+using Snapshot = std::map<std::string, Tensor>;
+
+struct ControllerOptions {
+  std::string precision = "fp32";
+  bool synchronous = false;
+  int threads = 1;   // OpenMP threads of each background thread
+  int nice = 10;     // added scheduling niceness of the background threads (Linux)
+  int capacity = 2;  // queue capacity, in evaluations
+};
+
+class PlasticityController {
+ public:
+  PlasticityController(const models::ModelConfig& mc, ControllerOptions o);
+  ~PlasticityController();
+  PlasticityController(const PlasticityController&) = delete;
+  PlasticityController& operator=(const PlasticityController&) = delete;
+
+  // The snapshot later evaluations are measured against (CPU copies, not shared with
+  // the training model).
+  void set_snapshot(std::shared_ptr<const Snapshot> snap);
+  bool has_snapshot() const { return snapshot_ != nullptr; }
+  // Queues one evaluation: x is the CPU input batch, `train_out` the training model's
+  // output of `module` for it (any device; on a GPU its Gram is computed there and
+  // only b x b floats come back). False, and counted, when the pipeline is full.
+  bool submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out);
+
+  struct Result {
+    int64_t step = 0, module = 0;
+    double plasticity = 0;
+  };
+  // Results completed since the last call, in submission order.
+  std::vector<Result> poll();
+  // Waits until every accepted evaluation has completed or been dropped (checkpoints, tests).
+  void drain();
+
+  int64_t dropped() const { return dropped_.load(); }
+  int64_t completed() const { return completed_.load(); }
+  double background_cpu_seconds() const;  // CPU time of the background threads
+  double reference_build_count() const { return builds_.load(); }
+
+ private:
+  struct Input {
+    int64_t step = -1, module = 0;
+    Tensor x;
+    std::shared_ptr<const Snapshot> snap;
+    Tensor train;  // b x b Gram on the CPU, or a CPU activation whose Gram is still to be taken
+    bool train_is_gram = false;
+  };
+  struct Pair {
+    int64_t step = -1, module = 0;
+    Tensor train, ref;  // ref: the reference Gram; undefined when the reference failed
+    bool train_is_gram = false;
+  };
+  Tensor reference_gram(const Input& in);
+  void reference_loop();
+  void plasticity_loop();
+
+  models::ModelConfig mc_;
+  ControllerOptions opt_;
+  std::shared_ptr<const Snapshot> snapshot_, built_from_;
+  std::unique_ptr<quant::ReferenceModel> ref_;
+  SpscQueue<Input> in_q_;
+  SpscQueue<Pair> ref_q_;
+  SpscQueue<Result> res_q_;
+  std::vector<Result> sync_results_;  // synchronous results, or asynchronous ones drain() collected
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> dropped_{0}, completed_{0}, submitted_{0}, finished_{0}, builds_{0};
+  std::atomic<int64_t> cpu_ns_{0};
+  std::thread ref_thread_, plast_thread_;
+};
+
+}  // namespace eg::freeze

@@ -1,0 +1,283 @@
+#include "freeze/policy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "autograd/node.h"
+#include "core/error.h"
+#include "freeze/controller.h"
+#include "kernels/ops.h"
+
+namespace eg::freeze {
+
+using json = nlohmann::json;
+
+bool apply_frozen_prefix(models::Model& m, int64_t k) {
+  bool changed = false;
+  int64_t i = 0;
+  for (auto& [name, mod] : m.layer_modules()) {
+    const bool want = i++ < k;
+    if (want == mod->is_frozen()) continue;
+    changed = true;
+    if (want) {
+      mod->freeze();
+      for (auto& p : mod->parameters()) p.set_grad(Tensor());  // a frozen parameter owns no gradient memory
+    } else {
+      mod->unfreeze();
+    }
+  }
+  return changed;
+}
+
+Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured) {
+  if (k <= 0 && capture < 0) return m.forward(x);
+  EG_CHECK(m.sequential(), "this model is not a sequence of layer modules; it cannot run a frozen prefix");
+  auto units = m.layer_modules();
+  Tensor h = x;
+  for (int64_t i = 0; i < int64_t(units.size()); ++i) {
+    if (i < k) {
+      autograd::NoGradGuard ng;  // no Node, no saved activation
+      h = units[size_t(i)].second->forward(h);
+    } else {
+      h = units[size_t(i)].second->forward(h);
+    }
+    if (i == capture && captured) *captured = h.detach();
+  }
+  return h;
+}
+
+namespace {
+
+class NonePolicy : public FreezePolicy {
+ public:
+  void after_step(const StepInfo&, const Tensor&, const Tensor&, models::Model&) override {}
+  int64_t frozen_prefix() const override { return 0; }
+};
+
+// Freezes the first K modules at the start of epoch E.
+class StaticPolicy : public FreezePolicy {
+ public:
+  StaticPolicy(const PolicyConfig& c, int64_t modules) {
+    k_ = c.static_modules >= 0 ? c.static_modules : modules / 2;
+    epoch_ = c.static_epoch >= 0 ? c.static_epoch : (c.steps_per_epoch ? c.total_steps / c.steps_per_epoch / 2 : 0);
+    EG_CHECK(k_ < modules, "--freeze static: ", k_, " modules would freeze the whole model (it has ", modules,
+             "; the last is never frozen)");
+  }
+  void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model&) override {
+    const int64_t want = s.epoch >= epoch_ || (s.step > 0 && epoch_ == 0) ? k_ : 0;
+    if (want != prefix_) log_.push_back({{"type", "freeze"}, {"step", s.step}, {"modules", want}, {"lr", s.lr}});
+    prefix_ = want;
+  }
+  int64_t frozen_prefix() const override { return prefix_; }
+  std::vector<json> take_log() override { return std::exchange(log_, {}); }
+  json state() const override { return {{"prefix", prefix_}}; }
+  void load_state(const json& j) override { prefix_ = j.value("prefix", int64_t(0)); }
+
+ private:
+  int64_t k_, epoch_, prefix_ = 0;
+  std::vector<json> log_;
+};
+
+// FreezeOut's schedule: module i stops training at fraction t_i of the run.
+class FreezeOutPolicy : public FreezePolicy {
+ public:
+  FreezeOutPolicy(const PolicyConfig& c, int64_t modules) : total_(c.total_steps), modules_(modules), t0_(c.freezeout_t0) {
+    EG_CHECK(t0_ > 0 && t0_ <= 1, "--freezeout-t0 must be in (0, 1], got ", t0_);
+  }
+  void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model&) override {
+    int64_t k = 0;
+    for (int64_t i = 0; i + 1 < modules_; ++i) {
+      const double ti = t0_ + (1 - t0_) * double(i) / double(std::max<int64_t>(1, modules_ - 1));
+      if (double(s.step) >= ti * double(total_)) k = i + 1;
+    }
+    if (k != prefix_) log_.push_back({{"type", "freeze"}, {"step", s.step}, {"modules", k}, {"lr", s.lr}});
+    prefix_ = k;
+  }
+  int64_t frozen_prefix() const override { return prefix_; }
+  std::vector<json> take_log() override { return std::exchange(log_, {}); }
+  json state() const override { return {{"prefix", prefix_}}; }
+  void load_state(const json& j) override { prefix_ = j.value("prefix", int64_t(0)); }
+
+ private:
+  int64_t total_, modules_;
+  double t0_;
+  int64_t prefix_ = 0;
+  std::vector<json> log_;
+};
+
+// Gradient-norm change (AutoFreeze): every n steps, for each active module, the
+// relative change of its gradient norm since the previous evaluation; the front module
+// freezes when its change is at or below the given percentile of the active modules'.
+class AutoFreezePolicy : public FreezePolicy {
+ public:
+  AutoFreezePolicy(const PolicyConfig& c, int64_t modules)
+      : n_(c.tracker.interval > 0 ? c.tracker.interval
+                                  : default_interval(std::max<int64_t>(1, c.total_steps), modules, c.tracker.window)),
+        pct_(c.autofreeze_percentile),
+        modules_(modules),
+        prev_(size_t(modules), -1.0) {
+    EG_CHECK(pct_ > 0 && pct_ < 100, "--autofreeze-percentile must be in (0, 100), got ", pct_);
+  }
+  void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model& m) override {
+    if (s.step % n_ != 0) return;
+    auto units = m.layer_modules();
+    std::vector<double> change;
+    double front_change = -1;
+    for (int64_t i = prefix_; i < modules_; ++i) {
+      double ss = 0;
+      for (auto& p : units[size_t(i)].second->parameters()) {
+        if (!p.grad().defined()) continue;
+        Tensor out = Tensor::empty({1}, p.grad().dtype(), p.grad().device());
+        ops::call(ops::sum_squares, p.grad(), out);
+        ss += out.item();
+      }
+      const double norm = std::sqrt(ss);
+      if (prev_[size_t(i)] > 0) {
+        const double c = std::abs(norm - prev_[size_t(i)]) / prev_[size_t(i)];
+        change.push_back(c);
+        if (i == prefix_) front_change = c;
+      }
+      prev_[size_t(i)] = norm;
+    }
+    if (front_change < 0 || change.size() < 2 || prefix_ + 1 >= modules_) return;
+    std::vector<double> sorted = change;
+    std::sort(sorted.begin(), sorted.end());
+    const double cut = sorted[size_t(std::floor(pct_ / 100.0 * double(sorted.size() - 1)))];
+    json e = {{"type", "evaluation"}, {"step", s.step}, {"module", prefix_}, {"grad_norm_change", front_change},
+              {"percentile_cut", cut}, {"lr", s.lr}};
+    log_.push_back(e);
+    if (front_change <= cut) {
+      log_.push_back({{"type", "freeze"}, {"step", s.step}, {"module", prefix_}, {"lr", s.lr}});
+      ++prefix_;
+    }
+  }
+  int64_t frozen_prefix() const override { return prefix_; }
+  std::vector<json> take_log() override { return std::exchange(log_, {}); }
+  json state() const override { return {{"prefix", prefix_}, {"prev", prev_}}; }
+  void load_state(const json& j) override {
+    prefix_ = j.value("prefix", int64_t(0));
+    if (j.contains("prev")) prev_ = j["prev"].get<std::vector<double>>();
+  }
+
+ private:
+  int64_t n_;
+  double pct_;
+  int64_t modules_, prefix_ = 0;
+  std::vector<double> prev_;
+  std::vector<json> log_;
+};
+
+std::shared_ptr<const Snapshot> take_snapshot(const models::Model& m) {
+  auto s = std::make_shared<Snapshot>();
+  for (auto& [k, t] : m.state_dict()) (*s)[k] = t.to(Device::cpu()).clone();
+  return s;
+}
+
+class EgeriaPolicy : public FreezePolicy {
+ public:
+  EgeriaPolicy(const PolicyConfig& c, int64_t modules)
+      : c_(c), tracker_(modules, with_interval(c, modules)) {
+    ControllerOptions o;
+    o.precision = c.reference;
+    o.synchronous = c.synchronous;
+    o.threads = c.reference_threads;
+    o.capacity = c.queue_capacity;
+    ctl_ = std::make_unique<PlasticityController>(c.model, o);
+  }
+
+  int64_t capture_module(int64_t step) const override {
+    if (tracker_.bootstrapping() || tracker_.done() || !ctl_->has_snapshot()) return -1;
+    return (step + 1) % n() == 0 ? tracker_.front() : -1;
+  }
+
+  void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) override {
+    loss_sum_ += s.loss;
+    ++loss_n_;
+    if (tracker_.bootstrapping()) {
+      if (s.step % n() == 0) {
+        const Decision d = tracker_.bootstrap_check(s.step, loss_sum_ / double(loss_n_), s.lr);
+        loss_sum_ = 0;
+        loss_n_ = 0;
+        if (d == Decision::end_bootstrap) refresh(m, s.step);
+      }
+    } else {
+      if (captured.defined()) ctl_->submit(s.step, tracker_.front(), x, captured);
+      for (auto& r : ctl_->poll()) {
+        // A reading for a module that is no longer the front (frozen or unfrozen since) is stale.
+        if (r.module != tracker_.front()) {
+          ++stale_results_;
+          continue;
+        }
+        tracker_.check_plasticity(r.step, r.plasticity, s.lr);
+        if (tracker_.refresh_due()) refresh(m, s.step);
+      }
+      tracker_.check_lr(s.step, s.lr);
+    }
+    for (auto& e : tracker_.take_events()) log_.push_back(e.to_json());
+  }
+  int64_t frozen_prefix() const override { return tracker_.front(); }
+  std::vector<json> take_log() override { return std::exchange(log_, {}); }
+
+  json state() const override {
+    ctl_->drain();
+    return {{"tracker", tracker_.state()}, {"loss_sum", loss_sum_}, {"loss_n", loss_n_},
+            {"interval", n()}};
+  }
+  void load_state(const json& j) override {
+    tracker_.load_state(j.at("tracker"));
+    loss_sum_ = j.value("loss_sum", 0.0);
+    loss_n_ = j.value("loss_n", int64_t(0));
+  }
+  std::map<std::string, Tensor> state_tensors() const override { return snapshot_ ? *snapshot_ : Snapshot(); }
+  void load_state_tensors(const std::map<std::string, Tensor>& t) override {
+    if (t.empty()) return;
+    snapshot_ = std::make_shared<Snapshot>(t);
+    ctl_->set_snapshot(snapshot_);
+  }
+  json stats() const override {
+    return {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
+            {"stale_results", stale_results_}, {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
+            {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"window", tracker_.window()},
+            {"reference", c_.reference}};
+  }
+
+ private:
+  static TrackerOptions with_interval(const PolicyConfig& c, int64_t modules) {
+    TrackerOptions o = c.tracker;
+    if (o.interval <= 0) o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window);
+    return o;
+  }
+  int64_t n() const { return tracker_.options().interval; }
+  void refresh(models::Model& m, int64_t step) {
+    auto t0 = std::chrono::steady_clock::now();
+    snapshot_ = take_snapshot(m);
+    ctl_->set_snapshot(snapshot_);
+    snapshot_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tracker_.reference_refreshed(step);
+  }
+
+  PolicyConfig c_;
+  FreezeTracker tracker_;
+  std::unique_ptr<PlasticityController> ctl_;
+  std::shared_ptr<const Snapshot> snapshot_;
+  double loss_sum_ = 0, snapshot_seconds_ = 0;
+  int64_t loss_n_ = 0, stale_results_ = 0;
+  std::vector<json> log_;
+};
+
+}  // namespace
+
+std::vector<std::string> policy_names() { return {"none", "static", "freezeout", "autofreeze", "egeria"}; }
+
+std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& c, int64_t modules) {
+  EG_CHECK(modules >= 2, "layer freezing needs a model with at least two layer modules");
+  if (c.name == "none") return std::make_unique<NonePolicy>();
+  if (c.name == "static") return std::make_unique<StaticPolicy>(c, modules);
+  if (c.name == "freezeout") return std::make_unique<FreezeOutPolicy>(c, modules);
+  if (c.name == "autofreeze") return std::make_unique<AutoFreezePolicy>(c, modules);
+  if (c.name == "egeria") return std::make_unique<EgeriaPolicy>(c, modules);
+  EG_THROW("--freeze: unknown policy '", c.name, "' (none, static, freezeout, autofreeze, egeria)");
+}
+
+}  // namespace eg::freeze

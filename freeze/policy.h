@@ -1,0 +1,82 @@
+// Freezing policies: what `egeria train --freeze` selects. A policy watches training
+// (loss, LR, activations, gradients) and decides how many front layer modules are
+// frozen; the trainer applies the decision (apply_frozen_prefix) and logs the events.
+//
+//   none        never freezes (the baseline)
+//   static      freezes the first K modules at epoch E
+//   freezeout   Brock et al. 2017: module i freezes at fraction t_i of training,
+//               t_i = t0 + (1 - t0) i / (L - 1) (linear schedule; their per-layer LR
+//               annealing to zero is not applied, the run's LR schedule is kept)
+//   autofreeze  AutoFreeze-style (Liu et al. 2021, the paper's §6 baseline): every n
+//               steps the relative change of each active module's gradient norm; the
+//               front module freezes when its change is below the given percentile
+//               of the active modules' changes
+//   egeria      the paper: plasticity against a reference model, Algorithm 1
+//               (freeze/tracker.h), evaluated asynchronously (freeze/controller.h)
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "freeze/tracker.h"
+#include "models/model.h"
+
+namespace eg::freeze {
+
+struct PolicyConfig {
+  std::string name = "none";
+  models::ModelConfig model;
+  int64_t total_steps = 0, steps_per_epoch = 0;
+  TrackerOptions tracker;  // egeria (interval also used by autofreeze)
+  std::string reference = "fp32";
+  bool synchronous = false;  // egeria: evaluate inline (deterministic; tests)
+  int reference_threads = 1;
+  int queue_capacity = 2;
+  int64_t static_modules = -1, static_epoch = -1;  // static (-1: half the modules / epochs)
+  double freezeout_t0 = 0.5;
+  double autofreeze_percentile = 50;
+};
+
+struct StepInfo {
+  int64_t step = 0;   // the step just taken (1-based count of optimizer steps)
+  int64_t epoch = 0;  // 0-based
+  double lr = 0, loss = 0;
+};
+
+class FreezePolicy {
+ public:
+  virtual ~FreezePolicy() = default;
+  // Before the forward of step `step` (0-based): the layer module whose output the
+  // trainer should capture for this step, or -1.
+  virtual int64_t capture_module(int64_t /*step*/) const { return -1; }
+  // After the optimizer step. `x` is the CPU input batch and `captured` the captured
+  // module output (undefined when none was asked for); gradients are still in place.
+  virtual void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) = 0;
+  // Number of front layer modules that should be frozen now.
+  virtual int64_t frozen_prefix() const = 0;
+  // Decisions and evaluations since the last call, as freeze.jsonl lines.
+  virtual std::vector<nlohmann::json> take_log() { return {}; }
+  // Everything needed to continue the same decisions after a resume.
+  virtual nlohmann::json state() const { return nlohmann::json::object(); }
+  virtual void load_state(const nlohmann::json&) {}
+  // Tensors of that state (egeria: the reference model's snapshot), checkpointed with it.
+  virtual std::map<std::string, Tensor> state_tensors() const { return {}; }
+  virtual void load_state_tensors(const std::map<std::string, Tensor>&) {}
+  // Figures for summary.json (evaluations_dropped, reference seconds, ...).
+  virtual nlohmann::json stats() const { return nlohmann::json::object(); }
+};
+
+std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& c, int64_t num_modules);
+std::vector<std::string> policy_names();
+
+// Freezes modules [0, k) and unfreezes the rest (frozen parameters drop their
+// gradients: they own no gradient memory while frozen). Returns true on a change.
+bool apply_frozen_prefix(models::Model& m, int64_t k);
+// Forward of a sequential model with modules [0, k) run under no-grad, capturing the
+// output of module `capture` (>= 0) into *captured (detached).
+Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured);
+
+}  // namespace eg::freeze

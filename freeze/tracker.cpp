@@ -1,0 +1,222 @@
+#include "freeze/tracker.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace eg::freeze {
+
+using json = nlohmann::json;
+
+int64_t default_interval(int64_t total, int64_t modules, int64_t window) {
+  EG_CHECK(total > 0 && modules > 0 && window > 0, "default_interval: iterations, modules and window must be positive");
+  return std::max<int64_t>(1, int64_t(double(total) / double(2 * window) / double(modules) / 1.75));
+}
+
+double fit_slope(const std::vector<double>& ys) {
+  const size_t n = ys.size();
+  if (n < 2) return 0;
+  const double xm = double(n - 1) / 2;
+  double ym = 0;
+  for (double y : ys) ym += y;
+  ym /= double(n);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (double(i) - xm) * (ys[i] - ym);
+    den += (double(i) - xm) * (double(i) - xm);
+  }
+  return num / den;
+}
+
+const char* decision_name(Decision d) {
+  switch (d) {
+    case Decision::none: return "none";
+    case Decision::end_bootstrap: return "end_bootstrap";
+    case Decision::freeze: return "freeze";
+    case Decision::unfreeze_all: return "unfreeze_all";
+  }
+  return "?";
+}
+
+json Event::to_json() const {
+  json j = {{"type", type}, {"step", step}, {"lr", lr}};
+  if (type == "bootstrap") {
+    j["loss"] = loss;
+    j["prev_loss"] = prev_loss < 0 ? json(nullptr) : json(prev_loss);
+  } else {
+    j["module"] = module;
+    j["counter"] = counter;
+    j["window"] = window;
+  }
+  if (type == "unfreeze") j["reason"] = reason;
+  if (type == "evaluation") {
+    j["plasticity"] = plasticity;
+    j["smoothed"] = smoothed;
+    j["slope"] = has_slope ? json(slope) : json(nullptr);
+    j["tolerance"] = tolerance > 0 ? json(tolerance) : json(nullptr);
+  }
+  return j;
+}
+
+FreezeTracker::FreezeTracker(int64_t num_modules, TrackerOptions o) : opt_(o), num_modules_(num_modules) {
+  EG_CHECK(num_modules >= 2, "layer freezing needs at least two layer modules (the last is never frozen), got ",
+           num_modules);
+  EG_CHECK(o.window >= 1, "the freezing window W must be at least 1, got ", o.window);
+  EG_CHECK(o.tolerance_coef > 0, "the tolerance coefficient must be positive, got ", o.tolerance_coef);
+  EG_CHECK(o.bootstrap_change > 0, "the bootstrapping change threshold must be positive, got ", o.bootstrap_change);
+  EG_CHECK(o.unfreeze_lr_factor > 1, "the unfreezing LR factor must be above 1, got ", o.unfreeze_lr_factor);
+  window_ = o.window;
+}
+
+void FreezeTracker::start_module() {
+  raw_.clear();
+  smoothed_.clear();
+  first_slopes_.clear();
+  counter_ = 0;
+}
+
+Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
+  if (!bootstrapping_) return Decision::none;
+  Event e;
+  e.type = "bootstrap";
+  e.step = step;
+  e.loss = loss;
+  e.prev_loss = prev_loss_;
+  e.lr = lr;
+  events_.push_back(e);
+  const bool ends = prev_loss_ > 0 && std::isfinite(loss) && std::abs(loss - prev_loss_) / prev_loss_ < opt_.bootstrap_change;
+  prev_loss_ = loss;
+  if (!ends) return Decision::none;
+  bootstrapping_ = false;
+  return Decision::end_bootstrap;
+}
+
+Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
+  EG_CHECK(!bootstrapping_, "plasticity reported during bootstrapping");
+  if (done()) return check_lr(step, lr);  // Algorithm 1 line 4: the last module is never evaluated
+  const size_t w = size_t(window_);
+  raw_.push_back(p);
+  const size_t k = std::min(raw_.size(), w);
+  double avg = 0;
+  for (size_t i = raw_.size() - k; i < raw_.size(); ++i) avg += raw_[i];
+  avg /= double(k);
+  smoothed_.push_back(avg);
+  Event e;
+  e.type = "evaluation";
+  e.step = step;
+  e.module = front_;
+  e.plasticity = p;
+  e.smoothed = avg;
+  e.lr = lr;
+  e.window = window_;
+  if (smoothed_.size() >= 2) {
+    const size_t m = std::min(smoothed_.size(), w < 2 ? size_t(2) : w);
+    const double s = fit_slope(std::vector<double>(smoothed_.end() - long(m), smoothed_.end()));
+    e.slope = s;
+    e.has_slope = true;
+    if (first_slopes_.size() < 3) {
+      first_slopes_.push_back(std::abs(s));
+      counter_ = 0;  // the first fits define T and are never stale
+    } else {
+      const double t = opt_.tolerance_coef * *std::max_element(first_slopes_.begin(), first_slopes_.end());
+      e.tolerance = t;
+      counter_ = std::abs(s) < t ? counter_ + 1 : 0;
+    }
+  }
+  if (first_slopes_.size() == 3 && e.tolerance == 0)
+    e.tolerance = opt_.tolerance_coef * *std::max_element(first_slopes_.begin(), first_slopes_.end());
+  e.counter = counter_;
+  events_.push_back(e);
+  ++evals_since_refresh_;
+  if (counter_ >= window_) {
+    Event f;
+    f.type = "freeze";
+    f.step = step;
+    f.module = front_;
+    f.counter = counter_;
+    f.window = window_;
+    f.lr = lr;
+    events_.push_back(f);
+    if (lr_at_front_freeze_ == 0) lr_at_front_freeze_ = lr;
+    ++front_;
+    start_module();
+    return Decision::freeze;
+  }
+  return check_lr(step, lr);
+}
+
+void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
+  Event e;
+  e.type = "unfreeze";
+  e.step = step;
+  e.module = front_;
+  e.lr = lr;
+  front_ = 0;
+  lr_at_front_freeze_ = 0;
+  window_ = std::max<int64_t>(1, window_ / 2);
+  e.window = window_;
+  e.reason = why;
+  events_.push_back(e);
+  start_module();
+}
+
+Decision FreezeTracker::check_lr(int64_t step, double lr) {
+  if (front_ > 0 && lr_at_front_freeze_ > 0 && lr * opt_.unfreeze_lr_factor <= lr_at_front_freeze_ * (1 + 1e-9)) {
+    unfreeze_all(step, lr, "lr");
+    return Decision::unfreeze_all;
+  }
+  if (front_ > 0 && custom_unfreeze && custom_unfreeze(step, lr)) {
+    unfreeze_all(step, lr, "custom");
+    return Decision::unfreeze_all;
+  }
+  return Decision::none;
+}
+
+bool FreezeTracker::refresh_due() const {
+  const int64_t every = opt_.refresh_every > 0 ? opt_.refresh_every : window_;
+  return !bootstrapping_ && evals_since_refresh_ >= every;
+}
+
+void FreezeTracker::reference_refreshed(int64_t step) {
+  Event e;
+  e.type = "refresh";
+  e.step = step;
+  e.module = front_;
+  e.counter = counter_;
+  e.window = window_;
+  events_.push_back(e);
+  evals_since_refresh_ = 0;
+  raw_.clear();
+  smoothed_.clear();
+}
+
+std::vector<Event> FreezeTracker::take_events() {
+  std::vector<Event> out;
+  out.swap(events_);
+  return out;
+}
+
+json FreezeTracker::state() const {
+  return {{"bootstrapping", bootstrapping_}, {"prev_loss", prev_loss_}, {"front", front_}, {"window", window_},
+          {"counter", counter_}, {"evals_since_refresh", evals_since_refresh_},
+          {"lr_at_front_freeze", lr_at_front_freeze_}, {"raw", raw_}, {"smoothed", smoothed_},
+          {"first_slopes", first_slopes_}, {"num_modules", num_modules_}};
+}
+
+void FreezeTracker::load_state(const json& s) {
+  EG_CHECK(s.at("num_modules").get<int64_t>() == num_modules_, "the checkpoint's freezing state is for ",
+           s.at("num_modules").get<int64_t>(), " layer modules, this model has ", num_modules_);
+  bootstrapping_ = s.at("bootstrapping");
+  prev_loss_ = s.at("prev_loss");
+  front_ = s.at("front");
+  window_ = s.at("window");
+  counter_ = s.at("counter");
+  evals_since_refresh_ = s.at("evals_since_refresh");
+  lr_at_front_freeze_ = s.at("lr_at_front_freeze");
+  raw_ = s.at("raw").get<std::vector<double>>();
+  smoothed_ = s.at("smoothed").get<std::vector<double>>();
+  first_slopes_ = s.at("first_slopes").get<std::vector<double>>();
+}
+
+}  // namespace eg::freeze

@@ -1,0 +1,115 @@
+// Algorithm 1 of the Egeria paper (§4.2.2): the decision logic of knowledge-guided
+// layer freezing, free of tensors and threads so that it can be tested on synthetic
+// plasticity sequences and checkpointed as plain JSON.
+//
+// Note [Egeria's freezing decisions]
+// - Bootstrapping: every n iterations the mean training loss of the last n iterations
+//   is compared with the previous check's; when it changes by less than 10% the
+//   critical period is over and plasticity evaluation starts.
+// - Every n iterations the frontmost active module l is evaluated: its plasticity P
+//   (SP loss against the reference model) is smoothed by a moving average over the
+//   last W readings (Equation 2), appended to l's history, and a least-squares line is
+//   fitted to the last W smoothed values. The module's tolerance T is 20% of the
+//   largest slope among its first 3 fits. A slope below T counts as stale; W
+//   consecutive stale readings freeze l and move to l + 1. The last module (the head)
+//   is never frozen.
+// - Unfreezing: when the LR has fallen by 10x or more since the front module froze,
+//   every module is unfrozen, l goes back to the first module, and W is halved for
+//   refreezing. A hook lets cyclic schedules decide their own unfreezing.
+// - Where this departs from the letter of the paper, and why:
+//   * Slopes are compared by magnitude (|s| < T, T = 0.2 max|s| of the first 3 fits).
+//     The paper writes s < T; with a signed slope a plasticity that falls steeply
+//     would count as stale, which is not "stationary".
+//   * The reference model is regenerated every W evaluations; all plasticity
+//     histories are cleared then (they were distances to the old reference, and the
+//     drop to the new one is not a change in the module). The stale counter and T
+//     survive a refresh.
+//   * T is measured again after an unfreeze: with the LR 10x lower the module moves
+//     10x slower, and a tolerance from the high-LR phase would refreeze at once.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace eg::freeze {
+
+struct TrackerOptions {
+  int64_t interval = 0;           // n: iterations between evaluations (0: derive, see default_interval)
+  int64_t window = 10;            // W: stale readings to freeze; moving-average and fit window
+  double tolerance_coef = 0.2;    // T = coef x the largest |slope| of a module's first 3 fits
+  double bootstrap_change = 0.10; // bootstrapping ends when the loss changes by less than this
+  double unfreeze_lr_factor = 10; // unfreeze all when the LR has fallen by this factor
+  int64_t refresh_every = 0;      // evaluations between reference refreshes (0: W)
+};
+
+// The paper's guideline (§4.2.2): n = total / (2W) / modules / 1.75, covering
+// bootstrapping, smoothing delay and the halved windows after unfreezing.
+int64_t default_interval(int64_t total_iterations, int64_t modules, int64_t window);
+
+// Least-squares slope of ys against 0, 1, 2, ...; 0 for fewer than two points.
+double fit_slope(const std::vector<double>& ys);
+
+enum class Decision { none, end_bootstrap, freeze, unfreeze_all };
+const char* decision_name(Decision d);
+
+// One evaluation or decision, with every input it was taken from (DIR/freeze.jsonl).
+struct Event {
+  std::string type;  // "bootstrap", "evaluation", "freeze", "unfreeze", "refresh"
+  std::string reason;  // unfreeze: "lr" or "custom"
+  int64_t step = 0, module = -1, counter = 0, window = 0;
+  double plasticity = 0, smoothed = 0, slope = 0, tolerance = 0, lr = 0, loss = 0, prev_loss = 0;
+  bool has_slope = false;
+  nlohmann::json to_json() const;
+};
+
+class FreezeTracker {
+ public:
+  FreezeTracker(int64_t num_modules, TrackerOptions o);
+
+  const TrackerOptions& options() const { return opt_; }
+  int64_t num_modules() const { return num_modules_; }
+  bool bootstrapping() const { return bootstrapping_; }
+  // The frontmost active module; modules [0, front()) are frozen.
+  int64_t front() const { return front_; }
+  int64_t window() const { return window_; }
+  int64_t stale_counter() const { return counter_; }
+  bool done() const { return front_ >= num_modules_ - 1; }  // only the head is left
+
+  // Bootstrapping check with the mean training loss since the last check.
+  Decision bootstrap_check(int64_t step, double mean_loss, double lr);
+  // Algorithm 1's checkPlasticity for the front module's reading P at `step`.
+  Decision check_plasticity(int64_t step, double plasticity, double lr);
+  // LR-based unfreezing (Algorithm 1, lines 19-27), checked every step so that an
+  // unfreeze is not delayed to the next evaluation.
+  Decision check_lr(int64_t step, double lr);
+  // The controller asks after each evaluation whether the reference should be
+  // regenerated, and reports when it was.
+  bool refresh_due() const;
+  void reference_refreshed(int64_t step);
+
+  // Cyclic schedules: called every step with (step, lr); returning true unfreezes all.
+  std::function<bool(int64_t, double)> custom_unfreeze;
+
+  std::vector<Event> take_events();
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& s);
+
+ private:
+  void start_module();
+  void unfreeze_all(int64_t step, double lr, const char* why);
+
+  TrackerOptions opt_;
+  int64_t num_modules_;
+  bool bootstrapping_ = true;
+  double prev_loss_ = -1;
+  int64_t front_ = 0, window_, counter_ = 0, evals_since_refresh_ = 0;
+  double lr_at_front_freeze_ = 0;  // 0: nothing frozen since the last unfreeze
+  std::vector<double> raw_, smoothed_;   // the front module's readings since the last refresh
+  std::vector<double> first_slopes_;     // the front module's first 3 fits
+  std::vector<Event> events_;
+};
+
+}  // namespace eg::freeze

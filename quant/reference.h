@@ -1,0 +1,33 @@
+// The reference model of Egeria (§4.1): a frozen copy of a snapshot of the training
+// model that runs on CPU threads beside training and returns activations at layer-
+// module boundaries, against which plasticity is measured.
+//
+// Precisions: "fp32" (the snapshot as it is, on the CPU). The int8 reference (batch
+// norm folded, per-channel s8 weights, calibrated activation scales, oneDNN int8
+// primitives) is declared here and not built yet: asking for it is an error that says so.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+
+#include "models/model.h"
+
+namespace eg::quant {
+
+class ReferenceModel {
+ public:
+  virtual ~ReferenceModel() = default;
+  // Output of layer module `module` (0-based, in layer_modules() order) for input x
+  // (CPU f32, [b, ...]), computed by running modules 0..module. Thread-compatible:
+  // one caller at a time.
+  virtual Tensor activation(const Tensor& x, int64_t module) = 0;
+  virtual std::string precision() const = 0;
+};
+
+// Builds a reference of `precision` for a model of configuration `mc` from a snapshot
+// of its state (copied: the caller may keep training). Needs a sequential model
+// (each layer module's output is the next one's input).
+std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,
+                                               const std::map<std::string, Tensor>& snapshot);
+
+}  // namespace eg::quant

@@ -1,0 +1,227 @@
+// Layer freezing: the SP-loss plasticity and Algorithm 1 on synthetic sequences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "freeze/plasticity.h"
+#include "freeze/tracker.h"
+
+namespace eg::freeze {
+namespace {
+
+TEST(SpLoss, ZeroForIdenticalAndScaledActivations) {
+  Generator g(1);
+  Tensor a = Tensor::randn({8, 4, 3, 3}, g);
+  EXPECT_NEAR(sp_loss(a, a.clone()), 0.0, 1e-12);
+  // Row normalisation makes the loss blind to a global scale of either side.
+  Tensor a2 = a.clone();
+  for (auto* p = a2.data<float>(); p != a2.data<float>() + a2.numel(); ++p) *p *= 3.f;
+  EXPECT_NEAR(sp_loss(a, a2), 0.0, 1e-10);
+}
+
+TEST(SpLoss, MatchesTheFormulaOnASmallCase) {
+  // Two samples, two features: Q_T = [[1, 0], [1, 1]], Q_R = [[1, 0], [0, 1]].
+  Tensor t = Tensor::from_vector<double>({1, 0, 1, 1}, {2, 2});
+  Tensor r = Tensor::from_vector<double>({1, 0, 0, 1}, {2, 2});
+  // G_T = [[1, 1], [1, 2]] -> rows / [sqrt 2, sqrt 5]; G_R = I.
+  const double s2 = std::sqrt(2.0), s5 = std::sqrt(5.0);
+  const double gt[4] = {1 / s2, 1 / s2, 1 / s5, 2 / s5}, gr[4] = {1, 0, 0, 1};
+  double want = 0;
+  for (int i = 0; i < 4; ++i) want += (gt[i] - gr[i]) * (gt[i] - gr[i]);
+  want /= 4;
+  EXPECT_NEAR(sp_loss(t, r), want, 1e-12);
+}
+
+TEST(SpLoss, GrowsWithTheDistanceBetweenActivations) {
+  Generator g(2);
+  Tensor a = Tensor::randn({16, 32}, g), noise = Tensor::randn({16, 32}, g);
+  double prev = 0;
+  for (float eps : {0.05f, 0.2f, 0.8f}) {
+    Tensor b = a.clone();
+    for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] += eps * noise.data<float>()[i];
+    const double p = sp_loss(a, b);
+    EXPECT_GT(p, prev);
+    prev = p;
+  }
+}
+
+TEST(SpLoss, RejectsMismatchedShapesAndSingleSamples) {
+  Generator g(3);
+  try {
+    sp_loss(Tensor::randn({4, 8}, g), Tensor::randn({4, 9}, g));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reference's is [4, 9]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(sp_gram(Tensor::randn({1, 8}, g)), Error);
+}
+
+TEST(Tracker, FitSlopeIsLeastSquares) {
+  EXPECT_DOUBLE_EQ(fit_slope({1, 3, 5, 7}), 2.0);
+  EXPECT_DOUBLE_EQ(fit_slope({4}), 0.0);
+  EXPECT_NEAR(fit_slope({0, 1, 0, 1}), 0.2, 1e-12);
+}
+
+TEST(Tracker, DefaultIntervalFollowsThePapersGuideline) {
+  // ResNet-56, 7 modules, W = 10, ~78k iterations: the paper uses n = 300.
+  EXPECT_EQ(default_interval(78000, 7, 10), 318);
+  EXPECT_EQ(default_interval(100, 50, 10), 1);
+}
+
+TEST(Tracker, BootstrappingEndsWhenTheLossChangesLessThanTenPercent) {
+  FreezeTracker t(4, {});
+  EXPECT_EQ(t.bootstrap_check(10, 2.0, 0.1), Decision::none);
+  EXPECT_EQ(t.bootstrap_check(20, 1.5, 0.1), Decision::none);  // -25%
+  EXPECT_TRUE(t.bootstrapping());
+  EXPECT_EQ(t.bootstrap_check(30, 1.4, 0.1), Decision::end_bootstrap);  // -6.7%
+  EXPECT_FALSE(t.bootstrapping());
+  EXPECT_THROW(FreezeTracker(4, {}).check_plasticity(1, 0.1, 0.1), Error);
+}
+
+FreezeTracker started(int64_t modules, TrackerOptions o) {
+  o.refresh_every = 1000000;  // these sequences are against one reference
+  FreezeTracker t(modules, o);
+  t.bootstrap_check(0, 1.0, 0.1);
+  t.bootstrap_check(1, 1.0, 0.1);
+  return t;
+}
+
+// A plasticity that rises quickly then flattens: the module converges.
+double converging(int i) { return 1.0 - std::exp(-0.5 * i); }
+
+TEST(Tracker, AFlatPlasticityFreezesAfterWStaleReadings) {
+  TrackerOptions o;
+  o.window = 5;
+  FreezeTracker t = started(4, o);
+  int froze_at = -1;
+  for (int i = 0; i < 200 && froze_at < 0; ++i)
+    if (t.check_plasticity(i, converging(i), 0.1) == Decision::freeze) froze_at = i;
+  ASSERT_GE(froze_at, 0) << "a converged module was never frozen";
+  EXPECT_EQ(t.front(), 1);
+  // The events show W consecutive stale readings right before the freeze.
+  auto ev = t.take_events();
+  ASSERT_EQ(ev.back().type, "freeze");
+  int stale = 0;
+  for (auto it = ev.rbegin() + 1; it != ev.rend() && it->type == "evaluation" && it->counter > 0; ++it) {
+    EXPECT_LT(std::abs(it->slope), it->tolerance);
+    ++stale;
+  }
+  EXPECT_EQ(stale, 5);
+  // The readings before the stale run were not stale: freezing was not premature.
+  EXPECT_GT(froze_at, 3 + 5);
+}
+
+TEST(Tracker, ASteadilyMovingNoisyPlasticityNeverFreezes) {
+  TrackerOptions o;
+  o.window = 5;
+  FreezeTracker t = started(4, o);
+  Generator g(7);
+  Tensor noise = Tensor::randn({400}, g);
+  for (int i = 0; i < 400; ++i) {
+    // Rising at a constant rate with noise of the same order as a step.
+    const double p = 0.01 * i + 0.01 * noise.data<float>()[i];
+    ASSERT_EQ(t.check_plasticity(i, p, 0.1), Decision::none) << "froze at reading " << i;
+  }
+  EXPECT_EQ(t.front(), 0);
+}
+
+TEST(Tracker, TheHeadIsNeverFrozen) {
+  TrackerOptions o;
+  o.window = 3;
+  FreezeTracker t = started(2, o);
+  int freezes = 0;
+  for (int i = 0; i < 500; ++i) freezes += t.check_plasticity(i, converging(i % 60), 0.1) == Decision::freeze;
+  EXPECT_EQ(freezes, 1);
+  EXPECT_TRUE(t.done());
+  EXPECT_EQ(t.front(), 1);
+}
+
+TEST(Tracker, AnLrDropOfTenTimesUnfreezesAllAndHalvesW) {
+  TrackerOptions o;
+  o.window = 6;
+  FreezeTracker t = started(5, o);
+  int i = 0;
+  while (t.front() < 2 && i < 1000) {
+    t.check_plasticity(i, converging(i % 40), 0.1);
+    ++i;
+  }
+  ASSERT_EQ(t.front(), 2);
+  EXPECT_EQ(t.check_lr(i, 0.02), Decision::none);  // 5x: not yet
+  EXPECT_EQ(t.check_lr(i + 1, 0.01), Decision::unfreeze_all);
+  EXPECT_EQ(t.front(), 0);
+  EXPECT_EQ(t.window(), 3);
+  EXPECT_EQ(t.check_lr(i + 2, 0.01), Decision::none);  // once per drop
+  auto ev = t.take_events();
+  EXPECT_EQ(ev.back().type, "unfreeze");
+  EXPECT_EQ(ev.back().reason, "lr");
+  // Refreezing measures against the LR at the new front freeze.
+  int j = 0;
+  while (t.front() < 1 && j < 1000) {
+    t.check_plasticity(i + 10 + j, converging(j), 0.01);
+    ++j;
+  }
+  EXPECT_EQ(t.front(), 1);
+  EXPECT_EQ(t.check_lr(i + 2000, 0.002), Decision::none);
+  EXPECT_EQ(t.check_lr(i + 2001, 0.001), Decision::unfreeze_all);
+  EXPECT_EQ(t.window(), 1);
+}
+
+TEST(Tracker, CustomUnfreezeHookForCyclicSchedules) {
+  TrackerOptions o;
+  o.window = 3;
+  FreezeTracker t = started(3, o);
+  t.custom_unfreeze = [](int64_t step, double) { return step >= 1000; };
+  int i = 0;
+  while (t.front() < 1 && i < 500) t.check_plasticity(i, converging(i), 0.1), ++i;
+  ASSERT_EQ(t.front(), 1);
+  EXPECT_EQ(t.check_lr(999, 0.1), Decision::none);
+  EXPECT_EQ(t.check_lr(1000, 0.1), Decision::unfreeze_all);
+  EXPECT_EQ(t.take_events().back().reason, "custom");
+}
+
+TEST(Tracker, RefreshClearsTheHistoryButKeepsTheCounter) {
+  TrackerOptions o;
+  o.window = 4;
+  FreezeTracker t(3, o);
+  t.bootstrap_check(0, 1, 0.1);
+  t.bootstrap_check(1, 1, 0.1);
+  for (int i = 0; i < 4; ++i) t.check_plasticity(i, converging(i), 0.1);
+  EXPECT_TRUE(t.refresh_due());
+  const int64_t c = t.stale_counter();
+  t.reference_refreshed(4);
+  EXPECT_FALSE(t.refresh_due());
+  EXPECT_EQ(t.stale_counter(), c);
+  EXPECT_EQ(t.state()["raw"].size(), 0u);
+}
+
+TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
+  TrackerOptions o;
+  o.window = 4;
+  auto run = [&](FreezeTracker& t, int from, int to, std::vector<int>& decisions) {
+    for (int i = from; i < to; ++i) {
+      if (t.bootstrapping()) {
+        t.bootstrap_check(i, 2.0 / (1 + 0.1 * i), 0.1);
+        continue;
+      }
+      decisions.push_back(int(t.check_plasticity(i, converging(i % 37), i < 150 ? 0.1 : 0.001)));
+      if (t.refresh_due()) t.reference_refreshed(i);
+    }
+  };
+  FreezeTracker full(6, o);
+  std::vector<int> want, got;
+  run(full, 0, 300, want);
+  FreezeTracker a(6, o);
+  run(a, 0, 120, got);
+  FreezeTracker b(6, o);
+  b.load_state(nlohmann::json::parse(a.state().dump()));
+  run(b, 120, 300, got);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(b.state(), full.state());
+  FreezeTracker other(5, o);
+  EXPECT_THROW(other.load_state(a.state()), Error);
+}
+
+}  // namespace
+}  // namespace eg::freeze

@@ -1,0 +1,251 @@
+// Freezing mechanics with proof (issue: frozen prefix, optimizer, BatchNorm, resume),
+// and every --freeze policy through the trainer.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/node.h"
+#include "core/rng.h"
+#include "freeze/policy.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
+
+using namespace eg;
+
+namespace {
+
+models::ModelPtr small_resnet(uint64_t seed) {
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 1;
+  mc.image_size = 16;
+  Generator g(seed);
+  return models::build_model(mc, g);
+}
+
+struct Batch {
+  Tensor x, y;
+};
+Batch batch(uint64_t seed) {
+  Generator g(seed);
+  Tensor x = Tensor::randn({8, 1, 16, 16}, g);
+  std::vector<int64_t> y(8);
+  for (size_t i = 0; i < 8; ++i) y[i] = int64_t((i * 7 + seed) % 10);
+  return {x, Tensor::from_vector(y, {8})};
+}
+
+double step(models::Model& m, optim::Optimizer& opt, int64_t k, uint64_t seed) {
+  Batch b = batch(seed);
+  Tensor loss = fn::cross_entropy(freeze::forward_with_frozen_prefix(m, b.x, k, -1, nullptr), b.y);
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+  return loss.item();
+}
+
+std::map<std::string, std::vector<float>> values(const nn::Module& m) {
+  std::map<std::string, std::vector<float>> v;
+  for (auto& [k, t] : m.state_dict())
+    if (t.dtype() == DType::f32) v[k] = t.to_vector<float>();
+  return v;
+}
+
+TEST(FreezeMechanics, AFrozenPrefixIsBitwiseUnchangedUnderWeightDecayAndMomentum) {
+  auto m = small_resnet(1);
+  optim::SGD opt(m->parameters(), 0.1, {0.9, 0, 5e-4, true});
+  for (uint64_t s = 0; s < 3; ++s) step(*m, opt, 0, s);  // momentum buffers exist
+  const int64_t k = 4;
+  ASSERT_TRUE(freeze::apply_frozen_prefix(*m, k));
+  auto units = m->layer_modules();
+  std::vector<std::map<std::string, std::vector<float>>> before;
+  for (int64_t i = 0; i < int64_t(units.size()); ++i) before.push_back(values(*units[size_t(i)].second));
+  for (uint64_t s = 3; s < 23; ++s) step(*m, opt, k, s);
+  for (int64_t i = 0; i < int64_t(units.size()); ++i) {
+    auto now = values(*units[size_t(i)].second);
+    if (i < k) {
+      EXPECT_EQ(now, before[size_t(i)]) << units[size_t(i)].first << " changed while frozen (weights or BN statistics)";
+      for (auto& p : units[size_t(i)].second->parameters()) EXPECT_FALSE(p.grad().defined());
+    } else {
+      EXPECT_NE(now, before[size_t(i)]) << units[size_t(i)].first << " did not train";
+    }
+  }
+}
+
+TEST(FreezeMechanics, UnfreezingResumesAsIfTheParameterHadNeverLeft) {
+  // Optimizer state of frozen parameters is kept: after unfreezing, the front modules
+  // continue from the same momentum (SGD) and step count and moments (AdamW).
+  for (const char* which : {"sgd", "adamw"}) {
+    auto m = small_resnet(2);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (std::string(which) == "sgd") opt = std::make_unique<optim::SGD>(m->parameters(), 0.05, optim::SgdOptions{0.9, 0, 5e-4, false});
+    else opt = std::make_unique<optim::AdamW>(m->parameters(), 1e-3, optim::AdamWOptions{});
+    for (uint64_t s = 0; s < 3; ++s) step(*m, *opt, 0, s);
+    auto state_before = opt->state_dict();
+    std::map<std::string, std::vector<float>> kept;
+    for (auto& [n, t] : state_before)
+      if (t.dtype() == DType::f32) kept[n] = t.clone().to_vector<float>();
+    freeze::apply_frozen_prefix(*m, 3);
+    for (uint64_t s = 3; s < 8; ++s) step(*m, *opt, 3, s);
+    freeze::apply_frozen_prefix(*m, 0);
+    // The state of the first parameter (the stem conv, frozen) is bitwise what it was.
+    auto state_after = opt->state_dict();
+    int compared = 0;
+    for (auto& [n, v] : kept)
+      if (n.rfind("0.", 0) == 0) {  // "0.<slot>": parameter 0
+        EXPECT_EQ(state_after.at(n).to_vector<float>(), v) << which << " " << n;
+        ++compared;
+      }
+    EXPECT_GT(compared, 0) << which << ": no optimizer state for parameter 0 found";
+    // And it trains again.
+    auto w0 = m->layer_modules()[0].second->parameters()[0].to_vector<float>();
+    step(*m, *opt, 0, 99);
+    EXPECT_NE(m->layer_modules()[0].second->parameters()[0].to_vector<float>(), w0) << which;
+  }
+}
+
+TEST(FreezeMechanics, AModelFrozenToItsHeadRecordsNoNodeForThePrefix) {
+  auto m = small_resnet(3);
+  Batch b = batch(5);
+  const int64_t heads = int64_t(m->layer_modules().size()) - 1;
+  Tensor full = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, b.x, 0, -1, nullptr), b.y);
+  const size_t n_full = autograd::graph_size(full);
+  freeze::apply_frozen_prefix(*m, heads);
+  Tensor frozen = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, b.x, heads, -1, nullptr), b.y);
+  const size_t n_frozen = autograd::graph_size(frozen);
+  // Only the head (global pool, linear, cross-entropy) and its two leaf sinks remain.
+  EXPECT_LE(n_frozen, 6u);
+  EXPECT_GT(n_full, 50u);
+  frozen.backward();
+  for (auto& p : m->layer_modules()[0].second->parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_TRUE(m->layer_modules().back().second->parameters()[0].grad().defined());
+}
+
+TEST(FreezeMechanics, CapturedActivationIsTheModuleOutput) {
+  auto m = small_resnet(4);
+  m->eval();
+  Batch b = batch(6);
+  Tensor cap;
+  freeze::forward_with_frozen_prefix(*m, b.x, 0, 2, &cap);
+  autograd::NoGradGuard ng;
+  auto u = m->layer_modules();
+  Tensor h = b.x;
+  for (int i = 0; i <= 2; ++i) h = u[size_t(i)].second->forward(h);
+  EXPECT_EQ(cap.to_vector<float>(), h.to_vector<float>());
+}
+
+// ---- through the trainer
+
+std::string tmpdir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "eg_freeze_" + name;
+  std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str());
+  return d;
+}
+std::vector<nlohmann::json> jsonl(const std::string& p) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(p);
+  for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+train::TrainConfig run_cfg(const std::string& out, const std::string& policy) {
+  train::TrainConfig c;
+  c.model = "resnet20";
+  c.dataset = "synthetic";
+  c.train_limit = 256;
+  c.test_limit = 64;
+  c.batch_size = 16;
+  c.epochs = 4;
+  c.lr = 0.05;
+  c.milestones = {3};
+  c.out = out;
+  c.threads = 2;
+  c.seed = 5;
+  c.freeze = policy;
+  c.freeze_interval = 2;
+  c.freeze_window = 2;
+  c.freeze_sync = true;
+  return c;
+}
+
+TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
+  std::string a = tmpdir("egeria_full"), b = tmpdir("egeria_killed");
+  auto s = train::run_training(run_cfg(a, "egeria"));
+  ASSERT_TRUE(s.completed);
+  auto log = jsonl(a + "/freeze.jsonl");
+  int boot = 0, evals = 0, freezes = 0, unfreezes = 0;
+  for (auto& j : log) {
+    const std::string t = j["type"];
+    boot += t == "bootstrap";
+    evals += t == "evaluation";
+    freezes += t == "freeze";
+    unfreezes += t == "unfreeze";
+    if (t == "evaluation") {
+      EXPECT_GE(j["plasticity"].get<double>(), 0.0);
+      for (const char* k : {"step", "module", "smoothed", "slope", "tolerance", "counter", "window", "lr"})
+        EXPECT_TRUE(j.contains(k)) << k;
+    }
+  }
+  EXPECT_GE(boot, 2);
+  EXPECT_GT(evals, 5);
+  EXPECT_GT(freezes, 0) << "nothing froze in a 64-step run with n=2, W=2";
+  EXPECT_EQ(unfreezes, 1) << "the LR drops 10x at epoch 3: everything unfreezes once";
+  auto sum = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
+  for (const char* k : {"frozen_fraction_final", "backward_flops_saved_fraction", "reference_overhead_fraction",
+                        "evaluations_dropped"})
+    EXPECT_TRUE(sum.contains(k)) << k;
+  EXPECT_GT(sum["backward_flops_saved_fraction"].get<double>(), 0.0);
+
+  // Killed twice (once during bootstrapping, once while modules are frozen), resumed.
+  auto c = run_cfg(b, "egeria");
+  c.checkpoint_every = 1;
+  c.stop_after_steps = 5;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.resume = true;
+  c.stop_after_steps = 30;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.stop_after_steps = 0;
+  ASSERT_TRUE(train::run_training(c).completed);
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  // The same decisions, in the same order.
+  auto decisions = [](const std::vector<nlohmann::json>& l) {
+    std::vector<std::string> d;
+    for (auto& j : l)
+      if (j["type"] != "evaluation" && j["type"] != "bootstrap")
+        d.push_back(j["type"].get<std::string>() + "@" + std::to_string(j["step"].get<int64_t>()));
+    return d;
+  };
+  EXPECT_EQ(decisions(jsonl(b + "/freeze.jsonl")), decisions(log));
+}
+
+TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
+  for (const char* p : {"static", "freezeout", "autofreeze"}) {
+    std::string d = tmpdir(p);
+    auto c = run_cfg(d, p);
+    c.static_epoch = 1;
+    c.static_modules = 3;
+    c.milestones = {};
+    c.lr_schedule = "constant";
+    ASSERT_TRUE(train::run_training(c).completed) << p;
+    auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
+    EXPECT_GT(sum["backward_flops_saved_fraction"].get<double>(), 0.0) << p;
+    bool froze = false;
+    for (auto& j : jsonl(d + "/freeze.jsonl")) froze |= j["type"] == "freeze";
+    EXPECT_TRUE(froze) << p;
+  }
+}
+
+TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
+  std::string d = tmpdir("egeria_async");
+  auto c = run_cfg(d, "egeria");
+  c.freeze_sync = false;
+  c.freeze_interval = 1;  // an evaluation every step: some will be dropped
+  ASSERT_TRUE(train::run_training(c).completed);
+  auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
+  const auto& st = sum["freeze_stats"];
+  EXPECT_GT(st["evaluations_completed"].get<int64_t>() + st["evaluations_dropped"].get<int64_t>(), 0);
+}
+
+}  // namespace

@@ -1,0 +1,206 @@
+// train/translate: a small Transformer learns a toy translation task, writes the
+// trainer's files, and a run killed and resumed ends with bit-identical weights.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/transformer.h"
+#include "train/safetensors.h"
+#include "train/translate.h"
+
+using namespace eg;
+
+namespace {
+std::string tmpdir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "eg_translate_" + name;
+  std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str());
+  return d;
+}
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Word-for-word "English -> Spanish" over a small lexicon, with the adjective moved
+// after its noun: learnable in a few hundred steps by a tiny model.
+void write_toy_corpus(const std::string& dir) {
+  const char* nouns_en[] = {"cat", "dog", "house", "man", "bread", "water"};
+  const char* nouns_es[] = {"gato", "perro", "casa", "hombre", "pan", "agua"};
+  const char* adj_en[] = {"big", "small", "red", "old"};
+  const char* adj_es[] = {"grande", "pequeño", "rojo", "viejo"};
+  const char* verb_en[] = {"sees", "eats", "has"};
+  const char* verb_es[] = {"ve", "come", "tiene"};
+  Generator g(11);
+  auto pick = [&](int n) { return int(g.next_u32() % uint32_t(n)); };
+  for (auto [name, n] : {std::pair<const char*, int>{"train", 400}, {"valid", 24}, {"test", 24}}) {
+    std::ofstream f(dir + "/" + std::string(name) + ".tsv");
+    for (int i = 0; i < n; ++i) {
+      int n1 = pick(6), a1 = pick(4), v = pick(3), n2 = pick(6);
+      f << "the " << adj_en[a1] << " " << nouns_en[n1] << " " << verb_en[v] << " the " << nouns_en[n2] << "\t"
+        << "el " << nouns_es[n1] << " " << adj_es[a1] << " " << verb_es[v] << " el " << nouns_es[n2] << "\n";
+    }
+  }
+}
+
+models::TransformerConfig tiny_arch() {
+  models::TransformerConfig a;
+  a.d_model = 32;
+  a.heads = 2;
+  a.ffn = 64;
+  a.enc_layers = a.dec_layers = 1;
+  a.max_len = 64;
+  a.dropout = 0.1;
+  return a;
+}
+
+train::TrainConfig toy_run(const std::string& data, const std::string& out) {
+  train::TrainConfig c = train::default_config("transformer-tiny");
+  c.data_dir = data;
+  c.out = out;
+  c.vocab_size = 64;
+  c.max_len = 32;
+  c.batch_size = 32;
+  c.epochs = 16;
+  c.lr = 5e-3;
+  c.warmup_steps = 20;
+  c.threads = 2;
+  c.log_every = 1;
+  c.seed = 4;
+  return c;
+}
+
+std::vector<nlohmann::json> records(const std::string& path, const std::string& type) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == type) v.push_back(j);
+  }
+  return v;
+}
+}  // namespace
+
+TEST(Translate, TransformerDefaultsLeaveImageDefaultsAlone) {
+  auto t = train::default_config("transformer-base");
+  EXPECT_EQ(t.optimizer, "adamw");
+  EXPECT_EQ(t.lr_schedule, "inverse-sqrt");
+  EXPECT_EQ(t.warmup_steps, 4000);
+  EXPECT_EQ(t.dataset, "en-es");
+  EXPECT_DOUBLE_EQ(t.adam_beta2, 0.98);
+  EXPECT_EQ(train::default_config("transformer-tiny").warmup_steps, 1000);
+  train::TrainConfig given;
+  given.model = "transformer-tiny";
+  given.lr = 1e-3;
+  train::apply_model_defaults(given, {"--lr"});
+  EXPECT_DOUBLE_EQ(given.lr, 1e-3);  // set by the user: kept
+  EXPECT_EQ(given.optimizer, "adamw");
+  auto img = train::default_config("resnet20"), plain = train::TrainConfig();
+  EXPECT_EQ(img.optimizer, plain.optimizer);
+  EXPECT_DOUBLE_EQ(img.lr, plain.lr);
+  EXPECT_EQ(img.dataset, plain.dataset);
+}
+
+TEST(Translate, LearnsAToyTaskAndWritesItsFiles) {
+  std::string data = tmpdir("data"), out = tmpdir("run");
+  write_toy_corpus(data);
+  const auto arch = tiny_arch();
+  auto s = train::run_translation(toy_run(data, out), &arch);
+  ASSERT_TRUE(s.completed);
+  EXPECT_TRUE(std::ifstream(data + "/spm-64.model").good()) << "the tokenizer is kept beside the data";
+  for (const char* f : {"config.json", "metrics.jsonl", "summary.json", "model.safetensors", "checkpoint.safetensors"})
+    EXPECT_TRUE(std::ifstream(out + "/" + f).good()) << f;
+  auto sum = nlohmann::json::parse(slurp(out + "/summary.json"));
+  for (const char* k : {"model", "dataset", "epochs", "final_test_bleu", "final_test_loss", "best_valid_bleu",
+                        "train_seconds", "tokens_per_second", "time_to_target_seconds"})
+    EXPECT_TRUE(sum.contains(k)) << k;
+  EXPECT_TRUE(sum["time_to_target_seconds"].is_null());
+  EXPECT_GT(sum["tokens_per_second"].get<double>(), 0);
+
+  auto steps = records(out + "/metrics.jsonl", "step"), epochs = records(out + "/metrics.jsonl", "epoch");
+  ASSERT_EQ(epochs.size(), 16u);
+  ASSERT_GT(steps.size(), 100u);
+  double first = 0, last = 0;
+  for (size_t i = 0; i < 5; ++i) first += steps[i]["loss"].get<double>() / 5;
+  for (size_t i = steps.size() - 5; i < steps.size(); ++i) last += steps[i]["loss"].get<double>() / 5;
+  EXPECT_LT(last, 0.6 * first) << "training loss " << first << " -> " << last;
+  EXPECT_LT(epochs.back()["valid_loss"].get<double>(), 0.5 * epochs[0]["valid_loss"].get<double>());
+  for (auto& e : epochs) {
+    EXPECT_GE(e["valid_bleu"].get<double>(), 0);
+    EXPECT_LE(e["valid_bleu"].get<double>(), 100);
+  }
+  // Greedy translations of unseen sentences: the task is learnt (it reaches ~95 BLEU).
+  EXPECT_GT(s.best_valid_bleu, 50);
+  EXPECT_GT(s.final_test_bleu, 50);
+  EXPECT_EQ(sum["best_valid_bleu"].get<double>(), s.best_valid_bleu);
+
+  auto ev = train::evaluate_checkpoint(out, "", 0);
+  EXPECT_TRUE(ev.translation);
+  EXPECT_NEAR(ev.loss, s.final_test_loss, 1e-5);
+  EXPECT_NEAR(ev.bleu, s.final_test_bleu, 1e-9);
+}
+
+TEST(Translate, KilledAndResumedRunIsBitIdentical) {
+  std::string data = tmpdir("data_resume"), a = tmpdir("full"), b = tmpdir("killed");
+  write_toy_corpus(data);
+  const auto arch = tiny_arch();  // dropout 0.1: the generator's state must be restored too
+  auto c = toy_run(data, a);
+  c.epochs = 2;
+  c.train_limit = 160;  // 5 batches per epoch
+  c.test_limit = 8;
+  ASSERT_TRUE(train::run_translation(c, &arch).completed);
+
+  // Killed at step 3 (mid-epoch 1), then at step 7 (mid-epoch 2), resumed each time.
+  c.out = b;
+  c.checkpoint_every = 1;
+  c.stop_after_steps = 3;
+  EXPECT_FALSE(train::run_translation(c, &arch).completed);
+  c.resume = true;
+  c.stop_after_steps = 4;
+  EXPECT_FALSE(train::run_translation(c, &arch).completed);
+  c.stop_after_steps = 0;
+  ASSERT_TRUE(train::run_translation(c, &arch).completed);
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  ASSERT_EQ(wa.size(), wb.size());
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  auto ea = records(a + "/metrics.jsonl", "epoch"), eb = records(b + "/metrics.jsonl", "epoch");
+  ASSERT_EQ(ea.size(), eb.size());
+  for (size_t i = 0; i < ea.size(); ++i) EXPECT_EQ(ea[i]["train_loss"], eb[i]["train_loss"]) << "epoch " << i + 1;
+
+  // Another architecture cannot resume this checkpoint.
+  auto wider = arch;
+  wider.d_model = 48;
+  try {
+    train::run_translation(c, &wider);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Translate, BadInputIsNamed) {
+  std::string d = tmpdir("bad");
+  auto expect_error = [&](train::TrainConfig c, const std::string& needle) {
+    try {
+      train::run_training(c);
+      ADD_FAILURE() << "expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto c = toy_run(d + "/nowhere", d + "/out");
+  expect_error(c, "nowhere/train.tsv': no such file. Run `tools/get-data datasets`");
+  c.dataset = "cifar10";
+  expect_error(c, "use --dataset en-es");
+  c = toy_run(d, d + "/out");
+  c.vocab_size = 3;
+  expect_error(c, "--vocab-size");
+  c = toy_run(d, d + "/out");
+  c.target_accuracy = 0.9;
+  expect_error(c, "--target-accuracy applies to image models");
+  auto img = train::TrainConfig();
+  img.dataset = "en-es";
+  expect_error(img, "train it with --model transformer-tiny");
+  std::ofstream(d + "/train.tsv") << "one\ttwo\nbroken line\n";
+  expect_error(toy_run(d, d + "/out"), "train.tsv:2: expected 'source<TAB>target'");
+}
