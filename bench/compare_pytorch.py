@@ -7,11 +7,12 @@
 Runs `egeria bench step` and the same model in PyTorch (CIFAR ResNet with option-A
 shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs), alternating the
 two `--repeats` times, and reports the median images/s of each and their ratio.
-PyTorch's best CPU configuration is taken: channels_last vs contiguous and
-mkldnn-enabled, whichever is faster. PyTorch missing: prints a message and exits 0.
+PyTorch's best eager configuration is taken: channels_last vs contiguous, whichever
+is faster; on a GPU (--device cuda:0) torch.compile is measured and compared too. PyTorch missing: prints a message and exits 0.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,34 +57,62 @@ def torch_resnet(depth, nn, F):
     return Net()
 
 
-def bench_torch(model_name, bs, threads, iters, channels_last):
+_torch_setups = {}
+TF32 = False  # --tf32: both engines may use TF32 tensor cores for f32 convs/matmuls
+
+
+def torch_setup(model_name, bs, threads, config, device):
+    """Model, optimizer and a fixed batch, built once per configuration (so that
+    torch.compile compiles once, not once per repeat)."""
+    key = (model_name, bs, config, device)
+    if key in _torch_setups:
+        return _torch_setups[key]
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    m = torch_resnet(int(model_name[len("resnet"):]), nn, F)
+    dev = torch.device(device)
+    m = torch_resnet(int(model_name[len("resnet"):]), nn, F).to(dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    x = torch.randn(bs, 3, 32, 32)
-    y = torch.arange(bs) % 10
-    if channels_last:
+    x = torch.randn(bs, 3, 32, 32, device=dev)
+    y = torch.arange(bs, device=dev) % 10
+    if config == "channels_last":
         m = m.to(memory_format=torch.channels_last)
         x = x.to(memory_format=torch.channels_last)
+    if dev.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = TF32
+        torch.backends.cuda.matmul.allow_tf32 = TF32
+    fwd = torch.compile(m) if config == "compile" else m
+    _torch_setups[key] = (fwd, opt, x, y, F)
+    return _torch_setups[key]
+
+
+def bench_torch(model_name, bs, threads, iters, config, device="cpu"):
+    """config: "contiguous", "channels_last" or "compile" (torch.compile of the model)."""
+    fwd, opt, x, y, F = torch_setup(model_name, bs, threads, config, device)
+    warmup = 3
     times = []
-    for i in range(3 + iters):
+    for i in range(warmup + iters):
         t = time.perf_counter()
-        loss = F.cross_entropy(m(x), y)
+        loss = F.cross_entropy(fwd(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if i >= 3:
+        loss.item()  # waits for the device, as egeria's bench step does
+        if i >= warmup:
             times.append(time.perf_counter() - t)
     return bs / statistics.median(times)
 
 
 def bench_egeria(exe, model, bs, threads, device, iters):
+    env = dict(os.environ)
+    if device.startswith("cuda"):
+        env["EG_CUDNN_BENCHMARK"] = "1"  # as torch.backends.cudnn.benchmark above
+        env["EG_ALLOW_TF32"] = "1" if TF32 else "0"
     out = subprocess.run([exe, "bench", "step", "--model", model, "--batch-size", str(bs), "--threads", str(threads),
-                          "--device", device, "--iterations", str(iters)], check=True, capture_output=True, text=True)
+                          "--device", device, "--iterations", str(iters)], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])["images_per_second"]
 
 
@@ -96,26 +125,41 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tf32", action="store_true", help="GPU: allow TF32 in both engines (default: exact f32)")
     a = ap.parse_args()
+    global TF32
+    TF32 = a.tf32
     try:
         import torch
     except ImportError:
         print("compare_pytorch: PyTorch is not installed (Debian: python3-torch); egeria only")
         torch = None
-    eg, pt = [], {False: [], True: []}
+    gpu = a.device.startswith("cuda")
+    if torch is not None and gpu and not torch.cuda.is_available():
+        print("compare_pytorch: this PyTorch has no CUDA device; egeria only")
+        torch = None
+    # On the GPU also torch.compile (PyTorch >= 2); on the CPU eager in both layouts.
+    configs = ["contiguous", "channels_last"]
+    if gpu and torch is not None and hasattr(torch, "compile"):
+        configs.append("compile")
+    eg, pt = [], {c: [] for c in configs}
     for _ in range(a.repeats):
         eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations))
-        if torch is not None and a.device == "cpu":
-            for cl in (False, True):
-                pt[cl].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, cl))
-    res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device,
+        if torch is not None:
+            for c in configs:
+                pt[c].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, c, a.device))
+    res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device, "tf32": a.tf32,
            "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
-    if pt[False]:
-        best_cl = max((False, True), key=lambda c: statistics.median(pt[c]))
+    if torch is not None:
         res["pytorch_version"] = torch.__version__
-        res["pytorch_images_per_second"] = statistics.median(pt[best_cl])
-        res["pytorch_config"] = "channels_last" if best_cl else "contiguous (NCHW)"
+        res["pytorch_images_per_second_by_config"] = {c: statistics.median(v) for c, v in pt.items()}
+        eager = [c for c in configs if c != "compile"]
+        best = max(eager, key=lambda c: statistics.median(pt[c]))
+        res["pytorch_images_per_second"] = statistics.median(pt[best])
+        res["pytorch_config"] = best
         res["ratio_egeria_over_pytorch"] = res["egeria_images_per_second"] / res["pytorch_images_per_second"]
+        if "compile" in pt:
+            res["ratio_egeria_over_torch_compile"] = res["egeria_images_per_second"] / statistics.median(pt["compile"])
     print(json.dumps(res, indent=2))
 
 

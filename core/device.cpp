@@ -1,5 +1,6 @@
 // Device queries and raw copies. The only core file that branches on EG_WITH_CUDA
 // besides the CUDA context and allocator.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -41,6 +42,19 @@ int cuda_device_count() {
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
+
+namespace {
+std::atomic<bool>& tf32_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* e = std::getenv("EG_ALLOW_TF32");
+    return e && std::string(e) == "1";
+  }()};
+  return flag;
+}
+}  // namespace
+
+void set_allow_tf32(bool on) { tf32_flag().store(on); }
+bool allow_tf32() { return tf32_flag().load(); }
 
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
   if (n == 0) return;

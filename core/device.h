@@ -28,4 +28,13 @@ bool cuda_available();
 int cuda_device_count();
 bool built_with_cuda();
 
+// TF32 tensor cores for f32 convolutions (cuDNN) and matrix products (cuBLAS) on GPUs
+// that have them (Ampere and newer). Off by default: f32 means IEEE f32 here, and the
+// CUDA parity tests hold the GPU to the reference at f32 tolerances. On, a ResNet step
+// runs faster at ~1e-3 relative error per product, as PyTorch's
+// torch.backends.cudnn.allow_tf32 (on by default there for convolutions). Also set by
+// EG_ALLOW_TF32=1 in the environment at start-up. No effect on the CPU.
+void set_allow_tf32(bool on);
+bool allow_tf32();
+
 }  // namespace eg

@@ -119,8 +119,10 @@ void add_pool(std::vector<OpCase>& v, const std::string& variant, Shape s, ops::
   OpCase c;
   const bool is_max = p.kind == ops::PoolKind::max;
   c.name = std::string("pool2d/") + (is_max ? "max_" : "avg_") + variant;
-  c.make_inputs = [s, big, is_max](DType dt) {
-    return Tensors{is_max && !big ? distinct_values(s, dt, 51) : randn(s, dt, 51)};
+  c.make_inputs = [s, is_max](DType dt) {
+    // Max pooling: distinct values, so that no window holds a tie (which maximum a tie
+    // routes the gradient to is each library's own choice; 6M normal f32 draws hold ties).
+    return Tensors{is_max ? distinct_values(s, dt, 51) : randn(s, dt, 51)};
   };
   c.forward = [p, is_max](ops::Backend b, const Tensors& in) {
     const Shape os = ops::pool2d_out_shape(in[0].shape(), p);
@@ -135,9 +137,10 @@ void add_pool(std::vector<OpCase>& v, const std::string& variant, Shape s, ops::
     return Tensors{dx};
   };
   c.uses = {uses(ops::pool2d_fwd), uses(ops::pool2d_bwd)};
-  // Max pooling and its scatter are exact (same first-maximum rule on every backend;
-  // indices compared exactly); averages differ by summation order only.
-  if (is_max) c.fwd_tol = c.bwd_tol = {0, 0};
+  // The max and its indices are exact; its gradient sums overlapping windows' shares in
+  // an order that differs between backends (last-bit differences). Averages differ by
+  // summation order only.
+  if (is_max) c.fwd_tol = {0, 0}, c.bwd_tol = {1e-7, 1e-6};
   else c.fwd_tol = c.bwd_tol = {1e-6, 1e-5};
   c.gradcheck = !big;
   c.bench = big;

@@ -2,6 +2,9 @@
 // Every test skips without a GPU; tools/gpu-check runs them on one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
@@ -64,4 +67,30 @@ TEST(Cuda, OutOfMemoryIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("CUDA out of memory"), std::string::npos) << e.what();
   }
+}
+
+TEST(Cuda, Tf32ConvolutionIsOptInAndStaysClose) {
+  // ResNet-56's first-stage shape: exact f32 by default, within TF32's ~1e-3 when asked.
+  EG_REQUIRE_GPU();
+  Generator g(5);
+  Tensor x = Tensor::randn({32, 16, 32, 32}, g), w = Tensor::randn({16, 16, 3, 3}, g);
+  ops::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  Tensor ref = Tensor::empty({32, 16, 32, 32});
+  ops::run(ops::conv2d_fwd, ops::Backend::ref, x, w, Tensor(), ref, p);
+  const Device d = Device::cuda(0);
+  auto worst = [&](bool tf32) {
+    set_allow_tf32(tf32);
+    Tensor y = Tensor::empty({32, 16, 32, 32}, DType::f32, d);
+    ops::run(ops::conv2d_fwd, ops::Backend::cuda, x.to(d), w.to(d), Tensor(), y, p);
+    set_allow_tf32(false);
+    std::vector<float> a = y.to(Device::cpu()).to_vector<float>(), b = ref.to_vector<float>();
+    double e = 0;
+    for (size_t i = 0; i < a.size(); ++i) e = std::max(e, double(std::fabs(a[i] - b[i])));
+    return e;  // outputs are ~N(0, 144): compare with their scale of ~12
+  };
+  EXPECT_FALSE(allow_tf32());
+  EXPECT_LT(worst(false), 1e-3);
+  const double tf32 = worst(true);
+  EXPECT_LT(tf32, 0.2);
 }

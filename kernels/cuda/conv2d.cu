@@ -4,6 +4,7 @@
 // caching allocator. BN: cuDNN's spatial batch norm (saveInvVariance is exactly our
 // invstd = 1/sqrt(var + eps); running variance is the unbiased one, as ops.h); the
 // inference-mode backward (frozen statistics) is our kernel.
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -38,7 +39,9 @@ struct ConvDescs {
                                                    int(p.dil_h), int(p.dil_w), CUDNN_CROSS_CORRELATION,
                                                    CUDNN_DATA_FLOAT));
     EG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, int(p.groups)));
-    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_DEFAULT_MATH));  // exact f32, no TF32
+    // CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores on Ampere and newer; FMA_MATH
+    // keeps IEEE f32 (see eg::set_allow_tf32).
+    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   }
   ~ConvDescs() {
     cudnnDestroyConvolutionDescriptor(conv);
@@ -46,15 +49,28 @@ struct ConvDescs {
   }
 };
 
+// EG_CUDNN_BENCHMARK=1: time the candidate algorithms once per shape (cudnnFind*, as
+// torch.backends.cudnn.benchmark) instead of trusting cuDNN's heuristics. Faster steps;
+// the choice depends on timings, so runs are no longer bit-reproducible on the GPU.
+bool cudnn_benchmark() {
+  static const bool on = [] {
+    const char* e = std::getenv("EG_CUDNN_BENCHMARK");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
 std::string conv_key(const char* pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p) {
   std::string k = pass;
+  k += allow_tf32() ? ",tf32" : ",f32";
+  k += cudnn_benchmark() ? ",find" : ",heur";
   for (auto v : x) k += "," + std::to_string(v);
   for (auto v : w) k += "," + std::to_string(v);
   for (auto v : {p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w, p.groups}) k += "," + std::to_string(v);
   return k;
 }
 
-// First (fastest by cuDNN's heuristics) algorithm whose workspace fits.
+// First (fastest by cuDNN's heuristics, or by timing) algorithm whose workspace fits.
 template <class Perf, class Get>
 int pick_algo(const std::string& key, Get get) {
   static std::map<std::string, std::pair<int, size_t>> cache;
@@ -108,7 +124,10 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   ConvDescs d(x.shape(), w.shape(), y.shape(), p);
   auto algo = cudnnConvolutionFwdAlgo_t(pick_algo<cudnnConvolutionFwdAlgoPerf_t>(
       conv_key("fwd", x.shape(), w.shape(), p), [&](cudnnConvolutionFwdAlgoPerf_t* perf, int n, int* found) {
-        EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.d, d.w, d.conv, d.y.d, n, found, perf));
+        if (cudnn_benchmark())
+          EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, d.x.d, d.w, d.conv, d.y.d, n, found, perf));
+        else
+          EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.d, d.w, d.conv, d.y.d, n, found, perf));
       }));
   size_t ws = 0;
   EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x.d, d.w, d.conv, d.y.d, algo, &ws));
@@ -128,7 +147,10 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
   ConvDescs d(dx.shape(), w.shape(), dy.shape(), p);
   auto algo = cudnnConvolutionBwdDataAlgo_t(pick_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
       conv_key("bwd_data", dx.shape(), w.shape(), p), [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int n, int* found) {
-        EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y.d, d.conv, d.x.d, n, found, perf));
+        if (cudnn_benchmark())
+          EG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.y.d, d.conv, d.x.d, n, found, perf));
+        else
+          EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y.d, d.conv, d.x.d, n, found, perf));
       }));
   size_t ws = 0;
   EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y.d, d.conv, d.x.d, algo, &ws));
@@ -147,7 +169,10 @@ void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db
     auto algo = cudnnConvolutionBwdFilterAlgo_t(pick_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
         conv_key("bwd_filter", x.shape(), dw.shape(), p),
         [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int n, int* found) {
-          EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.d, d.y.d, d.conv, d.w, n, found, perf));
+          if (cudnn_benchmark())
+            EG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, d.x.d, d.y.d, d.conv, d.w, n, found, perf));
+          else
+            EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.d, d.y.d, d.conv, d.w, n, found, perf));
         }));
     size_t ws = 0;
     EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.d, d.y.d, d.conv, d.w, algo, &ws));

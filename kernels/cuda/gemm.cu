@@ -1,4 +1,5 @@
-// GEMM and linear layers on CUDA through cuBLAS, f32 (exact FP32 math, no TF32).
+// GEMM and linear layers on CUDA through cuBLAS, f32 (exact FP32 math unless
+// eg::set_allow_tf32(true)).
 // Row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T, so
 // the operands are passed swapped with their own leading dimensions.
 // Napkin math: 4096x512x2048 is 8.6 GFLOP -> ~0.2 ms at ~50 TFLOP/s FP32 (H100).
@@ -27,7 +28,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
   const int64_t lda = a.size(r - 1), ldb = b.size(r - 1), ldc = n;
   const float al = float(alpha), be = float(beta);
   cublasHandle_t h = cuda::cublas_handle();
-  EG_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  EG_CUBLAS_CHECK(cublasSetMathMode(h, allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty sum: C = beta C (beta 0 overwrites even NaN)
     if (beta == 0) EG_CUDA_CHECK(cudaMemsetAsync(c.raw(), 0, c.nbytes(), stream()));
