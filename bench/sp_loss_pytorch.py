@@ -7,7 +7,8 @@ sit beside `eg_bench_ops --benchmark_filter=sp_gram`:
 
   bench/sp_loss_pytorch.py [--device cuda:0] [--repeats 5]
 
-Prints one JSON line per shape: median milliseconds and GFLOP/s (2 b^2 F flops).
+Prints one JSON line per shape: median milliseconds and GFLOP/s (2 b^2 F flops). Each
+iteration waits for the device, as egeria's benchmark harness does (bench/bench_ops.cpp).
 PyTorch missing, or no GPU for a cuda device: prints a message and exits 0.
 """
 import argparse
@@ -59,7 +60,7 @@ def main():
             t = time.perf_counter()
             for _ in range(a.iterations):
                 gram(x)
-            sync()
+                sync()  # one wait per iteration, as egeria's benchmark harness does
             runs.append((time.perf_counter() - t) / a.iterations)
         ms = statistics.median(runs) * 1e3
         b = shape[0]

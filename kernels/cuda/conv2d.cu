@@ -1,11 +1,14 @@
 // Convolution and batch norm on CUDA through cuDNN 9 (legacy API), f32, NCHW.
-// conv: the algorithm per (shapes, params, pass) comes from cudnnGet*Algorithm_v7
-// (the fastest whose workspace fits 256 MiB) and is cached; workspaces come from the
-// caching allocator. BN: cuDNN's spatial batch norm (saveInvVariance is exactly our
+// conv: a plan per (shapes, params, math mode) holds the descriptors and, per pass, the
+// algorithm from cudnnGet*Algorithm_v7 (or timed by cudnnFind*, EG_CUDNN_BENCHMARK=1):
+// the fastest whose workspace fits 256 MiB. Workspaces come from the caching allocator. BN: cuDNN's spatial batch norm (saveInvVariance is exactly our
 // invstd = 1/sqrt(var + eps); running variance is the unbiased one, as ops.h); the
 // inference-mode backward (frozen statistics) is our kernel.
+#include <array>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -60,31 +63,44 @@ bool cudnn_benchmark() {
   return on;
 }
 
-std::string conv_key(const char* pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p) {
-  std::string k = pass;
-  k += allow_tf32() ? ",tf32" : ",f32";
-  k += cudnn_benchmark() ? ",find" : ",heur";
-  for (auto v : x) k += "," + std::to_string(v);
-  for (auto v : w) k += "," + std::to_string(v);
-  for (auto v : {p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w, p.groups}) k += "," + std::to_string(v);
-  return k;
-}
+// A convolution's plan, built once per (device, shapes, params, math mode, search mode):
+// its cuDNN descriptors and, per pass, the algorithm and its workspace size. Building
+// descriptors and asking cuDNN for algorithms costs tens of microseconds, which at
+// ResNet-56's ~170 convolution calls per step is the difference between keeping up
+// with the GPU and not.
+struct ConvPlan {
+  ConvDescs d;
+  bool has_fwd = false, has_bwd_data = false, has_bwd_filter = false;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  ConvPlan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p) : d(xs, ws, ys, p) {}
+};
+
+using ConvKey = std::array<int64_t, 18>;
 
 // First (fastest by cuDNN's heuristics, or by timing) algorithm whose workspace fits.
-template <class Perf, class Get>
-int pick_algo(const std::string& key, Get get) {
-  static std::map<std::string, std::pair<int, size_t>> cache;
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second.first;
-  Perf perf[16];
-  int found = 0;
-  get(perf, 16, &found);
+template <class Perf>
+std::pair<decltype(Perf::algo), size_t> first_fitting(const Perf* perf, int found, const char* pass) {
   for (int i = 0; i < found; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) {
-      cache[key] = {int(perf[i].algo), perf[i].memory};
-      return int(perf[i].algo);
-    }
-  EG_THROW("cuDNN found no algorithm for ", key);
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) return {perf[i].algo, perf[i].memory};
+  EG_THROW("cuDNN found no ", pass, " convolution algorithm within a ", kMaxWorkspace >> 20, " MiB workspace");
+}
+
+// The plan for x [N,C,H,W] and w [K,C/g,R,S]; y's shape follows from them and p.
+ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p) {
+  static std::mutex mu;
+  static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
+  int dev = 0;
+  EG_CUDA_CHECK(cudaGetDevice(&dev));
+  const ConvKey key{dev,      allow_tf32(), cudnn_benchmark(), xs[0],    xs[1],    xs[2],
+                    xs[3],    ws[0],        ws[1],             ws[2],    ws[3],    p.stride_h,
+                    p.stride_w, p.pad_h,    p.pad_w,           p.dil_h,  p.dil_w,  p.groups};
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = plans[key];
+  if (!slot) slot = std::make_unique<ConvPlan>(xs, ws, ys, p);
+  return *slot;
 }
 
 Tensor workspace(size_t bytes, Device d) { return Tensor::empty({int64_t(std::max<size_t>(bytes, 1))}, DType::u8, d); }
@@ -121,43 +137,48 @@ __global__ void bn_param_grad_kernel(const float* dy, const float* x, const floa
 void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
   require_f32(x, "conv2d");
   cudnnHandle_t h = cuda::cudnn_handle();
-  ConvDescs d(x.shape(), w.shape(), y.shape(), p);
-  auto algo = cudnnConvolutionFwdAlgo_t(pick_algo<cudnnConvolutionFwdAlgoPerf_t>(
-      conv_key("fwd", x.shape(), w.shape(), p), [&](cudnnConvolutionFwdAlgoPerf_t* perf, int n, int* found) {
-        if (cudnn_benchmark())
-          EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, d.x.d, d.w, d.conv, d.y.d, n, found, perf));
-        else
-          EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.d, d.w, d.conv, d.y.d, n, found, perf));
-      }));
-  size_t ws = 0;
-  EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x.d, d.w, d.conv, d.y.d, algo, &ws));
-  Tensor buf = workspace(ws, x.device());
+  ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p);
+  if (!c.has_fwd) {
+    cudnnConvolutionFwdAlgoPerf_t perf[16];
+    int found = 0;
+    if (cudnn_benchmark())
+      EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
+    else
+      EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
+    c.fwd = first_fitting(perf, found, "forward").first;
+    EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, c.fwd, &c.fwd_ws));
+    c.has_fwd = true;
+  }
+  Tensor buf = workspace(c.fwd_ws, x.device());
   const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x.d, x.raw(), d.w, w.raw(), d.conv, algo, buf.raw(), ws, &zero, d.y.d,
-                                         y.raw()));
+  EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, c.d.x.d, x.raw(), c.d.w, w.raw(), c.d.conv, c.fwd, buf.raw(), c.fwd_ws,
+                                         &zero, c.d.y.d, y.raw()));
   if (bias.defined()) {
     TensorDesc bd({1, bias.numel(), 1, 1});
-    EG_CUDNN_CHECK(cudnnAddTensor(h, &one, bd.d, bias.raw(), &one, d.y.d, y.raw()));
+    EG_CUDNN_CHECK(cudnnAddTensor(h, &one, bd.d, bias.raw(), &one, c.d.y.d, y.raw()));
   }
 }
 
 void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   require_f32(dy, "conv2d backward");
   cudnnHandle_t h = cuda::cudnn_handle();
-  ConvDescs d(dx.shape(), w.shape(), dy.shape(), p);
-  auto algo = cudnnConvolutionBwdDataAlgo_t(pick_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
-      conv_key("bwd_data", dx.shape(), w.shape(), p), [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int n, int* found) {
-        if (cudnn_benchmark())
-          EG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.y.d, d.conv, d.x.d, n, found, perf));
-        else
-          EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y.d, d.conv, d.x.d, n, found, perf));
-      }));
-  size_t ws = 0;
-  EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y.d, d.conv, d.x.d, algo, &ws));
-  Tensor buf = workspace(ws, dy.device());
+  ConvPlan& c = conv_plan(dx.shape(), w.shape(), dy.shape(), p);
+  if (!c.has_bwd_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[16];
+    int found = 0;
+    if (cudnn_benchmark())
+      EG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
+    else
+      EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
+    c.bwd_data = first_fitting(perf, found, "backward-data").first;
+    EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, c.bwd_data,
+                                                                &c.bwd_data_ws));
+    c.has_bwd_data = true;
+  }
+  Tensor buf = workspace(c.bwd_data_ws, dy.device());
   const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.raw(), d.y.d, dy.raw(), d.conv, algo, buf.raw(), ws, &zero,
-                                              d.x.d, dx.raw()));
+  EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, c.d.w, w.raw(), c.d.y.d, dy.raw(), c.d.conv, c.bwd_data, buf.raw(),
+                                              c.bwd_data_ws, &zero, c.d.x.d, dx.raw()));
 }
 
 void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
@@ -165,20 +186,24 @@ void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db
   cudnnHandle_t h = cuda::cudnn_handle();
   const float one = 1.f, zero = 0.f;
   if (dw.defined()) {
-    ConvDescs d(x.shape(), dw.shape(), dy.shape(), p);
-    auto algo = cudnnConvolutionBwdFilterAlgo_t(pick_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
-        conv_key("bwd_filter", x.shape(), dw.shape(), p),
-        [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int n, int* found) {
-          if (cudnn_benchmark())
-            EG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, d.x.d, d.y.d, d.conv, d.w, n, found, perf));
-          else
-            EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.d, d.y.d, d.conv, d.w, n, found, perf));
-        }));
-    size_t ws = 0;
-    EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.d, d.y.d, d.conv, d.w, algo, &ws));
-    Tensor buf = workspace(ws, dy.device());
-    EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x.d, x.raw(), d.y.d, dy.raw(), d.conv, algo, buf.raw(), ws,
-                                                  &zero, d.w, dw.raw()));
+    ConvPlan& c = conv_plan(x.shape(), dw.shape(), dy.shape(), p);
+    if (!c.has_bwd_filter) {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[16];
+      int found = 0;
+      if (cudnn_benchmark())
+        EG_CUDNN_CHECK(
+            cudnnFindConvolutionBackwardFilterAlgorithm(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
+      else
+        EG_CUDNN_CHECK(
+            cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
+      c.bwd_filter = first_fitting(perf, found, "backward-filter").first;
+      EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, c.bwd_filter,
+                                                                    &c.bwd_filter_ws));
+      c.has_bwd_filter = true;
+    }
+    Tensor buf = workspace(c.bwd_filter_ws, dy.device());
+    EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, c.d.x.d, x.raw(), c.d.y.d, dy.raw(), c.d.conv, c.bwd_filter,
+                                                  buf.raw(), c.bwd_filter_ws, &zero, c.d.w, dw.raw()));
   }
   if (db.defined()) {
     TensorDesc yd(dy.shape()), bd({1, db.numel(), 1, 1});
