@@ -174,13 +174,14 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   auto s = train::run_training(run_cfg(a, "egeria"));
   ASSERT_TRUE(s.completed);
   auto log = jsonl(a + "/freeze.jsonl");
-  int boot = 0, evals = 0, freezes = 0, unfreezes = 0;
+  int boot = 0, evals = 0, freezes = 0, unfreezes = 0, freezes_before_drop = 0;
   for (auto& j : log) {
     const std::string t = j["type"];
     boot += t == "bootstrap";
     evals += t == "evaluation";
     freezes += t == "freeze";
     unfreezes += t == "unfreeze";
+    if (t == "freeze" && j["lr"].get<double>() > 0.04 && unfreezes == 0) ++freezes_before_drop;
     if (t == "evaluation") {
       EXPECT_GE(j["plasticity"].get<double>(), 0.0);
       for (const char* k : {"step", "module", "smoothed", "slope", "tolerance", "counter", "window", "lr"})
@@ -190,7 +191,11 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   EXPECT_GE(boot, 2);
   EXPECT_GT(evals, 5);
   EXPECT_GT(freezes, 0) << "nothing froze in a 64-step run with n=2, W=2";
-  EXPECT_EQ(unfreezes, 1) << "the LR drops 10x at epoch 3: everything unfreezes once";
+  // When the first freeze comes before the 10x LR drop at epoch 3, the drop unfreezes
+  // everything, once. (Whether it does depends on the last bits of the plasticity
+  // readings, which differ between optimisation levels; Algorithm 1's unfreezing is
+  // unit-tested on synthetic sequences in test_freeze.cpp.)
+  EXPECT_EQ(unfreezes, freezes_before_drop > 0 ? 1 : 0) << "the LR drops 10x at epoch 3";
   auto sum = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
   for (const char* k : {"frozen_fraction_final", "backward_flops_saved_fraction", "reference_overhead_fraction",
                         "evaluations_dropped"})
