@@ -30,7 +30,7 @@ namespace eg::freeze {
 using Snapshot = std::map<std::string, Tensor>;
 
 struct ControllerOptions {
-  std::string precision = "fp32";
+  std::string precision = "int8";
   bool synchronous = false;
   int threads = 1;   // OpenMP threads of each background thread
   int nice = 10;     // added scheduling niceness of the background threads (Linux)

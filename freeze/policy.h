@@ -31,7 +31,7 @@ struct PolicyConfig {
   models::ModelConfig model;
   int64_t total_steps = 0, steps_per_epoch = 0;
   TrackerOptions tracker;  // egeria (interval also used by autofreeze)
-  std::string reference = "fp32";
+  std::string reference = "int8";
   bool synchronous = false;  // egeria: evaluate inline (deterministic; tests)
   int reference_threads = 1;
   int queue_capacity = 2;

@@ -22,6 +22,7 @@ Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, Conv2dOptions o, Generator& g
 Tensor Conv2d::forward(const Tensor& x) {
   EG_CHECK(x.dim() == 4 && x.size(1) == in_channels, "Conv2d(", in_channels, " -> ", out_channels,
            "): expected input [N, ", in_channels, ", H, W], got ", shape_str(x.shape()));
+  if (forward_override) return forward_override(x);
   return fn::conv2d(x, weight, bias, params);
 }
 
@@ -41,6 +42,7 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps(eps), mom
 Tensor BatchNorm2d::forward(const Tensor& x) {
   EG_CHECK(x.dim() == 4 && x.size(1) == weight.size(0), "BatchNorm2d(", weight.size(0),
            "): expected input [N, ", weight.size(0), ", H, W], got ", shape_str(x.shape()));
+  if (folded) return x;
   // See Note [Frozen BatchNorm semantics].
   bool batch_stats = is_training() && !is_frozen();
   return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps);

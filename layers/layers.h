@@ -2,6 +2,8 @@
 // uniform with a = sqrt(5) for weights, uniform(+-1/sqrt(fan_in)) for biases) from
 // the generator given, or eg::default_generator().
 #pragma once
+#include <functional>
+
 #include "core/rng.h"
 #include "layers/module.h"
 
@@ -22,6 +24,9 @@ class Conv2d : public Module {
   int64_t in_channels, out_channels, kernel_size;
   // Forward FLOPs per sample for an input of spatial size h x w (multiply-add = 2).
   double flops_per_sample(int64_t h, int64_t w) const;
+  // Replaces forward() on an inference copy of a model: the int8 reference model
+  // (quant/) runs its convolutions this way. Empty on any model that trains.
+  std::function<Tensor(const Tensor&)> forward_override;
 };
 
 // Note [Frozen BatchNorm semantics]
@@ -37,6 +42,8 @@ class BatchNorm2d : public Module {
   std::string type_name() const override { return "BatchNorm2d"; }
   Tensor weight, bias, running_mean, running_var;
   double eps, momentum;
+  // True once folded into the convolution before it (quant/): forward returns x.
+  bool folded = false;
 };
 
 class Linear : public Module {

@@ -1,7 +1,11 @@
 #include "quant/reference.h"
 
+#include <cmath>
+
 #include "autograd/node.h"
 #include "core/error.h"
+#include "layers/layers.h"
+#include "quant/int8.h"
 
 namespace eg::quant {
 
@@ -10,6 +14,22 @@ namespace {
 class Fp32Reference : public ReferenceModel {
  public:
   Fp32Reference(const models::ModelConfig& mc, const std::map<std::string, Tensor>& snap) {
+    load(mc, snap);
+  }
+  Tensor activation(const Tensor& x, int64_t module) override {
+    EG_CHECK(module >= 0 && module < int64_t(units_.size()), "reference model: no layer module ", module, " (it has ",
+             units_.size(), ")");
+    EG_CHECK(x.device().is_cpu(), "reference model: the input must be on the CPU");
+    autograd::NoGradGuard ng;
+    Tensor h = x;
+    for (int64_t i = 0; i <= module; ++i) h = units_[size_t(i)].second->forward(h);
+    return h;
+  }
+  std::string precision() const override { return "fp32"; }
+
+ protected:
+  Fp32Reference() = default;
+  void load(const models::ModelConfig& mc, const std::map<std::string, Tensor>& snap) {
     Generator g(0);
     model_ = models::build_model(mc, g);
     EG_CHECK(model_->sequential(), "model '", mc.name, "' is not a sequence of layer modules; "
@@ -20,28 +40,76 @@ class Fp32Reference : public ReferenceModel {
     model_->eval();
     units_ = model_->layer_modules();
   }
-  Tensor activation(const Tensor& x, int64_t module) override {
-    EG_CHECK(module >= 0 && module < int64_t(units_.size()), "reference model: no layer module ", module, " (it has ",
-             units_.size(), ")");
-    autograd::NoGradGuard ng;
-    Tensor h = x;
-    for (int64_t i = 0; i <= module; ++i) h = units_[size_t(i)].second->forward(h);
-    return h;
-  }
-  std::string precision() const override { return "fp32"; }
-
- private:
   models::ModelPtr model_;
   std::vector<std::pair<std::string, nn::ModulePtr>> units_;
 };
 
+// int8: batch norm folded, every convolution run by ConvInt8 (s8 weights per output
+// channel, u8/s8 activations per batch; see Note [Dynamic activation scales]). Other
+// layers (ReLU, residual adds, pooling, the linear head) stay f32: they are a small
+// share of the FLOPs, and the head is never frozen.
+class Int8Reference : public Fp32Reference {
+ public:
+  Int8Reference(const models::ModelConfig& mc, const std::map<std::string, Tensor>& snap) {
+    load(mc, snap);
+    fold_batchnorm(*model_);
+    for (auto& [name, m] : model_->named_modules()) {
+      auto* conv = dynamic_cast<nn::Conv2d*>(m);
+      if (!conv) continue;
+      auto q = std::make_shared<ConvInt8>(conv->weight, conv->bias, conv->params);
+      conv->forward_override = [q](const Tensor& x) { return q->forward(x); };
+      convs_.push_back(q);
+    }
+  }
+  std::string precision() const override { return "int8"; }
+
+ private:
+  std::vector<std::shared_ptr<ConvInt8>> convs_;
+};
+
+void fold_into(nn::Conv2d& conv, nn::BatchNorm2d& bn) {
+  const int64_t k = conv.out_channels;
+  EG_CHECK(bn.weight.numel() == k, "batch-norm folding: ", bn.weight.numel(), " channels after a convolution with ", k);
+  Tensor w = conv.weight.to(Device::cpu()).clone(), b = Tensor::zeros({k});
+  const Tensor gamma = bn.weight.to(Device::cpu()), beta = bn.bias.to(Device::cpu()),
+               mean = bn.running_mean.to(Device::cpu()), var = bn.running_var.to(Device::cpu());
+  const Tensor old_b = conv.bias.defined() ? conv.bias.to(Device::cpu()) : Tensor();
+  const int64_t per = w.numel() / k;
+  float* wp = w.data<float>();
+  for (int64_t o = 0; o < k; ++o) {
+    const double inv = double(gamma.data<float>()[o]) / std::sqrt(double(var.data<float>()[o]) + bn.eps);
+    for (int64_t i = 0; i < per; ++i) wp[o * per + i] = float(double(wp[o * per + i]) * inv);
+    const double b0 = old_b.defined() ? double(old_b.data<float>()[o]) : 0.0;
+    b.data<float>()[o] = float((b0 - double(mean.data<float>()[o])) * inv + double(beta.data<float>()[o]));
+  }
+  conv.weight = w;
+  conv.bias = b;
+  bn.folded = true;
+}
+
 }  // namespace
+
+int64_t fold_batchnorm(nn::Module& m) {
+  int64_t folded = 0;
+  const auto& ch = m.children();
+  for (size_t i = 0; i + 1 < ch.size(); ++i) {
+    auto* conv = dynamic_cast<nn::Conv2d*>(ch[i].second.get());
+    auto* bn = dynamic_cast<nn::BatchNorm2d*>(ch[i + 1].second.get());
+    if (conv && bn && !bn->folded && bn->weight.numel() == conv->out_channels) {
+      fold_into(*conv, *bn);
+      ++folded;
+    }
+  }
+  for (auto& c : ch) folded += fold_batchnorm(*c.second);
+  return folded;
+}
+
 
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,
                                                const std::map<std::string, Tensor>& snapshot) {
   if (precision == "fp32") return std::make_unique<Fp32Reference>(mc, snapshot);
-  EG_CHECK(precision != "int8", "the int8 reference model is not implemented yet; use --reference fp32");
-  EG_THROW("unknown reference precision '", precision, "' (fp32)");
+  if (precision == "int8") return std::make_unique<Int8Reference>(mc, snapshot);
+  EG_THROW("unknown reference precision '", precision, "' (int8, fp32)");
 }
 
 }  // namespace eg::quant

@@ -2,9 +2,9 @@
 // model that runs on CPU threads beside training and returns activations at layer-
 // module boundaries, against which plasticity is measured.
 //
-// Precisions: "fp32" (the snapshot as it is, on the CPU). The int8 reference (batch
-// norm folded, per-channel s8 weights, calibrated activation scales, oneDNN int8
-// primitives) is declared here and not built yet: asking for it is an error that says so.
+// Precisions: "int8" (batch norm folded into the convolutions, s8 weights per output
+// channel, u8/s8 activations scaled per batch, oneDNN int8 convolutions; quant/int8.h)
+// and "fp32" (the snapshot as it is, on the CPU).
 #pragma once
 #include <map>
 #include <memory>
@@ -27,6 +27,12 @@ class ReferenceModel {
 // Builds a reference of `precision` for a model of configuration `mc` from a snapshot
 // of its state (copied: the caller may keep training). Needs a sequential model
 // (each layer module's output is the next one's input).
+// Folds every BatchNorm2d that a module registers right after a Conv2d (the order in
+// which the built-in models also run them) into that convolution's weight and bias,
+// using the running statistics; the BatchNorm then passes its input through. For
+// inference copies only. Returns the number of pairs folded.
+int64_t fold_batchnorm(nn::Module& m);
+
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,
                                                const std::map<std::string, Tensor>& snapshot);
 

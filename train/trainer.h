@@ -39,7 +39,7 @@ struct TrainConfig {
   int64_t freeze_interval = 0;        // egeria/autofreeze n (0: the paper's guideline)
   int64_t freeze_window = 10;         // egeria W
   double freeze_tolerance = 0.2;      // egeria: T = this x the largest of a module's first 3 slopes
-  std::string freeze_reference = "fp32";
+  std::string freeze_reference = "int8";
   bool freeze_sync = false;           // egeria: evaluate plasticity inline (deterministic)
   int freeze_threads = 1;             // egeria: threads of each background thread
   int64_t static_modules = -1, static_epoch = -1;

@@ -1,0 +1,102 @@
+// The int8 reference model's costs (quant/): ConvInt8 on ResNet-56's three 3x3 layers
+// (batch 128, u8 activations after a ReLU) against the f32 convolution egeria trains
+// with (oneDNN) and against its own plain-loop reference (one small case: the loops
+// are slow by design); and a whole reference forward of ResNet-20/56 through every
+// layer module, int8 vs fp32 — what a plasticity evaluation costs the spare cores.
+// Counters: GFLOP/s of the convolutions (2*N*K*P*Q*C*R*S), images/s for the models.
+#include <benchmark/benchmark.h>
+
+#include "autograd/node.h"
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "models/model.h"
+#include "quant/int8.h"
+#include "quant/reference.h"
+
+using namespace eg;
+
+namespace {
+
+struct Layer {
+  const char* name;
+  int64_t n, c, hw;
+};
+const Layer kLayers[] = {{"c16_32x32", 128, 16, 32}, {"c32_16x16", 128, 32, 16}, {"c64_8x8", 128, 64, 8}};
+
+ops::Conv2dParams same3x3() {
+  ops::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  return p;
+}
+
+Tensor relu_input(const Layer& l) {
+  Generator g(1);
+  Tensor x = Tensor::randn({l.n, l.c, l.hw, l.hw}, g);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::max(0.f, x.data<float>()[i]);
+  return x;
+}
+
+void flops(benchmark::State& st, const Layer& l) {
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * double(l.n * l.c * l.hw * l.hw * l.c * 9),
+                                             benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_ConvInt8(benchmark::State& st, Layer l) {
+  Generator g(2);
+  quant::ConvInt8 q(Tensor::randn({l.c, l.c, 3, 3}, g), Tensor::randn({l.c}, g), same3x3());
+  Tensor x = relu_input(l);
+  for (auto _ : st) benchmark::DoNotOptimize(q.forward(x));
+  flops(st, l);
+}
+
+void BM_ConvInt8Ref(benchmark::State& st, Layer l) {
+  Generator g(2);
+  quant::ConvInt8 q(Tensor::randn({l.c, l.c, 3, 3}, g), Tensor::randn({l.c}, g), same3x3());
+  Tensor x = relu_input(l);
+  for (auto _ : st) benchmark::DoNotOptimize(q.forward_ref(x));
+  flops(st, l);
+}
+
+void BM_ConvF32(benchmark::State& st, Layer l) {
+  Generator g(2);
+  Tensor w = Tensor::randn({l.c, l.c, 3, 3}, g), b = Tensor::randn({l.c}, g), x = relu_input(l);
+  Tensor y = Tensor::empty({l.n, l.c, l.hw, l.hw});
+  for (auto _ : st) ops::run(ops::conv2d_fwd, ops::Backend::cpu, x, w, b, y, same3x3());
+  flops(st, l);
+}
+
+void BM_Reference(benchmark::State& st, const char* model, const char* precision) {
+  models::ModelConfig mc;
+  mc.name = model;
+  mc.in_channels = 1;
+  mc.image_size = 28;
+  Generator g(3);
+  auto m = models::build_model(mc, g);
+  auto ref = quant::make_reference(precision, mc, m->state_dict());
+  const int64_t last = int64_t(m->layer_modules().size()) - 2;  // every module but the head
+  Tensor x = Tensor::randn({128, 1, 28, 28}, g);
+  for (auto _ : st) benchmark::DoNotOptimize(ref->activation(x, last));
+  st.counters["images/s"] = benchmark::Counter(128, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (const Layer& l : kLayers) {
+    benchmark::RegisterBenchmark((std::string("conv_int8/") + l.name).c_str(), BM_ConvInt8, l)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("conv_f32/") + l.name).c_str(), BM_ConvF32, l)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  benchmark::RegisterBenchmark("conv_int8_ref/c16_16x16_b8", BM_ConvInt8Ref, Layer{"c16_16x16_b8", 8, 16, 16})
+      ->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("conv_int8/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16})
+      ->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const char* model : {"resnet20", "resnet56"})
+    for (const char* prec : {"int8", "fp32"})
+      benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model, prec)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

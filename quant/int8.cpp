@@ -1,0 +1,210 @@
+#include "quant/int8.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cpu/onednn.h"
+
+namespace eg::quant {
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+template <class Q>
+inline Q quantize_one(float v, float scale, int lo, int hi) {
+  float r = std::nearbyint(v * scale);
+  r = std::min(std::max(r, float(lo)), float(hi));
+  return Q(int(r));
+}
+
+void require_cpu_f32_4d(const Tensor& x, const char* what) {
+  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32 && x.dim() == 4, what,
+           ": expected an f32 CPU tensor [N, C, H, W], got ", dtype_name(x.dtype()), " ", shape_str(x.shape()), " on ",
+           x.device().str());
+}
+
+// x NCHW f32 -> q NHWC (u8 or s8), or NCHW when nhwc is false.
+template <class Q>
+void quantize(const Tensor& x, float scale, int lo, int hi, Q* q, bool nhwc) {
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  const float* xp = x.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const float* src = xp + (i * c + ch) * hw;
+      if (nhwc) {
+        Q* dst = q + i * hw * c + ch;
+        for (int64_t s = 0; s < hw; ++s) dst[s * c] = quantize_one<Q>(src[s], scale, lo, hi);
+      } else {
+        Q* dst = q + (i * c + ch) * hw;
+        for (int64_t s = 0; s < hw; ++s) dst[s] = quantize_one<Q>(src[s], scale, lo, hi);
+      }
+    }
+}
+
+}  // namespace
+
+ActQuant choose_act_quant(const Tensor& x) {
+  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "choose_act_quant: expected f32 on the CPU");
+  const float* p = x.data<float>();
+  const int64_t n = x.numel();
+  float lo = 0.f, hi = 0.f;
+  int bad = 0;
+#pragma omp parallel for reduction(min : lo) reduction(max : hi) reduction(| : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, p[i]);
+    hi = std::max(hi, p[i]);
+    bad |= !std::isfinite(p[i]);
+  }
+  EG_CHECK(!bad, "int8 reference: the activation holds NaN or Inf");
+  ActQuant q;
+  q.is_unsigned = lo >= 0.f;
+  const float amax = std::max(-lo, hi);
+  q.scale = amax > 0.f ? (q.is_unsigned ? 255.f : 127.f) / amax : 1.f;
+  return q;
+}
+
+struct ConvInt8::Prim {
+  dnnl::convolution_forward conv;
+  memory weights;  // in the primitive's preferred layout
+  memory::desc src_md, dst_md;
+};
+
+ConvInt8::ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p) : p_(p), wshape_(w.shape()) {
+  EG_CHECK(w.dim() == 4 && w.dtype() == DType::f32 && w.device().is_cpu(),
+           "ConvInt8: expected an f32 CPU weight [K, C/groups, R, S], got ", shape_str(w.shape()));
+  const int64_t k = w.size(0), per = w.numel() / k;
+  EG_CHECK(k % p.groups == 0, "ConvInt8: ", k, " output channels are not divisible by ", p.groups, " groups");
+  wq_ = Tensor::empty(w.shape(), DType::s8);
+  w_scale_.assign(size_t(k), 1.f);
+  const float* wp = w.data<float>();
+  int8_t* qp = wq_.data<int8_t>();
+  for (int64_t o = 0; o < k; ++o) {
+    float amax = 0.f;
+    for (int64_t i = 0; i < per; ++i) amax = std::max(amax, std::fabs(wp[o * per + i]));
+    EG_CHECK(std::isfinite(amax), "ConvInt8: output channel ", o, " of the weight holds NaN or Inf");
+    const float s = amax > 0.f ? 127.f / amax : 1.f;
+    w_scale_[size_t(o)] = s;
+    for (int64_t i = 0; i < per; ++i) qp[o * per + i] = quantize_one<int8_t>(wp[o * per + i], s, -127, 127);
+  }
+  bias_.assign(size_t(k), 0.f);
+  if (bias.defined()) {
+    EG_CHECK(bias.numel() == k && bias.dtype() == DType::f32, "ConvInt8: bias must be f32 [", k, "]");
+    Tensor b = bias.to(Device::cpu());
+    std::copy(b.data<float>(), b.data<float>() + k, bias_.begin());
+  }
+}
+
+ConvInt8::~ConvInt8() = default;
+
+Shape ConvInt8::out_shape(const Shape& x) const { return ops::conv2d_out_shape(x, wshape_, p_); }
+
+Tensor ConvInt8::forward(const Tensor& x) const { return forward(x, choose_act_quant(x)); }
+Tensor ConvInt8::forward_ref(const Tensor& x) const { return forward_ref(x, choose_act_quant(x)); }
+
+Tensor ConvInt8::forward_ref(const Tensor& x, const ActQuant& q) const {
+  require_cpu_f32_4d(x, "ConvInt8");
+  const Shape ys = out_shape(x.shape());
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t k = ys[1], oh = ys[2], ow = ys[3], r = wshape_[2], s = wshape_[3];
+  const int64_t cg = c / p_.groups, kg = k / p_.groups;
+  std::vector<int> xq(size_t(x.numel()));
+  if (q.is_unsigned) {
+    std::vector<uint8_t> t(xq.size());
+    quantize<uint8_t>(x, q.scale, 0, 255, t.data(), false);
+    std::copy(t.begin(), t.end(), xq.begin());
+  } else {
+    std::vector<int8_t> t(xq.size());
+    quantize<int8_t>(x, q.scale, -127, 127, t.data(), false);
+    std::copy(t.begin(), t.end(), xq.begin());
+  }
+  const int8_t* wq = wq_.data<int8_t>();
+  Tensor y = Tensor::empty(ys);
+  float* yp = y.data<float>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < k; ++o) {
+      const int64_t g = o / kg;
+      const float dq = 1.f / (q.scale * w_scale_[size_t(o)]);
+      for (int64_t py = 0; py < oh; ++py)
+        for (int64_t px = 0; px < ow; ++px) {
+          int32_t acc = 0;
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t ky = 0; ky < r; ++ky)
+              for (int64_t kx = 0; kx < s; ++kx) {
+                const int64_t iy = py * p_.stride_h - p_.pad_h + ky * p_.dil_h;
+                const int64_t ix = px * p_.stride_w - p_.pad_w + kx * p_.dil_w;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                acc += xq[size_t(((i * c + g * cg + ci) * h + iy) * w + ix)] *
+                       int32_t(wq[((o * cg + ci) * r + ky) * s + kx]);
+              }
+          yp[((i * k + o) * oh + py) * ow + px] = float(acc) * dq + bias_[size_t(o)];
+        }
+    }
+  return y;
+}
+
+Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
+  require_cpu_f32_4d(x, "ConvInt8");
+  EG_CHECK(x.size(1) == wshape_[1] * p_.groups, "ConvInt8: input has ", x.size(1), " channels, the weight expects ",
+           wshape_[1] * p_.groups);
+  const Shape xs = x.shape(), ys = out_shape(xs);
+  const int64_t k = ys[1];
+  std::vector<int64_t> key(xs.begin(), xs.end());
+  key.push_back(q.is_unsigned);
+  auto& slot = prims_[key];
+  if (!slot) {
+    auto pr = std::make_unique<Prim>();
+    EG_DNNL_TRY("creating the int8 convolution", {
+      dnnl::engine& eng = onednn::engine();
+      pr->src_md = memory::desc(onednn::dims(xs), q.is_unsigned ? dt::u8 : dt::s8, tag::nhwc);
+      pr->dst_md = memory::desc(onednn::dims(ys), dt::s32, tag::nhwc);
+      const int64_t g = p_.groups;
+      memory::dims wd = g > 1 ? memory::dims{g, k / g, wshape_[1], wshape_[2], wshape_[3]} : onednn::dims(wshape_);
+      memory::desc wany(wd, dt::s8, tag::any);
+      const int64_t pr_h = (ys[2] - 1) * p_.stride_h + (wshape_[2] - 1) * p_.dil_h + 1 - xs[2] - p_.pad_h;
+      const int64_t pr_w = (ys[3] - 1) * p_.stride_w + (wshape_[3] - 1) * p_.dil_w + 1 - xs[3] - p_.pad_w;
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                        pr->src_md, wany, pr->dst_md, {p_.stride_h, p_.stride_w},
+                                        {p_.dil_h - 1, p_.dil_w - 1}, {p_.pad_h, p_.pad_w}, {pr_h, pr_w});
+      dnnl::convolution_forward::primitive_desc pd(d, eng);
+      pr->conv = dnnl::convolution_forward(pd);
+      memory user({wd, dt::s8, g > 1 ? tag::goihw : tag::oihw}, eng, wq_.raw());
+      pr->weights = memory(pd.weights_desc(), eng);
+      dnnl::reorder(user, pr->weights).execute(onednn::stream(), user, pr->weights);
+      onednn::stream().wait();
+    });
+    slot = std::move(pr);
+  }
+  Prim& pr = *slot;
+  Tensor xq = Tensor::empty({xs[0], xs[2], xs[3], xs[1]}, q.is_unsigned ? DType::u8 : DType::s8);
+  if (q.is_unsigned) quantize<uint8_t>(x, q.scale, 0, 255, xq.data<uint8_t>(), true);
+  else quantize<int8_t>(x, q.scale, -127, 127, xq.data<int8_t>(), true);
+  Tensor acc = Tensor::empty({ys[0], ys[2], ys[3], k}, DType::s32);
+  EG_DNNL_TRY("running the int8 convolution", {
+    memory src(pr.src_md, onednn::engine(), xq.raw()), dst(pr.dst_md, onednn::engine(), acc.raw());
+    pr.conv.execute(onednn::stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, pr.weights}, {DNNL_ARG_DST, dst}});
+    onednn::stream().wait();
+  });
+  // Dequantise, add the bias, NHWC -> NCHW.
+  std::vector<float> dq(static_cast<size_t>(k));
+  for (int64_t o = 0; o < k; ++o) dq[size_t(o)] = 1.f / (q.scale * w_scale_[size_t(o)]);
+  Tensor y = Tensor::empty(ys);
+  const int64_t n = ys[0], hw = ys[2] * ys[3];
+  const int32_t* ap = acc.data<int32_t>();
+  float* yp = y.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < k; ++o) {
+      const int32_t* src = ap + i * hw * k + o;
+      float* dst = yp + (i * k + o) * hw;
+      const float d = dq[size_t(o)], b = bias_[size_t(o)];
+      for (int64_t s = 0; s < hw; ++s) dst[s] = float(src[s * k]) * d + b;
+    }
+  return y;
+}
+
+}  // namespace eg::quant

@@ -1,0 +1,64 @@
+// int8 convolution for the reference model (Egeria §4.1): weights quantised per output
+// channel to s8 (symmetric), activations per tensor to u8 (non-negative inputs, e.g.
+// after a ReLU) or s8, products accumulated exactly in s32 by oneDNN's int8 primitives
+// (VNNI where the CPU has it), then dequantised to f32 with the bias added:
+//
+//   y[n,k,p,q] = float(sum q_x * q_w[k]) * (1 / (s_x * s_w[k])) + bias[k]
+//
+// Note [Dynamic activation scales]
+// The paper calibrates activation scales statically on a few batches. Here the scale
+// of a convolution's input is taken from the batch itself (max |x|), at the cost of one
+// read of the input. Why: the reference model is rebuilt from a new snapshot every W
+// evaluations, and static scales would be one more piece of state to calibrate,
+// checkpoint and restore for a resumed run to repeat the same freezing decisions;
+// per-batch scales are a function of (snapshot, batch) alone, and they track the input
+// distribution instead of going stale. Quantisation error is no worse than static.
+//
+// ConvInt8::forward_ref is the plain-loop ground truth; forward (oneDNN) must match it
+// exactly up to the f32 dequantisation (tests/test_quant.cpp), and bench/ times both.
+#pragma once
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace eg::quant {
+
+// Per-tensor activation quantisation: q = clamp(round(x * scale)), u8 [0, 255] when
+// is_unsigned, else s8 [-127, 127].
+struct ActQuant {
+  float scale = 1.f;
+  bool is_unsigned = false;
+};
+ActQuant choose_act_quant(const Tensor& x);  // from the tensor's range (f32, CPU)
+
+class ConvInt8 {
+ public:
+  // w [K, C/groups, R, S] and bias [K] (or undefined) in f32, batch norm already folded.
+  ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p);
+  ~ConvInt8();
+  ConvInt8(const ConvInt8&) = delete;
+  ConvInt8& operator=(const ConvInt8&) = delete;
+
+  // x [N, C, H, W] f32 on the CPU -> y [N, K, P, Q] f32. One caller at a time.
+  Tensor forward(const Tensor& x) const;                        // oneDNN int8
+  Tensor forward_ref(const Tensor& x) const;                    // plain loops
+  Tensor forward(const Tensor& x, const ActQuant& q) const;     // with a given input quantisation
+  Tensor forward_ref(const Tensor& x, const ActQuant& q) const;
+
+  const Tensor& weight_q() const { return wq_; }                 // s8 [K, C/groups, R, S]
+  const std::vector<float>& weight_scale() const { return w_scale_; }
+
+ private:
+  struct Prim;
+  Shape out_shape(const Shape& x) const;
+  Tensor wq_;
+  std::vector<float> w_scale_, bias_;
+  ops::Conv2dParams p_;
+  Shape wshape_;
+  mutable std::map<std::vector<int64_t>, std::unique_ptr<Prim>> prims_;  // per (input shape, signedness)
+};
+
+}  // namespace eg::quant
