@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "models/model.h"
 #include "models/transformer.h"
+#include "optim/optimizer.h"
 
 using namespace eg;
 
@@ -96,4 +98,50 @@ TEST(Models, CorpusBleu) {
   double partial = models::corpus_bleu({{1, 2, 3, 4, 9, 6}}, ref);
   EXPECT_GT(partial, 0.0);
   EXPECT_LT(partial, 100.0);
+}
+
+namespace {
+// A few SGD steps on one fixed batch: the training loss must go down. A model whose
+// forward, backward or parameter registration is broken does not fit a batch.
+void expect_fits(const std::string& name, const std::function<Tensor()>& loss_fn, nn::Module& m, double lr) {
+  m.train();
+  optim::SGD opt(m.parameters(), lr, {0.9, 0, 0, false});
+  double first = 0, last = 0;
+  for (int s = 0; s < 6; ++s) {
+    Tensor loss = loss_fn();
+    const double v = loss.item();
+    ASSERT_TRUE(std::isfinite(v)) << name << " step " << s;
+    if (s == 0) first = v;
+    last = v;
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  EXPECT_LT(last, 0.9 * first) << name << ": loss " << first << " -> " << last << " after 5 steps on one batch";
+}
+}  // namespace
+
+TEST(Models, EveryBuiltInModelFitsAFixedBatch) {
+  for (const std::string& name : models::model_names()) {
+    Generator g(1);
+    models::ModelConfig c;
+    c.name = name;
+    c.vocab = 50;
+    auto m = models::build_model(c, g);
+    if (auto* t = dynamic_cast<models::Transformer*>(m.get())) {
+      // Copy task on 2 sentences of 6 tokens: tgt_in = bos + src[:-1], target = src.
+      std::vector<int64_t> src = {5, 9, 13, 7, 22, 2, 31, 8, 4, 17, 11, 2}, tin, tout = src;
+      for (int b = 0; b < 2; ++b) {
+        tin.push_back(1);
+        for (int i = 0; i < 5; ++i) tin.push_back(src[size_t(b * 6 + i)]);
+      }
+      Tensor s = Tensor::from_vector(src, {2, 6}), ti = Tensor::from_vector(tin, {2, 6}),
+             to = Tensor::from_vector(tout, {12});
+      expect_fits(name, [&] { return fn::cross_entropy(fn::reshape(t->forward(s, ti), {12, 50}), to); }, *m, 0.05);
+    } else {
+      Tensor x = Tensor::randn({8, 3, 32, 32}, g);
+      Tensor y = Tensor::from_vector(std::vector<int64_t>{1, 7, 3, 0, 5, 2, 9, 4}, {8});
+      expect_fits(name, [&] { return fn::cross_entropy(m->forward(x), y); }, *m, 0.01);
+    }
+  }
 }
