@@ -52,19 +52,9 @@ class Int8Reference : public Fp32Reference {
  public:
   Int8Reference(const models::ModelConfig& mc, const std::map<std::string, Tensor>& snap) {
     load(mc, snap);
-    fold_batchnorm(*model_);
-    for (auto& [name, m] : model_->named_modules()) {
-      auto* conv = dynamic_cast<nn::Conv2d*>(m);
-      if (!conv) continue;
-      auto q = std::make_shared<ConvInt8>(conv->weight, conv->bias, conv->params);
-      conv->forward_override = [q](const Tensor& x) { return q->forward(x); };
-      convs_.push_back(q);
-    }
+    convert_to_int8(*model_);
   }
   std::string precision() const override { return "int8"; }
-
- private:
-  std::vector<std::shared_ptr<ConvInt8>> convs_;
 };
 
 void fold_into(nn::Conv2d& conv, nn::BatchNorm2d& bn) {
@@ -88,6 +78,20 @@ void fold_into(nn::Conv2d& conv, nn::BatchNorm2d& bn) {
 }
 
 }  // namespace
+
+int64_t convert_to_int8(nn::Module& m) {
+  m.eval();
+  fold_batchnorm(m);
+  int64_t n = 0;
+  for (auto& [name, mod] : m.named_modules()) {
+    auto* conv = dynamic_cast<nn::Conv2d*>(mod);
+    if (!conv) continue;
+    auto q = std::make_shared<ConvInt8>(conv->weight.to(Device::cpu()), conv->bias, conv->params);
+    conv->forward_override = [q](const Tensor& x) { return q->forward(x); };
+    ++n;
+  }
+  return n;
+}
 
 int64_t fold_batchnorm(nn::Module& m) {
   int64_t folded = 0;

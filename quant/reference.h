@@ -33,6 +33,10 @@ class ReferenceModel {
 // inference copies only. Returns the number of pairs folded.
 int64_t fold_batchnorm(nn::Module& m);
 
+// Turns an inference copy of a vision model into its int8 version in place: eval mode,
+// batch norm folded, every Conv2d run by ConvInt8. Returns the number of convolutions.
+int64_t convert_to_int8(nn::Module& m);
+
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,
                                                const std::map<std::string, Tensor>& snapshot);
 

@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
   eval->add_option("--out", eval_out, "the run's output directory")->required();
   eval->add_option("--data-dir", eval_data);
   eval->add_option("--test-limit", eval_limit)->check(CLI::NonNegativeNumber);
+  std::string eval_precision = "fp32";
+  eval->add_option("--precision", eval_precision, "fp32, or int8: the int8 reference model Egeria would build from it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "int8"}));
 
   std::string bmodel = "resnet56", bdevice = "cpu";
   int64_t bbatch = 128;
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
                     100 * s.final_test_accuracy, 100 * s.best_test_accuracy, s.train_seconds, s.images_per_second,
                     c.out.c_str());
     } else if (*eval) {
-      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit);
+      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision);
       nlohmann::json j = r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
                                        : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss},
                                                         {"samples", r.samples}};

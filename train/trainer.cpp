@@ -15,6 +15,7 @@
 #include "core/parallel.h"
 #include "data/loader.h"
 #include "models/model.h"
+#include "quant/reference.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "freeze/policy.h"
@@ -482,13 +483,18 @@ Summary run_training(const TrainConfig& cin) {
   return s;
 }
 
-EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit) {
+EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit,
+                               const std::string& precision) {
+  EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
   Metadata meta;
   const std::string p = out + "/" + kCheckpoint;
   TensorMap all = load_safetensors(p, &meta);
   EG_CHECK(meta.count("config"), "'", p, "' has no training configuration in its metadata");
   json cfg = json::parse(meta.at("config"));
-  if (is_translation_model(cfg.at("model"))) return evaluate_translation_checkpoint(out, data_dir, test_limit);
+  if (is_translation_model(cfg.at("model"))) {
+    EG_CHECK(precision == "fp32", "eval: the int8 reference model covers vision models only");
+    return evaluate_translation_checkpoint(out, data_dir, test_limit);
+  }
   TrainConfig c;
   c.model = cfg.at("model");
   c.dataset = cfg.at("dataset");
@@ -506,6 +512,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   for (auto& [k, t] : all)
     if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
   m->load_state_dict(ms);
+  if (precision == "int8") quant::convert_to_int8(*m);
   EvalOut e = evaluate(*m, test, c.dataset, Device::cpu());
   return {e.acc, e.loss, test.size()};
 }

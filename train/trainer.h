@@ -82,7 +82,10 @@ struct EvalResult {
   bool translation = false;  // then `bleu` is set and `accuracy` is not
   double bleu = 0;
 };
-EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& data_dir, int64_t test_limit);
+// precision "int8" evaluates the int8 reference model built from the checkpoint
+// (quant/: what Egeria measures plasticity against), "fp32" the model itself.
+EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& data_dir, int64_t test_limit,
+                               const std::string& precision = "fp32");
 
 // One training step's throughput (median over iterations after warm-up).
 struct StepBench {
