@@ -112,8 +112,13 @@ class FreezeOutPolicy : public FreezePolicy {
 class AutoFreezePolicy : public FreezePolicy {
  public:
   AutoFreezePolicy(const PolicyConfig& c, int64_t modules)
+      // AutoFreeze compares gradient norms between evaluations far apart: by default once
+      // an epoch. (At Egeria's n, a few steps, "at or below the median change" is close
+      // to a coin flip, and every module froze within an epoch.)
       : n_(c.tracker.interval > 0 ? c.tracker.interval
-                                  : default_interval(std::max<int64_t>(1, c.total_steps), modules, c.tracker.window)),
+           : c.steps_per_epoch > 0
+               ? c.steps_per_epoch
+               : default_interval(std::max<int64_t>(1, c.total_steps), modules, c.tracker.window)),
         pct_(c.autofreeze_percentile),
         modules_(modules),
         prev_(size_t(modules), -1.0) {

@@ -101,13 +101,13 @@ TEST(Models, CorpusBleu) {
 }
 
 namespace {
-// A few SGD steps on one fixed batch: the training loss must go down. A model whose
+// Nine SGD steps on one fixed batch: the training loss must fall by 15%. A model whose
 // forward, backward or parameter registration is broken does not fit a batch.
 void expect_fits(const std::string& name, const std::function<Tensor()>& loss_fn, nn::Module& m, double lr) {
   m.train();
   optim::SGD opt(m.parameters(), lr, {0.9, 0, 0, false});
   double first = 0, last = 0;
-  for (int s = 0; s < 6; ++s) {
+  for (int s = 0; s < 10; ++s) {
     Tensor loss = loss_fn();
     const double v = loss.item();
     ASSERT_TRUE(std::isfinite(v)) << name << " step " << s;
@@ -117,7 +117,7 @@ void expect_fits(const std::string& name, const std::function<Tensor()>& loss_fn
     loss.backward();
     opt.step();
   }
-  EXPECT_LT(last, 0.9 * first) << name << ": loss " << first << " -> " << last << " after 5 steps on one batch";
+  EXPECT_LT(last, 0.85 * first) << name << ": loss " << first << " -> " << last << " after 9 steps on one batch";
 }
 }  // namespace
 

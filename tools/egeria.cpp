@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "static", "freezeout", "autofreeze", "egeria"}));
   train->add_option("--freeze-interval", c.freeze_interval,
-                    "egeria/autofreeze: iterations between evaluations n (0: the paper's guideline)")
+                    "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline; autofreeze, one epoch)")
       ->check(CLI::NonNegativeNumber);
   train->add_option("--freeze-window", c.freeze_window, "egeria: W, stale readings before freezing")
       ->capture_default_str()
