@@ -3,7 +3,7 @@
 
   bench/time_to_accuracy.py --egeria build/egeria [--models resnet20,resnet56]
       [--policies none,egeria,autofreeze,static] [--epochs 30] [--threads 2]
-      [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"]
+      [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
 
 For each model, trains on Fashion-MNIST (all 60,000 training images unless
 --train-limit) on the CPU with the step LR schedule (decay 10x at 50% and 75% of the
@@ -11,16 +11,21 @@ run) and the same seed, once per policy, then prints a table with final and best
 accuracy, wall time, the time to reach the `none` run's final accuracy, and the
 speedup against `none`. The table is also written to OUT/table.md and OUT/table.json.
 Runs already complete in OUT are reused (delete a run's folder to redo it).
+
+--repeats N trains every policy N times, interleaved (none, egeria, ..., none, egeria,
+...), and reports the median times: on a shared or throttled machine the same run can
+take 30% longer minutes later, so one run per policy says little about wall time.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 
-def run(args, model, policy):
-    out = os.path.join(args.out, f"{model}-{policy}")
+def run(args, model, policy, rep=0):
+    out = os.path.join(args.out, f"{model}-{policy}" + (f"-r{rep}" if rep else ""))
     summary = os.path.join(out, "summary.json")
     if os.path.exists(summary):
         return out
@@ -61,6 +66,7 @@ def main():
     p.add_argument("--out", default="runs/tta")
     p.add_argument("--extra", default="", help="extra flags for every run")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--repeats", type=int, default=1, help="runs per policy, interleaved; times are medians")
     args = p.parse_args()
     if not os.path.exists(args.egeria):
         sys.exit(f"time_to_accuracy: {args.egeria} does not exist; build egeria first (tools/test-all or cmake)")
@@ -69,19 +75,31 @@ def main():
         policies = ["none"] + policies
     table = []
     for model in args.models.split(","):
-        outs = {pol: run(args, model, pol) for pol in policies}
-        base = json.load(open(os.path.join(outs["none"], "summary.json")))
+        outs = {pol: [] for pol in policies}
+        for rep in range(args.repeats):
+            for pol in policies:
+                outs[pol].append(run(args, model, pol, rep))
+        base = json.load(open(os.path.join(outs["none"][0], "summary.json")))
         target = base["final_test_accuracy"]
-        base_time = None
+
+        def time_to(out):
+            return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= target - 1e-12), None)
+
+        def median(v):
+            v = sorted(x for x in v if x is not None)
+            return statistics.median(v) if v else None
+
+        base_time = median([time_to(o) for o in outs["none"]])
         for pol in policies:
-            s = json.load(open(os.path.join(outs[pol], "summary.json")))
-            tt = next((e["train_seconds"] for e in epochs_of(outs[pol]) if e["test_accuracy"] >= target - 1e-12), None)
-            if pol == "none":
-                base_time = tt
+            s = json.load(open(os.path.join(outs[pol][0], "summary.json")))
+            times = [json.load(open(os.path.join(o, "summary.json")))["train_seconds"] for o in outs[pol]]
+            tts = [time_to(o) for o in outs[pol]]
+            tt = median(tts) if all(t is not None for t in tts) else None
             table.append({
-                "model": model, "policy": pol,
+                "model": model, "policy": pol, "runs": len(outs[pol]),
                 "final_acc": 100 * s["final_test_accuracy"], "best_acc": 100 * s["best_test_accuracy"],
-                "train_seconds": s["train_seconds"], "time_to_baseline_final": tt,
+                "train_seconds": statistics.median(times), "train_seconds_all": times,
+                "time_to_baseline_final": tt,
                 "speedup_to_target": (base_time / tt) if (tt and base_time) else None,
                 "wall_speedup": None,
                 "frozen_fraction_final": s.get("frozen_fraction_final"),
