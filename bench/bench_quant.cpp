@@ -41,19 +41,12 @@ void flops(benchmark::State& st, const Layer& l) {
                                              benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_ConvInt8(benchmark::State& st, Layer l) {
+// ref: the plain-loop reference instead of oneDNN.
+void BM_ConvInt8(benchmark::State& st, Layer l, bool ref) {
   Generator g(2);
   quant::ConvInt8 q(Tensor::randn({l.c, l.c, 3, 3}, g), Tensor::randn({l.c}, g), same3x3());
   Tensor x = relu_input(l);
-  for (auto _ : st) benchmark::DoNotOptimize(q.forward(x));
-  flops(st, l);
-}
-
-void BM_ConvInt8Ref(benchmark::State& st, Layer l) {
-  Generator g(2);
-  quant::ConvInt8 q(Tensor::randn({l.c, l.c, 3, 3}, g), Tensor::randn({l.c}, g), same3x3());
-  Tensor x = relu_input(l);
-  for (auto _ : st) benchmark::DoNotOptimize(q.forward_ref(x));
+  for (auto _ : st) benchmark::DoNotOptimize(ref ? q.forward_ref(x) : q.forward(x));
   flops(st, l);
 }
 
@@ -83,12 +76,12 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
 
 int main(int argc, char** argv) {
   for (const Layer& l : kLayers) {
-    benchmark::RegisterBenchmark((std::string("conv_int8/") + l.name).c_str(), BM_ConvInt8, l)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("conv_int8/") + l.name).c_str(), BM_ConvInt8, l, false)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark((std::string("conv_f32/") + l.name).c_str(), BM_ConvF32, l)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  benchmark::RegisterBenchmark("conv_int8_ref/c16_16x16_b8", BM_ConvInt8Ref, Layer{"c16_16x16_b8", 8, 16, 16})
+  benchmark::RegisterBenchmark("conv_int8_ref/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16}, true)
       ->Unit(benchmark::kMillisecond)->UseRealTime();
-  benchmark::RegisterBenchmark("conv_int8/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16})
+  benchmark::RegisterBenchmark("conv_int8/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16}, false)
       ->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const char* model : {"resnet20", "resnet56"})
     for (const char* prec : {"int8", "fp32"})

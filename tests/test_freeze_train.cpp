@@ -12,6 +12,7 @@
 #include "optim/optimizer.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -138,11 +139,7 @@ TEST(FreezeMechanics, CapturedActivationIsTheModuleOutput) {
 
 // ---- through the trainer
 
-std::string tmpdir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "eg_freeze_" + name;
-  std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str());
-  return d;
-}
+std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_freeze_" + name); }
 std::vector<nlohmann::json> jsonl(const std::string& p) {
   std::vector<nlohmann::json> v;
   std::ifstream f(p);

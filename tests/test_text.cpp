@@ -8,15 +8,12 @@
 
 #include "core/rng.h"
 #include "data/text.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
 namespace {
-std::string tmpdir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "eg_text_" + name;
-  std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str());
-  return d;
-}
+std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_text_" + name); }
 
 void write(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 

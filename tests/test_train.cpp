@@ -9,19 +9,13 @@
 
 #include "train/safetensors.h"
 #include "train/trainer.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
 namespace {
-std::string tmpdir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "eg_train_" + name;
-  std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str());
-  return d;
-}
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_train_" + name); }
+using eg::testing::slurp;
 train::TrainConfig small_run(const std::string& out) {
   train::TrainConfig c;
   c.model = "resnet20";

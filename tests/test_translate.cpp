@@ -8,19 +8,13 @@
 #include "models/transformer.h"
 #include "train/safetensors.h"
 #include "train/translate.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
 namespace {
-std::string tmpdir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "eg_translate_" + name;
-  std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str());
-  return d;
-}
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_translate_" + name); }
+using eg::testing::slurp;
 
 // Word-for-word "English -> Spanish" over a small lexicon, with the adjective moved
 // after its noun: learnable in a few hundred steps by a tiny model.

@@ -176,6 +176,20 @@ std::string detail::human_time(double s) {
   return buf;
 }
 
+void detail::print_progress(const Progress& p, bool tty, int64_t log_every) {
+  if (tty) {
+    std::printf("\repoch %lld/%lld [%-30s] %lld/%lld  loss %.4f  %.0f %s  ETA %s   ", (long long)p.epoch + 1,
+                (long long)p.epochs, std::string(size_t(30 * p.done / std::max<int64_t>(p.total, 1)), '=').c_str(),
+                (long long)p.done, (long long)p.total, p.mean_loss, p.rate, p.unit, human_time(p.eta_seconds).c_str());
+  } else if (p.step % log_every == 0) {
+    std::printf("epoch %lld step %lld  loss %.4f  lr %.4g  %.0f %s\n", (long long)p.epoch + 1, (long long)p.step, p.loss,
+                p.lr, p.rate, p.unit);
+  } else {
+    return;
+  }
+  std::fflush(stdout);
+}
+
 void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given) {
   if (!is_translation_model(c.model)) return;  // TrainConfig's initialisers are the image defaults
   // See Note [Model-dependent defaults]. Transformer recipe of Vaswani et al. / fairseq,
@@ -408,18 +422,10 @@ Summary run_training(const TrainConfig& cin) {
                               {"frozen_modules", policy->frozen_prefix()},
                               {"active_param_fraction", 1 - frozen_share(unit_params, policy->frozen_prefix())}});
       const int64_t done = b.index + 1, total = r.steps_per_epoch;
-      if (tty) {
-        const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
-        std::printf("\repoch %lld/%lld [%-30s] %lld/%lld  loss %.4f  %.0f img/s  ETA %s   ", (long long)epoch + 1,
-                    (long long)c.epochs, std::string(size_t(30 * done / total), '=').c_str(), (long long)done,
-                    (long long)total, loss_sum / double(loss_n), ips,
-                    human_time(el / double(loss_n) * double(total - done)).c_str());
-        std::fflush(stdout);
-      } else if (step % c.log_every == 0) {
-        std::printf("epoch %lld step %lld  loss %.4f  lr %.4g  %.0f img/s\n", (long long)epoch + 1, (long long)step, lv,
-                    lr, ips);
-        std::fflush(stdout);
-      }
+      const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+      detail::print_progress({epoch, c.epochs, done, total, step, loss_sum / double(loss_n), lv, lr, ips,
+                              el / double(loss_n) * double(total - done), "img/s"},
+                             tty, c.log_every);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) {
         state["step"] = step;
         state["train_seconds"] = train_secs;

@@ -99,6 +99,14 @@ namespace detail {
 void make_dirs(const std::string& dir);
 std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t steps_per_epoch);
 std::string human_time(double seconds);
+// One step's progress: on a terminal, a bar with the epoch's mean loss, rate and ETA
+// (redrawn in place); otherwise a plain line every `log_every` steps.
+struct Progress {
+  int64_t epoch = 0, epochs = 0, done = 0, total = 0, step = 0;  // epoch 0-based; done of total batches
+  double mean_loss = 0, loss = 0, lr = 0, rate = 0, eta_seconds = 0;
+  const char* unit = "img/s";
+};
+void print_progress(const Progress& p, bool tty, int64_t log_every);
 std::string config_json_text(const TrainConfig& c);  // the configuration as a JSON object
 }  // namespace detail
 

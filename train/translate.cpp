@@ -319,18 +319,10 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
         append_line(metrics, {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
                               {"train_seconds", train_secs}, {"tokens_per_second", tps}});
       const int64_t done = b.index + 1, total = steps_per_epoch;
-      if (tty) {
-        const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
-        std::printf("\repoch %lld/%lld [%-30s] %lld/%lld  loss %.4f  %.0f tok/s  ETA %s   ", (long long)epoch + 1,
-                    (long long)c.epochs, std::string(size_t(30 * done / total), '=').c_str(), (long long)done,
-                    (long long)total, loss_sum / double(loss_n), tps,
-                    detail::human_time(el / double(steps_here) * double(total - done)).c_str());
-        std::fflush(stdout);
-      } else if (step % c.log_every == 0) {
-        std::printf("epoch %lld step %lld  loss %.4f  lr %.4g  %.0f tok/s\n", (long long)epoch + 1, (long long)step, lv,
-                    lr, tps);
-        std::fflush(stdout);
-      }
+      const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+      detail::print_progress({epoch, c.epochs, done, total, step, loss_sum / double(loss_n), lv, lr, tps,
+                              el / double(steps_here) * double(total - done), "tok/s"},
+                             tty, c.log_every);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) {
         state["step"] = step;
         state["train_seconds"] = train_secs;
