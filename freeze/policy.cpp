@@ -121,22 +121,25 @@ class AutoFreezePolicy : public FreezePolicy {
                : default_interval(std::max<int64_t>(1, c.total_steps), modules, c.tracker.window)),
         pct_(c.autofreeze_percentile),
         modules_(modules),
+        partition_(c.partition),
         prev_(size_t(modules), -1.0) {
     EG_CHECK(pct_ > 0 && pct_ < 100, "--autofreeze-percentile must be in (0, 100), got ", pct_);
   }
   void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model& m) override {
     if (s.step % n_ != 0) return;
-    auto units = m.layer_modules();
+    auto layers = m.layer_modules();
     std::vector<double> change;
     double front_change = -1;
     for (int64_t i = prefix_; i < modules_; ++i) {
       double ss = 0;
-      for (auto& p : units[size_t(i)].second->parameters()) {
-        if (!p.grad().defined()) continue;
-        Tensor out = Tensor::empty({1}, p.grad().dtype(), p.grad().device());
-        ops::call(ops::sum_squares, p.grad(), out);
-        ss += out.item();
-      }
+      const FreezeUnit& u = partition_.units()[size_t(i)];
+      for (int64_t l = u.begin; l < u.end; ++l)
+        for (auto& p : layers[size_t(l)].second->parameters()) {
+          if (!p.grad().defined()) continue;
+          Tensor out = Tensor::empty({1}, p.grad().dtype(), p.grad().device());
+          ops::call(ops::sum_squares, p.grad(), out);
+          ss += out.item();
+        }
       const double norm = std::sqrt(ss);
       if (prev_[size_t(i)] > 0) {
         const double c = std::abs(norm - prev_[size_t(i)]) / prev_[size_t(i)];
@@ -169,6 +172,7 @@ class AutoFreezePolicy : public FreezePolicy {
   int64_t n_;
   double pct_;
   int64_t modules_, prefix_ = 0;
+  Partition partition_;
   std::vector<double> prev_;
   std::vector<json> log_;
 };
@@ -193,7 +197,7 @@ class EgeriaPolicy : public FreezePolicy {
 
   int64_t capture_module(int64_t step) const override {
     if (tracker_.bootstrapping() || tracker_.done() || !ctl_->has_snapshot()) return -1;
-    return (step + 1) % n() == 0 ? tracker_.front() : -1;
+    return (step + 1) % n() == 0 ? c_.partition.last_layer(tracker_.front()) : -1;
   }
 
   void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) override {
@@ -207,10 +211,12 @@ class EgeriaPolicy : public FreezePolicy {
         if (d == Decision::end_bootstrap) refresh(m, s.step);
       }
     } else {
-      if (captured.defined()) ctl_->submit(s.step, tracker_.front(), x, captured);
+      // The controller works in layer modules: the reference runs up to the unit's last.
+      const int64_t front_layer = c_.partition.last_layer(tracker_.front());
+      if (captured.defined()) ctl_->submit(s.step, front_layer, x, captured);
       for (auto& r : ctl_->poll()) {
-        // A reading for a module that is no longer the front (frozen or unfrozen since) is stale.
-        if (r.module != tracker_.front()) {
+        // A reading for a unit that is no longer the front (frozen or unfrozen since) is stale.
+        if (r.module != front_layer) {
           ++stale_results_;
           continue;
         }
@@ -275,8 +281,17 @@ class EgeriaPolicy : public FreezePolicy {
 
 std::vector<std::string> policy_names() { return {"none", "static", "freezeout", "autofreeze", "egeria"}; }
 
-std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& c, int64_t modules) {
-  EG_CHECK(modules >= 2, "layer freezing needs a model with at least two layer modules");
+std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& cin, int64_t layers) {
+  EG_CHECK(layers >= 2, "layer freezing needs a model with at least two layer modules");
+  PolicyConfig c = cin;
+  if (c.partition.size() == 0) {
+    std::vector<FreezeUnit> u;
+    for (int64_t i = 0; i < layers; ++i) u.push_back({std::to_string(i), i, i + 1, 0});
+    c.partition = Partition(std::move(u));
+  }
+  EG_CHECK(c.partition.units().back().end == layers, "the freezing units cover ", c.partition.units().back().end,
+           " layer modules, but the model has ", layers);
+  const int64_t modules = c.partition.size();
   if (c.name == "none") return std::make_unique<NonePolicy>();
   if (c.name == "static") return std::make_unique<StaticPolicy>(c, modules);
   if (c.name == "freezeout") return std::make_unique<FreezeOutPolicy>(c, modules);

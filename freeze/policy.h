@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "freeze/partition.h"
 #include "freeze/tracker.h"
 #include "models/model.h"
 
@@ -29,6 +30,10 @@ namespace eg::freeze {
 struct PolicyConfig {
   std::string name = "none";
   models::ModelConfig model;
+  // The freezing units the policy counts in (freeze/partition.h); empty: every layer
+  // module is a unit. Policies decide in units; the trainer maps a prefix of units to
+  // a prefix of layer modules (Partition::layer_prefix).
+  Partition partition;
   int64_t total_steps = 0, steps_per_epoch = 0;
   TrackerOptions tracker;  // egeria (interval also used by autofreeze)
   std::string reference = "int8";
@@ -49,13 +54,13 @@ struct StepInfo {
 class FreezePolicy {
  public:
   virtual ~FreezePolicy() = default;
-  // Before the forward of step `step` (0-based): the layer module whose output the
-  // trainer should capture for this step, or -1.
+  // Before the forward of step `step` (0-based): the layer module (not unit) whose
+  // output the trainer should capture for this step, or -1.
   virtual int64_t capture_module(int64_t /*step*/) const { return -1; }
   // After the optimizer step. `x` is the CPU input batch and `captured` the captured
   // module output (undefined when none was asked for); gradients are still in place.
   virtual void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) = 0;
-  // Number of front layer modules that should be frozen now.
+  // Number of front units that should be frozen now.
   virtual int64_t frozen_prefix() const = 0;
   // Decisions and evaluations since the last call, as freeze.jsonl lines.
   virtual std::vector<nlohmann::json> take_log() { return {}; }
@@ -69,6 +74,8 @@ class FreezePolicy {
   virtual nlohmann::json stats() const { return nlohmann::json::object(); }
 };
 
+// `num_modules` is the model's number of layer modules; the policy counts in units of
+// c.partition (one per layer module when it is empty).
 std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& c, int64_t num_modules);
 std::vector<std::string> policy_names();
 

@@ -163,6 +163,9 @@ train::TrainConfig run_cfg(const std::string& out, const std::string& policy) {
   c.freeze_interval = 2;
   c.freeze_window = 2;
   c.freeze_sync = true;
+  // One unit per layer module: in 64 steps the stem alone reaches W stale readings;
+  // the paper's coarser units (the default) are tested in test_partition.cpp.
+  c.freeze_modules = "layers";
   return c;
 }
 
@@ -248,6 +251,34 @@ TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   const auto& st = sum["freeze_stats"];
   EXPECT_GT(st["evaluations_completed"].get<int64_t>() + st["evaluations_dropped"].get<int64_t>(), 0);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
+  std::string d = tmpdir("units_resume");
+  auto c = run_cfg(d, "static");
+  c.checkpoint_every = 1;
+  c.stop_after_steps = 2;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.resume = true;
+  c.freeze_modules = "auto";
+  try {
+    train::run_training(c);
+    ADD_FAILURE() << "resumed with other freezing units";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("freezing units"), std::string::npos) << e.what();
+  }
+  auto sum_units = [&] {
+    c.freeze_modules = "layers";
+    c.stop_after_steps = 0;
+    return train::run_training(c).completed;
+  };
+  EXPECT_TRUE(sum_units());
+  auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
+  EXPECT_EQ(sum["freeze_units"].size(), 11u);  // resnet20: stem, 9 blocks, head
 }
 
 }  // namespace

@@ -54,6 +54,12 @@ int main(int argc, char** argv) {
   train->add_option("--freeze", c.freeze, "layer freezing policy: none, static, freezeout, autofreeze, egeria")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "static", "freezeout", "autofreeze", "egeria"}));
+  train->add_option("--freeze-modules", c.freeze_modules,
+                    "freezing units: auto (the paper's: stages, large ones split) or layers (every layer module)")
+      ->check(CLI::IsMember({"auto", "layers"}));
+  train->add_option("--freeze-module-regex", c.freeze_module_regex,
+                    "freezing units by parameter name: parameters whose match of this regex (its first group, if "
+                    "any) is the same form one unit, e.g. '^(layer[0-9]+)\\.'");
   train->add_option("--freeze-interval", c.freeze_interval,
                     "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline; autofreeze, one epoch)")
       ->check(CLI::NonNegativeNumber);

@@ -63,7 +63,10 @@ json config_json(const TrainConfig& c) {
           {"milestones", c.milestones}, {"gamma", c.gamma}, {"warmup_steps", c.warmup_steps}, {"device", c.device},
           {"threads", c.threads}, {"seed", c.seed}, {"train_limit", c.train_limit}, {"test_limit", c.test_limit},
           {"target_accuracy", c.target_accuracy}, {"augment", c.augment}, {"freeze", c.freeze},
-          {"adam_betas", {c.adam_beta1, c.adam_beta2}}};
+          {"adam_betas", {c.adam_beta1, c.adam_beta2}}, {"freeze_modules", c.freeze_modules},
+          {"freeze_module_regex", c.freeze_module_regex}, {"freeze_interval", c.freeze_interval},
+          {"freeze_window", c.freeze_window}, {"freeze_tolerance", c.freeze_tolerance},
+          {"freeze_reference", c.freeze_reference}};
 }
 
 struct Run {
@@ -286,14 +289,22 @@ Summary run_training(const TrainConfig& cin) {
   pc.static_epoch = c.static_epoch;
   pc.freezeout_t0 = c.freezeout_t0;
   pc.autofreeze_percentile = c.autofreeze_percentile;
-  const auto units = r.model->layer_modules();
-  auto policy = freeze::make_policy(pc, int64_t(units.size()));
-  // Share of parameters and of forward FLOPs in each layer module (Fig. 11; FLOPs saved).
-  std::vector<double> unit_params, unit_flops = r.model->module_flops();
-  for (auto& u : units) unit_params.push_back(double(u.second->num_parameters()) / double(r.model->num_parameters()));
-  if (unit_flops.size() != units.size()) unit_flops = unit_params;
-  else
-    for (auto& f : unit_flops) f /= std::max(r.model->flops_per_sample(), 1.0);
+  const auto layers = r.model->layer_modules();
+  pc.partition = freeze::make_partition(*r.model, c.freeze_modules, c.freeze_module_regex);
+  const freeze::Partition& part = pc.partition;
+  auto policy = freeze::make_policy(pc, int64_t(layers.size()));
+  // Share of parameters and of forward FLOPs in each freezing unit (Fig. 11; FLOPs saved).
+  std::vector<double> unit_params, unit_flops, layer_flops = r.model->module_flops();
+  for (auto& u : part.units()) {
+    unit_params.push_back(double(u.params) / double(r.model->num_parameters()));
+    double f = 0;
+    for (int64_t i = u.begin; i < u.end; ++i)
+      f += layer_flops.size() == layers.size() ? layer_flops[size_t(i)] / std::max(r.model->flops_per_sample(), 1.0)
+                                               : double(layers[size_t(i)].second->num_parameters()) /
+                                                     double(r.model->num_parameters());
+    unit_flops.push_back(f);
+  }
+  auto frozen_layers = [&]() { return part.layer_prefix(policy->frozen_prefix()); };
   auto frozen_share = [&](const std::vector<double>& share, int64_t k) {
     double v = 0;
     for (int64_t i = 0; i < k && i < int64_t(share.size()); ++i) v += share[size_t(i)];
@@ -324,7 +335,11 @@ Summary run_training(const TrainConfig& cin) {
     r.opt->load_state_dict(os);
     if (saved.contains("freeze")) policy->load_state(saved["freeze"]);
     policy->load_state_tensors(fs);
-    freeze::apply_frozen_prefix(*r.model, policy->frozen_prefix());
+    if (saved.contains("freeze_units"))
+      EG_CHECK(saved["freeze_units"] == json(part.names()), "--resume: '", ckpt, "' was trained with the freezing units ",
+               saved["freeze_units"].dump(), ", this run makes ", json(part.names()).dump(),
+               "; use the same --freeze-modules / --freeze-module-regex");
+    freeze::apply_frozen_prefix(*r.model, frozen_layers());
     default_generator().set_state(saved.at("rng_seed"), saved.at("rng_offset"));
     state = saved;
     std::printf("resuming %s from epoch %lld, batch %lld (step %lld)\n", ckpt.c_str(),
@@ -343,6 +358,7 @@ Summary run_training(const TrainConfig& cin) {
     for (auto& [k, t] : r.opt->state_dict()) all["optim/" + k] = t;
     for (auto& [k, t] : policy->state_tensors()) all["freeze/" + k] = t;
     state["freeze"] = policy->state();
+    state["freeze_units"] = part.names();
     state["epoch"] = epoch;
     state["batch"] = batch;
     state["rng_seed"] = default_generator().seed();
@@ -378,7 +394,7 @@ Summary run_training(const TrainConfig& cin) {
       r.opt->set_lr(lr);
       const int64_t capture = policy->capture_module(step);
       Tensor captured;
-      Tensor logits = freeze::forward_with_frozen_prefix(*r.model, b.x.to(r.device), policy->frozen_prefix(), capture,
+      Tensor logits = freeze::forward_with_frozen_prefix(*r.model, b.x.to(r.device), frozen_layers(), capture,
                                                          &captured);
       Tensor loss = fn::cross_entropy(logits, b.y.to(r.device));
       const double lv = loss.item();
@@ -399,7 +415,7 @@ Summary run_training(const TrainConfig& cin) {
         state["flops_saved_sum"] = state["flops_saved_sum"].get<double>() + frozen_share(unit_flops, k);
         auto tf = Clock::now();
         policy->after_step({step, epoch, lr, lv}, b.x, captured, *r.model);
-        if (freeze::apply_frozen_prefix(*r.model, policy->frozen_prefix()))
+        if (freeze::apply_frozen_prefix(*r.model, frozen_layers()))
           append_line(metrics, {{"type", "freeze"}, {"step", step}, {"epoch", epoch + 1},
                                 {"frozen_modules", policy->frozen_prefix()},
                                 {"active_param_fraction", 1 - frozen_share(unit_params, policy->frozen_prefix())},
@@ -477,6 +493,7 @@ Summary run_training(const TrainConfig& cin) {
     const double bg = st.value("reference_cpu_seconds", 0.0) / double(std::max(1, num_threads()));
     sj["frozen_fraction_final"] = frozen_share(unit_params, policy->frozen_prefix());
     sj["frozen_modules_final"] = policy->frozen_prefix();
+    sj["freeze_units"] = part.to_json();
     sj["backward_flops_saved_fraction"] = step > 0 ? state["flops_saved_sum"].get<double>() / double(step) : 0.0;
     // Training-thread time in the policy plus the background threads' CPU time spread
     // over the training's threads, as a share of training time.

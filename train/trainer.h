@@ -36,6 +36,8 @@ struct TrainConfig {
   int64_t stop_after_steps = 0;  // testing: end this invocation after N steps (as if killed)
   // Layer freezing (freeze/policy.h): none, static, freezeout, autofreeze, egeria.
   std::string freeze = "none";
+  std::string freeze_modules = "auto";  // freezing units: auto | layers (freeze/partition.h)
+  std::string freeze_module_regex;      // non-empty: units by parameter name
   int64_t freeze_interval = 0;        // egeria/autofreeze n (0: the paper's guideline)
   int64_t freeze_window = 10;         // egeria W
   double freeze_tolerance = 0.2;      // egeria: T = this x the largest of a module's first 3 slopes

@@ -1,0 +1,139 @@
+// Freezing units (freeze/partition.h): the paper's partitioning of stages, one unit per
+// layer module, and units by parameter-name regex.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "freeze/partition.h"
+#include "freeze/policy.h"
+
+using namespace eg;
+
+namespace {
+
+models::ModelPtr model(const std::string& name, int64_t image = 32) {
+  models::ModelConfig mc;
+  mc.name = name;
+  mc.image_size = image;
+  Generator g(1);
+  return models::build_model(mc, g);
+}
+
+// Units are contiguous, cover every layer module once, and count every parameter.
+void expect_well_formed(const models::Model& m, const freeze::Partition& p) {
+  const auto layers = m.layer_modules();
+  int64_t at = 0, params = 0;
+  for (auto& u : p.units()) {
+    EXPECT_EQ(u.begin, at) << u.name;
+    EXPECT_GT(u.end, u.begin) << u.name;
+    at = u.end;
+    params += u.params;
+  }
+  EXPECT_EQ(at, int64_t(layers.size()));
+  EXPECT_EQ(params, m.num_parameters());
+  EXPECT_EQ(p.units().back().name, "head");
+  EXPECT_EQ(p.units().back().end - p.units().back().begin, 1) << "the head is a unit of its own";
+}
+
+TEST(Partition, AutoSplitsResNet56AsThePaperDoes) {
+  // Fig. 11: layer1 (5% of the parameters) and layer2 (20%) are evaluated whole, layer3
+  // (75%) is split into similar-sized units, and its last unit once more: 7 units and
+  // the head.
+  auto m = model("resnet56");
+  auto p = freeze::make_partition(*m, "auto");
+  expect_well_formed(*m, p);
+  auto n = p.names();
+  ASSERT_EQ(p.size(), 8) << nlohmann::json(n).dump();
+  EXPECT_EQ(n[0], "stem+layer1");
+  EXPECT_EQ(n[1], "layer2");
+  for (int i = 2; i < 7; ++i) EXPECT_EQ(n[size_t(i)].rfind("layer3.", 0), 0u) << n[size_t(i)];
+  // Layer3's units before the last split are as even as whole blocks allow: none holds
+  // more than ceil(9 / 4) = 3 blocks' worth of parameters.
+  const int64_t block = m->layer_modules()[20].second->num_parameters();
+  for (int i = 2; i < 5; ++i) EXPECT_LE(p.units()[size_t(i)].params, 3 * block) << p.to_json().dump();
+  // The frozen prefix of k units is the layer modules those units hold.
+  EXPECT_EQ(p.layer_prefix(0), 0);
+  EXPECT_EQ(p.layer_prefix(1), 10);  // stem + 9 blocks
+  EXPECT_EQ(p.layer_prefix(2), 19);
+  EXPECT_EQ(p.last_layer(1), 18);
+  EXPECT_EQ(p.units()[6].end - p.units()[6].begin, 1) << "the last body unit is split once more";
+}
+
+TEST(Partition, AutoOnResNet20AndMobileNetV2) {
+  auto r = model("resnet20");
+  auto pr = freeze::make_partition(*r, "auto");
+  expect_well_formed(*r, pr);
+  EXPECT_EQ(pr.names()[0], "stem+layer1");
+  EXPECT_GE(pr.size(), 5);
+  // MobileNetV2's layer modules carry no stage names: about equal shares, 6 and the head.
+  auto mb = model("mobilenetv2");
+  auto pm = freeze::make_partition(*mb, "auto");
+  expect_well_formed(*mb, pm);
+  EXPECT_EQ(pm.size(), 7) << nlohmann::json(pm.names()).dump();
+  int64_t body = 0;
+  for (int64_t i = 0; i + 1 < pm.size(); ++i) body += pm.units()[size_t(i)].params;
+  // No unit is more than twice its fair share, unless it is a single layer module.
+  for (int64_t i = 0; i + 1 < pm.size(); ++i) {
+    const auto& u = pm.units()[size_t(i)];
+    if (u.end - u.begin > 1) {
+      EXPECT_LT(double(u.params), 2.0 * double(body) / 6.0) << u.name;
+    }
+  }
+}
+
+TEST(Partition, LayersModeIsOneUnitPerLayerModule) {
+  auto m = model("resnet20");
+  auto p = freeze::make_partition(*m, "layers");
+  expect_well_formed(*m, p);
+  ASSERT_EQ(p.size(), int64_t(m->layer_modules().size()));
+  for (int64_t i = 0; i < p.size(); ++i) EXPECT_EQ(p.names()[size_t(i)], m->layer_modules()[size_t(i)].first);
+  EXPECT_THROW(freeze::make_partition(*m, "stages"), Error);
+}
+
+TEST(Partition, RegexGroupsParametersByTheirMatch) {
+  auto m = model("resnet20");
+  auto p = freeze::make_partition(*m, "auto", "^(layer[0-9]+)\\.");
+  expect_well_formed(*m, p);
+  EXPECT_EQ(p.names(), (std::vector<std::string>{"stem", "layer1", "layer2", "layer3", "head"}));
+  // Without a group the whole match is the key: one unit per block of layer2.
+  auto q = freeze::make_partition(*m, "auto", "^layer2\\.[0-9]+");
+  EXPECT_EQ(q.size(), 1 + 3 + 3 + 3 + 1);
+}
+
+TEST(Partition, RegexErrorsNameTheProblem) {
+  auto m = model("resnet20");
+  auto msg = [&](const std::string& re) {
+    try {
+      freeze::make_partition(*m, "auto", re);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg("(layer").find("not a valid regular expression"), std::string::npos) << msg("(layer");
+  EXPECT_NE(msg("(conv[12])").find("into two units"), std::string::npos) << msg("(conv[12])");
+  EXPECT_NE(msg("^(?:layer1|layer3)\\.[0-9]\\.(conv)").find("not contiguous"), std::string::npos);
+  EXPECT_NE(msg("nothing-matches-this").find("matches none"), std::string::npos);
+  EXPECT_NE(msg("^").find("single unit"), std::string::npos) << msg("^");
+}
+
+TEST(Partition, PoliciesCountInUnits) {
+  auto m = model("resnet20", 16);
+  freeze::PolicyConfig c;
+  c.name = "static";
+  c.partition = freeze::make_partition(*m, "auto");
+  c.static_modules = 2;
+  c.static_epoch = 0;
+  auto pol = freeze::make_policy(c, int64_t(m->layer_modules().size()));
+  pol->after_step({1, 0, 0.1, 2.0}, Tensor(), Tensor(), *m);
+  EXPECT_EQ(pol->frozen_prefix(), 2);
+  EXPECT_EQ(c.partition.layer_prefix(2), c.partition.units()[1].end);
+  // A partition that does not cover the model is refused.
+  freeze::PolicyConfig bad = c;
+  bad.partition = freeze::make_partition(*model("resnet32", 16), "auto");
+  EXPECT_THROW(freeze::make_policy(bad, int64_t(m->layer_modules().size())), Error);
+}
+
+}  // namespace
