@@ -1,0 +1,102 @@
+// What freezing buys per training step: ResNet-20/56, batch 128, 32x32x3, one SGD step
+// (forward, backward, update) with the first k freezing units (the paper's partition,
+// freeze/partition.h) frozen, k = 0 .. all but the head. Counters:
+//   img/s         training throughput
+//   peak_MiB      the allocator's high-water mark during the step: parameters, optimizer
+//                 state, gradients, saved activations and workspaces
+//   step_MiB      of which allocated during the step (saved activations, gradients of
+//                 the active parameters, workspaces)
+//   frozen_params share of the parameters frozen
+// A frozen prefix runs under no-grad: it saves no activation for backward and owns no
+// gradient memory, so peak_MiB falls with k (the "measure the memory drop").
+// EG_BENCH_DEVICE=cuda:0 runs on the GPU (the CUDA caching allocator's figures).
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+
+#include "core/allocator.h"
+#include "core/rng.h"
+#include "freeze/partition.h"
+#include "freeze/policy.h"
+#include "layers/layers.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+
+using namespace eg;
+
+namespace {
+
+Device bench_device() {
+  const char* d = std::getenv("EG_BENCH_DEVICE");
+  return Device::parse(d && *d ? d : "cpu");
+}
+
+Allocator& allocator_of(const Device& d) { return d.is_cpu() ? cpu_allocator() : cuda_allocator(d.index); }
+
+void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k) {
+  const Device dev = bench_device();
+  models::ModelConfig mc;
+  mc.name = name;
+  Generator g(1);
+  auto m = models::build_model(mc, g);
+  m->to(dev);
+  m->train();
+  const auto part = freeze::make_partition(*m, "auto");
+  if (k >= part.size()) {
+    st.SkipWithError("k is past the last body unit");
+    return;
+  }
+  const int64_t layers = part.layer_prefix(k);
+  freeze::apply_frozen_prefix(*m, layers);
+  optim::SGD opt(m->parameters(), 0.1, {0.9, 0, 5e-4, false});
+  const int64_t b = 128;
+  Tensor x = Tensor::randn({b, 3, 32, 32}, g).to(dev);
+  std::vector<int64_t> yv(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) yv[size_t(i)] = i % 10;
+  Tensor y = Tensor::from_vector(yv, {b}).to(dev);
+  auto step = [&] {
+    Tensor loss = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, x, layers, -1, nullptr), y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    return loss.item();  // synchronises the device
+  };
+  step();  // gradients and momentum exist, as in steady training
+  Allocator& a = allocator_of(dev);
+  const double before = double(a.stats().allocated);
+  a.reset_peak();
+  step();
+  const double peak = double(a.stats().peak_allocated);
+  for (auto _ : st) benchmark::DoNotOptimize(step());
+  int64_t frozen = 0;
+  for (int64_t i = 0; i < k; ++i) frozen += part.units()[size_t(i)].params;
+  st.counters["img/s"] = benchmark::Counter(double(b), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["peak_MiB"] = peak / (1 << 20);
+  st.counters["step_MiB"] = (peak - before) / (1 << 20);
+  st.counters["frozen_params"] = double(frozen) / double(m->num_parameters());
+  st.SetLabel(k == 0 ? std::string("nothing frozen") : "frozen through " + part.units()[size_t(k - 1)].name);
+}
+
+void register_all() {
+  for (const char* name : {"resnet20", "resnet56"}) {
+    models::ModelConfig mc;
+    mc.name = name;
+    Generator g(1);
+    const int64_t units = freeze::make_partition(*models::build_model(mc, g), "auto").size();
+    for (int64_t k = 0; k < units; ++k)
+      benchmark::RegisterBenchmark((std::string("TrainStepFrozen/") + name + "/k:" + std::to_string(k)).c_str(),
+                                   BM_TrainStepFrozen, name, k)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
