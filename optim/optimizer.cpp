@@ -12,8 +12,8 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(
 }
 
 void Optimizer::zero_grad() {
-  for (auto& p : params_)
-    if (p.grad().defined()) p.grad().zero_();
+  buckets_.sync(params_);
+  buckets_.zero();
 }
 
 SGD::SGD(std::vector<Tensor> params, double lr, SgdOptions o)

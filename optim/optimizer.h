@@ -1,6 +1,11 @@
 // Optimizers over a list of parameters, with fused update kernels (ops::sgd_step,
 // ops::adamw_step). A parameter that does not require grad (frozen) or has no
 // gradient is skipped, and its state is kept: see Note [Freezing a module].
+// Gradients of the parameters that require grad live in buckets (optim/buckets.h),
+// rebuilt at zero_grad() whenever that set has changed. As with PyTorch's
+// zero_grad(set_to_none=False), a trainable parameter then always has a gradient, and
+// one that took no part in a step is updated with a zero gradient (weight decay and
+// momentum still apply).
 #pragma once
 #include <map>
 #include <memory>
@@ -9,6 +14,7 @@
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "optim/buckets.h"
 
 namespace eg::optim {
 
@@ -17,7 +23,11 @@ class Optimizer {
   Optimizer(std::vector<Tensor> params, double lr);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
-  void zero_grad();  // zeroes existing gradients in place
+  // Zeroes the gradients of the parameters that require grad: one fill per bucket,
+  // after rebuilding the buckets if the set of those parameters changed (a freeze or
+  // an unfreeze).
+  void zero_grad();
+  const GradBuckets& grad_buckets() const { return buckets_; }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
@@ -29,6 +39,7 @@ class Optimizer {
   bool active(const Tensor& p) const { return p.requires_grad() && p.grad().defined(); }
   std::vector<Tensor> params_;
   double lr_;
+  GradBuckets buckets_;
 };
 
 struct SgdOptions {

@@ -1,8 +1,11 @@
 // optim/: update rules against hand-computed values, schedules, clipping.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "freeze/policy.h"
+#include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
@@ -84,3 +87,91 @@ TEST(Optim, Schedules) {
   EXPECT_THROW(optim::step_lr(0.1, 0), Error);
   EXPECT_THROW(optim::multistep_lr(0.1, {5, 2}), Error);
 }
+
+// ---- gradient buckets (optim/buckets.h)
+
+namespace {
+
+double amax(const eg::Tensor& t) {
+  double m = 0;
+  for (float v : t.to(eg::Device::cpu()).to_vector<float>()) m = std::max(m, double(std::abs(v)));
+  return m;
+}
+
+size_t grad_bytes(const std::vector<eg::Tensor>& ps, bool only_trainable) {
+  size_t s = 0;
+  for (auto& p : ps)
+    if (!only_trainable || p.requires_grad()) s += size_t(p.numel()) * eg::dtype_size(p.dtype());
+  return s;
+}
+
+TEST(GradBuckets, ActiveGradientsLiveInAFewFlatBuffersRebuiltOnFreeze) {
+  using namespace eg;
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.image_size = 16;
+  Generator g(3);
+  auto m = models::build_model(mc, g);
+  optim::SGD opt(m->parameters(), 0.1, {0.9, 0, 5e-4, false});
+  opt.zero_grad();
+  const auto& gb = opt.grad_buckets();
+  EXPECT_EQ(gb.rebuilds(), 1);
+  EXPECT_EQ(gb.buckets().size(), 1u) << "ResNet-20's 1 MiB of gradients fit one 25 MiB bucket";
+  EXPECT_EQ(gb.bytes(), grad_bytes(m->parameters(), false));
+  for (auto& p : m->parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_TRUE(p.grad().same_storage(gb.buckets()[0].flat));
+  }
+  // A training step accumulates into the views; the next zero_grad does not rebuild.
+  Tensor x = Tensor::randn({4, 3, 16, 16}, g);
+  Tensor loss = fn::cross_entropy(m->forward(x), Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4}));
+  loss.backward();
+  EXPECT_GT(amax(gb.buckets()[0].flat), 0.0);
+  opt.step();
+  opt.zero_grad();
+  EXPECT_EQ(gb.rebuilds(), 1);
+  EXPECT_EQ(amax(gb.buckets()[0].flat), 0.0);
+
+  // Freezing the front: the frozen parameters leave the buckets and own no gradient.
+  freeze::apply_frozen_prefix(*m, 4);
+  opt.zero_grad();
+  EXPECT_EQ(gb.rebuilds(), 2);
+  EXPECT_EQ(gb.bytes(), grad_bytes(m->parameters(), true));
+  EXPECT_LT(gb.bytes(), grad_bytes(m->parameters(), false));
+  for (auto& [n, mod] : m->layer_modules())
+    for (auto& p : mod->parameters())
+      EXPECT_EQ(p.grad().defined(), !mod->is_frozen()) << n;
+  // Unfreezing brings them back.
+  freeze::apply_frozen_prefix(*m, 0);
+  opt.zero_grad();
+  EXPECT_EQ(gb.rebuilds(), 3);
+  EXPECT_EQ(gb.bytes(), grad_bytes(m->parameters(), false));
+}
+
+TEST(GradBuckets, SplitAtTheCapAndByDtype) {
+  using namespace eg;
+  std::vector<Tensor> ps;
+  for (int i = 0; i < 5; ++i) {
+    Tensor p = Tensor::zeros({256});  // 1 KiB each
+    p.set_requires_grad(true);
+    ps.push_back(p);
+  }
+  Tensor d = Tensor::zeros({8}, DType::f64);
+  d.set_requires_grad(true);
+  ps.insert(ps.begin() + 2, d);
+  ps[4].set_grad(Tensor::full({256}, 3.0));  // carried over into its view
+  optim::GradBuckets gb(2048);
+  EXPECT_TRUE(gb.sync(ps));
+  EXPECT_FALSE(gb.sync(ps));
+  // [p0 p1] [d] [p2 p3] [p4]: the cap holds two, the f64 one breaks the run.
+  ASSERT_EQ(gb.buckets().size(), 4u);
+  EXPECT_EQ(gb.buckets()[0].members, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(gb.buckets()[1].members, (std::vector<size_t>{2}));
+  EXPECT_EQ(gb.buckets()[2].members, (std::vector<size_t>{3, 4}));
+  EXPECT_EQ(ps[4].grad().to_vector<float>(), std::vector<float>(256, 3.f));
+  EXPECT_EQ(ps[2].grad().dtype(), DType::f64);
+  gb.zero();
+  EXPECT_EQ(amax(ps[4].grad()), 0.0);
+}
+
+}  // namespace
