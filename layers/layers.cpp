@@ -54,7 +54,10 @@ Linear::Linear(int64_t in, int64_t out, bool b, Generator& g) : in_features(in),
   if (b) bias = register_parameter("bias", uniform_init({out}, 1.0 / std::sqrt(double(in)), g));
 }
 
-Tensor Linear::forward(const Tensor& x) { return fn::linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) {
+  if (forward_override) return forward_override(x);
+  return fn::linear(x, weight, bias);
+}
 
 std::string Activation::type_name() const {
   switch (act) {

@@ -53,6 +53,9 @@ class Linear : public Module {
   std::string type_name() const override { return "Linear"; }
   Tensor weight, bias;
   int64_t in_features, out_features;
+  // As Conv2d::forward_override: the int8 reference model's dynamically quantised
+  // matmul (quant/int8.h, LinearInt8). Empty on any model that trains.
+  std::function<Tensor(const Tensor&)> forward_override;
 };
 
 class Activation : public Module {

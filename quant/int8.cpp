@@ -46,6 +46,23 @@ void quantize(const Tensor& x, float scale, int lo, int hi, Q* q, bool nhwc) {
     }
 }
 
+// Row r of w [R, per] to s8 with its own symmetric scale 127 / max|w[r]|.
+void quantize_rows(const Tensor& w, int64_t rows, Tensor& wq, std::vector<float>& scales, const char* who) {
+  const int64_t per = w.numel() / rows;
+  wq = Tensor::empty(w.shape(), DType::s8);
+  scales.assign(size_t(rows), 1.f);
+  const float* wp = w.data<float>();
+  int8_t* qp = wq.data<int8_t>();
+  for (int64_t o = 0; o < rows; ++o) {
+    float amax = 0.f;
+    for (int64_t i = 0; i < per; ++i) amax = std::max(amax, std::fabs(wp[o * per + i]));
+    EG_CHECK(std::isfinite(amax), who, ": output ", o, " of the weight holds NaN or Inf");
+    const float s = amax > 0.f ? 127.f / amax : 1.f;
+    scales[size_t(o)] = s;
+    for (int64_t i = 0; i < per; ++i) qp[o * per + i] = quantize_one<int8_t>(wp[o * per + i], s, -127, 127);
+  }
+}
+
 }  // namespace
 
 ActQuant choose_act_quant(const Tensor& x) {
@@ -77,20 +94,9 @@ struct ConvInt8::Prim {
 ConvInt8::ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p) : p_(p), wshape_(w.shape()) {
   EG_CHECK(w.dim() == 4 && w.dtype() == DType::f32 && w.device().is_cpu(),
            "ConvInt8: expected an f32 CPU weight [K, C/groups, R, S], got ", shape_str(w.shape()));
-  const int64_t k = w.size(0), per = w.numel() / k;
+  const int64_t k = w.size(0);
   EG_CHECK(k % p.groups == 0, "ConvInt8: ", k, " output channels are not divisible by ", p.groups, " groups");
-  wq_ = Tensor::empty(w.shape(), DType::s8);
-  w_scale_.assign(size_t(k), 1.f);
-  const float* wp = w.data<float>();
-  int8_t* qp = wq_.data<int8_t>();
-  for (int64_t o = 0; o < k; ++o) {
-    float amax = 0.f;
-    for (int64_t i = 0; i < per; ++i) amax = std::max(amax, std::fabs(wp[o * per + i]));
-    EG_CHECK(std::isfinite(amax), "ConvInt8: output channel ", o, " of the weight holds NaN or Inf");
-    const float s = amax > 0.f ? 127.f / amax : 1.f;
-    w_scale_[size_t(o)] = s;
-    for (int64_t i = 0; i < per; ++i) qp[o * per + i] = quantize_one<int8_t>(wp[o * per + i], s, -127, 127);
-  }
+  quantize_rows(w, k, wq_, w_scale_, "ConvInt8");
   bias_.assign(size_t(k), 0.f);
   if (bias.defined()) {
     EG_CHECK(bias.numel() == k && bias.dtype() == DType::f32, "ConvInt8: bias must be f32 [", k, "]");
@@ -204,6 +210,112 @@ Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
       const float d = dq[size_t(o)], b = bias_[size_t(o)];
       for (int64_t s = 0; s < hw; ++s) dst[s] = float(src[s * k]) * d + b;
     }
+  return y;
+}
+
+struct LinearInt8::Prim {
+  dnnl::matmul mm;
+};
+
+LinearInt8::LinearInt8(const Tensor& w_in, const Tensor& bias) {
+  EG_CHECK(w_in.dim() == 2 && w_in.dtype() == DType::f32, "LinearInt8: expected an f32 weight [N, K], got ",
+           dtype_name(w_in.dtype()), " ", shape_str(w_in.shape()));
+  const Tensor w = w_in.to(Device::cpu());
+  n_ = w.size(0);
+  k_ = w.size(1);
+  quantize_rows(w, n_, wq_, w_scale_, "LinearInt8");
+  bias_.assign(size_t(n_), 0.f);
+  if (bias.defined()) {
+    EG_CHECK(bias.numel() == n_ && bias.dtype() == DType::f32, "LinearInt8: bias must be f32 [", n_, "]");
+    Tensor b = bias.to(Device::cpu());
+    std::copy(b.data<float>(), b.data<float>() + n_, bias_.begin());
+  }
+}
+
+LinearInt8::~LinearInt8() = default;
+
+Shape LinearInt8::out_shape(const Tensor& x) const {
+  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32 && x.dim() >= 1 && x.size(-1) == k_,
+           "LinearInt8: expected an f32 CPU input [..., ", k_, "], got ", dtype_name(x.dtype()), " ",
+           shape_str(x.shape()), " on ", x.device().str());
+  Shape s = x.shape();
+  s.back() = n_;
+  return s;
+}
+
+Tensor LinearInt8::quantize_input(const Tensor& x, const ActQuant& q) const {
+  const int64_t m = x.numel() / k_;
+  const float* xp = x.data<float>();
+  Tensor xq = Tensor::empty({m, k_}, q.is_unsigned ? DType::u8 : DType::s8);
+  const int64_t total = m * k_;
+  if (q.is_unsigned) {
+    uint8_t* d = xq.data<uint8_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < total; ++i) d[i] = quantize_one<uint8_t>(xp[i], q.scale, 0, 255);
+  } else {
+    int8_t* d = xq.data<int8_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < total; ++i) d[i] = quantize_one<int8_t>(xp[i], q.scale, -127, 127);
+  }
+  return xq;
+}
+
+Tensor LinearInt8::forward(const Tensor& x) const { return forward(x, choose_act_quant(x)); }
+Tensor LinearInt8::forward_ref(const Tensor& x) const { return forward_ref(x, choose_act_quant(x)); }
+
+Tensor LinearInt8::forward_ref(const Tensor& x, const ActQuant& q) const {
+  const Shape ys = out_shape(x);
+  const int64_t m = x.numel() / k_;
+  Tensor xq = quantize_input(x, q);
+  const int8_t* wq = wq_.data<int8_t>();
+  Tensor y = Tensor::empty(ys);
+  float* yp = y.data<float>();
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t o = 0; o < n_; ++o) {
+      int32_t acc = 0;
+      for (int64_t c = 0; c < k_; ++c) {
+        const int32_t a = q.is_unsigned ? int32_t(xq.data<uint8_t>()[i * k_ + c]) : int32_t(xq.data<int8_t>()[i * k_ + c]);
+        acc += a * int32_t(wq[o * k_ + c]);
+      }
+      yp[i * n_ + o] = float(acc) * (1.f / (q.scale * w_scale_[size_t(o)])) + bias_[size_t(o)];
+    }
+  return y;
+}
+
+Tensor LinearInt8::forward(const Tensor& x, const ActQuant& q) const {
+  const Shape ys = out_shape(x);
+  const int64_t m = x.numel() / k_;
+  auto& slot = prims_[{int64_t(q.is_unsigned)}];
+  if (!slot) {
+    auto pr = std::make_unique<Prim>();
+    EG_DNNL_TRY("creating the int8 matmul", {
+      // M is a runtime dimension: one primitive serves every batch and sequence length.
+      memory::desc src({DNNL_RUNTIME_DIM_VAL, k_}, q.is_unsigned ? dt::u8 : dt::s8, tag::ab);
+      memory::desc wei({k_, n_}, dt::s8, tag::ba);  // the [N, K] weight, read transposed
+      memory::desc dst({DNNL_RUNTIME_DIM_VAL, n_}, dt::s32, tag::ab);
+      dnnl::matmul::desc d(src, wei, dst);
+      pr->mm = dnnl::matmul(dnnl::matmul::primitive_desc(d, onednn::engine()));
+    });
+    slot = std::move(pr);
+  }
+  Tensor xq = quantize_input(x, q);
+  Tensor acc = Tensor::empty({m, n_}, DType::s32);
+  EG_DNNL_TRY("running the int8 matmul", {
+    dnnl::engine& eng = onednn::engine();
+    memory src({{m, k_}, q.is_unsigned ? dt::u8 : dt::s8, tag::ab}, eng, xq.raw());
+    memory wei({{k_, n_}, dt::s8, tag::ba}, eng, wq_.raw());
+    memory dst({{m, n_}, dt::s32, tag::ab}, eng, acc.raw());
+    slot->mm.execute(onednn::stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    onednn::stream().wait();
+  });
+  std::vector<float> dq(static_cast<size_t>(n_));
+  for (int64_t o = 0; o < n_; ++o) dq[size_t(o)] = 1.f / (q.scale * w_scale_[size_t(o)]);
+  Tensor y = Tensor::empty(ys);
+  const int32_t* ap = acc.data<int32_t>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t o = 0; o < n_; ++o) yp[i * n_ + o] = float(ap[i * n_ + o]) * dq[size_t(o)] + bias_[size_t(o)];
   return y;
 }
 

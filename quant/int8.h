@@ -61,4 +61,36 @@ class ConvInt8 {
   mutable std::map<std::vector<int64_t>, std::unique_ptr<Prim>> prims_;  // per (input shape, signedness)
 };
 
+// Dynamically quantised linear layer (as PyTorch's quantize_dynamic, which the paper
+// uses for Transformers): weights s8 per output feature, made once; the input [..., K]
+// quantised per tensor from its own range at every call (u8 when non-negative, else
+// s8); oneDNN's int8 matmul accumulates in s32; dequantised per output feature with the
+// bias added. forward_ref is the plain-loop ground truth.
+class LinearInt8 {
+ public:
+  // w [N, K] and bias [N] (or undefined), f32.
+  LinearInt8(const Tensor& w, const Tensor& bias);
+  ~LinearInt8();
+  LinearInt8(const LinearInt8&) = delete;
+  LinearInt8& operator=(const LinearInt8&) = delete;
+
+  // x [..., K] f32 on the CPU -> [..., N] f32. One caller at a time.
+  Tensor forward(const Tensor& x) const;
+  Tensor forward_ref(const Tensor& x) const;
+  Tensor forward(const Tensor& x, const ActQuant& q) const;
+  Tensor forward_ref(const Tensor& x, const ActQuant& q) const;
+
+  const Tensor& weight_q() const { return wq_; }  // s8 [N, K]
+  const std::vector<float>& weight_scale() const { return w_scale_; }
+
+ private:
+  struct Prim;
+  Tensor quantize_input(const Tensor& x, const ActQuant& q) const;  // [M, K] u8/s8
+  Shape out_shape(const Tensor& x) const;
+  Tensor wq_;
+  std::vector<float> w_scale_, bias_;
+  int64_t n_, k_;
+  mutable std::map<std::vector<int64_t>, std::unique_ptr<Prim>> prims_;  // per (M, signedness)
+};
+
 }  // namespace eg::quant

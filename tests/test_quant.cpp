@@ -104,6 +104,49 @@ TEST(QuantConv, BadInputIsAClearError) {
   EXPECT_THROW(q.forward(nan), Error);
 }
 
+TEST(QuantLinear, OneDnnMatchesThePlainLoopReferenceAndIsCloseToF32) {
+  struct Case {
+    const char* name;
+    Shape x;
+    int64_t n;
+    bool relu_input, bias;
+  };
+  const Case cases[] = {{"tokens_s8", {3, 7, 32}, 48, false, true},  // [B, T, K]: M = 21
+                        {"ffn2_u8", {20, 64}, 16, true, true},       // after a ReLU
+                        {"one_row_s8", {1, 5}, 3, false, false}};
+  for (const Case& c : cases) {
+    Generator g(9);
+    Tensor w = Tensor::randn({c.n, c.x.back()}, g), b = c.bias ? Tensor::randn({c.n}, g) : Tensor();
+    Tensor x = Tensor::randn(c.x, g);
+    if (c.relu_input)
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::max(0.f, x.data<float>()[i]);
+    quant::LinearInt8 q(w, b);
+    const quant::ActQuant aq = quant::choose_act_quant(x);
+    EXPECT_EQ(aq.is_unsigned, c.relu_input) << c.name;
+    Tensor got = q.forward(x, aq), ref = q.forward_ref(x, aq);
+    Shape want = c.x;
+    want.back() = c.n;
+    ASSERT_EQ(got.shape(), want) << c.name;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const float a = got.data<float>()[i], r = ref.data<float>()[i];
+      ASSERT_NEAR(a, r, 1e-5f * (1.f + std::fabs(r))) << c.name << " at " << i;
+    }
+    Tensor y32 = fn::linear(x, w, b);
+    double worst = 0;
+    for (int64_t i = 0; i < got.numel(); ++i)
+      worst = std::max(worst, double(std::fabs(got.data<float>()[i] - y32.data<float>()[i])));
+    EXPECT_LT(worst, 0.05 * max_abs(y32)) << c.name;
+  }
+  // A second batch of another length reuses the primitive (M is a runtime dimension).
+  Generator g(10);
+  quant::LinearInt8 q(Tensor::randn({8, 16}, g), Tensor());
+  for (int64_t m : {3, 11, 2}) {
+    Tensor x = Tensor::randn({m, 16}, g);
+    EXPECT_EQ(q.forward(x).to_vector<float>().size(), size_t(m * 8));
+  }
+  EXPECT_THROW(q.forward(Tensor::randn({2, 15}, g)), Error);  // 15 features, the weight expects 16
+}
+
 // A model with realistic batch-norm statistics: running stats set from a batch.
 models::ModelPtr model_with_stats(const std::string& name, const Tensor& x, uint64_t seed) {
   models::ModelConfig mc;
