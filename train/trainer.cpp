@@ -19,6 +19,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "freeze/policy.h"
+#include "train/freezing.h"
 #include "train/safetensors.h"
 #include "train/translate.h"
 
@@ -269,51 +270,18 @@ Summary run_training(const TrainConfig& cin) {
   Run r = setup(cin);
   const TrainConfig& c = r.cfg;
   make_dirs(c.out);
-  const std::string ckpt = c.out + "/" + kCheckpoint, metrics = c.out + "/metrics.jsonl",
-                    freeze_log = c.out + "/freeze.jsonl";
-  freeze::PolicyConfig pc;
-  pc.name = c.freeze;
-  pc.model.name = c.model;
+  const std::string ckpt = c.out + "/" + kCheckpoint, metrics = c.out + "/metrics.jsonl";
+  freeze::PolicyConfig pc = policy_config(c);
   pc.model.in_channels = r.train->images.size(1);
   pc.model.image_size = r.train->images.size(2);
   pc.model.num_classes = c.dataset == "cifar100" ? 100 : 10;
   pc.total_steps = c.epochs * r.steps_per_epoch;
   pc.steps_per_epoch = r.steps_per_epoch;
-  pc.tracker.interval = c.freeze_interval;
-  pc.tracker.window = c.freeze_window;
-  pc.tracker.tolerance_coef = c.freeze_tolerance;
-  pc.reference = c.freeze_reference;
-  pc.synchronous = c.freeze_sync;
-  pc.reference_threads = c.freeze_threads;
-  pc.static_modules = c.static_modules;
-  pc.static_epoch = c.static_epoch;
-  pc.freezeout_t0 = c.freezeout_t0;
-  pc.autofreeze_percentile = c.autofreeze_percentile;
-  const auto layers = r.model->layer_modules();
-  pc.partition = freeze::make_partition(*r.model, c.freeze_modules, c.freeze_module_regex);
-  const freeze::Partition& part = pc.partition;
-  auto policy = freeze::make_policy(pc, int64_t(layers.size()));
-  // Share of parameters and of forward FLOPs in each freezing unit (Fig. 11; FLOPs saved).
-  std::vector<double> unit_params, unit_flops, layer_flops = r.model->module_flops();
-  for (auto& u : part.units()) {
-    unit_params.push_back(double(u.params) / double(r.model->num_parameters()));
-    double f = 0;
-    for (int64_t i = u.begin; i < u.end; ++i)
-      f += layer_flops.size() == layers.size() ? layer_flops[size_t(i)] / std::max(r.model->flops_per_sample(), 1.0)
-                                               : double(layers[size_t(i)].second->num_parameters()) /
-                                                     double(r.model->num_parameters());
-    unit_flops.push_back(f);
-  }
-  auto frozen_layers = [&]() { return part.layer_prefix(policy->frozen_prefix()); };
-  auto frozen_share = [&](const std::vector<double>& share, int64_t k) {
-    double v = 0;
-    for (int64_t i = 0; i < k && i < int64_t(share.size()); ++i) v += share[size_t(i)];
-    return v;
-  };
+  FreezeRun fr(c, *r.model, pc, c.out, !(c.resume && file_exists(ckpt)));
   const double target = c.target_accuracy > 1 ? c.target_accuracy / 100 : c.target_accuracy;
 
   json state = {{"epoch", 0}, {"batch", 0}, {"step", 0}, {"train_seconds", 0.0}, {"best_acc", 0.0},
-                {"time_to_target", -1.0}, {"images", 0}, {"flops_saved_sum", 0.0}, {"freeze_seconds", 0.0}};
+                {"time_to_target", -1.0}, {"images", 0}};
   if (c.resume && file_exists(ckpt)) {
     Metadata meta;
     TensorMap all = load_safetensors(ckpt, &meta);
@@ -325,21 +293,14 @@ Summary run_training(const TrainConfig& cin) {
              scfg.at("dataset").get<std::string>(), "', not '", c.dataset, "'");
     EG_CHECK(scfg.value("freeze", std::string("none")) == c.freeze, "--resume: '", ckpt, "' was trained with --freeze ",
              scfg.value("freeze", std::string("none")), ", not ", c.freeze);
-    TensorMap ms, os, fs;
+    TensorMap ms, os;
     for (auto& [k, t] : all) {
       if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
       if (k.rfind("optim/", 0) == 0) os[k.substr(6)] = t;
-      if (k.rfind("freeze/", 0) == 0) fs[k.substr(7)] = t;
     }
     r.model->load_state_dict(ms);
     r.opt->load_state_dict(os);
-    if (saved.contains("freeze")) policy->load_state(saved["freeze"]);
-    policy->load_state_tensors(fs);
-    if (saved.contains("freeze_units"))
-      EG_CHECK(saved["freeze_units"] == json(part.names()), "--resume: '", ckpt, "' was trained with the freezing units ",
-               saved["freeze_units"].dump(), ", this run makes ", json(part.names()).dump(),
-               "; use the same --freeze-modules / --freeze-module-regex");
-    freeze::apply_frozen_prefix(*r.model, frozen_layers());
+    fr.load(all, saved, ckpt);
     default_generator().set_state(saved.at("rng_seed"), saved.at("rng_offset"));
     state = saved;
     std::printf("resuming %s from epoch %lld, batch %lld (step %lld)\n", ckpt.c_str(),
@@ -348,7 +309,6 @@ Summary run_training(const TrainConfig& cin) {
   } else {
     if (c.resume) std::printf("--resume: no checkpoint in '%s' yet; starting from the beginning\n", c.out.c_str());
     std::ofstream(metrics, std::ios::trunc);
-    std::ofstream(freeze_log, std::ios::trunc);
   }
   write_file_atomic(c.out + "/config.json", config_json(c).dump(2) + "\n");
 
@@ -356,9 +316,7 @@ Summary run_training(const TrainConfig& cin) {
     TensorMap all;
     for (auto& [k, t] : r.model->state_dict()) all["model/" + k] = t;
     for (auto& [k, t] : r.opt->state_dict()) all["optim/" + k] = t;
-    for (auto& [k, t] : policy->state_tensors()) all["freeze/" + k] = t;
-    state["freeze"] = policy->state();
-    state["freeze_units"] = part.names();
+    fr.save(all, state);
     state["epoch"] = epoch;
     state["batch"] = batch;
     state["rng_seed"] = default_generator().seed();
@@ -392,9 +350,9 @@ Summary run_training(const TrainConfig& cin) {
       auto t0 = Clock::now();
       const double lr = r.sched->lr_at(step);
       r.opt->set_lr(lr);
-      const int64_t capture = policy->capture_module(step);
+      const int64_t capture = fr.capture_layer(step);
       Tensor captured;
-      Tensor logits = freeze::forward_with_frozen_prefix(*r.model, b.x.to(r.device), frozen_layers(), capture,
+      Tensor logits = freeze::forward_with_frozen_prefix(*r.model, b.x.to(r.device), fr.frozen_layers(), capture,
                                                          &captured);
       Tensor loss = fn::cross_entropy(logits, b.y.to(r.device));
       const double lv = loss.item();
@@ -410,33 +368,18 @@ Summary run_training(const TrainConfig& cin) {
       r.opt->step();
       ++step;
       ++this_run;
-      {
-        const int64_t k = policy->frozen_prefix();
-        state["flops_saved_sum"] = state["flops_saved_sum"].get<double>() + frozen_share(unit_flops, k);
-        auto tf = Clock::now();
-        policy->after_step({step, epoch, lr, lv}, b.x, captured, *r.model);
-        if (freeze::apply_frozen_prefix(*r.model, frozen_layers()))
-          append_line(metrics, {{"type", "freeze"}, {"step", step}, {"epoch", epoch + 1},
-                                {"frozen_modules", policy->frozen_prefix()},
-                                {"active_param_fraction", 1 - frozen_share(unit_params, policy->frozen_prefix())},
-                                {"train_seconds", train_secs}});
-        for (auto& j : policy->take_log()) {
-          j["epoch"] = epoch + 1;
-          append_line(freeze_log, j);
-        }
-        state["freeze_seconds"] = state["freeze_seconds"].get<double>() +
-                                  std::chrono::duration<double>(Clock::now() - tf).count();
-      }
+      fr.after_step({step, epoch, lr, lv}, b.x, captured, train_secs);
       images += b.y.numel();
       loss_sum += lv;
       ++loss_n;
       train_secs += std::chrono::duration<double>(Clock::now() - t0).count();
       const double ips = double(images) / std::max(train_secs, 1e-9);
-      if (step % c.log_every == 0)
-        append_line(metrics, {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
-                              {"train_seconds", train_secs}, {"images_per_second", ips},
-                              {"frozen_modules", policy->frozen_prefix()},
-                              {"active_param_fraction", 1 - frozen_share(unit_params, policy->frozen_prefix())}});
+      if (step % c.log_every == 0) {
+        json j = {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
+                  {"train_seconds", train_secs}, {"images_per_second", ips}};
+        j.update(fr.step_fields());
+        append_line(metrics, j);
+      }
       const int64_t done = b.index + 1, total = r.steps_per_epoch;
       const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
       detail::print_progress({epoch, c.epochs, done, total, step, loss_sum / double(loss_n), lv, lr, ips,
@@ -488,20 +431,7 @@ Summary run_training(const TrainConfig& cin) {
              {"time_to_target_seconds", s.time_to_target_seconds < 0 ? json(nullptr) : json(s.time_to_target_seconds)},
              {"images_per_second", s.images_per_second}, {"steps", s.steps}, {"parameters", r.model->num_parameters()},
              {"flops_per_sample", r.model->flops_per_sample()}, {"freeze", c.freeze}};
-  {
-    json st = policy->stats();
-    const double bg = st.value("reference_cpu_seconds", 0.0) / double(std::max(1, num_threads()));
-    sj["frozen_fraction_final"] = frozen_share(unit_params, policy->frozen_prefix());
-    sj["frozen_modules_final"] = policy->frozen_prefix();
-    sj["freeze_units"] = part.to_json();
-    sj["backward_flops_saved_fraction"] = step > 0 ? state["flops_saved_sum"].get<double>() / double(step) : 0.0;
-    // Training-thread time in the policy plus the background threads' CPU time spread
-    // over the training's threads, as a share of training time.
-    sj["reference_overhead_fraction"] =
-        s.train_seconds > 0 ? (state["freeze_seconds"].get<double>() + bg) / s.train_seconds : 0.0;
-    sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
-    sj["freeze_stats"] = st;
-  }
+  fr.summarize(sj, s.steps, s.train_seconds);
   write_file_atomic(c.out + "/summary.json", sj.dump(2) + "\n");
   return s;
 }

@@ -1,0 +1,122 @@
+#include "train/freezing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace eg::train {
+
+using json = nlohmann::json;
+
+namespace {
+void append(const std::string& path, const json& j) {
+  std::ofstream f(path, std::ios::app);
+  f << j.dump() << "\n";
+  EG_CHECK(f.good(), "cannot append to '", path, "' (disk full?)");
+}
+}  // namespace
+
+freeze::PolicyConfig policy_config(const TrainConfig& c) {
+  freeze::PolicyConfig pc;
+  pc.name = c.freeze;
+  pc.model.name = c.model;
+  pc.tracker.interval = c.freeze_interval;
+  pc.tracker.window = c.freeze_window;
+  pc.tracker.tolerance_coef = c.freeze_tolerance;
+  pc.reference = c.freeze_reference;
+  pc.synchronous = c.freeze_sync;
+  pc.reference_threads = c.freeze_threads;
+  pc.static_modules = c.static_modules;
+  pc.static_epoch = c.static_epoch;
+  pc.freezeout_t0 = c.freezeout_t0;
+  pc.autofreeze_percentile = c.autofreeze_percentile;
+  return pc;
+}
+
+FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
+                     bool fresh)
+    : model_(model), metrics_(out_dir + "/metrics.jsonl"), log_(out_dir + "/freeze.jsonl") {
+  const auto layers = model.layer_modules();
+  pc.partition = freeze::make_partition(model, c.freeze_modules, c.freeze_module_regex);
+  part_ = pc.partition;
+  policy_ = freeze::make_policy(pc, int64_t(layers.size()));
+  const std::vector<double> layer_flops = model.module_flops();
+  const double params = double(model.num_parameters()), flops = std::max(model.flops_per_sample(), 1.0);
+  for (auto& u : part_.units()) {
+    unit_params_.push_back(double(u.params) / params);
+    double f = 0;
+    for (int64_t i = u.begin; i < u.end; ++i)
+      f += layer_flops.size() == layers.size() ? layer_flops[size_t(i)] / flops
+                                               : double(layers[size_t(i)].second->num_parameters()) / params;
+    unit_flops_.push_back(f);
+  }
+  if (fresh) std::ofstream(log_, std::ios::trunc);
+}
+
+double FreezeRun::frozen_share(const std::vector<double>& share) const {
+  double v = 0;
+  for (int64_t i = 0; i < policy_->frozen_prefix() && i < int64_t(share.size()); ++i) v += share[size_t(i)];
+  return v;
+}
+
+json FreezeRun::step_fields() const {
+  return {{"frozen_modules", policy_->frozen_prefix()}, {"active_param_fraction", 1 - frozen_share(unit_params_)}};
+}
+
+void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds) {
+  flops_saved_sum_ += frozen_share(unit_flops_);
+  const auto t0 = std::chrono::steady_clock::now();
+  policy_->after_step(s, x, captured, model_);
+  if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
+    json j = {{"type", "freeze"}, {"step", s.step}, {"epoch", s.epoch + 1}, {"train_seconds", train_seconds}};
+    j.update(step_fields());
+    append(metrics_, j);
+  }
+  for (auto& j : policy_->take_log()) {
+    j["epoch"] = s.epoch + 1;
+    append(log_, j);
+  }
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void FreezeRun::save(std::map<std::string, Tensor>& tensors, json& state) const {
+  for (auto& [k, t] : policy_->state_tensors()) tensors["freeze/" + k] = t;
+  state["freeze"] = policy_->state();
+  state["freeze_units"] = part_.names();
+  state["flops_saved_sum"] = flops_saved_sum_;
+  state["freeze_seconds"] = seconds_;
+}
+
+void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& saved, const std::string& ckpt) {
+  if (saved.contains("freeze_units"))
+    EG_CHECK(saved["freeze_units"] == json(part_.names()), "--resume: '", ckpt, "' was trained with the freezing units ",
+             saved["freeze_units"].dump(), ", this run makes ", json(part_.names()).dump(),
+             "; use the same --freeze-modules / --freeze-module-regex");
+  std::map<std::string, Tensor> fs;
+  for (auto& [k, t] : tensors)
+    if (k.rfind("freeze/", 0) == 0) fs[k.substr(7)] = t;
+  if (saved.contains("freeze")) policy_->load_state(saved["freeze"]);
+  policy_->load_state_tensors(fs);
+  freeze::apply_frozen_prefix(model_, frozen_layers());
+  flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
+  seconds_ = saved.value("freeze_seconds", 0.0);
+}
+
+void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
+  json st = policy_->stats();
+  const double bg = st.value("reference_cpu_seconds", 0.0) / double(std::max(1, num_threads()));
+  sj["frozen_fraction_final"] = frozen_share(unit_params_);
+  sj["frozen_modules_final"] = policy_->frozen_prefix();
+  sj["freeze_units"] = part_.to_json();
+  sj["backward_flops_saved_fraction"] = steps > 0 ? flops_saved_sum_ / double(steps) : 0.0;
+  // Training-thread time in the policy plus the background threads' CPU time spread
+  // over the training's threads, as a share of training time.
+  sj["reference_overhead_fraction"] = train_seconds > 0 ? (seconds_ + bg) / train_seconds : 0.0;
+  sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
+  sj["freeze_stats"] = st;
+}
+
+}  // namespace eg::train

@@ -1,0 +1,58 @@
+// The freezing side of a training loop, shared by the image loop (train/trainer.cpp)
+// and the translation loop (train/translate.cpp): freezing units and policy from the
+// configuration; which layer module to capture; after each optimizer step the policy's
+// decision applied and logged (metrics.jsonl "freeze" lines, freeze.jsonl); its state
+// in checkpoints; its figures in summary.json.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "freeze/policy.h"
+#include "train/trainer.h"
+
+namespace eg::train {
+
+class FreezeRun {
+ public:
+  // `model` is the training model; `pc` the policy's configuration (policy_config(c)
+  // plus the model and run length). `fresh`: a new run, freeze.jsonl starts empty.
+  FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
+            bool fresh);
+
+  // Layer modules (not units) to run under no-grad now, and the one to capture before
+  // the forward of `step` (-1: none).
+  int64_t frozen_layers() const { return part_.layer_prefix(policy_->frozen_prefix()); }
+  int64_t capture_layer(int64_t step) const { return policy_->capture_module(step); }
+
+  // After the optimizer step: accounting, the policy, its decision applied to the
+  // model (a "freeze" line in metrics.jsonl when the frozen set changed) and its log.
+  void after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds);
+
+  // Fields for metrics.jsonl step lines: frozen units and active parameter share.
+  nlohmann::json step_fields() const;
+
+  // Checkpoints: tensors under "freeze/" and the state's "freeze*" keys.
+  void save(std::map<std::string, Tensor>& tensors, nlohmann::json& state) const;
+  void load(const std::map<std::string, Tensor>& tensors, const nlohmann::json& saved, const std::string& ckpt);
+
+  // summary.json: frozen_fraction_final, backward_flops_saved_fraction,
+  // reference_overhead_fraction, evaluations_dropped, freeze_units, freeze_stats.
+  void summarize(nlohmann::json& summary, int64_t steps, double train_seconds) const;
+
+ private:
+  double frozen_share(const std::vector<double>& share) const;
+  models::Model& model_;
+  freeze::Partition part_;
+  std::unique_ptr<freeze::FreezePolicy> policy_;
+  std::vector<double> unit_params_, unit_flops_;  // shares of the model's parameters / forward FLOPs
+  std::string metrics_, log_;
+  double flops_saved_sum_ = 0, seconds_ = 0;  // sum over steps of the frozen FLOP share; time in the policy
+};
+
+// The PolicyConfig fields that come straight from the flags.
+freeze::PolicyConfig policy_config(const TrainConfig& c);
+
+}  // namespace eg::train
