@@ -32,7 +32,10 @@ void idle() { std::this_thread::sleep_for(std::chrono::microseconds(500)); }
 }  // namespace
 
 PlasticityController::PlasticityController(const models::ModelConfig& mc, ControllerOptions o)
-    : mc_(mc),
+    : PlasticityController(quant::model_factory(mc), o) {}
+
+PlasticityController::PlasticityController(quant::ModelFactory make_model, ControllerOptions o)
+    : make_model_(std::move(make_model)),
       opt_(o),
       in_q_(size_t(std::max(1, o.capacity))),
       ref_q_(size_t(std::max(1, o.capacity))),
@@ -53,18 +56,20 @@ void PlasticityController::set_snapshot(std::shared_ptr<const Snapshot> snap) { 
 
 Tensor PlasticityController::reference_gram(const Input& in) {
   if (in.snap != built_from_) {
-    ref_ = quant::make_reference(opt_.precision, mc_, *in.snap);
+    ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap);
     built_from_ = in.snap;
     ++builds_;
   }
   autograd::NoGradGuard ng;
-  return sp_gram(ref_->activation(in.x, in.module));
+  return sp_gram(ref_->activation(in.x, in.module, in.x2));
 }
 
-bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out) {
+bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out,
+                                  const Tensor& x2) {
   EG_CHECK(snapshot_, "plasticity evaluation before the reference model was created");
-  EG_CHECK(x.device().is_cpu(), "the reference model's input must be on the CPU");
-  Input in{step, module, x, snapshot_, Tensor(), false};
+  EG_CHECK(x.device().is_cpu() && (!x2.defined() || x2.device().is_cpu()),
+           "the reference model's input must be on the CPU");
+  Input in{step, module, x, x2, snapshot_, Tensor(), false};
   if (train_out.is_cuda()) {
     in.train = sp_gram(train_out).to(Device::cpu());  // only b x b leaves the GPU
     in.train_is_gram = true;

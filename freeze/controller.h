@@ -39,6 +39,8 @@ struct ControllerOptions {
 
 class PlasticityController {
  public:
+  // make_model builds an untrained model of the training model's architecture.
+  PlasticityController(quant::ModelFactory make_model, ControllerOptions o);
   PlasticityController(const models::ModelConfig& mc, ControllerOptions o);
   ~PlasticityController();
   PlasticityController(const PlasticityController&) = delete;
@@ -48,10 +50,11 @@ class PlasticityController {
   // the training model).
   void set_snapshot(std::shared_ptr<const Snapshot> snap);
   bool has_snapshot() const { return snapshot_ != nullptr; }
-  // Queues one evaluation: x is the CPU input batch, `train_out` the training model's
-  // output of `module` for it (any device; on a GPU its Gram is computed there and
-  // only b x b floats come back). False, and counted, when the pipeline is full.
-  bool submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out);
+  // Queues one evaluation: x is the CPU input batch (a Transformer's source ids, with
+  // its target input ids in x2), `train_out` the training model's output of layer
+  // module `module` for it (any device; on a GPU its Gram is computed there and only
+  // b x b floats come back). False, and counted, when the pipeline is full.
+  bool submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out, const Tensor& x2 = Tensor());
 
   struct Result {
     int64_t step = 0, module = 0;
@@ -70,7 +73,7 @@ class PlasticityController {
  private:
   struct Input {
     int64_t step = -1, module = 0;
-    Tensor x;
+    Tensor x, x2;
     std::shared_ptr<const Snapshot> snap;
     Tensor train;  // b x b Gram on the CPU, or a CPU activation whose Gram is still to be taken
     bool train_is_gram = false;
@@ -84,7 +87,7 @@ class PlasticityController {
   void reference_loop();
   void plasticity_loop();
 
-  models::ModelConfig mc_;
+  quant::ModelFactory make_model_;
   ControllerOptions opt_;
   std::shared_ptr<const Snapshot> snapshot_, built_from_;
   std::unique_ptr<quant::ReferenceModel> ref_;

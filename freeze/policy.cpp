@@ -192,7 +192,7 @@ class EgeriaPolicy : public FreezePolicy {
     o.synchronous = c.synchronous;
     o.threads = c.reference_threads;
     o.capacity = c.queue_capacity;
-    ctl_ = std::make_unique<PlasticityController>(c.model, o);
+    ctl_ = std::make_unique<PlasticityController>(c.make_model ? c.make_model : quant::model_factory(c.model), o);
   }
 
   int64_t capture_module(int64_t step) const override {
@@ -213,7 +213,7 @@ class EgeriaPolicy : public FreezePolicy {
     } else {
       // The controller works in layer modules: the reference runs up to the unit's last.
       const int64_t front_layer = c_.partition.last_layer(tracker_.front());
-      if (captured.defined()) ctl_->submit(s.step, front_layer, x, captured);
+      if (captured.defined()) ctl_->submit(s.step, front_layer, x, captured, s.x2);
       for (auto& r : ctl_->poll()) {
         // A reading for a unit that is no longer the front (frozen or unfrozen since) is stale.
         if (r.module != front_layer) {

@@ -24,6 +24,7 @@
 #include "freeze/partition.h"
 #include "freeze/tracker.h"
 #include "models/model.h"
+#include "quant/reference.h"
 
 namespace eg::freeze {
 
@@ -34,6 +35,9 @@ struct PolicyConfig {
   // module is a unit. Policies decide in units; the trainer maps a prefix of units to
   // a prefix of layer modules (Partition::layer_prefix).
   Partition partition;
+  // egeria: builds an untrained model of the training model's architecture for the
+  // reference (empty: models::build_model(model)).
+  quant::ModelFactory make_model;
   int64_t total_steps = 0, steps_per_epoch = 0;
   TrackerOptions tracker;  // egeria (interval also used by autofreeze)
   std::string reference = "int8";
@@ -49,6 +53,7 @@ struct StepInfo {
   int64_t step = 0;   // the step just taken (1-based count of optimizer steps)
   int64_t epoch = 0;  // 0-based
   double lr = 0, loss = 0;
+  Tensor x2;          // Transformers: the batch's target input ids (x holds the source's)
 };
 
 class FreezePolicy {
@@ -83,7 +88,8 @@ std::vector<std::string> policy_names();
 // gradients: they own no gradient memory while frozen). Returns true on a change.
 bool apply_frozen_prefix(models::Model& m, int64_t k);
 // Forward of a sequential model with modules [0, k) run under no-grad, capturing the
-// output of module `capture` (>= 0) into *captured (detached).
+// output of module `capture` (>= 0) into *captured (detached). (Transformers:
+// models::Transformer::forward_frozen.)
 Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured);
 
 }  // namespace eg::freeze

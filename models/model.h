@@ -22,6 +22,11 @@ class Model : public nn::Module {
   virtual bool sequential() const { return true; }
   // Forward FLOPs per sample of each layer module (same order), when known.
   virtual std::vector<double> module_flops() const { return {}; }
+  // The output of layer module `layer` for one batch, without recording gradients:
+  // what Egeria's reference model compares. x is the input (token ids of the source
+  // for a Transformer, whose target input ids are x2; x2 is unused by vision models).
+  // The default runs the layer modules 0..layer of a sequential model.
+  virtual Tensor layer_output(const Tensor& x, const Tensor& x2, int64_t layer);
 };
 
 using ModelPtr = std::shared_ptr<Model>;

@@ -2,6 +2,8 @@
 #include <functional>
 #include <map>
 
+#include "autograd/node.h"
+
 #include "models/mobilenet_v2.h"
 #include "models/resnet.h"
 #include "models/transformer.h"
@@ -33,6 +35,17 @@ const std::map<std::string, Builder>& builders() {
   return b;
 }
 }  // namespace
+
+Tensor Model::layer_output(const Tensor& x, const Tensor&, int64_t layer) {
+  EG_CHECK(sequential(), type_name(), ": layer_output needs a sequence of layer modules");
+  auto units = layer_modules();
+  EG_CHECK(layer >= 0 && layer < int64_t(units.size()), type_name(), ": no layer module ", layer, " (it has ",
+           units.size(), ")");
+  autograd::NoGradGuard ng;
+  Tensor h = x;
+  for (int64_t i = 0; i <= layer; ++i) h = units[size_t(i)].second->forward(h);
+  return h;
+}
 
 std::vector<std::string> model_names() {
   std::vector<std::string> v;

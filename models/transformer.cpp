@@ -95,7 +95,6 @@ Transformer::Transformer(const TransformerConfig& c, Generator& g) : cfg_(c) {
     }
   positions_ = register_buffer("positions", pos);
   drop_ = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, g));
-  units_.emplace_back("embedding", embedding_);
   for (int64_t i = 0; i < c.enc_layers; ++i) {
     auto l = register_module("encoder." + std::to_string(i), std::make_shared<EncoderLayer>(c, g));
     enc_.push_back(l);
@@ -106,6 +105,7 @@ Transformer::Transformer(const TransformerConfig& c, Generator& g) : cfg_(c) {
     dec_.push_back(l);
     units_.emplace_back("decoder." + std::to_string(i), l);
   }
+  units_.emplace_back("embedding", embedding_);  // also the output projection: the head
 }
 
 Tensor Transformer::padding_mask(const Tensor& ids) const {
@@ -142,6 +142,54 @@ Tensor Transformer::forward(const Tensor& src, const Tensor& tgt_in) {
   Tensor src_mask;
   Tensor memory = encode(src, src_mask);
   return decode(memory, src_mask, tgt_in);
+}
+
+Tensor Transformer::forward_frozen(const Tensor& src, const Tensor& tgt_in, int64_t frozen, int64_t capture,
+                                   Tensor* captured) {
+  const int64_t ne = int64_t(enc_.size()), nd = int64_t(dec_.size());
+  EG_CHECK(frozen >= 0 && frozen <= ne + nd, "Transformer: ", frozen, " frozen layer modules, but only the ", ne + nd,
+           " encoder and decoder layers can freeze (the embedding is the head)");
+  if (frozen == 0 && capture < 0) return forward(src, tgt_in);
+  // Runs f under no-grad when `off`.
+  auto maybe_no_grad = [](bool off, auto&& f) {
+    if (!off) return f();
+    autograd::NoGradGuard ng;
+    return f();
+  };
+  auto keep = [&](int64_t layer, const Tensor& h) {
+    if (layer == capture && captured) *captured = h.detach();
+  };
+  const Tensor src_mask = padding_mask(src), tgt_mask = padding_mask(tgt_in);
+  Tensor h = maybe_no_grad(frozen > 0, [&] { return embed(src); });
+  for (int64_t i = 0; i < ne; ++i) {
+    h = maybe_no_grad(i < frozen, [&] { return static_cast<EncoderLayer&>(*enc_[size_t(i)]).run(h, src_mask); });
+    keep(i, h);
+  }
+  const Tensor memory = h;
+  h = maybe_no_grad(frozen > ne, [&] { return embed(tgt_in); });
+  for (int64_t j = 0; j < nd; ++j) {
+    h = maybe_no_grad(ne + j < frozen, [&] {
+      return static_cast<DecoderLayer&>(*dec_[size_t(j)]).run(h, memory, src_mask, tgt_mask);
+    });
+    keep(ne + j, h);
+  }
+  return fn::linear(h, embedding_->weight, Tensor());
+}
+
+Tensor Transformer::layer_output(const Tensor& src, const Tensor& tgt_in, int64_t layer) {
+  const int64_t ne = int64_t(enc_.size()), nd = int64_t(dec_.size());
+  EG_CHECK(layer >= 0 && layer <= ne + nd, "Transformer: no layer module ", layer, " (it has ", ne + nd + 1, ")");
+  autograd::NoGradGuard ng;
+  const Tensor src_mask = padding_mask(src);
+  Tensor h = embed(src);
+  for (int64_t i = 0; i < ne && i <= layer; ++i) h = static_cast<EncoderLayer&>(*enc_[size_t(i)]).run(h, src_mask);
+  if (layer < ne) return h;
+  EG_CHECK(tgt_in.defined(), "Transformer: the output of decoder layer ", layer - ne, " needs the target input ids");
+  const Tensor memory = h, tgt_mask = padding_mask(tgt_in);
+  h = embed(tgt_in);
+  for (int64_t j = 0; j < nd && ne + j <= layer; ++j)
+    h = static_cast<DecoderLayer&>(*dec_[size_t(j)]).run(h, memory, src_mask, tgt_mask);
+  return layer == ne + nd ? fn::linear(h, embedding_->weight, Tensor()) : h;
 }
 
 std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, int64_t max_len) {

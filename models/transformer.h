@@ -4,6 +4,17 @@
 // cross-attention, FFN), each sub-layer wrapped as LN(x + Dropout(sublayer(x))), and
 // an output projection tied to the embedding. transformer-base: 6+6 layers, d=512,
 // 8 heads, FFN 2048; transformer-tiny: 2+2 layers of the same shape.
+//
+// Note [Freezing a Transformer]
+// Layer modules, front to back: encoder.0 .. encoder.N-1, decoder.0 .. decoder.N-1,
+// and last "embedding": the shared embedding, which is also the output projection (the
+// head), and is never frozen. With the first k layer modules frozen (forward_frozen)
+// they run under no-grad, and so does the embedding lookup that feeds them: while any
+// encoder layer is frozen the source-side embedding gets no gradient, and once decoder
+// layers are frozen neither does the target side; the embedding keeps training through
+// the output projection. That is what makes a frozen front cheap (no backward through
+// it at all); keeping the embedding's gradient from the source side would need the
+// whole backward through the frozen encoder.
 #pragma once
 #include "core/rng.h"
 #include "layers/attention.h"
@@ -23,6 +34,10 @@ class Transformer : public Model {
   Transformer(const TransformerConfig& c, Generator& g);
   // src [B, S], tgt_in [B, T] (s64 token ids; pad_id marks padding) -> logits [B, T, vocab].
   Tensor forward(const Tensor& src, const Tensor& tgt_in);
+  // The same with layer modules [0, frozen) run under no-grad (Note [Freezing a
+  // Transformer]), capturing layer module `capture`'s output (>= 0) into *captured.
+  Tensor forward_frozen(const Tensor& src, const Tensor& tgt_in, int64_t frozen, int64_t capture, Tensor* captured);
+  Tensor layer_output(const Tensor& src, const Tensor& tgt_in, int64_t layer) override;
   Tensor encode(const Tensor& src, Tensor& src_mask);
   Tensor decode(const Tensor& memory, const Tensor& src_mask, const Tensor& tgt_in);
   // Greedy decoding: [B, <= max_len] ids, starting after bos, stopping at eos.

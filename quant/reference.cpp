@@ -13,45 +13,38 @@ namespace {
 
 class Fp32Reference : public ReferenceModel {
  public:
-  Fp32Reference(const models::ModelConfig& mc, const std::map<std::string, Tensor>& snap) {
-    load(mc, snap);
-  }
-  Tensor activation(const Tensor& x, int64_t module) override {
-    EG_CHECK(module >= 0 && module < int64_t(units_.size()), "reference model: no layer module ", module, " (it has ",
-             units_.size(), ")");
-    EG_CHECK(x.device().is_cpu(), "reference model: the input must be on the CPU");
-    autograd::NoGradGuard ng;
-    Tensor h = x;
-    for (int64_t i = 0; i <= module; ++i) h = units_[size_t(i)].second->forward(h);
-    return h;
+  Fp32Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap) { load(make, snap); }
+  Tensor activation(const Tensor& x, int64_t module, const Tensor& x2) override {
+    const int64_t n = int64_t(model_->layer_modules().size());
+    EG_CHECK(module >= 0 && module < n, "reference model: no layer module ", module, " (it has ", n, ")");
+    EG_CHECK(x.device().is_cpu() && (!x2.defined() || x2.device().is_cpu()),
+             "reference model: the input must be on the CPU");
+    return model_->layer_output(x, x2, module);
   }
   std::string precision() const override { return "fp32"; }
 
  protected:
   Fp32Reference() = default;
-  void load(const models::ModelConfig& mc, const std::map<std::string, Tensor>& snap) {
-    Generator g(0);
-    model_ = models::build_model(mc, g);
-    EG_CHECK(model_->sequential(), "model '", mc.name, "' is not a sequence of layer modules; "
-             "the Egeria reference model supports sequential models only");
+  void load(const ModelFactory& make, const std::map<std::string, Tensor>& snap) {
+    model_ = make();
     std::map<std::string, Tensor> cpu;
     for (auto& [k, t] : snap) cpu[k] = t.to(Device::cpu());
     model_->load_state_dict(cpu);
+    model_->to(Device::cpu());
     model_->eval();
-    units_ = model_->layer_modules();
   }
   models::ModelPtr model_;
-  std::vector<std::pair<std::string, nn::ModulePtr>> units_;
 };
 
 // int8: batch norm folded, every convolution run by ConvInt8 (s8 weights per output
-// channel, u8/s8 activations per batch; see Note [Dynamic activation scales]). Other
-// layers (ReLU, residual adds, pooling, the linear head) stay f32: they are a small
-// share of the FLOPs, and the head is never frozen.
+// channel, u8/s8 activations per batch; see Note [Dynamic activation scales]) and every
+// Linear by LinearInt8 (dynamic quantisation, as the paper's Transformers). Other
+// layers (ReLU, residual adds, pooling, layer norm, softmax, attention's batched
+// products) stay f32: they are a small share of the FLOPs.
 class Int8Reference : public Fp32Reference {
  public:
-  Int8Reference(const models::ModelConfig& mc, const std::map<std::string, Tensor>& snap) {
-    load(mc, snap);
+  Int8Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap) {
+    load(make, snap);
     convert_to_int8(*model_);
   }
   std::string precision() const override { return "int8"; }
@@ -85,10 +78,15 @@ int64_t convert_to_int8(nn::Module& m) {
   int64_t n = 0;
   for (auto& [name, mod] : m.named_modules()) {
     auto* conv = dynamic_cast<nn::Conv2d*>(mod);
-    if (!conv) continue;
-    auto q = std::make_shared<ConvInt8>(conv->weight.to(Device::cpu()), conv->bias, conv->params);
-    conv->forward_override = [q](const Tensor& x) { return q->forward(x); };
-    ++n;
+    if (conv) {
+      auto q = std::make_shared<ConvInt8>(conv->weight.to(Device::cpu()), conv->bias, conv->params);
+      conv->forward_override = [q](const Tensor& x) { return q->forward(x); };
+      ++n;
+    } else if (auto* lin = dynamic_cast<nn::Linear*>(mod)) {
+      auto q = std::make_shared<LinearInt8>(lin->weight.to(Device::cpu()), lin->bias);
+      lin->forward_override = [q](const Tensor& x) { return q->forward(x); };
+      ++n;
+    }
   }
   return n;
 }
@@ -109,11 +107,23 @@ int64_t fold_batchnorm(nn::Module& m) {
 }
 
 
+ModelFactory model_factory(const models::ModelConfig& mc) {
+  return [mc] {
+    Generator g(0);
+    return models::build_model(mc, g);
+  };
+}
+
+std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make,
+                                               const std::map<std::string, Tensor>& snapshot) {
+  if (precision == "fp32") return std::make_unique<Fp32Reference>(make, snapshot);
+  if (precision == "int8") return std::make_unique<Int8Reference>(make, snapshot);
+  EG_THROW("unknown reference precision '", precision, "' (int8, fp32)");
+}
+
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,
                                                const std::map<std::string, Tensor>& snapshot) {
-  if (precision == "fp32") return std::make_unique<Fp32Reference>(mc, snapshot);
-  if (precision == "int8") return std::make_unique<Int8Reference>(mc, snapshot);
-  EG_THROW("unknown reference precision '", precision, "' (int8, fp32)");
+  return make_reference(precision, model_factory(mc), snapshot);
 }
 
 }  // namespace eg::quant

@@ -3,9 +3,11 @@
 // module boundaries, against which plasticity is measured.
 //
 // Precisions: "int8" (batch norm folded into the convolutions, s8 weights per output
-// channel, u8/s8 activations scaled per batch, oneDNN int8 convolutions; quant/int8.h)
-// and "fp32" (the snapshot as it is, on the CPU).
+// channel, u8/s8 activations scaled per batch, oneDNN int8 convolutions and
+// dynamically quantised linear layers; quant/int8.h) and "fp32" (the snapshot as it
+// is, on the CPU).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,26 +20,32 @@ class ReferenceModel {
  public:
   virtual ~ReferenceModel() = default;
   // Output of layer module `module` (0-based, in layer_modules() order) for input x
-  // (CPU f32, [b, ...]), computed by running modules 0..module. Thread-compatible:
-  // one caller at a time.
-  virtual Tensor activation(const Tensor& x, int64_t module) = 0;
+  // (CPU: f32 images [b, ...], or a Transformer's source ids with its target input ids
+  // in x2), as models::Model::layer_output. Thread-compatible: one caller at a time.
+  virtual Tensor activation(const Tensor& x, int64_t module, const Tensor& x2 = Tensor()) = 0;
   virtual std::string precision() const = 0;
 };
 
-// Builds a reference of `precision` for a model of configuration `mc` from a snapshot
-// of its state (copied: the caller may keep training). Needs a sequential model
-// (each layer module's output is the next one's input).
+// Builds a reference of `precision` from a snapshot of a model's state (copied: the
+// caller may keep training). `make_model` builds an untrained model of the same
+// architecture (the overload with a ModelConfig uses models::build_model).
 // Folds every BatchNorm2d that a module registers right after a Conv2d (the order in
 // which the built-in models also run them) into that convolution's weight and bias,
 // using the running statistics; the BatchNorm then passes its input through. For
 // inference copies only. Returns the number of pairs folded.
 int64_t fold_batchnorm(nn::Module& m);
 
-// Turns an inference copy of a vision model into its int8 version in place: eval mode,
-// batch norm folded, every Conv2d run by ConvInt8. Returns the number of convolutions.
+// Turns an inference copy of a model into its int8 version in place: eval mode, batch
+// norm folded, every Conv2d run by ConvInt8 and every Linear by LinearInt8. Returns the
+// number of layers converted.
 int64_t convert_to_int8(nn::Module& m);
 
+using ModelFactory = std::function<models::ModelPtr()>;
+std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make_model,
+                                               const std::map<std::string, Tensor>& snapshot);
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,
                                                const std::map<std::string, Tensor>& snapshot);
+// models::build_model(mc) with a fixed seed (the weights are replaced by a snapshot).
+ModelFactory model_factory(const models::ModelConfig& mc);
 
 }  // namespace eg::quant

@@ -6,6 +6,7 @@
 #include <functional>
 #include <set>
 
+#include "autograd/node.h"
 #include "models/model.h"
 #include "models/transformer.h"
 #include "optim/optimizer.h"
@@ -89,6 +90,54 @@ TEST(Models, TransformerBaseHasThePaperShape) {
   // FFN, 3 LayerNorms) = 18,944,000 + 6*3,152,384 + 6*4,204,032.
   EXPECT_EQ(m->num_parameters(), 18944000 + 6 * 3152384 + 6 * 4204032);
   EXPECT_EQ(m->layer_modules().size(), 1u + 6u + 6u);
+}
+
+// Note [Freezing a Transformer]: encoders, then decoders, then the embedding (head).
+TEST(Models, TransformerFreezesFrontToBackWithoutBackwardThroughTheFrozenPart) {
+  models::TransformerConfig tc;
+  tc.vocab = 50;
+  tc.d_model = 16;
+  tc.heads = 2;
+  tc.ffn = 32;
+  tc.enc_layers = tc.dec_layers = 2;
+  tc.dropout = 0.0;
+  Generator g(4);
+  models::Transformer m(tc, g);
+  auto layers = m.layer_modules();
+  ASSERT_EQ(layers.size(), 5u);
+  EXPECT_EQ(layers[0].first, "encoder.0");
+  EXPECT_EQ(layers[2].first, "decoder.0");
+  EXPECT_EQ(layers[4].first, "embedding");
+  std::vector<int64_t> sv = {5, 6, 7, 8, 0, 9, 10, 11, 3, 4, 5, 0};  // 0: padding
+  Tensor src = Tensor::from_vector(sv, {2, 6}), tgt = Tensor::from_vector(std::vector<int64_t>{1, 5, 6, 7, 1, 8, 9, 0}, {2, 4});
+  Tensor full = m.forward(src, tgt);
+  // Nothing frozen: the same logits; every layer's capture equals layer_output.
+  for (int64_t l = 0; l < 4; ++l) {
+    Tensor cap;
+    Tensor y = m.forward_frozen(src, tgt, 0, l, &cap);
+    EXPECT_EQ(y.to_vector<float>(), full.to_vector<float>());
+    EXPECT_EQ(cap.to_vector<float>(), m.layer_output(src, tgt, l).to_vector<float>()) << layers[size_t(l)].first;
+  }
+  EXPECT_EQ(m.layer_output(src, tgt, 4).to_vector<float>(), full.to_vector<float>());
+  // The encoder frozen: same values, a smaller graph, no gradient for the encoder, and
+  // the embedding still trains (target side and output projection).
+  auto loss_of = [&](const Tensor& logits) {
+    return fn::cross_entropy(fn::reshape(logits, {8, 50}), Tensor::from_vector(std::vector<int64_t>{5, 6, 7, 2, 8, 9, 2, 0}, {8}));
+  };
+  const size_t nodes_full = autograd::graph_size(loss_of(full));
+  for (int64_t k = 1; k <= 2; ++k) {
+    Tensor y = m.forward_frozen(src, tgt, k, -1, nullptr);
+    EXPECT_EQ(y.to_vector<float>(), full.to_vector<float>()) << k;
+  }
+  for (auto& p : m.parameters()) p.set_grad(Tensor());
+  for (int64_t i = 0; i < 2; ++i) layers[size_t(i)].second->freeze();
+  Tensor loss = loss_of(m.forward_frozen(src, tgt, 2, -1, nullptr));
+  EXPECT_LT(autograd::graph_size(loss), nodes_full * 2 / 3);
+  loss.backward();
+  for (auto& p : layers[0].second->parameters()) EXPECT_FALSE(p.grad().defined());
+  for (auto& p : layers[2].second->parameters()) EXPECT_TRUE(p.grad().defined());
+  EXPECT_TRUE(layers[4].second->parameters()[0].grad().defined());
+  EXPECT_THROW(m.forward_frozen(src, tgt, 5, -1, nullptr), Error);  // the head never freezes
 }
 
 TEST(Models, CorpusBleu) {

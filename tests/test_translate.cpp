@@ -172,6 +172,52 @@ TEST(Translate, KilledAndResumedRunIsBitIdentical) {
   }
 }
 
+// Egeria on a Transformer (Note [Freezing a Transformer]): evaluations against the
+// int8 reference (dynamically quantised linear layers), decisions logged, the summary's
+// freezing figures, and a killed run resumed to the same weights and decisions.
+TEST(Translate, EgeriaFreezesATransformerAndResumesBitIdentically) {
+  std::string data = tmpdir("data_freeze"), a = tmpdir("freeze_full"), b = tmpdir("freeze_killed");
+  write_toy_corpus(data);
+  auto arch = tiny_arch();
+  arch.enc_layers = arch.dec_layers = 2;
+  auto c = toy_run(data, a);
+  c.epochs = 3;
+  c.train_limit = 320;  // 10 batches per epoch
+  c.test_limit = 8;
+  c.freeze = "egeria";
+  c.freeze_modules = "layers";
+  c.freeze_sync = true;
+  c.freeze_interval = 1;
+  c.freeze_window = 2;
+  ASSERT_TRUE(train::run_translation(c, &arch).completed);
+  auto log = records(a + "/freeze.jsonl", "evaluation");
+  EXPECT_GT(log.size(), 3u) << "no plasticity evaluations in 30 steps with n=1";
+  for (auto& e : log) EXPECT_GE(e["plasticity"].get<double>(), 0.0);
+  auto sum = nlohmann::json::parse(slurp(a + "/summary.json"));
+  for (const char* k : {"frozen_fraction_final", "backward_flops_saved_fraction", "reference_overhead_fraction",
+                        "evaluations_dropped", "freeze_units"})
+    EXPECT_TRUE(sum.contains(k)) << k;
+  EXPECT_EQ(sum["freeze_units"].size(), 5u);  // 2 encoder, 2 decoder layers and the embedding
+  EXPECT_EQ(sum["freeze_units"].back()["name"], "embedding");
+
+  c.out = b;
+  c.checkpoint_every = 1;
+  c.stop_after_steps = 13;
+  EXPECT_FALSE(train::run_translation(c, &arch).completed);
+  c.resume = true;
+  c.stop_after_steps = 0;
+  ASSERT_TRUE(train::run_translation(c, &arch).completed);
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  auto decisions = [](const std::string& path) {
+    std::vector<std::string> d;
+    for (const char* t : {"bootstrap", "freeze", "unfreeze"})
+      for (auto& j : records(path, t)) d.push_back(std::string(t) + "@" + std::to_string(j["step"].get<int64_t>()));
+    return d;
+  };
+  EXPECT_EQ(decisions(b + "/freeze.jsonl"), decisions(a + "/freeze.jsonl"));
+}
+
 TEST(Translate, BadInputIsNamed) {
   std::string d = tmpdir("bad");
   auto expect_error = [&](train::TrainConfig c, const std::string& needle) {

@@ -240,8 +240,6 @@ void validate(const TrainConfig& c) {
     auto pols = freeze::policy_names();
     EG_CHECK(std::find(pols.begin(), pols.end(), c.freeze) != pols.end(), "--freeze: unknown policy '", c.freeze,
              "' (none, static, freezeout, autofreeze, egeria)");
-    EG_CHECK(c.freeze == "none" || !is_translation_model(c.model), "--freeze ", c.freeze,
-             ": layer freezing of Transformers is not available yet; use --freeze none");
     EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
     EG_CHECK(c.freeze_window >= 1, "--freeze-window must be at least 1, got ", c.freeze_window);
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
@@ -368,7 +366,7 @@ Summary run_training(const TrainConfig& cin) {
       r.opt->step();
       ++step;
       ++this_run;
-      fr.after_step({step, epoch, lr, lv}, b.x, captured, train_secs);
+      fr.after_step({step, epoch, lr, lv, Tensor()}, b.x, captured, train_secs);
       images += b.y.numel();
       loss_sum += lv;
       ++loss_n;

@@ -15,6 +15,7 @@
 #include "models/transformer.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "train/freezing.h"
 #include "train/safetensors.h"
 
 namespace eg::train {
@@ -237,6 +238,17 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
   const std::string ckpt = c.out + "/" + kCheckpoint, metrics = c.out + "/metrics.jsonl";
   json state = {{"epoch", 0}, {"batch", 0}, {"step", 0}, {"train_seconds", 0.0}, {"tokens", 0},
                 {"best_valid_bleu", 0.0}, {"epoch_loss_sum", 0.0}, {"epoch_loss_n", 0}};
+  // Layer freezing (Note [Freezing a Transformer]); the reference model is built with
+  // this run's architecture.
+  freeze::PolicyConfig pc = policy_config(c);
+  pc.model.vocab = mc.vocab;
+  pc.make_model = [mc] {
+    Generator g(0);
+    return models::ModelPtr(std::make_shared<models::Transformer>(mc, g));
+  };
+  pc.total_steps = c.epochs * steps_per_epoch;
+  pc.steps_per_epoch = steps_per_epoch;
+  FreezeRun fr(c, *model, pc, c.out, !(c.resume && file_exists(ckpt)));
   if (c.resume && file_exists(ckpt)) {
     Metadata meta;
     TensorMap all = load_safetensors(ckpt, &meta);
@@ -255,6 +267,7 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
     }
     model->load_state_dict(ms);
     opt->load_state_dict(os);
+    fr.load(all, saved, ckpt);
     gen.set_state(saved.at("rng_seed"), saved.at("rng_offset"));
     state = saved;
     std::printf("resuming %s from epoch %lld, batch %lld (step %lld)\n", ckpt.c_str(),
@@ -270,6 +283,7 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
     TensorMap all;
     for (auto& [k, t] : model->state_dict()) all["model/" + k] = t;
     for (auto& [k, t] : opt->state_dict()) all["optim/" + k] = t;
+    fr.save(all, state);
     state["epoch"] = epoch;
     state["batch"] = batch;
     state["rng_seed"] = gen.seed();
@@ -295,7 +309,9 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
       auto t0 = Clock::now();
       const double lr = sched->lr_at(step);
       opt->set_lr(lr);
-      Tensor logits = model->forward(b.src.to(dev), b.tgt_in.to(dev));
+      Tensor captured;
+      Tensor logits =
+          model->forward_frozen(b.src.to(dev), b.tgt_in.to(dev), fr.frozen_layers(), fr.capture_layer(step), &captured);
       const int64_t n = b.tgt_out.numel();
       Tensor loss = fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), b.tgt_out.reshape({n}).to(dev),
                                       kLabelSmoothing, sp.pad);
@@ -311,13 +327,17 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
       loss.backward();
       opt->step();
       ++step, ++this_run, ++steps_here, ++loss_n;
+      fr.after_step({step, epoch, lr, lv, b.tgt_in}, b.src, captured, train_secs);
       tokens += b.tgt_tokens;
       loss_sum += lv;
       train_secs += std::chrono::duration<double>(Clock::now() - t0).count();
       const double tps = double(tokens) / std::max(train_secs, 1e-9);  // target tokens, as fairseq's wps
-      if (step % c.log_every == 0)
-        append_line(metrics, {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
-                              {"train_seconds", train_secs}, {"tokens_per_second", tps}});
+      if (step % c.log_every == 0) {
+        json j = {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
+                  {"train_seconds", train_secs}, {"tokens_per_second", tps}};
+        j.update(fr.step_fields());
+        append_line(metrics, j);
+      }
       const int64_t done = b.index + 1, total = steps_per_epoch;
       const double el = std::chrono::duration<double>(Clock::now() - t_epoch).count();
       detail::print_progress({epoch, c.epochs, done, total, step, loss_sum / double(loss_n), lv, lr, tps,
@@ -372,6 +392,7 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
              {"train_seconds", s.train_seconds}, {"tokens_per_second", s.tokens_per_second},
              {"time_to_target_seconds", nullptr}, {"steps", s.steps}, {"parameters", model->num_parameters()},
              {"flops_per_token", model->flops_per_sample()}, {"vocab_size", mc.vocab}, {"freeze", c.freeze}};
+  fr.summarize(sj, s.steps, s.train_seconds);
   write_file_atomic(c.out + "/summary.json", sj.dump(2) + "\n");
   std::printf("test BLEU %.2f  test loss %.4f\n", te.bleu, te.loss);
   return s;
