@@ -2,7 +2,8 @@
 // (batch 128, u8 activations after a ReLU) against the f32 convolution egeria trains
 // with (oneDNN) and against its own plain-loop reference (one small case: the loops
 // are slow by design); and a whole reference forward of ResNet-20/56 through every
-// layer module, int8 vs fp32 — what a plasticity evaluation costs the spare cores.
+// layer module, int8 vs fp32 — what a plasticity evaluation costs the spare cores; and
+// transformer-tiny's reference (dynamically quantised linear layers) vs fp32.
 // Counters: GFLOP/s of the convolutions (2*N*K*P*Q*C*R*S), images/s for the models.
 #include <benchmark/benchmark.h>
 
@@ -72,6 +73,23 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
   st.counters["images/s"] = benchmark::Counter(128, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// transformer-tiny (d 512, 2+2 layers, vocabulary 8000), 64 sentences of 32 tokens a
+// side: the reference up to the last decoder layer (dynamically quantised linear
+// layers vs f32).
+void BM_ReferenceTransformer(benchmark::State& st, const char* precision) {
+  models::ModelConfig mc;
+  mc.name = "transformer-tiny";
+  Generator g(3);
+  auto m = models::build_model(mc, g);
+  auto ref = quant::make_reference(precision, mc, m->state_dict());
+  const int64_t b = 64, t = 32, last = int64_t(m->layer_modules().size()) - 2;  // every module but the head
+  std::vector<int64_t> ids(size_t(b * t));
+  for (auto& v : ids) v = 4 + int64_t(g.next_u32() % 7990);
+  Tensor src = Tensor::from_vector(ids, {b, t}), tgt = Tensor::from_vector(ids, {b, t});
+  for (auto _ : st) benchmark::DoNotOptimize(ref->activation(src, last, tgt));
+  st.counters["tokens/s"] = benchmark::Counter(double(b * t), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,6 +105,10 @@ int main(int argc, char** argv) {
     for (const char* prec : {"int8", "fp32"})
       benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model, prec)
           ->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const char* prec : {"int8", "fp32"})
+    benchmark::RegisterBenchmark((std::string("reference/transformer-tiny_b64x32/") + prec).c_str(),
+                                 BM_ReferenceTransformer, prec)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
