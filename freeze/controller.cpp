@@ -40,6 +40,7 @@ PlasticityController::PlasticityController(quant::ModelFactory make_model, Contr
       in_q_(size_t(std::max(1, o.capacity))),
       ref_q_(size_t(std::max(1, o.capacity))),
       res_q_(size_t(std::max(8, 4 * o.capacity))) {
+  if (quant::reference_on_gpu(opt_.precision)) opt_.synchronous = true;  // see the header
   if (!opt_.synchronous) {
     ref_thread_ = std::thread([this] { reference_loop(); });
     plast_thread_ = std::thread([this] { plasticity_loop(); });
@@ -56,7 +57,7 @@ void PlasticityController::set_snapshot(std::shared_ptr<const Snapshot> snap) { 
 
 Tensor PlasticityController::reference_gram(const Input& in) {
   if (in.snap != built_from_) {
-    ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap);
+    ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap, opt_.gpu);
     built_from_ = in.snap;
     ++builds_;
   }

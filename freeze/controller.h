@@ -13,7 +13,10 @@
 // counted. The reference is rebuilt from the latest snapshot on the reference thread.
 // Background threads run at a lower scheduling priority (nice) with their own thread
 // count, so they take the CPU the training leaves idle. `synchronous` evaluates
-// inline instead (deterministic; for tests and reproducible runs).
+// inline instead (deterministic; for tests and reproducible runs). A reference on the
+// GPU (precision "fp32-gpu") is always evaluated inline, on the training thread and
+// stream: the GPU serialises the work anyway, and one thread keeps one set of CUDA
+// handles.
 #pragma once
 #include <atomic>
 #include <map>
@@ -30,7 +33,8 @@ namespace eg::freeze {
 using Snapshot = std::map<std::string, Tensor>;
 
 struct ControllerOptions {
-  std::string precision = "int8";
+  std::string precision = "int8";  // quant::reference_precisions()
+  Device gpu = Device::cuda(0);     // the training GPU, for a "-gpu" reference
   bool synchronous = false;
   int threads = 1;   // OpenMP threads of each background thread
   int nice = 10;     // added scheduling niceness of the background threads (Linux)

@@ -189,6 +189,7 @@ class EgeriaPolicy : public FreezePolicy {
       : c_(c), tracker_(modules, with_interval(c, modules)) {
     ControllerOptions o;
     o.precision = c.reference;
+    if (c.device.is_cuda()) o.gpu = c.device;
     o.synchronous = c.synchronous;
     o.threads = c.reference_threads;
     o.capacity = c.queue_capacity;

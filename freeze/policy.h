@@ -40,7 +40,8 @@ struct PolicyConfig {
   quant::ModelFactory make_model;
   int64_t total_steps = 0, steps_per_epoch = 0;
   TrackerOptions tracker;  // egeria (interval also used by autofreeze)
-  std::string reference = "int8";
+  std::string reference = "int8";  // quant::reference_precisions()
+  Device device = Device::cpu();   // the training device (a "-gpu" reference runs there)
   bool synchronous = false;  // egeria: evaluate inline (deterministic; tests)
   int reference_threads = 1;
   int queue_capacity = 2;

@@ -13,27 +13,30 @@ namespace {
 
 class Fp32Reference : public ReferenceModel {
  public:
-  Fp32Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap) { load(make, snap); }
+  Fp32Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, Device dev = Device::cpu()) {
+    load(make, snap, dev);
+  }
   Tensor activation(const Tensor& x, int64_t module, const Tensor& x2) override {
     const int64_t n = int64_t(model_->layer_modules().size());
     EG_CHECK(module >= 0 && module < n, "reference model: no layer module ", module, " (it has ", n, ")");
     EG_CHECK(x.device().is_cpu() && (!x2.defined() || x2.device().is_cpu()),
              "reference model: the input must be on the CPU");
-    return model_->layer_output(x, x2, module);
+    if (dev_.is_cpu()) return model_->layer_output(x, x2, module);
+    return model_->layer_output(x.to(dev_), x2.defined() ? x2.to(dev_) : x2, module);
   }
-  std::string precision() const override { return "fp32"; }
+  std::string precision() const override { return dev_.is_cpu() ? "fp32" : "fp32-gpu"; }
 
  protected:
   Fp32Reference() = default;
-  void load(const ModelFactory& make, const std::map<std::string, Tensor>& snap) {
+  void load(const ModelFactory& make, const std::map<std::string, Tensor>& snap, Device dev = Device::cpu()) {
+    dev_ = dev;
     model_ = make();
-    std::map<std::string, Tensor> cpu;
-    for (auto& [k, t] : snap) cpu[k] = t.to(Device::cpu());
-    model_->load_state_dict(cpu);
-    model_->to(Device::cpu());
+    model_->load_state_dict(snap);
+    model_->to(dev);
     model_->eval();
   }
   models::ModelPtr model_;
+  Device dev_ = Device::cpu();
 };
 
 // int8: batch norm folded, every convolution run by ConvInt8 (s8 weights per output
@@ -114,11 +117,18 @@ ModelFactory model_factory(const models::ModelConfig& mc) {
   };
 }
 
+std::vector<std::string> reference_precisions() { return {"int8", "fp32", "fp32-gpu"}; }
+
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make,
-                                               const std::map<std::string, Tensor>& snapshot) {
+                                               const std::map<std::string, Tensor>& snapshot, Device gpu) {
   if (precision == "fp32") return std::make_unique<Fp32Reference>(make, snapshot);
   if (precision == "int8") return std::make_unique<Int8Reference>(make, snapshot);
-  EG_THROW("unknown reference precision '", precision, "' (int8, fp32)");
+  if (precision == "fp32-gpu") {
+    EG_CHECK(gpu.is_cuda() && cuda_available(), "the fp32-gpu reference model needs a CUDA GPU (",
+             built_with_cuda() ? "none is visible" : "this build has no CUDA support", "); use int8 or fp32");
+    return std::make_unique<Fp32Reference>(make, snapshot, gpu);
+  }
+  EG_THROW("unknown reference precision '", precision, "' (int8, fp32, fp32-gpu)");
 }
 
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,

@@ -4,8 +4,12 @@
 //
 // Precisions: "int8" (batch norm folded into the convolutions, s8 weights per output
 // channel, u8/s8 activations scaled per batch, oneDNN int8 convolutions and
-// dynamically quantised linear layers; quant/int8.h) and "fp32" (the snapshot as it
-// is, on the CPU).
+// dynamically quantised linear layers; quant/int8.h), "fp32" (the snapshot as it is,
+// on the CPU), and "fp32-gpu": the snapshot on the training GPU, for machines whose CPU
+// cores are busy (data loading) or few. The GPU reference is evaluated on the training
+// thread, in the training stream (freeze/controller.h), so it needs no second set of
+// CUDA handles; its cost is one forward of the front modules every n steps.
+// (The paper also offers fp16 on the GPU; egeria's CUDA kernels are f32 only so far.)
 #pragma once
 #include <functional>
 #include <map>
@@ -41,8 +45,15 @@ int64_t fold_batchnorm(nn::Module& m);
 int64_t convert_to_int8(nn::Module& m);
 
 using ModelFactory = std::function<models::ModelPtr()>;
+// `gpu`: the CUDA device of "fp32-gpu" (ignored by the CPU precisions).
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make_model,
-                                               const std::map<std::string, Tensor>& snapshot);
+                                               const std::map<std::string, Tensor>& snapshot,
+                                               Device gpu = Device::cuda(0));
+// The precisions make_reference knows; "-gpu" ones run on the GPU.
+std::vector<std::string> reference_precisions();
+inline bool reference_on_gpu(const std::string& precision) {
+  return precision.size() > 4 && precision.compare(precision.size() - 4, 4, "-gpu") == 0;
+}
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,
                                                const std::map<std::string, Tensor>& snapshot);
 // models::build_model(mc) with a fixed seed (the weights are replaced by a snapshot).

@@ -1,13 +1,20 @@
-// CUDA runtime pieces: the caching allocator, copies, and device-independent RNG.
+// CUDA runtime pieces: the caching allocator, copies, and device-independent RNG; the
+// GPU reference model.
 // Every test skips without a GPU; tools/gpu-check runs them on one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "freeze/plasticity.h"
 #include "kernels/ops.h"
+#include "models/model.h"
+#include "quant/reference.h"
+#include "train/trainer.h"
 
 using namespace eg;
 
@@ -93,4 +100,42 @@ TEST(Cuda, Tf32ConvolutionIsOptInAndStaysClose) {
   EXPECT_LT(worst(false), 1e-3);
   const double tf32 = worst(true);
   EXPECT_LT(tf32, 0.2);
+}
+
+// The GPU fallback of the reference model ("fp32-gpu"): the same activations as the
+// CPU fp32 reference, and an Egeria run on the GPU that uses it.
+TEST(Cuda, GpuReferenceModelMatchesTheCpuOneAndTrains) {
+  EG_REQUIRE_GPU();
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 1;
+  mc.image_size = 16;
+  Generator g(2);
+  auto m = models::build_model(mc, g);
+  auto cpu = quant::make_reference("fp32", mc, m->state_dict());
+  auto gpu = quant::make_reference("fp32-gpu", quant::model_factory(mc), m->state_dict(), Device::cuda(0));
+  EXPECT_EQ(gpu->precision(), "fp32-gpu");
+  Tensor x = Tensor::randn({16, 1, 16, 16}, g);
+  for (int64_t k : {0, 4, 9}) {
+    Tensor a = cpu->activation(x, k), b = gpu->activation(x, k).to(Device::cpu());
+    EXPECT_LT(freeze::sp_loss(a, b), 1e-9) << "module " << k;
+  }
+  train::TrainConfig c;
+  c.model = "resnet20";
+  c.dataset = "synthetic";
+  c.train_limit = 256;
+  c.test_limit = 64;
+  c.batch_size = 16;
+  c.epochs = 2;
+  c.device = "cuda:0";
+  c.out = "/tmp/eg_cuda_gpu_reference";
+  c.freeze = "egeria";
+  c.freeze_reference = "fp32-gpu";
+  c.freeze_interval = 2;
+  c.freeze_window = 2;
+  auto s = train::run_training(c);
+  ASSERT_TRUE(s.completed);
+  auto sum = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 0);
+  EXPECT_EQ(sum["freeze_stats"]["evaluations_dropped"].get<int64_t>(), 0);
 }

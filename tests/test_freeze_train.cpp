@@ -257,6 +257,24 @@ TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
 
 namespace {
 
+TEST(FreezeTrainer, GpuReferenceIsAClearErrorWithoutAGpu) {
+  auto c = run_cfg(tmpdir("gpu_ref"), "egeria");
+  c.freeze_reference = "fp32-gpu";
+  try {
+    train::validate(c);
+    ADD_FAILURE() << "fp32-gpu accepted for a CPU run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+  }
+  if (!cuda_available()) {
+    models::ModelConfig mc;
+    mc.name = "resnet20";
+    Generator g(1);
+    auto m = models::build_model(mc, g);
+    EXPECT_THROW(quant::make_reference("fp32-gpu", quant::model_factory(mc), m->state_dict()), Error);
+  }
+}
+
 TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
   std::string d = tmpdir("units_resume");
   auto c = run_cfg(d, "static");

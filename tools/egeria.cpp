@@ -69,9 +69,10 @@ int main(int argc, char** argv) {
   train->add_option("--freeze-tolerance", c.freeze_tolerance, "egeria: T coefficient")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  train->add_option("--freeze-reference", c.freeze_reference, "egeria: reference model precision")
+  train->add_option("--freeze-reference", c.freeze_reference,
+                    "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu on the training GPU")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "int8"}));
+      ->check(CLI::IsMember({"int8", "fp32", "fp32-gpu"}));
   train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");
   train->add_option("--freeze-threads", c.freeze_threads, "egeria: threads of each background thread")
       ->capture_default_str()

@@ -27,6 +27,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.window = c.freeze_window;
   pc.tracker.tolerance_coef = c.freeze_tolerance;
   pc.reference = c.freeze_reference;
+  pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;
   pc.reference_threads = c.freeze_threads;
   pc.static_modules = c.static_modules;

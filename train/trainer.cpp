@@ -243,8 +243,11 @@ void validate(const TrainConfig& c) {
     EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
     EG_CHECK(c.freeze_window >= 1, "--freeze-window must be at least 1, got ", c.freeze_window);
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
-    EG_CHECK(c.freeze_reference == "fp32" || c.freeze_reference == "int8",
-             "--freeze-reference must be fp32 or int8, got '", c.freeze_reference, "'");
+    EG_CHECK(c.freeze_reference == "fp32" || c.freeze_reference == "int8" || c.freeze_reference == "fp32-gpu",
+             "--freeze-reference must be int8, fp32 or fp32-gpu, got '", c.freeze_reference, "'");
+    EG_CHECK(c.freeze_reference != "fp32-gpu" || Device::parse(c.device).is_cuda(),
+             "--freeze-reference fp32-gpu runs the reference model on the training GPU; it needs --device cuda[:N] "
+             "(training on ", c.device, ")");
   }
   EG_CHECK(c.adam_beta1 >= 0 && c.adam_beta1 < 1 && c.adam_beta2 >= 0 && c.adam_beta2 < 1,
            "--adam-betas must both be in [0, 1), got ", c.adam_beta1, ",", c.adam_beta2);
