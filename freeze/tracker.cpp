@@ -110,8 +110,12 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
   e.smoothed = avg;
   e.lr = lr;
   e.window = window_;
-  if (smoothed_.size() >= 2) {
-    const size_t m = std::min(smoothed_.size(), w < 2 ? size_t(2) : w);
+  // Slopes are fitted to full-window averages only: the first W-1 average fewer
+  // readings, and with a refreshed reference those sit on one edge of the sawtooth
+  // (Note [Egeria's freezing decisions]); T would come from that edge.
+  const size_t full = smoothed_.size() >= w ? smoothed_.size() - w + 1 : 0;
+  const size_t m = std::min(full, std::max<size_t>(w, 2));
+  if (m >= 2) {
     const double s = fit_slope(std::vector<double>(smoothed_.end() - long(m), smoothed_.end()));
     e.slope = s;
     e.has_slope = true;
@@ -186,9 +190,7 @@ void FreezeTracker::reference_refreshed(int64_t step) {
   e.counter = counter_;
   e.window = window_;
   events_.push_back(e);
-  evals_since_refresh_ = 0;
-  raw_.clear();
-  smoothed_.clear();
+  evals_since_refresh_ = 0;  // the histories stay: see Note [Egeria's freezing decisions]
 }
 
 std::vector<Event> FreezeTracker::take_events() {

@@ -181,7 +181,7 @@ TEST(Tracker, CustomUnfreezeHookForCyclicSchedules) {
   EXPECT_EQ(t.take_events().back().reason, "custom");
 }
 
-TEST(Tracker, RefreshClearsTheHistoryButKeepsTheCounter) {
+TEST(Tracker, RefreshKeepsTheHistoryAndTheCounter) {
   TrackerOptions o;
   o.window = 4;
   FreezeTracker t(3, o);
@@ -193,7 +193,33 @@ TEST(Tracker, RefreshClearsTheHistoryButKeepsTheCounter) {
   t.reference_refreshed(4);
   EXPECT_FALSE(t.refresh_due());
   EXPECT_EQ(t.stale_counter(), c);
-  EXPECT_EQ(t.state()["raw"].size(), 0u);
+  EXPECT_EQ(t.state()["raw"].size(), 4u);
+}
+
+// What plasticity looks like with the reference refreshed every W evaluations: within
+// a period the distance to the fresh reference grows with the module's speed, so the
+// readings are a sawtooth. The module slows down and then moves at a constant (noise)
+// speed: the moving average over one period is flat from then on, and it freezes;
+// while it is still slowing down, it does not.
+TEST(Tracker, TheRefreshSawtoothAveragesOutAndAModuleThatStoppedSlowingDownFreezes) {
+  TrackerOptions o;
+  o.window = 5;  // and the reference refreshed every W evaluations, the default
+  FreezeTracker t(3, o);
+  t.bootstrap_check(0, 1.0, 0.1);
+  t.bootstrap_check(1, 1.0, 0.1);
+  auto speed = [](int i) { return 1.0 + 9.0 * std::exp(-i / 15.0); };  // flat (within 3%) from reading ~90
+  int since_refresh = 0, froze_at = -1;
+  for (int i = 0; i < 400 && froze_at < 0; ++i) {
+    const double p = speed(i) * double(since_refresh + 1);
+    if (t.check_plasticity(i, p, 0.1) == Decision::freeze) froze_at = i;
+    ++since_refresh;
+    if (t.refresh_due()) {
+      t.reference_refreshed(i);
+      since_refresh = 0;
+    }
+  }
+  ASSERT_GE(froze_at, 0) << "the sawtooth of refreshes kept a converged module active";
+  EXPECT_GT(froze_at, 30) << "froze while the module was still slowing down fast";
 }
 
 TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
