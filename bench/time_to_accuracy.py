@@ -8,8 +8,10 @@
 For each model, trains on Fashion-MNIST (all 60,000 training images unless
 --train-limit) on the CPU with the step LR schedule (decay 10x at 50% and 75% of the
 run) and the same seed, once per policy, then prints a table with final and best test
-accuracy, wall time, the time to reach the `none` run's final accuracy, and the
-speedup against `none`. The table is also written to OUT/table.md and OUT/table.json.
+accuracy, wall time, the time to reach the `none` run's final accuracy (and to come
+within 0.3 points of it: one run's final accuracy differs from another's by about
+that much), and the speedups against `none`'s times to the same. The table is also
+written to OUT/table.md and OUT/table.json.
 Runs already complete in OUT are reused (delete a run's folder to redo it).
 
 --repeats N trains every policy N times, interleaved (none, egeria, ..., none, egeria,
@@ -22,6 +24,10 @@ import os
 import statistics
 import subprocess
 import sys
+
+
+# The issue's accuracy tolerance: "final accuracy within 0.3 points" of the baseline's.
+NEAR = 0.003
 
 
 def run(args, model, policy, rep=0):
@@ -82,25 +88,31 @@ def main():
         base = json.load(open(os.path.join(outs["none"][0], "summary.json")))
         target = base["final_test_accuracy"]
 
-        def time_to(out):
-            return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= target - 1e-12), None)
+        def time_to(out, slack=0.0):
+            return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= target - slack - 1e-12),
+                        None)
 
         def median(v):
             v = sorted(x for x in v if x is not None)
             return statistics.median(v) if v else None
 
         base_time = median([time_to(o) for o in outs["none"]])
+        base_time_near = median([time_to(o, NEAR) for o in outs["none"]])
         for pol in policies:
             s = json.load(open(os.path.join(outs[pol][0], "summary.json")))
             times = [json.load(open(os.path.join(o, "summary.json")))["train_seconds"] for o in outs[pol]]
             tts = [time_to(o) for o in outs[pol]]
             tt = median(tts) if all(t is not None for t in tts) else None
+            tns = [time_to(o, NEAR) for o in outs[pol]]
+            tn = median(tns) if all(t is not None for t in tns) else None
             table.append({
                 "model": model, "policy": pol, "runs": len(outs[pol]),
                 "final_acc": 100 * s["final_test_accuracy"], "best_acc": 100 * s["best_test_accuracy"],
                 "train_seconds": statistics.median(times), "train_seconds_all": times,
                 "time_to_baseline_final": tt,
                 "speedup_to_target": (base_time / tt) if (tt and base_time) else None,
+                "time_to_within_0.3pt": tn,
+                "speedup_to_within_0.3pt": (base_time_near / tn) if (tn and base_time_near) else None,
                 "wall_speedup": None,
                 "frozen_fraction_final": s.get("frozen_fraction_final"),
                 "backward_flops_saved_fraction": s.get("backward_flops_saved_fraction"),
@@ -111,12 +123,14 @@ def main():
         for r in table:
             if r["model"] == model:
                 r["wall_speedup"] = base_wall / r["train_seconds"]
-    lines = ["| model | policy | final acc | best acc | train s | time to none's final (s) | speedup to it | wall speedup | bwd FLOPs saved | ref overhead | dropped |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | policy | final acc | best acc | train s | time to none's final (s) | speedup to it "
+             "| time to within 0.3 pt of it (s) | speedup to that | wall speedup | bwd FLOPs saved | ref overhead | dropped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, fmt: "n/a" if v is None else fmt.format(v)
     for r in table:
         lines.append(f"| {r['model']} | {r['policy']} | {r['final_acc']:.2f} | {r['best_acc']:.2f} | {r['train_seconds']:.0f} | "
                      f"{f(r['time_to_baseline_final'], '{:.0f}')} | {f(r['speedup_to_target'], '{:.2f}x')} | "
+                     f"{f(r['time_to_within_0.3pt'], '{:.0f}')} | {f(r['speedup_to_within_0.3pt'], '{:.2f}x')} | "
                      f"{r['wall_speedup']:.2f}x | {f(r['backward_flops_saved_fraction'], '{:.1%}')} | "
                      f"{f(r['reference_overhead_fraction'], '{:.2%}')} | {f(r['evaluations_dropped'], '{}')} |")
     os.makedirs(args.out, exist_ok=True)

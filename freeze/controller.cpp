@@ -49,6 +49,8 @@ PlasticityController::PlasticityController(quant::ModelFactory make_model, Contr
 
 PlasticityController::~PlasticityController() {
   stop_ = true;
+  ref_bell_.ring();
+  plast_bell_.ring();
   if (ref_thread_.joinable()) ref_thread_.join();
   if (plast_thread_.joinable()) plast_thread_.join();
 }
@@ -91,6 +93,7 @@ bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x,
     return false;
   }
   ++submitted_;
+  ref_bell_.ring();
   return true;
 }
 
@@ -99,7 +102,7 @@ void PlasticityController::reference_loop() {
   while (!stop_) {
     auto in = in_q_.try_pop();
     if (!in) {
-      idle();
+      ref_bell_.wait([this] { return stop_.load() || !in_q_.empty(); });
       continue;
     }
     const int64_t t0 = thread_cpu_ns();
@@ -110,7 +113,8 @@ void PlasticityController::reference_loop() {
       r.ref = Tensor();  // reported as a dropped evaluation
     }
     cpu_ns_ += thread_cpu_ns() - t0;
-    while (!stop_ && !ref_q_.try_push(std::move(r))) idle();
+    while (!stop_ && !ref_q_.try_push(std::move(r))) idle();  // back-pressure: rare, short
+    plast_bell_.ring();
   }
 }
 
@@ -119,7 +123,7 @@ void PlasticityController::plasticity_loop() {
   while (!stop_) {
     auto p = ref_q_.try_pop();
     if (!p) {
-      idle();
+      plast_bell_.wait([this] { return stop_.load() || !ref_q_.empty(); });
       continue;
     }
     const int64_t t0 = thread_cpu_ns();

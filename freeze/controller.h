@@ -19,6 +19,8 @@
 // handles.
 #pragma once
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -102,6 +104,23 @@ class PlasticityController {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> dropped_{0}, completed_{0}, submitted_{0}, finished_{0}, builds_{0};
   std::atomic<int64_t> cpu_ns_{0};
+  // Idle background threads sleep until work arrives (no polling: on a machine whose
+  // cores all train, every wake-up of a polling thread stalls a training thread, and
+  // with it the whole OpenMP team at its next barrier).
+  struct Doorbell {
+    std::mutex m;
+    std::condition_variable cv;
+    void ring() {
+      { std::lock_guard<std::mutex> lk(m); }
+      cv.notify_one();
+    }
+    template <class Pred>
+    void wait(Pred ready) {
+      std::unique_lock<std::mutex> lk(m);
+      cv.wait_for(lk, std::chrono::milliseconds(200), ready);
+    }
+  };
+  Doorbell ref_bell_, plast_bell_;
   std::thread ref_thread_, plast_thread_;
 };
 
