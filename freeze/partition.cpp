@@ -1,5 +1,6 @@
 #include "freeze/partition.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <regex>
