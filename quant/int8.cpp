@@ -63,6 +63,16 @@ void quantize_rows(const Tensor& w, int64_t rows, Tensor& wq, std::vector<float>
   }
 }
 
+// The f32 bias of n outputs (zeros when undefined), on the host.
+std::vector<float> host_bias(const Tensor& bias, int64_t n, const char* who) {
+  std::vector<float> b(static_cast<size_t>(n), 0.f);
+  if (!bias.defined()) return b;
+  EG_CHECK(bias.numel() == n && bias.dtype() == DType::f32, who, ": bias must be f32 [", n, "]");
+  const Tensor h = bias.to(Device::cpu());
+  std::copy(h.data<float>(), h.data<float>() + n, b.begin());
+  return b;
+}
+
 }  // namespace
 
 ActQuant choose_act_quant(const Tensor& x) {
@@ -97,12 +107,7 @@ ConvInt8::ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams&
   const int64_t k = w.size(0);
   EG_CHECK(k % p.groups == 0, "ConvInt8: ", k, " output channels are not divisible by ", p.groups, " groups");
   quantize_rows(w, k, wq_, w_scale_, "ConvInt8");
-  bias_.assign(size_t(k), 0.f);
-  if (bias.defined()) {
-    EG_CHECK(bias.numel() == k && bias.dtype() == DType::f32, "ConvInt8: bias must be f32 [", k, "]");
-    Tensor b = bias.to(Device::cpu());
-    std::copy(b.data<float>(), b.data<float>() + k, bias_.begin());
-  }
+  bias_ = host_bias(bias, k, "ConvInt8");
 }
 
 ConvInt8::~ConvInt8() = default;
@@ -224,12 +229,7 @@ LinearInt8::LinearInt8(const Tensor& w_in, const Tensor& bias) {
   n_ = w.size(0);
   k_ = w.size(1);
   quantize_rows(w, n_, wq_, w_scale_, "LinearInt8");
-  bias_.assign(size_t(n_), 0.f);
-  if (bias.defined()) {
-    EG_CHECK(bias.numel() == n_ && bias.dtype() == DType::f32, "LinearInt8: bias must be f32 [", n_, "]");
-    Tensor b = bias.to(Device::cpu());
-    std::copy(b.data<float>(), b.data<float>() + n_, bias_.begin());
-  }
+  bias_ = host_bias(bias, n_, "LinearInt8");
 }
 
 LinearInt8::~LinearInt8() = default;

@@ -132,6 +132,12 @@ TEST(Translate, LearnsAToyTaskAndWritesItsFiles) {
   EXPECT_TRUE(ev.translation);
   EXPECT_NEAR(ev.loss, s.final_test_loss, 1e-5);
   EXPECT_NEAR(ev.bleu, s.final_test_bleu, 1e-9);
+  // The int8 reference model Egeria would build from it (every Linear dynamically
+  // quantised) translates about as well.
+  auto ev8 = train::evaluate_checkpoint(out, "", 0, "int8");
+  EXPECT_TRUE(ev8.translation);
+  EXPECT_GT(ev8.bleu, s.final_test_bleu - 10) << "int8 BLEU " << ev8.bleu << " vs fp32 " << s.final_test_bleu;
+  EXPECT_NEAR(ev8.loss, s.final_test_loss, 0.1 * s.final_test_loss + 0.05);
 }
 
 TEST(Translate, KilledAndResumedRunIsBitIdentical) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "quant/reference.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
   train->add_option("--freeze-reference", c.freeze_reference,
                     "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu on the training GPU")
       ->capture_default_str()
-      ->check(CLI::IsMember({"int8", "fp32", "fp32-gpu"}));
+      ->check(CLI::IsMember(eg::quant::reference_precisions()));
   train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");
   train->add_option("--freeze-threads", c.freeze_threads, "egeria: threads of each background thread")
       ->capture_default_str()

@@ -12,11 +12,7 @@ namespace eg::train {
 using json = nlohmann::json;
 
 namespace {
-void append(const std::string& path, const json& j) {
-  std::ofstream f(path, std::ios::app);
-  f << j.dump() << "\n";
-  EG_CHECK(f.good(), "cannot append to '", path, "' (disk full?)");
-}
+void append(const std::string& path, const json& j) { detail::append_json_line(path, j.dump()); }
 }  // namespace
 
 freeze::PolicyConfig policy_config(const TrainConfig& c) {

@@ -32,9 +32,17 @@ namespace {
 
 const char* kCheckpoint = "checkpoint.safetensors";
 
-bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
+using detail::file_exists;
 
 }  // namespace
+
+bool detail::file_exists(const std::string& p) { return std::ifstream(p).good(); }
+
+void detail::append_json_line(const std::string& path, const std::string& line) {
+  std::ofstream f(path, std::ios::app);
+  f << line << "\n";
+  EG_CHECK(f.good(), "cannot append to '", path, "' (disk full?)");
+}
 
 void detail::make_dirs(const std::string& dir) {
   std::string cur;
@@ -51,11 +59,7 @@ namespace {
 
 using detail::make_dirs;
 
-void append_line(const std::string& path, const json& j) {
-  std::ofstream f(path, std::ios::app);
-  f << j.dump() << "\n";
-  EG_CHECK(f.good(), "cannot append to '", path, "' (disk full?)");
-}
+void append_line(const std::string& path, const json& j) { detail::append_json_line(path, j.dump()); }
 
 json config_json(const TrainConfig& c) {
   return {{"model", c.model}, {"dataset", c.dataset}, {"data_dir", c.data_dir}, {"epochs", c.epochs},
@@ -243,7 +247,8 @@ void validate(const TrainConfig& c) {
     EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
     EG_CHECK(c.freeze_window >= 1, "--freeze-window must be at least 1, got ", c.freeze_window);
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
-    EG_CHECK(c.freeze_reference == "fp32" || c.freeze_reference == "int8" || c.freeze_reference == "fp32-gpu",
+    const auto precisions = quant::reference_precisions();
+    EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32 or fp32-gpu, got '", c.freeze_reference, "'");
     EG_CHECK(c.freeze_reference != "fp32-gpu" || Device::parse(c.device).is_cuda(),
              "--freeze-reference fp32-gpu runs the reference model on the training GPU; it needs --device cuda[:N] "
@@ -445,10 +450,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   TensorMap all = load_safetensors(p, &meta);
   EG_CHECK(meta.count("config"), "'", p, "' has no training configuration in its metadata");
   json cfg = json::parse(meta.at("config"));
-  if (is_translation_model(cfg.at("model"))) {
-    EG_CHECK(precision == "fp32", "eval: the int8 reference model covers vision models only");
-    return evaluate_translation_checkpoint(out, data_dir, test_limit);
-  }
+  if (is_translation_model(cfg.at("model"))) return evaluate_translation_checkpoint(out, data_dir, test_limit, precision);
   TrainConfig c;
   c.model = cfg.at("model");
   c.dataset = cfg.at("dataset");

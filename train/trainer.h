@@ -110,6 +110,10 @@ struct Progress {
 };
 void print_progress(const Progress& p, bool tty, int64_t log_every);
 std::string config_json_text(const TrainConfig& c);  // the configuration as a JSON object
+bool file_exists(const std::string& path);
+// Appends one JSON line (metrics.jsonl, freeze.jsonl); throws naming the file when it
+// cannot (disk full).
+void append_json_line(const std::string& path, const std::string& line);
 }  // namespace detail
 
 }  // namespace eg::train

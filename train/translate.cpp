@@ -15,6 +15,7 @@
 #include "models/transformer.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "quant/reference.h"
 #include "train/freezing.h"
 #include "train/safetensors.h"
 
@@ -41,13 +42,9 @@ constexpr int64_t kEvalBatch = 64;
 // the length because models::Transformer::greedy_decode recomputes the whole prefix per token.
 int64_t decode_limit(int64_t src_len) { return src_len + src_len / 5 + 10; }
 
-bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
+using detail::file_exists;
 
-void append_line(const std::string& path, const json& j) {
-  std::ofstream f(path, std::ios::app);
-  f << j.dump() << "\n";
-  EG_CHECK(f.good(), "cannot append to '", path, "' (disk full?)");
-}
+void append_line(const std::string& path, const json& j) { detail::append_json_line(path, j.dump()); }
 
 json arch_json(const models::TransformerConfig& a) {
   return {{"vocab", a.vocab}, {"d_model", a.d_model}, {"heads", a.heads}, {"ffn", a.ffn},
@@ -398,7 +395,8 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
   return s;
 }
 
-EvalResult evaluate_translation_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit) {
+EvalResult evaluate_translation_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit,
+                                           const std::string& precision) {
   Metadata meta;
   const std::string p = out + "/" + kCheckpoint;
   TensorMap all = load_safetensors(p, &meta);
@@ -417,6 +415,7 @@ EvalResult evaluate_translation_checkpoint(const std::string& out, const std::st
   for (auto& [k, t] : all)
     if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
   m->load_state_dict(ms);
+  if (precision == "int8") quant::convert_to_int8(*m);  // every Linear dynamically quantised
   EvalOut e = evaluate(*m, test, tok, Device::cpu());
   EvalResult r;
   r.loss = e.loss;

@@ -26,8 +26,9 @@ std::string translation_data_dir(const std::string& data_dir);
 // train small models this way. The checkpoint records the architecture it was built with.
 Summary run_translation(const TrainConfig& c, const models::TransformerConfig* arch = nullptr);
 
-// Test loss and BLEU of a translation run's checkpoint (evaluate_checkpoint() calls it).
+// Test loss and BLEU of a translation run's checkpoint (evaluate_checkpoint() calls it);
+// precision "int8" evaluates the int8 reference model built from it.
 EvalResult evaluate_translation_checkpoint(const std::string& out_dir, const std::string& data_dir,
-                                           int64_t test_limit);
+                                           int64_t test_limit, const std::string& precision = "fp32");
 
 }  // namespace eg::train
