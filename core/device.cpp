@@ -72,7 +72,7 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
 void Tensor::zero_() {
   if (nbytes() == 0) return;
   if (device().is_cpu()) {
-    std::memset(raw(), 0, nbytes());
+    std::memset(raw_any(), 0, nbytes());  // zero in any format
   } else {
 #ifdef EG_WITH_CUDA
     cuda::memset_zero(raw(), nbytes(), device());

@@ -46,8 +46,47 @@ int64_t Tensor::size(int d) const {
 
 std::string Tensor::str() const {
   if (!defined()) return "undefined tensor";
-  return detail::concat(dtype_name(dtype()), shape_str(shape()), " on ", device().str());
+  return detail::concat(dtype_name(dtype()), shape_str(shape()), is_blocked() ? " nChw16c" : "", " on ",
+                        device().str());
 }
+
+bool Tensor::blockable() const {
+  return defined() && dim() == 4 && dtype() == DType::f32 && device().is_cpu() && shape()[1] % kBlock == 0;
+}
+
+void Tensor::set_format(Format f) const {
+  EG_CHECK(f == Format::plain || blockable(), "internal: ", str(), " cannot be held as nChw16c");
+  impl().format = f;
+}
+
+namespace {
+// nchw16c <-> nchw: [N, C/16, L, 16] <-> [N, C, L], parallel over (n, channel block).
+void reorder_blocked(const float* src, float* dst, int64_t N, int64_t C, int64_t L, bool to_blocked) {
+  const int64_t CB = C / kBlock;
+#pragma omp parallel for collapse(2) schedule(static) if (N * C * L > 65536)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t cb = 0; cb < CB; ++cb) {
+      const int64_t b = (n * CB + cb) * L * kBlock;  // same offset in both layouts
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t j = 0; j < kBlock; ++j) {
+          if (to_blocked) dst[b + l * kBlock + j] = src[b + j * L + l];
+          else dst[b + j * L + l] = src[b + l * kBlock + j];
+        }
+    }
+}
+}  // namespace
+
+Tensor Tensor::to_format(Format f) const {
+  if (!defined() || format() == f) return *this;
+  EG_CHECK(blockable(), "internal: ", str(), " cannot be converted to nChw16c");
+  Tensor t = empty(shape(), dtype(), device());
+  t.impl().format = f;
+  const int64_t N = shape()[0], C = shape()[1], L = shape()[2] * shape()[3];
+  reorder_blocked(data_any<float>(), t.data_any<float>(), N, C, L, f == Format::nchw16c);
+  return t;
+}
+
+Tensor Tensor::to_plain() const { return to_format(Format::plain); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) EG_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
@@ -137,6 +176,7 @@ Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, Device d
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  if (is_blocked()) return to_plain().to_vector<T>();
   EG_CHECK(dtype() == dtype_v<T>, "to_vector: tensor holds ", dtype_name(dtype()), ", asked for ",
            dtype_name(dtype_v<T>));
   std::vector<T> v(static_cast<size_t>(numel()));
@@ -159,7 +199,7 @@ EG_INSTANTIATE(int64_t)
 
 double Tensor::item() const {
   EG_CHECK(numel() == 1, "item() needs a tensor with one element, got shape ", shape_str(shape()));
-  Tensor h = to(Device::cpu());
+  Tensor h = to(Device::cpu()).to_plain();
   return read_host(h.raw(), dtype(), 0);
 }
 
@@ -181,6 +221,9 @@ Tensor Tensor::reshape(Shape s) const {
   }
   EG_CHECK(shape_numel(s) == numel(), "reshape: cannot view ", shape_str(shape()), " (", numel(),
            " elements) as ", shape_str(s));
+  // A blocked tensor is reshaped as a plain copy (Note [Blocked activations]): only
+  // kernels ever write blocked tensors, so no caller relies on the view aliasing it.
+  if (is_blocked() && s != shape()) return to_plain().reshape(s);
   Tensor v = detach();  // a plain view: autograd goes through fn::reshape
   v.impl().shape = s;
   return v;
@@ -211,17 +254,20 @@ Tensor Tensor::detach() const {
   v->offset = impl().offset;
   v->shape = shape();
   v->dtype = dtype();
+  v->format = format();
   return Tensor(v);
 }
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
+  t.impl().format = format();
   t.copy_(*this);
   return t;
 }
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
+  if (is_blocked()) return to_plain().to(d);
   Tensor t = empty(shape(), dtype(), d);
   t.copy_(*this);
   return t;
@@ -229,7 +275,7 @@ Tensor Tensor::to(Device d) const {
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
-  Tensor src = to(Device::cpu());
+  Tensor src = to(Device::cpu()).to_plain();
   Tensor dst = empty(shape(), t, Device::cpu());
   const void* p = src.raw();
   DType st = dtype();
@@ -242,7 +288,11 @@ void Tensor::copy_(const Tensor& src) {
            numel());
   EG_CHECK(src.dtype() == dtype(), "copy_: source is ", dtype_name(src.dtype()),
            ", destination is ", dtype_name(dtype()));
-  if (nbytes()) copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+  if (src.format() != format()) {  // Note [Blocked activations]
+    copy_(src.to(device()).to_format(format()));
+    return;
+  }
+  if (nbytes()) copy_bytes(raw_any(), device(), src.raw_any(), src.device(), nbytes());
   ++impl().version;
 }
 

@@ -1,7 +1,8 @@
 // Tensor: a handle to a shared TensorImpl (shape, dtype, device, a window into a
 // Storage, and autograd metadata). Copies of a Tensor are the same tensor; views
 // (reshape, slice along dim 0) are new TensorImpls over the same Storage.
-// Layout: contiguous row-major; NCHW for images, [B, T, C] for sequences.
+// Layout: contiguous row-major; NCHW for images, [B, T, C] for sequences. One exception,
+// internal to the CPU fast path: Note [Blocked activations] below.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -33,11 +34,27 @@ struct Storage {
 
 class Tensor;
 
+// Note [Blocked activations]
+// oneDNN's fast CPU convolutions work in a channel-blocked layout, nChw16c: a 4-D f32
+// tensor [N, C, H, W] with C % 16 == 0 stored as [N, C/16, H, W, 16]. Reordering every
+// activation to and from NCHW around each convolution cost 20% of a ResNet-56 step, so
+// CPU convolutions write their outputs in that layout when C % 16 == 0, and the CPU
+// kernels that sit between convolutions (batch norm, activations, same-shape
+// elementwise ops, gradient accumulation) read and write it as it comes. The logical
+// shape stays [N, C, H, W]: only the byte order differs, and only CPU kernels that
+// declare it (kernels/registry.cpp) ever see it. ops::run hands every other
+// implementation a plain copy, and everything a user can reach (to_vector, item,
+// copy_, clone, to, reshape) converts, so the layout never shows outside the kernels.
+// data<T>() and raw() refuse a blocked tensor; format-aware kernels read data_any<T>().
+enum class Format : uint8_t { plain, nchw16c };
+constexpr int64_t kBlock = 16;  // channels per block of nchw16c
+
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   size_t offset = 0;  // bytes
   Shape shape;
   DType dtype = DType::f32;
+  Format format = Format::plain;
   // autograd
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;
@@ -80,13 +97,36 @@ class Tensor {
   bool is_cuda() const { return device().is_cuda(); }
   std::string str() const;  // "f32[128, 3, 32, 32] on cpu"
 
-  void* raw() const { return static_cast<char*>(impl().storage->data) + impl().offset; }
+  void* raw() const {
+    EG_CHECK(impl().format == Format::plain, "internal: a blocked (nChw16c) tensor ", str(),
+             " reached code that reads it as plain; convert it with to_plain()");
+    return raw_any();
+  }
   template <class T>
   T* data() const {
     EG_CHECK(dtype() == dtype_v<T>, "tensor holds ", dtype_name(dtype()), " but was read as ",
              dtype_name(dtype_v<T>));
     return static_cast<T*>(raw());
   }
+  // The buffer in whatever format it is in (format-aware kernels only).
+  void* raw_any() const { return static_cast<char*>(impl().storage->data) + impl().offset; }
+  template <class T>
+  T* data_any() const {
+    EG_CHECK(dtype() == dtype_v<T>, "tensor holds ", dtype_name(dtype()), " but was read as ",
+             dtype_name(dtype_v<T>));
+    return static_cast<T*>(raw_any());
+  }
+
+  // ---- memory format (Note [Blocked activations])
+  Format format() const { return impl().format; }
+  bool is_blocked() const { return impl_ && impl_->format != Format::plain; }
+  // Whether this tensor could be held as nchw16c: 4-D f32 on the CPU, C % 16 == 0.
+  bool blockable() const;
+  // Declares how a kernel laid out the output it is about to write (the tensor's data
+  // is not touched: only for outputs that will be overwritten whole).
+  void set_format(Format f) const;
+  Tensor to_plain() const;            // this tensor when plain, else a plain copy
+  Tensor to_format(Format f) const;   // this tensor when already in f, else a copy
 
   // ---- views and copies
   // Views carry no autograd history (use fn::reshape to differentiate through one).

@@ -171,6 +171,8 @@ template <class Fn>
 struct Op {
   const char* name;
   Fn* impl[3];
+  // The cpu implementation reads and writes nChw16c tensors (Note [Blocked activations]).
+  bool cpu_any_format = false;
   bool has(Backend b) const { return impl[int(b)] != nullptr; }
 };
 
@@ -204,6 +206,17 @@ void set_forced_cpu_backend(int b);  // -1: none
 int forced_cpu_backend();
 
 namespace detail {
+// Arguments for an implementation that only knows plain tensors: blocked inputs become
+// plain copies; a blocked output or in-out tensor is a bug in the kernel that chose it.
+inline bool blocked(const Tensor& t) { return t.is_blocked(); }
+template <class T>
+bool blocked(const T&) { return false; }
+inline Tensor plain_arg(const Tensor& t) { return t.to_plain(); }
+inline Tensor plain_arg(Tensor&& t) { return t.to_plain(); }
+Tensor& plain_arg(Tensor& t);
+template <class T>
+T&& plain_arg(T&& x) { return std::forward<T>(x); }
+
 template <class T, class... R>
 const Tensor& first_tensor(const T& t, const R&... r) {
   if constexpr (std::is_same_v<std::decay_t<T>, Tensor>) {
@@ -219,7 +232,10 @@ const Tensor& first_tensor(const T& t, const R&... r) {
 template <class Fn, class... A>
 void run(const Op<Fn>& op, Backend b, A&&... a) {
   EG_CHECK(op.has(b), "op ", op.name, " has no ", backend_name(b), " implementation");
-  op.impl[int(b)](std::forward<A>(a)...);
+  if ((b == Backend::cpu && op.cpu_any_format) || !(detail::blocked(a) || ...))
+    op.impl[int(b)](std::forward<A>(a)...);
+  else
+    op.impl[int(b)](detail::plain_arg(std::forward<A>(a))...);
 }
 
 // Runs the op on the backend chosen for its first tensor argument.

@@ -16,7 +16,21 @@ namespace eg::ops {
 #define EG_CUDA_IMPL(name) nullptr
 #endif
 
-#define EG_DEFINE_OP(name, Fn) const Op<Fn> name{#name, {&ref::name, &cpu::name, EG_CUDA_IMPL(name)}};
+// The ops whose cpu implementation takes nChw16c tensors (Note [Blocked activations]):
+// the convolutions that produce them and the ops that sit between convolutions.
+constexpr bool same(const char* a, const char* b) {
+  return *a == *b && (*a == 0 || same(a + 1, b + 1));
+}
+constexpr bool cpu_any_format(const char* n) {
+  for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train",
+                         "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale",
+                         "axpy"})
+    if (same(n, op)) return true;
+  return false;
+}
+
+#define EG_DEFINE_OP(name, Fn) \
+  const Op<Fn> name{#name, {&ref::name, &cpu::name, EG_CUDA_IMPL(name)}, cpu_any_format(#name)};
 EG_OP_LIST(EG_DEFINE_OP)
 #undef EG_DEFINE_OP
 
@@ -34,6 +48,13 @@ thread_local int g_forced = -1;
 }
 void set_forced_cpu_backend(int b) { g_forced = b; }
 int forced_cpu_backend() { return g_forced; }
+
+namespace detail {
+Tensor& plain_arg(Tensor& t) {
+  EG_CHECK(!t.is_blocked(), "internal: ", t.str(), " was passed as an output to an op that only writes plain tensors");
+  return t;
+}
+}  // namespace detail
 
 Backend pick_backend(bool has_cpu, const Tensor& key) {
   if (key.is_cuda()) return Backend::cuda;

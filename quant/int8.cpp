@@ -75,7 +75,8 @@ std::vector<float> host_bias(const Tensor& bias, int64_t n, const char* who) {
 
 }  // namespace
 
-ActQuant choose_act_quant(const Tensor& x) {
+ActQuant choose_act_quant(const Tensor& x_in) {
+  const Tensor x = x_in.to_plain();  // Note [Blocked activations]
   EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "choose_act_quant: expected f32 on the CPU");
   const float* p = x.data<float>();
   const int64_t n = x.numel();
@@ -117,7 +118,8 @@ Shape ConvInt8::out_shape(const Shape& x) const { return ops::conv2d_out_shape(x
 Tensor ConvInt8::forward(const Tensor& x) const { return forward(x, choose_act_quant(x)); }
 Tensor ConvInt8::forward_ref(const Tensor& x) const { return forward_ref(x, choose_act_quant(x)); }
 
-Tensor ConvInt8::forward_ref(const Tensor& x, const ActQuant& q) const {
+Tensor ConvInt8::forward_ref(const Tensor& x_in, const ActQuant& q) const {
+  const Tensor x = x_in.to_plain();
   require_cpu_f32_4d(x, "ConvInt8");
   const Shape ys = out_shape(x.shape());
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
@@ -158,7 +160,8 @@ Tensor ConvInt8::forward_ref(const Tensor& x, const ActQuant& q) const {
   return y;
 }
 
-Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
+Tensor ConvInt8::forward(const Tensor& x_in, const ActQuant& q) const {
+  const Tensor x = x_in.to_plain();  // fp32 layers before it may leave it nChw16c
   require_cpu_f32_4d(x, "ConvInt8");
   EG_CHECK(x.size(1) == wshape_[1] * p_.groups, "ConvInt8: input has ", x.size(1), " channels, the weight expects ",
            wshape_[1] * p_.groups);
@@ -243,7 +246,8 @@ Shape LinearInt8::out_shape(const Tensor& x) const {
   return s;
 }
 
-Tensor LinearInt8::quantize_input(const Tensor& x, const ActQuant& q) const {
+Tensor LinearInt8::quantize_input(const Tensor& x_in, const ActQuant& q) const {
+  const Tensor x = x_in.to_plain();
   const int64_t m = x.numel() / k_;
   const float* xp = x.data<float>();
   Tensor xq = Tensor::empty({m, k_}, q.is_unsigned ? DType::u8 : DType::s8);

@@ -44,6 +44,24 @@ Tensor empty_on(const Tensor& like, const Shape& s, DType dt) { return Tensor::e
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), t.device()); }
 
+void block_inputs(OpCase& c, std::vector<int> which, bool douts) {
+  auto make = c.make_inputs;
+  c.make_inputs = [make, which](DType dt) {
+    Tensors in = make(dt);
+    for (int i : which)
+      if (in[size_t(i)].blockable()) in[size_t(i)] = in[size_t(i)].to_format(Format::nchw16c);
+    return in;
+  };
+  if (!douts || !c.backward) return;
+  auto bwd = c.backward;
+  c.backward = [bwd](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+    Tensors d = dout;
+    for (Tensor& t : d)
+      if (t.blockable()) t = t.to_format(Format::nchw16c);
+    return bwd(b, in, out, d);
+  };
+}
+
 Compare compare(const Tensor& got, const Tensor& ref, const Tolerance& tol) {
   Compare c;
   if (got.shape() != ref.shape()) {

@@ -52,6 +52,13 @@ struct OpCase {
 
 std::vector<OpCase>& op_cases();
 
+// Makes case `c` feed its f32 inputs `which` (and, when douts is set, its output
+// gradients) in the blocked nChw16c layout (Note [Blocked activations]). ref and cuda
+// get plain copies through ops::run, so parity compares the cpu kernels' blocked paths
+// (and the conversions around them) with the plain ground truth; f64 gradcheck inputs
+// stay plain.
+void block_inputs(OpCase& c, std::vector<int> which, bool douts);
+
 // Registration from each op_cases_<group>.cpp: static RegisterCases r([](auto& v){...});
 struct RegisterCases {
   explicit RegisterCases(const std::function<void(std::vector<OpCase>&)>& add) { add(op_cases()); }

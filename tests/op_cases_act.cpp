@@ -33,6 +33,11 @@ RegisterCases reg([](std::vector<OpCase>& v) {
     add_act(v, name, act, {2, 3, 5, 7}, false);
     add_act(v, name, act, {128, 16, 32, 32}, true);
   }
+  // nChw16c (Note [Blocked activations]): blocked x with blocked and with plain dy.
+  add_act(v, "relu_nchw16c", ops::Act::relu, {2, 32, 3, 5}, false);
+  block_inputs(v.back(), {0}, true);
+  add_act(v, "gelu_nchw16c_dy_plain", ops::Act::gelu, {2, 16, 3, 5}, false);
+  block_inputs(v.back(), {0}, false);
 });
 
 }  // namespace

@@ -82,6 +82,18 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   }
   add_conv(v, {"frozen_weight_bias_grad", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, false});
   // ResNet-56 (CIFAR, batch 128): the three stages' 3x3 convs and a stage transition.
+  // Blocked activations in and out (Note [Blocked activations]); a 24-channel output
+  // stays plain; a plain dy into a blocked x.
+  add_conv(v, {"c16_nchw16c_bias", {2, 16, 5, 6}, {32, 16, 3, 3}, params(1, 1), true});
+  block_inputs(v.back(), {0}, true);
+  add_conv(v, {"c16_nchw16c_to_c24", {2, 16, 5, 5}, {24, 16, 3, 3}, params(2, 1)});
+  block_inputs(v.back(), {0}, true);
+  add_conv(v, {"c32_nchw16c_dy_plain_1x1", {2, 32, 4, 4}, {16, 32, 1, 1}, params(1, 0)});
+  block_inputs(v.back(), {0}, false);
+  add_conv(v, {"depthwise_c32_nchw16c", {2, 32, 6, 6}, {32, 1, 3, 3}, params(2, 1, 1, 32), true});
+  block_inputs(v.back(), {0}, true);
+  add_conv(v, {"resnet56_c16_32x32_nchw16c", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
+  block_inputs(v.back(), {0}, true);
   add_conv(v, {"resnet56_c16_32x32", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
   add_conv(v, {"resnet56_c32_16x16", {128, 32, 16, 16}, {32, 32, 3, 3}, params(1, 1), false, true});
   add_conv(v, {"resnet56_c64_8x8", {128, 64, 8, 8}, {64, 64, 3, 3}, params(1, 1), false, true});

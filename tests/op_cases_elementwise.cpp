@@ -92,6 +92,16 @@ RegisterCases reg([](std::vector<OpCase>& v) {
     add_binary(v, op, "scalar", {3, 4, 5}, {1, 1, 1}, false);
     add_binary(v, op, "inner2", {2, 3, 4, 5}, {1, 1, 4, 5}, false);
   }
+  // nChw16c (Note [Blocked activations]): both blocked, one blocked, and a blocked
+  // operand of a per-channel broadcast (computed plain).
+  add_binary(v, ops::Binary::add, "same_nchw16c", {2, 16, 4, 5}, {2, 16, 4, 5}, false);
+  block_inputs(v.back(), {0, 1}, true);
+  add_binary(v, ops::Binary::mul, "same_nchw16c_b_plain", {2, 32, 3, 3}, {2, 32, 3, 3}, false);
+  block_inputs(v.back(), {0}, false);
+  add_binary(v, ops::Binary::sub, "same_plain_b_nchw16c", {2, 16, 3, 3}, {2, 16, 3, 3}, false);
+  block_inputs(v.back(), {1}, true);
+  add_binary(v, ops::Binary::mul, "channel_nchw16c", {2, 16, 4, 5}, {1, 16, 1, 1}, false);
+  block_inputs(v.back(), {0}, true);
   add_binary(v, ops::Binary::add, "resnet_residual", {128, 16, 32, 32}, {128, 16, 32, 32}, true);
   add_binary(v, ops::Binary::mul, "resnet_channel", {128, 16, 32, 32}, {1, 16, 1, 1}, true);
   add_axpy_broadcast(v, "channel", {2, 3, 4, 5}, {1, 3, 1, 1}, false);

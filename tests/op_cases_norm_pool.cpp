@@ -181,6 +181,18 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_bn_train(v, "small_no_dx", {4, 3, 4, 5}, false, false, true);
   add_bn_train(v, "small_dx_only", {3, 2, 5, 5}, false, true, false);
   add_bn_train(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);
+  // nChw16c (Note [Blocked activations]): blocked x and dy, blocked x with plain dy,
+  // no dx, inference.
+  add_bn_train(v, "c32_nchw16c", {4, 32, 6, 5}, false);
+  block_inputs(v.back(), {0}, true);
+  add_bn_train(v, "c32_nchw16c_dy_plain", {3, 32, 5, 3}, false);
+  block_inputs(v.back(), {0}, false);
+  add_bn_train(v, "c16_nchw16c_no_dx", {4, 16, 4, 5}, false, false, true);
+  block_inputs(v.back(), {0}, true);
+  add_bn_train(v, "resnet_128x16x32x32_nchw16c", {128, 16, 32, 32}, true);
+  block_inputs(v.back(), {0}, true);
+  add_bn_infer(v, "c32_nchw16c", {4, 32, 6, 5}, false);
+  block_inputs(v.back(), {0}, true);
   add_bn_infer(v, "small", {4, 3, 4, 5}, false);
   add_bn_infer(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);
 

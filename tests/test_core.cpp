@@ -111,3 +111,39 @@ TEST(CoreRng, CounterBasedAndDistributed) {
   EXPECT_NEAR(var, 1.0, 0.04);
   EXPECT_NE(philox4x32(1, 0).x[0], philox4x32(2, 0).x[0]);
 }
+
+// Note [Blocked activations]: nChw16c holds element (n, c, h, w) at
+// ((n * C/16 + c/16) * H*W + h*W + w) * 16 + c%16, and nothing a caller can reach shows it.
+TEST(CoreTensor, BlockedFormatIsInvisibleOutsideTheKernels) {
+  const int64_t N = 2, C = 32, H = 3, W = 5, L = H * W;
+  Tensor t = Tensor::arange(N * C * L, DType::f32).reshape({N, C, H, W});
+  ASSERT_TRUE(t.blockable());
+  Tensor b = t.to_format(Format::nchw16c);
+  EXPECT_TRUE(b.is_blocked());
+  EXPECT_FALSE(t.is_blocked());
+  const float* bp = b.data_any<float>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t l = 0; l < L; ++l)
+        ASSERT_EQ(bp[((n * (C / 16) + c / 16) * L + l) * 16 + c % 16], float((n * C + c) * L + l));
+  EXPECT_THROW(b.data<float>(), Error);  // plain readers are refused, loudly
+  EXPECT_NE(b.str().find("nChw16c"), std::string::npos);
+  EXPECT_EQ(b.to_vector<float>(), t.to_vector<float>());
+  EXPECT_EQ(b.to_plain().to_vector<float>(), t.to_vector<float>());
+  EXPECT_EQ(b.to(DType::f64).to_vector<double>(), t.to(DType::f64).to_vector<double>());
+  Tensor cl = b.clone();
+  EXPECT_TRUE(cl.is_blocked());
+  EXPECT_EQ(cl.to_vector<float>(), t.to_vector<float>());
+  EXPECT_EQ(b.reshape({N, -1}).to_vector<float>(), t.to_vector<float>());  // a plain copy
+  EXPECT_EQ(b.slice(1, 2).to_vector<float>(), t.slice(1, 2).to_vector<float>());
+  EXPECT_DOUBLE_EQ(b.slice(1, 2).reshape({-1}).slice(7, 8).item(), double(C * L + 7));
+  Tensor p = Tensor::zeros(t.shape());
+  p.copy_(b);  // blocked into plain
+  EXPECT_EQ(p.to_vector<float>(), t.to_vector<float>());
+  Tensor z = Tensor::zeros(t.shape()).to_format(Format::nchw16c);
+  z.copy_(t);  // plain into blocked
+  EXPECT_TRUE(z.is_blocked());
+  EXPECT_EQ(z.to_vector<float>(), t.to_vector<float>());
+  EXPECT_FALSE(Tensor::zeros({2, 24, 3, 3}).blockable());
+  EXPECT_THROW(Tensor::zeros({2, 24, 3, 3}).to_format(Format::nchw16c), Error);
+}

@@ -160,3 +160,33 @@ TEST(OpTable, EveryOpHasParityAndGradcheckCases) {
 
 }  // namespace
 }  // namespace eg::testing
+
+namespace eg::testing {
+// Note [Blocked activations]: gradient accumulation and scaling across formats, and an
+// op without a blocked implementation handed a blocked input.
+TEST(BlockedFormat, AxpyScaleAndPlainOnlyOpsConvert) {
+  const Shape s{2, 16, 3, 4};
+  Tensor x = randn(s, DType::f32, 1), y = randn(s, DType::f32, 2);
+  std::vector<float> want(size_t(x.numel()));
+  for (size_t i = 0; i < want.size(); ++i) want[i] = y.to_vector<float>()[i] + 2.f * x.to_vector<float>()[i];
+  for (bool xb : {false, true})
+    for (bool yb : {false, true}) {
+      Tensor xs = xb ? x.to_format(Format::nchw16c) : x;
+      Tensor ys = yb ? y.to_format(Format::nchw16c) : y.clone();
+      ops::run(ops::axpy, ops::Backend::cpu, xs, ys, 2.0);
+      EXPECT_EQ(ys.is_blocked(), yb) << "axpy keeps y's format";
+      EXPECT_EQ(ys.to_vector<float>(), want) << "x blocked " << xb << ", y blocked " << yb;
+    }
+  Tensor b = x.to_format(Format::nchw16c);
+  ops::run(ops::scale, ops::Backend::cpu, b, b, -1.0);
+  EXPECT_TRUE(b.is_blocked());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(b.to_vector<float>()[i], -x.to_vector<float>()[i]);
+  Tensor pooled = Tensor::empty({2, 16}), pooled_ref = Tensor::empty({2, 16});
+  ops::call(ops::global_avgpool_fwd, x.to_format(Format::nchw16c), pooled);
+  ops::call(ops::global_avgpool_fwd, x, pooled_ref);
+  EXPECT_EQ(pooled.to_vector<float>(), pooled_ref.to_vector<float>());
+  Tensor out = Tensor::empty({2, 16}).to_format(Format::plain);
+  Tensor bad = Tensor::empty(s).to_format(Format::nchw16c);  // a blocked output for a plain-only op
+  EXPECT_THROW(ops::call(ops::global_avgpool_bwd, out, bad), Error);
+}
+}  // namespace eg::testing

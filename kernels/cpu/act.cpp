@@ -1,6 +1,8 @@
 // Activations, fast CPU path: one OpenMP-parallel pass the compiler vectorises
 // (relu/relu6 are branch-free selects; gelu uses erff). f32.
 // Napkin math: 8 bytes/element forward, 12 backward; bandwidth-bound.
+// Format-aware: elementwise, so any layout works as long as the operands agree
+// (Note [Blocked activations]); outputs take x's format.
 #include <cmath>
 
 #include "kernels/cpu/cpu.h"
@@ -8,8 +10,9 @@
 namespace eg::cpu {
 
 void act_fwd(ops::Act a, const Tensor& x, Tensor& y) {
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
+  y.set_format(x.format());
+  const float* xp = x.data_any<float>();
+  float* yp = y.data_any<float>();
   const int64_t n = x.numel();
   switch (a) {
     case ops::Act::relu:
@@ -27,9 +30,12 @@ void act_fwd(ops::Act a, const Tensor& x, Tensor& y) {
   }
 }
 
-void act_bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
-  const float *dyp = dy.data<float>(), *xp = x.data<float>();
-  float* dxp = dx.data<float>();
+void act_bwd(ops::Act a, const Tensor& dy_in, const Tensor& x, Tensor& dx) {
+  Tensor keep;
+  const Tensor& dy = in_format(dy_in, x.format(), keep);
+  dx.set_format(x.format());
+  const float *dyp = dy.data_any<float>(), *xp = x.data_any<float>();
+  float* dxp = dx.data_any<float>();
   const int64_t n = x.numel();
   switch (a) {
     case ops::Act::relu:

@@ -15,13 +15,147 @@
 // forward, 5.7 ms backward on one core); its fast JIT path wants nChw16c, i.e. two more
 // reorders per call. It also keeps variance where we keep invstd, and has no
 // inference-mode backward (statistics as constants), which these loops give for free.
+//
+// nChw16c (Note [Blocked activations]): x is [N, C/16, L, 16], so the loops below run
+// over (n, channel block) tiles of L x 16 floats with the 16 channels in the SIMD lanes,
+// parallel over tiles (ResNet-56's first stage has a single channel block: parallel over
+// channels would leave a core idle). Each tile yields float partial sums per channel,
+// combined per channel in double; the variance combines each tile's own mean and
+// squared deviations (Chan et al.), so it needs no second pass over memory.
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu.h"
 
 namespace eg::cpu {
 
 namespace {
+
+struct Tiles {
+  int64_t N, C, CB, L;
+  int64_t count() const { return N * CB; }
+  // tile t = (n, cb) starts at t * L * 16 in the blocked buffer; its channels are cb*16..
+  int64_t channel0(int64_t t) const { return (t % CB) * kBlock; }
+};
+Tiles tiles_of(const Tensor& x) {
+  const int64_t C = x.size(1);
+  return {x.size(0), C, C / kBlock, x.size(2) * x.size(3)};
+}
+
+// Per-channel scale/shift applied to every tile: y = x * sc[c] + sh[c].
+void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc, const float* sh) {
+#pragma omp parallel for schedule(static) if (t.count() * t.L * kBlock > 32768)
+  for (int64_t i = 0; i < t.count(); ++i) {
+    const float *a = sc + t.channel0(i), *b = sh + t.channel0(i);
+    const float* xr = xp + i * t.L * kBlock;
+    float* yr = yp + i * t.L * kBlock;
+    for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+      for (int64_t j = 0; j < kBlock; ++j) yr[l * kBlock + j] = xr[l * kBlock + j] * a[j] + b[j];
+  }
+}
+
+void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip,
+                          float* rmp, float* rvp, double momentum, double eps) {
+  const Tiles t = tiles_of(x);
+  const float* xp = x.data_any<float>();
+  y.set_format(Format::nchw16c);
+  float* yp = y.data_any<float>();
+  // Per tile and channel: sum and squared deviations from the tile's mean.
+  std::vector<float> tsum(size_t(t.count() * kBlock)), tm2(size_t(t.count() * kBlock));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < t.count(); ++i) {
+    const float* xr = xp + i * t.L * kBlock;
+    float s[kBlock] = {}, q[kBlock] = {}, mu[kBlock];
+    for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+      for (int64_t j = 0; j < kBlock; ++j) s[j] += xr[l * kBlock + j];
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) mu[j] = s[j] / float(t.L);
+    for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const float d = xr[l * kBlock + j] - mu[j];
+        q[j] += d * d;
+      }
+    for (int64_t j = 0; j < kBlock; ++j) tsum[size_t(i * kBlock + j)] = s[j], tm2[size_t(i * kBlock + j)] = q[j];
+  }
+  std::vector<float> sc(size_t(t.C)), sh(size_t(t.C));
+  const double m = double(t.N * t.L);
+  for (int64_t c = 0; c < t.C; ++c) {
+    const int64_t cb = c / kBlock, j = c % kBlock;
+    double sum = 0;
+    for (int64_t n = 0; n < t.N; ++n) sum += double(tsum[size_t((n * t.CB + cb) * kBlock + j)]);
+    const double mean = sum / m;
+    double ss = 0;  // sum of tile M2s plus the spread of the tile means (Chan et al.)
+    for (int64_t n = 0; n < t.N; ++n) {
+      const size_t k = size_t((n * t.CB + cb) * kBlock + j);
+      const double d = double(tsum[k]) / double(t.L) - mean;
+      ss += double(tm2[k]) + double(t.L) * d * d;
+    }
+    const double var = ss / m, invstd = 1.0 / std::sqrt(var + eps);
+    sc[size_t(c)] = float(invstd * double(gp[c]));
+    sh[size_t(c)] = float(double(bp[c]) - mean * invstd * double(gp[c]));
+    mp[c] = float(mean);
+    ip[c] = float(invstd);
+    if (rmp) rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean);
+    if (rvp) rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * ss / (m - 1));
+  }
+  affine_blocked(t, xp, yp, sc.data(), sh.data());
+}
+
+void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip,
+                    Tensor& dx, float* dgp, float* dbp, bool training) {
+  const Tiles t = tiles_of(x);
+  const float *dyp = dy.data_any<float>(), *xp = x.data_any<float>();
+  const bool need_sums = dgp || dbp || (dx.defined() && training);
+  std::vector<double> sdy(size_t(t.C)), sdyx(size_t(t.C));
+  if (need_sums) {
+    std::vector<float> pa(size_t(t.count() * kBlock)), pb(size_t(t.count() * kBlock));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < t.count(); ++i) {
+      const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock, *mu = mp + t.channel0(i);
+      float a[kBlock] = {}, b[kBlock] = {};
+      for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+        for (int64_t j = 0; j < kBlock; ++j) {
+          a[j] += dr[l * kBlock + j];
+          b[j] += dr[l * kBlock + j] * (xr[l * kBlock + j] - mu[j]);
+        }
+      for (int64_t j = 0; j < kBlock; ++j) pa[size_t(i * kBlock + j)] = a[j], pb[size_t(i * kBlock + j)] = b[j];
+    }
+    for (int64_t i = 0; i < t.count(); ++i)
+      for (int64_t j = 0; j < kBlock; ++j) {
+        sdy[size_t(t.channel0(i) + j)] += double(pa[size_t(i * kBlock + j)]);
+        sdyx[size_t(t.channel0(i) + j)] += double(pb[size_t(i * kBlock + j)]);
+      }
+  }
+  const double m = double(t.N * t.L);
+  std::vector<float> gi(size_t(t.C)), ca(size_t(t.C)), cb(size_t(t.C));
+  for (int64_t c = 0; c < t.C; ++c) {
+    const double sx = sdyx[size_t(c)] * double(ip[c]);
+    if (dgp) dgp[c] = float(sx);
+    if (dbp) dbp[c] = float(sdy[size_t(c)]);
+    gi[size_t(c)] = gp[c] * ip[c];
+    ca[size_t(c)] = training ? float(double(gi[size_t(c)]) * double(ip[c]) * sx / m) : 0.f;
+    // b folds the mean term: dx = gi dy - a (x - mu) - b = gi dy - a x + (a mu - b).
+    cb[size_t(c)] = training ? float(double(gi[size_t(c)]) * sdy[size_t(c)] / m) : 0.f;
+  }
+  if (!dx.defined()) return;
+  dx.set_format(Format::nchw16c);
+  float* dxp = dx.data_any<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < t.count(); ++i) {
+    const int64_t c0 = t.channel0(i);
+    const float *g = gi.data() + c0, *a = ca.data() + c0, *b = cb.data() + c0, *mu = mp + c0;
+    const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock;
+    float* o = dxp + i * t.L * kBlock;
+    for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+      for (int64_t j = 0; j < kBlock; ++j)
+        o[l * kBlock + j] = g[j] * dr[l * kBlock + j] - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
+  }
+}
 
 struct Dims {
   int64_t N, C, L;
@@ -59,11 +193,14 @@ void row_dy_sums(const float* dy, const float* x, float mu, int64_t L, float& sd
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
                          double eps) {
+  float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
+  float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
+  if (x.is_blocked())
+    return bn_fwd_train_blocked(x, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
+                                save_invstd.data<float>(), rmp, rvp, momentum, eps);
   const Dims d = dims_of(x);
   const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
   float *yp = y.data<float>(), *mp = save_mean.data<float>(), *ip = save_invstd.data<float>();
-  float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
-  float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
   const double m = double(d.N * d.L);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < d.C; ++c) {
@@ -96,6 +233,19 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                          const Tensor& running_var, Tensor& y, double eps) {
+  if (x.is_blocked()) {
+    const Tiles t = tiles_of(x);
+    const float *gp = gamma.data<float>(), *bp = beta.data<float>();
+    const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
+    std::vector<float> sc(size_t(t.C)), sh(size_t(t.C));
+    for (int64_t c = 0; c < t.C; ++c) {
+      const double sd = double(gp[c]) / std::sqrt(double(vp[c]) + eps);
+      sc[size_t(c)] = float(sd), sh[size_t(c)] = float(double(bp[c]) - double(mp[c]) * sd);
+    }
+    y.set_format(Format::nchw16c);
+    affine_blocked(t, x.data_any<float>(), y.data_any<float>(), sc.data(), sh.data());
+    return;
+  }
   const Dims d = dims_of(x);
   const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
   const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
@@ -118,6 +268,14 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                    const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training) {
+  if (x.is_blocked() || dy.is_blocked()) {
+    Tensor kx, kdy;
+    const Tensor& xb = in_format(x, Format::nchw16c, kx);
+    const Tensor& dyb = in_format(dy, Format::nchw16c, kdy);
+    return bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
+                          dgamma.defined() ? dgamma.data<float>() : nullptr,
+                          dbeta.defined() ? dbeta.data<float>() : nullptr, training);
+  }
   const Dims d = dims_of(x);
   const float *dyp = dy.data<float>(), *xp = x.data<float>(), *gp = gamma.data<float>();
   const float *mp = mean.data<float>(), *ip = invstd.data<float>();

@@ -36,6 +36,10 @@ constexpr auto kF32 = memory::data_type::f32;
 // has to know about blocked layouts. Measured cost of the reorders on fwd+bwd, one
 // core: +39% over blocked-only execution at 16 channels x 32x32, +9% at 32 x 16x16, +6%
 // at 64 x 8x8 (bench/bench_conv_overhead.cpp, onednn_blocked/).
+// Those reorders were 20% of a ResNet-56 step, so activations with C % 16 == 0 now stay
+// in nChw16c between convolutions (Note [Blocked activations], core/tensor.h): a conv
+// writes its output (and dx) blocked whenever the tensor can be, and takes x and dy in
+// whatever format they come. The plain-NCHW reorders remain for C % 16 != 0.
 
 // Per-thread scratch for blocked copies of operands: a few 64-byte-aligned buffers that
 // only grow. Kernels on one thread run one at a time and wait on the stream before
@@ -116,6 +120,11 @@ void execute(const Plan& plan, const std::vector<const Tensor*>& tensors) {
 }
 
 memory::desc plain(const Shape& s, Tag tag) { return {onednn::dims(s), kF32, tag}; }
+// The user-side descriptor of an activation, in the format the tensor is in.
+memory::desc user(const Tensor& t) { return plain(t.shape(), t.is_blocked() ? Tag::nChw16c : Tag::nchw); }
+// Outputs are written blocked whenever the tensor can be held so.
+void choose_format(Tensor& out) { out.set_format(out.blockable() ? Format::nchw16c : Format::plain); }
+const char* fmt(const Tensor& t) { return t.is_blocked() ? "|B" : "|P"; }
 memory::desc any(const memory::dims& d) { return {d, kF32, Tag::any}; }
 
 // Weights as oneDNN sees them: [K, C/g, R, S] oihw, or [g, K/g, C/g, R, S] goihw.
@@ -158,20 +167,22 @@ dnnl::convolution_forward::primitive_desc fwd_pd(const Shape& x, const Shape& w,
 
 void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
   const bool has_bias = bias.defined();
-  const Plan& plan = onednn::cached<Plan>(key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias), [&] {
+  choose_format(y);
+  const Plan& plan = onednn::cached<Plan>(key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + fmt(x) + fmt(y), [&] {
     auto pd = fwd_pd(x.shape(), w.shape(), y.shape(), p, has_bias);
     Plan pl{dnnl::convolution_forward(pd), {}};
-    pl.operands.push_back(operand(DNNL_ARG_SRC, false, plain(x.shape(), Tag::nchw), pd.src_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_SRC, false, user(x), pd.src_desc()));
     pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups), pd.weights_desc()));
     pl.operands.push_back(operand(DNNL_ARG_BIAS, false, plain({w.size(0)}, Tag::x), plain({w.size(0)}, Tag::x)));
-    pl.operands.push_back(operand(DNNL_ARG_DST, true, plain(y.shape(), Tag::nchw), pd.dst_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_DST, true, user(y), pd.dst_desc()));
     return pl;
   });
   execute(plan, {&x, &w, &bias, &y});
 }
 
 void bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
-  const Plan& plan = onednn::cached<Plan>(key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false), [&] {
+  choose_format(dx);
+  const Plan& plan = onednn::cached<Plan>(key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + fmt(dy) + fmt(dx), [&] {
     const Geometry g = geometry(p);
     using Bwd = dnnl::convolution_backward_data;
     Bwd::desc d(dnnl::algorithm::convolution_direct, any(onednn::dims(dx.shape())),
@@ -179,16 +190,17 @@ void bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dPa
                 g.pad);
     Bwd::primitive_desc pd(d, onednn::engine(), fwd_pd(dx.shape(), w.shape(), dy.shape(), p, false));
     Plan pl{Bwd(pd), {}};
-    pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, plain(dy.shape(), Tag::nchw), pd.diff_dst_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, user(dy), pd.diff_dst_desc()));
     pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups), pd.weights_desc()));
-    pl.operands.push_back(operand(DNNL_ARG_DIFF_SRC, true, plain(dx.shape(), Tag::nchw), pd.diff_src_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_DIFF_SRC, true, user(dx), pd.diff_src_desc()));
     return pl;
   });
   execute(plan, {&dy, &w, &dx});
 }
 
 // Bias gradient alone (a frozen weight with a trainable bias): a per-channel sum.
-void bias_grad(const Tensor& dy, Tensor& db) {
+void bias_grad(const Tensor& dy_any, Tensor& db) {
+  const Tensor dy = dy_any.to_plain();
   const int64_t N = dy.size(0), K = dy.size(1), L = dy.size(2) * dy.size(3);
   const float* dyp = dy.data<float>();
   float* dbp = db.data<float>();
@@ -208,7 +220,7 @@ void bias_grad(const Tensor& dy, Tensor& db) {
 
 void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
   const bool has_bias = db.defined();
-  const Plan& plan = onednn::cached<Plan>(key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias), [&] {
+  const Plan& plan = onednn::cached<Plan>(key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias) + fmt(x) + fmt(dy), [&] {
     const Geometry g = geometry(p);
     using Bwd = dnnl::convolution_backward_weights;
     const memory::desc xm = any(onednn::dims(x.shape())), wm = any(weight_dims(dw.shape(), p.groups));
@@ -218,8 +230,8 @@ void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const
                       : Bwd::desc(alg, xm, wm, ym, g.strides, g.dilates, g.pad, g.pad);
     Bwd::primitive_desc pd(d, onednn::engine(), fwd_pd(x.shape(), dw.shape(), dy.shape(), p, has_bias));
     Plan pl{Bwd(pd), {}};
-    pl.operands.push_back(operand(DNNL_ARG_SRC, false, plain(x.shape(), Tag::nchw), pd.src_desc()));
-    pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, plain(dy.shape(), Tag::nchw), pd.diff_dst_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_SRC, false, user(x), pd.src_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, user(dy), pd.diff_dst_desc()));
     pl.operands.push_back(
         operand(DNNL_ARG_DIFF_WEIGHTS, true, weight_plain(dw.shape(), p.groups), pd.diff_weights_desc()));
     pl.operands.push_back(operand(DNNL_ARG_DIFF_BIAS, true, bm, bm));

@@ -7,4 +7,12 @@ namespace eg::cpu {
 #define EG_DECLARE_IMPL(name, Fn) ops::Fn name;
 EG_OP_LIST(EG_DECLARE_IMPL)
 #undef EG_DECLARE_IMPL
+
+// For format-aware kernels (Note [Blocked activations]): `t` in format f, either t itself
+// or a converted copy held in `keep`.
+inline const Tensor& in_format(const Tensor& t, Format f, Tensor& keep) {
+  if (!t.defined() || t.format() == f) return t;
+  keep = t.to_format(f);
+  return keep;
+}
 }  // namespace eg::cpu

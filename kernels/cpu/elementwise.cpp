@@ -3,6 +3,8 @@
 // [M, N]) and scalar operands get contiguous loops; other broadcasts use ref.
 // sum_to: NCHW -> per-channel and [M, N] -> [1, N] fast; others use ref.
 // Napkin math: 12 bytes/element for binary, bandwidth-bound (~10 GB/s per core).
+// binary (same shapes), scale and axpy are format-aware (Note [Blocked activations]):
+// mismatched operands are brought to the blocked one's format (axpy: to y's).
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
@@ -79,7 +81,24 @@ bool try_fast(const Tensor& a, const Tensor& b, Tensor& c, F f) {
 
 }  // namespace
 
-void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
+void binary_fwd(ops::Binary op, const Tensor& a_in, const Tensor& b_in, Tensor& c) {
+  Tensor ka, kb;
+  const bool same = a_in.shape() == c.shape() && b_in.shape() == c.shape();
+  const Format f = same && (a_in.is_blocked() || b_in.is_blocked()) ? Format::nchw16c : Format::plain;
+  const Tensor& a = in_format(a_in, f, ka);
+  const Tensor& b = in_format(b_in, f, kb);
+  if (f != Format::plain) {
+    c.set_format(f);
+    const float *ap = a.data_any<float>(), *bp = b.data_any<float>();
+    float* cp = c.data_any<float>();
+    switch (op) {
+      case ops::Binary::add: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x + y; }); break;
+      case ops::Binary::sub: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x - y; }); break;
+      case ops::Binary::mul: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x * y; }); break;
+      case ops::Binary::div: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x / y; }); break;
+    }
+    return;
+  }
   bool done = false;
   switch (op) {
     case ops::Binary::add: done = try_fast(a, b, c, [](float x, float y) { return x + y; }); break;
@@ -91,17 +110,20 @@ void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
 }
 
 void scale(const Tensor& x, Tensor& y, double alpha) {
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
+  y.set_format(x.format());
+  const float* xp = x.data_any<float>();
+  float* yp = y.data_any<float>();
   const float s = float(alpha);
   const int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) yp[i] = s * xp[i];
 }
 
-void axpy(const Tensor& x, Tensor& y, double alpha) {
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
+void axpy(const Tensor& x_in, Tensor& y, double alpha) {
+  Tensor keep;
+  const Tensor& x = in_format(x_in, y.format(), keep);
+  const float* xp = x.data_any<float>();
+  float* yp = y.data_any<float>();
   const float s = float(alpha);
   const int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static) if (n > 65536)

@@ -32,12 +32,13 @@ inline dnnl::memory::data_type data_type(DType t) {
   }
 }
 
-// A memory object over the tensor's own buffer (no copy).
+// A memory object over the tensor's own buffer (no copy). The caller's descriptor
+// says the layout, nChw16c included (Note [Blocked activations]).
 inline dnnl::memory wrap(const Tensor& t, dnnl::memory::format_tag tag) {
-  return dnnl::memory({dims(t.shape()), data_type(t.dtype()), tag}, engine(), t.raw());
+  return dnnl::memory({dims(t.shape()), data_type(t.dtype()), tag}, engine(), t.raw_any());
 }
 inline dnnl::memory wrap(const Tensor& t, const dnnl::memory::desc& md) {
-  return dnnl::memory(md, engine(), t.raw());
+  return dnnl::memory(md, engine(), t.raw_any());
 }
 
 // Per-thread cache of objects (primitives, descriptors) keyed by a string.
