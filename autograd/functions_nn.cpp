@@ -44,7 +44,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::C
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean,
-                  Tensor running_var, bool training, double momentum, double eps) {
+                  Tensor running_var, bool training, double momentum, double eps, bool relu) {
   check_dim(x, 4, "batch_norm", "input");
   check_float(x, "batch_norm", "input");
   const int64_t c = x.size(1);
@@ -62,9 +62,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
     mean = empty_as(x, {c});
     invstd = empty_as(x, {c});
     ops::call(ops::batchnorm_fwd_train, x, gamma, beta, y, mean, invstd, running_mean, running_var,
-              momentum, eps);
+              momentum, eps, relu);
   } else {
-    ops::call(ops::batchnorm_fwd_infer, x, gamma, beta, running_mean, running_var, y, eps);
+    ops::call(ops::batchnorm_fwd_infer, x, gamma, beta, running_mean, running_var, y, eps, relu);
     if (autograd::needs_record({x, gamma, beta})) {
       // Constants of the inference transform: the running statistics. Computed on the
       // host (a [C] vector) only when a backward will need them.
@@ -74,13 +74,18 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
       invstd = v.to(x.dtype()).to(x.device());
     }
   }
-  autograd::record_function("BatchNormBackward", {x, gamma, beta}, {&y}, {x, gamma, mean, invstd},
+  // With the fused ReLU the backward also needs y (its mask), saved detached: a node
+  // holding its own output with history would be a reference cycle.
+  if (!autograd::needs_record({x, gamma, beta})) return y;
+  autograd::record_function(relu ? "BatchNormReluBackward" : "BatchNormBackward", {x, gamma, beta}, {&y},
+                            {x, gamma, mean, invstd, relu ? y.detach() : Tensor()},
                             [training](const Tensors& g, const Tensors& s, const Node& n) {
                               Tensor dx, dg, db;
                               if (n.needs_input_grad(0)) dx = empty_like(s[0]);
                               if (n.needs_input_grad(1)) dg = empty_like(s[1]);
                               if (n.needs_input_grad(2)) db = empty_like(s[1]);
-                              ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training);
+                              ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training,
+                                        s[4]);
                               return Tensors{dx, dg, db};
                             });
   return y;

@@ -68,15 +68,21 @@ using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tens
 // Batch norm over (N, H, W) per channel C of x [N, C, H, W]. Training forward writes
 // save_mean and save_invstd [C] (biased variance) and, when running_mean/var are
 // defined, updates them in place: r = (1 - momentum) r + momentum * batch (unbiased var).
+// relu: y = max(batch_norm(x), 0), fused (conv -> BN -> ReLU is ResNet's and
+// MobileNet's building block; fusing saves a pass over the activation each way).
 using BatchNormFwdTrain = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                                Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
-                               Tensor& running_var, double momentum, double eps);
+                               Tensor& running_var, double momentum, double eps, bool relu);
 using BatchNormFwdInfer = void(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               const Tensor& running_mean, const Tensor& running_var, Tensor& y, double eps);
+                               const Tensor& running_mean, const Tensor& running_var, Tensor& y, double eps,
+                               bool relu);
 // training=true: batch statistics (mean/invstd are the saved ones, dx includes the
 // statistics' gradient). training=false: mean/invstd are constants (from running stats).
+// relu_y: the output of a forward with relu (undefined otherwise): the gradient flows
+// back only where relu_y > 0.
 using BatchNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                          const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training);
+                          const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
+                          const Tensor& relu_y);
 
 // Activations, elementwise. Backward reads the forward input x.
 using ActFwd = void(Act act, const Tensor& x, Tensor& y);

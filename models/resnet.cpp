@@ -65,7 +65,7 @@ class BasicBlock : public nn::Module {
     s = {out, h};
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = fn::relu(bn1->forward(conv1->forward(x)));
+    Tensor h = bn1->forward(conv1->forward(x), /*relu=*/true);
     h = bn2->forward(conv2->forward(h));
     return fn::relu(fn::add(h, shortcut ? shortcut->forward(x) : x));
   }
@@ -98,8 +98,8 @@ class Bottleneck : public nn::Module {
     s = {out, h};
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = fn::relu(bn1->forward(conv1->forward(x)));
-    h = fn::relu(bn2->forward(conv2->forward(h)));
+    Tensor h = bn1->forward(conv1->forward(x), /*relu=*/true);
+    h = bn2->forward(conv2->forward(h), /*relu=*/true);
     h = bn3->forward(conv3->forward(h));
     return fn::relu(fn::add(h, shortcut ? shortcut->forward(x) : x));
   }

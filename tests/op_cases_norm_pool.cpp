@@ -29,24 +29,27 @@ constexpr double kMomentum = 0.1, kEps = 1e-5;
 // Training mode. Outputs: y, saved mean, saved invstd, updated running mean and
 // variance (the running statistics are cloned first, so each call starts alike).
 // want: which of dx, dgamma, dbeta the backward asks for.
+// relu: the fused max(bn(x), 0), whose backward takes y for the mask.
 void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool want_dx = true,
-                  bool want_affine = true) {
+                  bool want_affine = true, bool relu = false) {
   OpCase c;
   c.name = "batchnorm/train_" + variant;
   c.make_inputs = [s](DType dt) { return bn_inputs(s, dt); };
-  c.forward = [](ops::Backend b, const Tensors& in) {
+  c.forward = [relu](ops::Backend b, const Tensors& in) {
     const int64_t ch = in[0].size(1);
     Tensor y = empty_like(in[0]), mean = empty_on(in[0], {ch}, in[0].dtype());
     Tensor invstd = empty_on(in[0], {ch}, in[0].dtype());
     Tensor rm = in[3].clone(), rv = in[4].clone();
-    ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps);
+    ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps, relu);
     return Tensors{y, mean, invstd, rm, rv};
   };
-  c.backward = [want_dx, want_affine](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+  c.backward = [want_dx, want_affine, relu](ops::Backend b, const Tensors& in, const Tensors& out,
+                                            const Tensors& dout) {
     Tensor dx, dg, db;
     if (want_dx) dx = empty_like(in[0]);
     if (want_affine) dg = empty_like(in[1]), db = empty_like(in[2]);
-    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true,
+             relu ? out[0] : Tensor());
     return Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_train), uses(ops::batchnorm_bwd)};
@@ -63,22 +66,23 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
 }
 
 // Inference mode: running statistics are constants, in both directions.
-void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big) {
+void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool relu = false) {
   OpCase c;
   c.name = "batchnorm/infer_" + variant;
   c.make_inputs = [s](DType dt) { return bn_inputs(s, dt); };
-  c.forward = [](ops::Backend b, const Tensors& in) {
+  c.forward = [relu](ops::Backend b, const Tensors& in) {
     Tensor y = empty_like(in[0]);
-    ops::run(ops::batchnorm_fwd_infer, b, in[0], in[1], in[2], in[3], in[4], y, kEps);
+    ops::run(ops::batchnorm_fwd_infer, b, in[0], in[1], in[2], in[3], in[4], y, kEps, relu);
     return Tensors{y};
   };
-  c.backward = [](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
+  c.backward = [relu](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
     // invstd from the running variance, as autograd computes it (on the host).
     Tensor var = in[4].to(Device::cpu()).to(DType::f64).clone();
     for (int64_t i = 0; i < var.numel(); ++i) var.data<double>()[i] = 1.0 / std::sqrt(var.data<double>()[i] + kEps);
     Tensor invstd = var.to(in[0].dtype()).to(in[0].device());
     Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]);
-    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false,
+             relu ? out[0] : Tensor());
     return Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_infer), uses(ops::batchnorm_bwd)};
@@ -192,6 +196,17 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_bn_train(v, "resnet_128x16x32x32_nchw16c", {128, 16, 32, 32}, true);
   block_inputs(v.back(), {0}, true);
   add_bn_infer(v, "c32_nchw16c", {4, 32, 6, 5}, false);
+  block_inputs(v.back(), {0}, true);
+  // The fused ReLU, plain and blocked, training and inference.
+  add_bn_train(v, "small_relu", {4, 3, 4, 5}, false, true, true, true);
+  add_bn_train(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true, true, true);
+  block_inputs(v.back(), {0}, true);
+  add_bn_train(v, "c16_nchw16c_relu_dy_plain_no_dx", {3, 16, 5, 3}, false, false, true, true);
+  block_inputs(v.back(), {0}, false);
+  add_bn_train(v, "resnet_128x16x32x32_nchw16c_relu", {128, 16, 32, 32}, true, true, true, true);
+  block_inputs(v.back(), {0}, true);
+  add_bn_infer(v, "small_relu", {4, 3, 4, 5}, false, true);
+  add_bn_infer(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true);
   block_inputs(v.back(), {0}, true);
   add_bn_infer(v, "small", {4, 3, 4, 5}, false);
   add_bn_infer(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);

@@ -22,6 +22,7 @@
 // channels would leave a core idle). Each tile yields float partial sums per channel,
 // combined per channel in double; the variance combines each tile's own mean and
 // squared deviations (Chan et al.), so it needs no second pass over memory.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -42,21 +43,26 @@ Tiles tiles_of(const Tensor& x) {
   return {x.size(0), C, C / kBlock, x.size(2) * x.size(3)};
 }
 
-// Per-channel scale/shift applied to every tile: y = x * sc[c] + sh[c].
-void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc, const float* sh) {
+// Per-channel scale/shift applied to every tile: y = x * sc[c] + sh[c] (then max(., 0)).
+void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc, const float* sh, bool relu) {
 #pragma omp parallel for schedule(static) if (t.count() * t.L * kBlock > 32768)
   for (int64_t i = 0; i < t.count(); ++i) {
     const float *a = sc + t.channel0(i), *b = sh + t.channel0(i);
     const float* xr = xp + i * t.L * kBlock;
     float* yr = yp + i * t.L * kBlock;
-    for (int64_t l = 0; l < t.L; ++l)
+    if (relu)
+      for (int64_t l = 0; l < t.L; ++l)
 #pragma omp simd
-      for (int64_t j = 0; j < kBlock; ++j) yr[l * kBlock + j] = xr[l * kBlock + j] * a[j] + b[j];
+        for (int64_t j = 0; j < kBlock; ++j) yr[l * kBlock + j] = std::max(xr[l * kBlock + j] * a[j] + b[j], 0.f);
+    else
+      for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+        for (int64_t j = 0; j < kBlock; ++j) yr[l * kBlock + j] = xr[l * kBlock + j] * a[j] + b[j];
   }
 }
 
 void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip,
-                          float* rmp, float* rvp, double momentum, double eps) {
+                          float* rmp, float* rvp, double momentum, double eps, bool relu) {
   const Tiles t = tiles_of(x);
   const float* xp = x.data_any<float>();
   y.set_format(Format::nchw16c);
@@ -101,11 +107,12 @@ void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Ten
     if (rmp) rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean);
     if (rvp) rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * ss / (m - 1));
   }
-  affine_blocked(t, xp, yp, sc.data(), sh.data());
+  affine_blocked(t, xp, yp, sc.data(), sh.data(), relu);
 }
 
+// ry: the fused ReLU's output (nullptr: none); the gradient is dy where ry > 0.
 void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip,
-                    Tensor& dx, float* dgp, float* dbp, bool training) {
+                    Tensor& dx, float* dgp, float* dbp, bool training, const float* ryp) {
   const Tiles t = tiles_of(x);
   const float *dyp = dy.data_any<float>(), *xp = x.data_any<float>();
   const bool need_sums = dgp || dbp || (dx.defined() && training);
@@ -116,12 +123,23 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
     for (int64_t i = 0; i < t.count(); ++i) {
       const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock, *mu = mp + t.channel0(i);
       float a[kBlock] = {}, b[kBlock] = {};
-      for (int64_t l = 0; l < t.L; ++l)
+      if (ryp) {
+        const float* rr = ryp + i * t.L * kBlock;
+        for (int64_t l = 0; l < t.L; ++l)
 #pragma omp simd
-        for (int64_t j = 0; j < kBlock; ++j) {
-          a[j] += dr[l * kBlock + j];
-          b[j] += dr[l * kBlock + j] * (xr[l * kBlock + j] - mu[j]);
-        }
+          for (int64_t j = 0; j < kBlock; ++j) {
+            const float g = rr[l * kBlock + j] > 0.f ? dr[l * kBlock + j] : 0.f;
+            a[j] += g;
+            b[j] += g * (xr[l * kBlock + j] - mu[j]);
+          }
+      } else {
+        for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+          for (int64_t j = 0; j < kBlock; ++j) {
+            a[j] += dr[l * kBlock + j];
+            b[j] += dr[l * kBlock + j] * (xr[l * kBlock + j] - mu[j]);
+          }
+      }
       for (int64_t j = 0; j < kBlock; ++j) pa[size_t(i * kBlock + j)] = a[j], pb[size_t(i * kBlock + j)] = b[j];
     }
     for (int64_t i = 0; i < t.count(); ++i)
@@ -150,10 +168,20 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
     const float *g = gi.data() + c0, *a = ca.data() + c0, *b = cb.data() + c0, *mu = mp + c0;
     const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock;
     float* o = dxp + i * t.L * kBlock;
-    for (int64_t l = 0; l < t.L; ++l)
+    if (ryp) {
+      const float* rr = ryp + i * t.L * kBlock;
+      for (int64_t l = 0; l < t.L; ++l)
 #pragma omp simd
-      for (int64_t j = 0; j < kBlock; ++j)
-        o[l * kBlock + j] = g[j] * dr[l * kBlock + j] - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
+        for (int64_t j = 0; j < kBlock; ++j) {
+          const float d = rr[l * kBlock + j] > 0.f ? dr[l * kBlock + j] : 0.f;
+          o[l * kBlock + j] = g[j] * d - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
+        }
+    } else {
+      for (int64_t l = 0; l < t.L; ++l)
+#pragma omp simd
+        for (int64_t j = 0; j < kBlock; ++j)
+          o[l * kBlock + j] = g[j] * dr[l * kBlock + j] - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
+    }
   }
 }
 
@@ -192,12 +220,12 @@ void row_dy_sums(const float* dy, const float* x, float mu, int64_t L, float& sd
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
-                         double eps) {
+                         double eps, bool relu) {
   float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
   float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
   if (x.is_blocked())
     return bn_fwd_train_blocked(x, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
-                                save_invstd.data<float>(), rmp, rvp, momentum, eps);
+                                save_invstd.data<float>(), rmp, rvp, momentum, eps, relu);
   const Dims d = dims_of(x);
   const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
   float *yp = y.data<float>(), *mp = save_mean.data<float>(), *ip = save_invstd.data<float>();
@@ -221,8 +249,12 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
     for (int64_t n = 0; n < d.N; ++n) {
       const float* xr = xc + n * stride;
       float* yr = yp + c * d.L + n * stride;
+      if (relu)
 #pragma omp simd
-      for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
+        for (int64_t i = 0; i < d.L; ++i) yr[i] = std::max(xr[i] * scale + shift, 0.f);
+      else
+#pragma omp simd
+        for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
     }
     mp[c] = mf;
     ip[c] = float(invstd);
@@ -232,7 +264,7 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
 }
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps) {
+                         const Tensor& running_var, Tensor& y, double eps, bool relu) {
   if (x.is_blocked()) {
     const Tiles t = tiles_of(x);
     const float *gp = gamma.data<float>(), *bp = beta.data<float>();
@@ -243,7 +275,7 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
       sc[size_t(c)] = float(sd), sh[size_t(c)] = float(double(bp[c]) - double(mp[c]) * sd);
     }
     y.set_format(Format::nchw16c);
-    affine_blocked(t, x.data_any<float>(), y.data_any<float>(), sc.data(), sh.data());
+    affine_blocked(t, x.data_any<float>(), y.data_any<float>(), sc.data(), sh.data(), relu);
     return;
   }
   const Dims d = dims_of(x);
@@ -258,24 +290,38 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
       const float scale = float(sd), shift = float(double(bp[c]) - double(mp[c]) * sd);
       const float* xr = xp + (n * d.C + c) * d.L;
       float* yr = yp + (n * d.C + c) * d.L;
+      if (relu)
 #pragma omp simd
-      for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
+        for (int64_t i = 0; i < d.L; ++i) yr[i] = std::max(xr[i] * scale + shift, 0.f);
+      else
+#pragma omp simd
+        for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
     }
 }
 
 // dbeta = sum dy, dgamma = sum dy * xhat with xhat = (x - mean) * invstd;
 // training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
 // inference: dx = gamma * invstd * dy (the statistics are constants).
-void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training) {
-  if (x.is_blocked() || dy.is_blocked()) {
-    Tensor kx, kdy;
+void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
+                   const Tensor& relu_y) {
+  if (x.is_blocked() || dy_in.is_blocked()) {
+    Tensor kx, kdy, kry;
     const Tensor& xb = in_format(x, Format::nchw16c, kx);
-    const Tensor& dyb = in_format(dy, Format::nchw16c, kdy);
+    const Tensor& dyb = in_format(dy_in, Format::nchw16c, kdy);
+    const Tensor& ryb = in_format(relu_y, Format::nchw16c, kry);
     return bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
                           dgamma.defined() ? dgamma.data<float>() : nullptr,
-                          dbeta.defined() ? dbeta.data<float>() : nullptr, training);
+                          dbeta.defined() ? dbeta.data<float>() : nullptr, training,
+                          ryb.defined() ? ryb.data_any<float>() : nullptr);
   }
+  // Plain layout: the fused ReLU's mask as its own pass (act_bwd), then the plain loops.
+  Tensor masked;
+  if (relu_y.defined()) {
+    masked = Tensor::empty(dy_in.shape());
+    act_bwd(ops::Act::relu, dy_in, relu_y, masked);
+  }
+  const Tensor& dy = relu_y.defined() ? masked : dy_in;
   const Dims d = dims_of(x);
   const float *dyp = dy.data<float>(), *xp = x.data<float>(), *gp = gamma.data<float>();
   const float *mp = mean.data<float>(), *ip = invstd.data<float>();

@@ -106,25 +106,52 @@ void bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& m
   }
 }
 
+// The fused ReLU, as its own passes: y = max(y, 0) after the forward; the gradient
+// masked by relu_y > 0 before the backward.
+void relu_in_place(Tensor& y) {
+  if (y.dtype() == DType::f64) {
+    double* p = y.data<double>();
+    for (int64_t i = 0; i < y.numel(); ++i) p[i] = p[i] > 0 ? p[i] : 0.0;
+  } else {
+    float* p = y.data<float>();
+    for (int64_t i = 0; i < y.numel(); ++i) p[i] = p[i] > 0 ? p[i] : 0.f;
+  }
+}
+Tensor relu_masked(const Tensor& dy, const Tensor& relu_y) {
+  Tensor g = dy.clone();
+  const Tensor ry = relu_y.to(dy.dtype());
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const bool off = dy.dtype() == DType::f64 ? !(ry.data<double>()[i] > 0) : !(ry.data<float>()[i] > 0);
+    if (!off) continue;
+    if (dy.dtype() == DType::f64) g.data<double>()[i] = 0;
+    else g.data<float>()[i] = 0;
+  }
+  return g;
+}
+
 }  // namespace
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
-                         double eps) {
+                         double eps, bool relu) {
   if (x.dtype() == DType::f64)
     fwd_train<double>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
   else
     fwd_train<float>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
+  if (relu) relu_in_place(y);
 }
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps) {
+                         const Tensor& running_var, Tensor& y, double eps, bool relu) {
   if (x.dtype() == DType::f64) fwd_infer<double>(x, gamma, beta, running_mean, running_var, y, eps);
   else fwd_infer<float>(x, gamma, beta, running_mean, running_var, y, eps);
+  if (relu) relu_in_place(y);
 }
 
-void batchnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training) {
+void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
+                   const Tensor& relu_y) {
+  const Tensor dy = relu_y.defined() ? relu_masked(dy_in, relu_y) : dy_in;
   if (x.dtype() == DType::f64) bwd<double>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);
   else bwd<float>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);
 }
