@@ -3,6 +3,7 @@
 
   bench/time_to_accuracy.py --egeria build/egeria [--models resnet20,resnet56]
       [--policies none,egeria,autofreeze,static] [--epochs 30] [--threads 2]
+      (egeria-peak: egeria with --freeze-tolerance-from peak)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
 
 For each model, trains on Fashion-MNIST (all 60,000 training images unless
@@ -30,14 +31,18 @@ import sys
 NEAR = 0.003
 
 
+# Policy variants: a name for a policy run with extra flags.
+VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"]}
+
+
 def run(args, model, policy, rep=0):
     out = os.path.join(args.out, f"{model}-{policy}" + (f"-r{rep}" if rep else ""))
     summary = os.path.join(out, "summary.json")
     if os.path.exists(summary):
         return out
     cmd = [args.egeria, "train", "--model", model, "--dataset", "fashion-mnist", "--epochs", str(args.epochs),
-           "--threads", str(args.threads), "--seed", str(args.seed), "--freeze", policy, "--out", out,
-           "--lr-schedule", "step", "--checkpoint-every", "0"]
+           "--threads", str(args.threads), "--seed", str(args.seed), "--freeze", VARIANTS.get(policy, [policy])[0],
+           "--out", out, "--lr-schedule", "step", "--checkpoint-every", "0"] + VARIANTS.get(policy, [policy])[1:]
     if args.train_limit:
         cmd += ["--train-limit", str(args.train_limit)]
     if args.data_dir:

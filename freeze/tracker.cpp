@@ -73,7 +73,14 @@ void FreezeTracker::start_module() {
   raw_.clear();
   smoothed_.clear();
   first_slopes_.clear();
+  peak_slope_ = 0;
   counter_ = 0;
+}
+
+double FreezeTracker::tolerance() const {
+  if (first_slopes_.size() < 3) return 0;
+  const double first = *std::max_element(first_slopes_.begin(), first_slopes_.end());
+  return opt_.tolerance_coef * (opt_.tolerance_from_peak ? std::max(first, peak_slope_) : first);
 }
 
 Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
@@ -123,13 +130,13 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
       first_slopes_.push_back(std::abs(s));
       counter_ = 0;  // the first fits define T and are never stale
     } else {
-      const double t = opt_.tolerance_coef * *std::max_element(first_slopes_.begin(), first_slopes_.end());
+      peak_slope_ = std::max(peak_slope_, std::abs(s));  // T (peak) includes this fit
+      const double t = tolerance();
       e.tolerance = t;
       counter_ = std::abs(s) < t ? counter_ + 1 : 0;
     }
   }
-  if (first_slopes_.size() == 3 && e.tolerance == 0)
-    e.tolerance = opt_.tolerance_coef * *std::max_element(first_slopes_.begin(), first_slopes_.end());
+  if (e.tolerance == 0) e.tolerance = tolerance();
   e.counter = counter_;
   events_.push_back(e);
   ++evals_since_refresh_;
@@ -203,7 +210,7 @@ json FreezeTracker::state() const {
   return {{"bootstrapping", bootstrapping_}, {"prev_loss", prev_loss_}, {"front", front_}, {"window", window_},
           {"counter", counter_}, {"evals_since_refresh", evals_since_refresh_},
           {"lr_at_front_freeze", lr_at_front_freeze_}, {"raw", raw_}, {"smoothed", smoothed_},
-          {"first_slopes", first_slopes_}, {"num_modules", num_modules_}};
+          {"first_slopes", first_slopes_}, {"peak_slope", peak_slope_}, {"num_modules", num_modules_}};
 }
 
 void FreezeTracker::load_state(const json& s) {
@@ -219,6 +226,7 @@ void FreezeTracker::load_state(const json& s) {
   raw_ = s.at("raw").get<std::vector<double>>();
   smoothed_ = s.at("smoothed").get<std::vector<double>>();
   first_slopes_ = s.at("first_slopes").get<std::vector<double>>();
+  peak_slope_ = s.value("peak_slope", 0.0);  // absent in checkpoints from before the option
 }
 
 }  // namespace eg::freeze

@@ -33,6 +33,14 @@
 //     epochs.) The stale counter and T survive a refresh.
 //   * T is measured again after an unfreeze: with the LR 10x lower the module moves
 //     10x slower, and a tolerance from the high-LR phase would refreeze at once.
+//   * Optionally (tolerance_from = peak, --freeze-tolerance-from peak) T is coef x the
+//     largest |slope| the module has shown so far rather than in its first 3 fits. A
+//     module that has already settled when bootstrapping ends (ResNet-20's stem and
+//     first stage on Fashion-MNIST) shows tiny first slopes, so the paper's T sits
+//     below the slopes its own noise produces and the module is not frozen until the
+//     LR drops (measured: T = 4.4e-7 against slopes of +-1e-6..6e-6 over 7 epochs).
+//     With peak, T grows with the largest swing seen, and stale means "moving at under
+//     20% of its fastest observed rate". first3 (the paper) stays the default.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -47,6 +55,7 @@ struct TrackerOptions {
   int64_t interval = 0;           // n: iterations between evaluations (0: derive, see default_interval)
   int64_t window = 10;            // W: stale readings to freeze; moving-average and fit window
   double tolerance_coef = 0.2;    // T = coef x the largest |slope| of a module's first 3 fits
+  bool tolerance_from_peak = false;  // ... or of all its fits so far (Note [Egeria's freezing decisions])
   double bootstrap_change = 0.10; // bootstrapping ends when the loss changes by less than this
   double unfreeze_lr_factor = 10; // unfreeze all when the LR has fallen by this factor
   int64_t refresh_every = 0;      // evaluations between reference refreshes (0: W)
@@ -116,6 +125,8 @@ class FreezeTracker {
   double lr_at_front_freeze_ = 0;  // 0: nothing frozen since the last unfreeze
   std::vector<double> raw_, smoothed_;   // the front module's readings since the last refresh
   std::vector<double> first_slopes_;     // the front module's first 3 fits
+  double peak_slope_ = 0;                // the front module's largest |slope| so far
+  double tolerance() const;
   std::vector<Event> events_;
 };
 

@@ -222,31 +222,63 @@ TEST(Tracker, TheRefreshSawtoothAveragesOutAndAModuleThatStoppedSlowingDownFreez
   EXPECT_GT(froze_at, 30) << "froze while the module was still slowing down fast";
 }
 
-TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
-  TrackerOptions o;
-  o.window = 4;
-  auto run = [&](FreezeTracker& t, int from, int to, std::vector<int>& decisions) {
-    for (int i = from; i < to; ++i) {
-      if (t.bootstrapping()) {
-        t.bootstrap_check(i, 2.0 / (1 + 0.1 * i), 0.1);
-        continue;
-      }
-      decisions.push_back(int(t.check_plasticity(i, converging(i % 37), i < 150 ? 0.1 : 0.001)));
-      if (t.refresh_due()) t.reference_refreshed(i);
-    }
+// A module that has settled before its first fits (tiny first slopes), then swings once
+// and goes back to noise well under its swing: the paper's T (first 3 fits) sits under
+// the noise and never freezes it; T from the peak slope does (Note [Egeria's freezing
+// decisions]).
+TEST(Tracker, ASettledModuleFreezesWithPeakToleranceButNotWithTheFirstThree) {
+  Generator g(11);
+  Tensor noise = Tensor::randn({300}, g);
+  auto p = [&](int i) {
+    if (i < 9) return 1.0 + 0.001 * (i % 2);                                // settled: first 3 fits ~0
+    if (i < 29) return 1.0 + 0.5 * std::sin(3.14159265 * (i - 9) / 20.0);  // one swing
+    return 1.0 + 0.02 * double(noise.data<float>()[i]);                    // noise, 25x under the swing
   };
-  FreezeTracker full(6, o);
-  std::vector<int> want, got;
-  run(full, 0, 300, want);
-  FreezeTracker a(6, o);
-  run(a, 0, 120, got);
-  FreezeTracker b(6, o);
-  b.load_state(nlohmann::json::parse(a.state().dump()));
-  run(b, 120, 300, got);
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(b.state(), full.state());
-  FreezeTracker other(5, o);
-  EXPECT_THROW(other.load_state(a.state()), Error);
+  for (bool peak : {false, true}) {
+    TrackerOptions o;
+    o.window = 5;
+    o.tolerance_from_peak = peak;
+    FreezeTracker t = started(4, o);
+    int froze_at = -1;
+    for (int i = 0; i < 300 && froze_at < 0; ++i)
+      if (t.check_plasticity(i, p(i), 0.1) == Decision::freeze) froze_at = i;
+    if (peak) {
+      EXPECT_GT(froze_at, 29) << "froze during the swing";
+      EXPECT_LT(froze_at, 60) << "the noise after the swing is far under 20% of its slope";
+    } else {
+      EXPECT_EQ(froze_at, -1) << "the paper's T is ~1e-4 here, under the noise's slopes";
+    }
+  }
+}
+
+TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
+  for (bool peak : {false, true}) {
+    TrackerOptions o;
+    o.window = 4;
+    o.tolerance_from_peak = peak;
+    auto run = [&](FreezeTracker& t, int from, int to, std::vector<int>& decisions) {
+      for (int i = from; i < to; ++i) {
+        if (t.bootstrapping()) {
+          t.bootstrap_check(i, 2.0 / (1 + 0.1 * i), 0.1);
+          continue;
+        }
+        decisions.push_back(int(t.check_plasticity(i, converging(i % 37), i < 150 ? 0.1 : 0.001)));
+        if (t.refresh_due()) t.reference_refreshed(i);
+      }
+    };
+    FreezeTracker full(6, o);
+    std::vector<int> want, got;
+    run(full, 0, 300, want);
+    FreezeTracker a(6, o);
+    run(a, 0, 120, got);
+    FreezeTracker b(6, o);
+    b.load_state(nlohmann::json::parse(a.state().dump()));
+    run(b, 120, 300, got);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(b.state(), full.state());
+    FreezeTracker other(5, o);
+    EXPECT_THROW(other.load_state(a.state()), Error);
+  }
 }
 
 }  // namespace

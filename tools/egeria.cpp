@@ -70,6 +70,11 @@ int main(int argc, char** argv) {
   train->add_option("--freeze-tolerance", c.freeze_tolerance, "egeria: T coefficient")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  train->add_option("--freeze-tolerance-from", c.freeze_tolerance_from,
+                    "egeria: T = coefficient x the largest |slope| of a module's first 3 fits (first3, the paper) or "
+                    "of all its fits so far (peak: for modules already settled when bootstrapping ends)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"first3", "peak"}));
   train->add_option("--freeze-reference", c.freeze_reference,
                     "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu on the training GPU")
       ->capture_default_str()

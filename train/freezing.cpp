@@ -22,6 +22,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.interval = c.freeze_interval;
   pc.tracker.window = c.freeze_window;
   pc.tracker.tolerance_coef = c.freeze_tolerance;
+  pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == "peak";
   pc.reference = c.freeze_reference;
   pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;

@@ -71,6 +71,7 @@ json config_json(const TrainConfig& c) {
           {"adam_betas", {c.adam_beta1, c.adam_beta2}}, {"freeze_modules", c.freeze_modules},
           {"freeze_module_regex", c.freeze_module_regex}, {"freeze_interval", c.freeze_interval},
           {"freeze_window", c.freeze_window}, {"freeze_tolerance", c.freeze_tolerance},
+          {"freeze_tolerance_from", c.freeze_tolerance_from},
           {"freeze_reference", c.freeze_reference}};
 }
 
@@ -247,6 +248,8 @@ void validate(const TrainConfig& c) {
     EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
     EG_CHECK(c.freeze_window >= 1, "--freeze-window must be at least 1, got ", c.freeze_window);
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
+    EG_CHECK(c.freeze_tolerance_from == "first3" || c.freeze_tolerance_from == "peak",
+             "--freeze-tolerance-from must be first3 or peak, got '", c.freeze_tolerance_from, "'");
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32 or fp32-gpu, got '", c.freeze_reference, "'");

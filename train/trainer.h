@@ -41,6 +41,7 @@ struct TrainConfig {
   int64_t freeze_interval = 0;        // egeria/autofreeze n (0: the paper's guideline)
   int64_t freeze_window = 10;         // egeria W
   double freeze_tolerance = 0.2;      // egeria: T = this x the largest of a module's first 3 slopes
+  std::string freeze_tolerance_from = "first3";  // egeria: ... or "peak": of all its slopes so far
   std::string freeze_reference = "int8";
   bool freeze_sync = false;           // egeria: evaluate plasticity inline (deterministic)
   int freeze_threads = 1;             // egeria: threads of each background thread
