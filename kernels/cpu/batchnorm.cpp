@@ -110,6 +110,35 @@ void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Ten
   affine_blocked(t, xp, yp, sc.data(), sh.data(), relu);
 }
 
+// One tile of the blocked backward. Relu: the forward fused a ReLU whose output is rr,
+// so the gradient is dy where rr > 0 (rr is not read otherwise).
+template <bool Relu>
+float grad_at(const float* rr, const float* dr, int64_t k) {
+  return !Relu || rr[k] > 0.f ? dr[k] : 0.f;
+}
+
+// Per-channel sum of the gradient and of gradient * (x - mu) over a tile.
+template <bool Relu>
+void tile_sums(const float* dr, const float* rr, const float* xr, const float* mu, int64_t L, float* a, float* b) {
+  for (int64_t l = 0; l < L; ++l)
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const float g = grad_at<Relu>(rr, dr, l * kBlock + j);
+      a[j] += g;
+      b[j] += g * (xr[l * kBlock + j] - mu[j]);
+    }
+}
+
+// dx = gi g - a (x - mu) - b over a tile, per-channel gi, a, b.
+template <bool Relu>
+void tile_dx(const float* dr, const float* rr, const float* xr, const float* mu, const float* gi, const float* a,
+             const float* b, int64_t L, float* o) {
+  for (int64_t l = 0; l < L; ++l)
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j)
+      o[l * kBlock + j] = gi[j] * grad_at<Relu>(rr, dr, l * kBlock + j) - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
+}
+
 // ry: the fused ReLU's output (nullptr: none); the gradient is dy where ry > 0.
 void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip,
                     Tensor& dx, float* dgp, float* dbp, bool training, const float* ryp) {
@@ -123,23 +152,8 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
     for (int64_t i = 0; i < t.count(); ++i) {
       const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock, *mu = mp + t.channel0(i);
       float a[kBlock] = {}, b[kBlock] = {};
-      if (ryp) {
-        const float* rr = ryp + i * t.L * kBlock;
-        for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-          for (int64_t j = 0; j < kBlock; ++j) {
-            const float g = rr[l * kBlock + j] > 0.f ? dr[l * kBlock + j] : 0.f;
-            a[j] += g;
-            b[j] += g * (xr[l * kBlock + j] - mu[j]);
-          }
-      } else {
-        for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-          for (int64_t j = 0; j < kBlock; ++j) {
-            a[j] += dr[l * kBlock + j];
-            b[j] += dr[l * kBlock + j] * (xr[l * kBlock + j] - mu[j]);
-          }
-      }
+      if (ryp) tile_sums<true>(dr, ryp + i * t.L * kBlock, xr, mu, t.L, a, b);
+      else tile_sums<false>(dr, nullptr, xr, mu, t.L, a, b);
       for (int64_t j = 0; j < kBlock; ++j) pa[size_t(i * kBlock + j)] = a[j], pb[size_t(i * kBlock + j)] = b[j];
     }
     for (int64_t i = 0; i < t.count(); ++i)
@@ -168,20 +182,8 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
     const float *g = gi.data() + c0, *a = ca.data() + c0, *b = cb.data() + c0, *mu = mp + c0;
     const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock;
     float* o = dxp + i * t.L * kBlock;
-    if (ryp) {
-      const float* rr = ryp + i * t.L * kBlock;
-      for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-        for (int64_t j = 0; j < kBlock; ++j) {
-          const float d = rr[l * kBlock + j] > 0.f ? dr[l * kBlock + j] : 0.f;
-          o[l * kBlock + j] = g[j] * d - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
-        }
-    } else {
-      for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-        for (int64_t j = 0; j < kBlock; ++j)
-          o[l * kBlock + j] = g[j] * dr[l * kBlock + j] - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
-    }
+    if (ryp) tile_dx<true>(dr, ryp + i * t.L * kBlock, xr, mu, g, a, b, t.L, o);
+    else tile_dx<false>(dr, nullptr, xr, mu, g, a, b, t.L, o);
   }
 }
 
