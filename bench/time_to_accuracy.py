@@ -3,7 +3,8 @@
 
   bench/time_to_accuracy.py --egeria build/egeria [--models resnet20,resnet56]
       [--policies none,egeria,autofreeze,static] [--epochs 30] [--threads 2]
-      (egeria-peak: egeria with --freeze-tolerance-from peak)
+      (egeria-peak: egeria with --freeze-tolerance-from peak; egeria-wmin5, egeria-peak-wmin5:
+       the same with --freeze-window-min 5)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
 
 For each model, trains on Fashion-MNIST (all 60,000 training images unless
@@ -32,7 +33,9 @@ NEAR = 0.003
 
 
 # Policy variants: a name for a policy run with extra flags.
-VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"]}
+VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
+            "egeria-wmin5": ["egeria", "--freeze-window-min", "5"],
+            "egeria-peak-wmin5": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-window-min", "5"]}
 
 
 def run(args, model, policy, rep=0):

@@ -63,6 +63,7 @@ FreezeTracker::FreezeTracker(int64_t num_modules, TrackerOptions o) : opt_(o), n
   EG_CHECK(num_modules >= 2, "layer freezing needs at least two layer modules (the last is never frozen), got ",
            num_modules);
   EG_CHECK(o.window >= 1, "the freezing window W must be at least 1, got ", o.window);
+  EG_CHECK(o.min_window >= 1, "the freezing window's floor must be at least 1, got ", o.min_window);
   EG_CHECK(o.tolerance_coef > 0, "the tolerance coefficient must be positive, got ", o.tolerance_coef);
   EG_CHECK(o.bootstrap_change > 0, "the bootstrapping change threshold must be positive, got ", o.bootstrap_change);
   EG_CHECK(o.unfreeze_lr_factor > 1, "the unfreezing LR factor must be above 1, got ", o.unfreeze_lr_factor);
@@ -165,7 +166,7 @@ void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
   e.lr = lr;
   front_ = 0;
   lr_at_front_freeze_ = 0;
-  window_ = std::max<int64_t>(1, window_ / 2);
+  window_ = std::max<int64_t>(std::min(opt_.min_window, window_), window_ / 2);
   e.window = window_;
   e.reason = why;
   events_.push_back(e);

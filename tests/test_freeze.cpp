@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -166,6 +167,29 @@ TEST(Tracker, AnLrDropOfTenTimesUnfreezesAllAndHalvesW) {
   EXPECT_EQ(t.check_lr(i + 2000, 0.002), Decision::none);
   EXPECT_EQ(t.check_lr(i + 2001, 0.001), Decision::unfreeze_all);
   EXPECT_EQ(t.window(), 1);
+}
+
+// --freeze-window-min: the halving stops at the floor, and a floor above W leaves W as is.
+TEST(Tracker, WindowHalvingStopsAtItsFloor) {
+  for (auto [window, floor, after1, after2] : {std::tuple{10, 5, 5, 5}, std::tuple{10, 4, 5, 4},
+                                               std::tuple{10, 1, 5, 2}, std::tuple{3, 5, 3, 3}}) {
+    TrackerOptions o;
+    o.window = window;
+    o.min_window = floor;
+    FreezeTracker t = started(5, o);
+    int i = 0;
+    double lr = 0.1;
+    for (int drop : {after1, after2}) {
+      for (int j = 0; t.front() < 1 && j < 1000; ++j, ++i) t.check_plasticity(i, converging(j), lr);
+      ASSERT_EQ(t.front(), 1) << "W " << window << " floor " << floor;
+      lr /= 10;
+      EXPECT_EQ(t.check_lr(i++, lr), Decision::unfreeze_all);
+      EXPECT_EQ(t.window(), drop) << "W " << window << " floor " << floor;
+    }
+  }
+  TrackerOptions bad;
+  bad.min_window = 0;
+  EXPECT_THROW(FreezeTracker(4, bad), Error);
 }
 
 TEST(Tracker, CustomUnfreezeHookForCyclicSchedules) {

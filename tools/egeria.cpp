@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   train->add_option("--freeze-window", c.freeze_window, "egeria: W, stale readings before freezing")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  train->add_option("--freeze-window-min", c.freeze_window_min,
+                    "egeria: W halves after each unfreeze, but not below this (1: the paper)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   train->add_option("--freeze-tolerance", c.freeze_tolerance, "egeria: T coefficient")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -21,6 +21,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.model.name = c.model;
   pc.tracker.interval = c.freeze_interval;
   pc.tracker.window = c.freeze_window;
+  pc.tracker.min_window = c.freeze_window_min;
   pc.tracker.tolerance_coef = c.freeze_tolerance;
   pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == "peak";
   pc.reference = c.freeze_reference;

@@ -70,7 +70,7 @@ json config_json(const TrainConfig& c) {
           {"target_accuracy", c.target_accuracy}, {"augment", c.augment}, {"freeze", c.freeze},
           {"adam_betas", {c.adam_beta1, c.adam_beta2}}, {"freeze_modules", c.freeze_modules},
           {"freeze_module_regex", c.freeze_module_regex}, {"freeze_interval", c.freeze_interval},
-          {"freeze_window", c.freeze_window}, {"freeze_tolerance", c.freeze_tolerance},
+          {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
           {"freeze_tolerance_from", c.freeze_tolerance_from},
           {"freeze_reference", c.freeze_reference}};
 }
@@ -247,6 +247,7 @@ void validate(const TrainConfig& c) {
              "' (none, static, freezeout, autofreeze, egeria)");
     EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
     EG_CHECK(c.freeze_window >= 1, "--freeze-window must be at least 1, got ", c.freeze_window);
+    EG_CHECK(c.freeze_window_min >= 1, "--freeze-window-min must be at least 1, got ", c.freeze_window_min);
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
     EG_CHECK(c.freeze_tolerance_from == "first3" || c.freeze_tolerance_from == "peak",
              "--freeze-tolerance-from must be first3 or peak, got '", c.freeze_tolerance_from, "'");

@@ -40,6 +40,7 @@ struct TrainConfig {
   std::string freeze_module_regex;      // non-empty: units by parameter name
   int64_t freeze_interval = 0;        // egeria/autofreeze n (0: the paper's guideline)
   int64_t freeze_window = 10;         // egeria W
+  int64_t freeze_window_min = 1;      // egeria: W halves after an unfreeze down to this (1: the paper)
   double freeze_tolerance = 0.2;      // egeria: T = this x the largest of a module's first 3 slopes
   std::string freeze_tolerance_from = "first3";  // egeria: ... or "peak": of all its slopes so far
   std::string freeze_reference = "int8";
