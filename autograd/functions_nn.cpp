@@ -44,10 +44,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::C
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean,
-                  Tensor running_var, bool training, double momentum, double eps, bool relu) {
+                  Tensor running_var, bool training, double momentum, double eps, bool relu,
+                  const Tensor& residual) {
   check_dim(x, 4, "batch_norm", "input");
   check_float(x, "batch_norm", "input");
   const int64_t c = x.size(1);
+  if (residual.defined()) {
+    check_same(x, residual, "batch_norm", "residual");
+    EG_CHECK(residual.shape() == x.shape(), "batch_norm: the residual has shape ", shape_str(residual.shape()),
+             ", the input ", shape_str(x.shape()), "; they must match");
+  }
   for (const Tensor* t : std::initializer_list<const Tensor*>{&gamma, &beta, &running_mean, &running_var}) {
     check_defined(*t, "batch_norm", "a parameter or running statistic");
     check_same(x, *t, "batch_norm", "a parameter or running statistic");
@@ -62,9 +68,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
     mean = empty_as(x, {c});
     invstd = empty_as(x, {c});
     ops::call(ops::batchnorm_fwd_train, x, gamma, beta, y, mean, invstd, running_mean, running_var,
-              momentum, eps, relu);
+              momentum, eps, relu, residual);
   } else {
-    ops::call(ops::batchnorm_fwd_infer, x, gamma, beta, running_mean, running_var, y, eps, relu);
+    ops::call(ops::batchnorm_fwd_infer, x, gamma, beta, running_mean, running_var, y, eps, relu, residual);
     if (autograd::needs_record({x, gamma, beta})) {
       // Constants of the inference transform: the running statistics. Computed on the
       // host (a [C] vector) only when a backward will need them.
@@ -76,17 +82,25 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
   }
   // With the fused ReLU the backward also needs y (its mask), saved detached: a node
   // holding its own output with history would be a reference cycle.
-  if (!autograd::needs_record({x, gamma, beta})) return y;
-  autograd::record_function(relu ? "BatchNormReluBackward" : "BatchNormBackward", {x, gamma, beta}, {&y},
-                            {x, gamma, mean, invstd, relu ? y.detach() : Tensor()},
+  Tensors inputs{x, gamma, beta};
+  if (residual.defined()) inputs.push_back(residual);
+  if (!autograd::needs_record(inputs)) return y;
+  const char* name = residual.defined() ? (relu ? "BatchNormAddReluBackward" : "BatchNormAddBackward")
+                                        : (relu ? "BatchNormReluBackward" : "BatchNormBackward");
+  autograd::record_function(name, inputs, {&y}, {x, gamma, mean, invstd, relu ? y.detach() : Tensor()},
                             [training](const Tensors& g, const Tensors& s, const Node& n) {
-                              Tensor dx, dg, db;
+                              Tensor dx, dg, db, dr;
                               if (n.needs_input_grad(0)) dx = empty_like(s[0]);
                               if (n.needs_input_grad(1)) dg = empty_like(s[1]);
                               if (n.needs_input_grad(2)) db = empty_like(s[1]);
+                              // The residual's gradient: dy itself without the ReLU,
+                              // the masked dy (written by the kernel) with it.
+                              const bool res = n.needs_input_grad(3);  // false without a residual
+                              if (res && s[4].defined()) dr = empty_like(g[0]);
                               ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training,
-                                        s[4]);
-                              return Tensors{dx, dg, db};
+                                        s[4], dr);
+                              if (res && !s[4].defined()) dr = g[0];
+                              return res ? Tensors{dx, dg, db, dr} : Tensors{dx, dg, db};
                             });
   return y;
 }

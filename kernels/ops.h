@@ -70,19 +70,23 @@ using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tens
 // defined, updates them in place: r = (1 - momentum) r + momentum * batch (unbiased var).
 // relu: y = max(batch_norm(x), 0), fused (conv -> BN -> ReLU is ResNet's and
 // MobileNet's building block; fusing saves a pass over the activation each way).
+// residual (undefined: none), shaped like x: y = [max](batch_norm(x) + residual, [0]),
+// the end of a residual block in one pass instead of three.
 using BatchNormFwdTrain = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                                Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
-                               Tensor& running_var, double momentum, double eps, bool relu);
+                               Tensor& running_var, double momentum, double eps, bool relu,
+                               const Tensor& residual);
 using BatchNormFwdInfer = void(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                const Tensor& running_mean, const Tensor& running_var, Tensor& y, double eps,
-                               bool relu);
+                               bool relu, const Tensor& residual);
 // training=true: batch statistics (mean/invstd are the saved ones, dx includes the
 // statistics' gradient). training=false: mean/invstd are constants (from running stats).
 // relu_y: the output of a forward with relu (undefined otherwise): the gradient flows
-// back only where relu_y > 0.
+// back only where relu_y > 0. dresidual (undefined: not wanted): the gradient of the
+// forward's residual, i.e. dy where relu_y > 0 (dy itself without relu).
 using BatchNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                          const Tensor& relu_y);
+                          const Tensor& relu_y, Tensor& dresidual);
 
 // Activations, elementwise. Backward reads the forward input x.
 using ActFwd = void(Act act, const Tensor& x, Tensor& y);
@@ -219,6 +223,7 @@ template <class T>
 bool blocked(const T&) { return false; }
 inline Tensor plain_arg(const Tensor& t) { return t.to_plain(); }
 inline Tensor plain_arg(Tensor&& t) { return t.to_plain(); }
+inline Tensor plain_arg(const Tensor&& t) { return t.to_plain(); }  // else the template below wins
 Tensor& plain_arg(Tensor& t);
 template <class T>
 T&& plain_arg(T&& x) { return std::forward<T>(x); }

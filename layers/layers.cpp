@@ -41,13 +41,16 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps(eps), mom
 
 Tensor BatchNorm2d::forward(const Tensor& x) { return forward(x, false); }
 
-Tensor BatchNorm2d::forward(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::forward(const Tensor& x, bool relu, const Tensor& residual) {
   EG_CHECK(x.dim() == 4 && x.size(1) == weight.size(0), "BatchNorm2d(", weight.size(0),
            "): expected input [N, ", weight.size(0), ", H, W], got ", shape_str(x.shape()));
-  if (folded) return relu ? fn::relu(x) : x;
+  if (folded) {
+    const Tensor h = residual.defined() ? fn::add(x, residual) : x;
+    return relu ? fn::relu(h) : h;
+  }
   // See Note [Frozen BatchNorm semantics].
   bool batch_stats = is_training() && !is_frozen();
-  return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, relu);
+  return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, relu, residual);
 }
 
 Linear::Linear(int64_t in, int64_t out, bool b, Generator& g) : in_features(in), out_features(out) {

@@ -39,8 +39,8 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
   Tensor forward(const Tensor& x) override;
-  // relu: max(bn(x), 0), fused (fn::batch_norm).
-  Tensor forward(const Tensor& x, bool relu);
+  // relu: max(bn(x), 0); residual: bn(x) + residual (then the ReLU), fused (fn::batch_norm).
+  Tensor forward(const Tensor& x, bool relu, const Tensor& residual = Tensor());
   std::string type_name() const override { return "BatchNorm2d"; }
   Tensor weight, bias, running_mean, running_var;
   double eps, momentum;

@@ -66,8 +66,7 @@ class BasicBlock : public nn::Module {
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = bn1->forward(conv1->forward(x), /*relu=*/true);
-    h = bn2->forward(conv2->forward(h));
-    return fn::relu(fn::add(h, shortcut ? shortcut->forward(x) : x));
+    return bn2->forward(conv2->forward(h), /*relu=*/true, shortcut ? shortcut->forward(x) : x);
   }
   std::string type_name() const override { return "BasicBlock"; }
   std::shared_ptr<Conv2d> conv1, conv2;
@@ -100,8 +99,7 @@ class Bottleneck : public nn::Module {
   Tensor forward(const Tensor& x) override {
     Tensor h = bn1->forward(conv1->forward(x), /*relu=*/true);
     h = bn2->forward(conv2->forward(h), /*relu=*/true);
-    h = bn3->forward(conv3->forward(h));
-    return fn::relu(fn::add(h, shortcut ? shortcut->forward(x) : x));
+    return bn3->forward(conv3->forward(h), /*relu=*/true, shortcut ? shortcut->forward(x) : x);
   }
   std::string type_name() const override { return "Bottleneck"; }
   std::shared_ptr<Conv2d> conv1, conv2, conv3;

@@ -30,34 +30,42 @@ constexpr double kMomentum = 0.1, kEps = 1e-5;
 // variance (the running statistics are cloned first, so each call starts alike).
 // want: which of dx, dgamma, dbeta the backward asks for.
 // relu: the fused max(bn(x), 0), whose backward takes y for the mask.
+// residual: a sixth input r, y = [relu](bn(x) + r); the backward also gives dr.
 void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool want_dx = true,
-                  bool want_affine = true, bool relu = false) {
+                  bool want_affine = true, bool relu = false, bool residual = false) {
   OpCase c;
   c.name = "batchnorm/train_" + variant;
-  c.make_inputs = [s](DType dt) { return bn_inputs(s, dt); };
-  c.forward = [relu](ops::Backend b, const Tensors& in) {
+  c.make_inputs = [s, residual](DType dt) {
+    Tensors in = bn_inputs(s, dt);
+    if (residual) in.push_back(randn(s, dt, 46));
+    return in;
+  };
+  c.forward = [relu, residual](ops::Backend b, const Tensors& in) {
     const int64_t ch = in[0].size(1);
     Tensor y = empty_like(in[0]), mean = empty_on(in[0], {ch}, in[0].dtype());
     Tensor invstd = empty_on(in[0], {ch}, in[0].dtype());
     Tensor rm = in[3].clone(), rv = in[4].clone();
-    ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps, relu);
+    ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps, relu,
+             residual ? in[5] : Tensor());
     return Tensors{y, mean, invstd, rm, rv};
   };
-  c.backward = [want_dx, want_affine, relu](ops::Backend b, const Tensors& in, const Tensors& out,
-                                            const Tensors& dout) {
-    Tensor dx, dg, db;
+  c.backward = [want_dx, want_affine, relu, residual](ops::Backend b, const Tensors& in, const Tensors& out,
+                                                      const Tensors& dout) {
+    Tensor dx, dg, db, dr;
     if (want_dx) dx = empty_like(in[0]);
     if (want_affine) dg = empty_like(in[1]), db = empty_like(in[2]);
+    if (residual) dr = empty_like(in[0]);
     ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true,
-             relu ? out[0] : Tensor());
-    return Tensors{dx, dg, db, Tensor(), Tensor()};
+             relu ? out[0] : Tensor(), dr);
+    return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_train), uses(ops::batchnorm_bwd)};
   c.gradcheck = !big;
   c.bench = big;
   c.bench_backward = true;
-  // Minimal traffic: forward reads x, writes y; backward reads dy, x, writes dx.
-  c.bytes = double(shape_numel(s)) * 4 * (2 + 3);
+  // Minimal traffic: forward reads x (and r), writes y; backward reads dy, x (and y),
+  // writes dx (and dr).
+  c.bytes = double(shape_numel(s)) * 4 * (2 + 3 + (relu ? 1 : 0) + (residual ? 2 : 0));
   // Statistics sum N*H*W values (float within a row, double across rows on the fast
   // path; double throughout in ref): worst errors seen ~1e-6 (y, dx), 2e-7 relative
   // (dgamma, dbeta).
@@ -66,24 +74,31 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
 }
 
 // Inference mode: running statistics are constants, in both directions.
-void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool relu = false) {
+void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool relu = false,
+                  bool residual = false) {
   OpCase c;
   c.name = "batchnorm/infer_" + variant;
-  c.make_inputs = [s](DType dt) { return bn_inputs(s, dt); };
-  c.forward = [relu](ops::Backend b, const Tensors& in) {
+  c.make_inputs = [s, residual](DType dt) {
+    Tensors in = bn_inputs(s, dt);
+    if (residual) in.push_back(randn(s, dt, 46));
+    return in;
+  };
+  c.forward = [relu, residual](ops::Backend b, const Tensors& in) {
     Tensor y = empty_like(in[0]);
-    ops::run(ops::batchnorm_fwd_infer, b, in[0], in[1], in[2], in[3], in[4], y, kEps, relu);
+    ops::run(ops::batchnorm_fwd_infer, b, in[0], in[1], in[2], in[3], in[4], y, kEps, relu,
+             residual ? in[5] : Tensor());
     return Tensors{y};
   };
-  c.backward = [relu](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+  c.backward = [relu, residual](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
     // invstd from the running variance, as autograd computes it (on the host).
     Tensor var = in[4].to(Device::cpu()).to(DType::f64).clone();
     for (int64_t i = 0; i < var.numel(); ++i) var.data<double>()[i] = 1.0 / std::sqrt(var.data<double>()[i] + kEps);
     Tensor invstd = var.to(in[0].dtype()).to(in[0].device());
-    Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]);
+    Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]), dr;
+    if (residual) dr = empty_like(in[0]);
     ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false,
-             relu ? out[0] : Tensor());
-    return Tensors{dx, dg, db, Tensor(), Tensor()};
+             relu ? out[0] : Tensor(), dr);
+    return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_infer), uses(ops::batchnorm_bwd)};
   c.gradcheck = !big;
@@ -205,6 +220,22 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   block_inputs(v.back(), {0}, false);
   add_bn_train(v, "resnet_128x16x32x32_nchw16c_relu", {128, 16, 32, 32}, true, true, true, true);
   block_inputs(v.back(), {0}, true);
+  // With a residual (a block's end): plain, blocked, mixed layouts, with and without ReLU.
+  add_bn_train(v, "small_add_relu", {4, 3, 4, 5}, false, true, true, true, true);
+  add_bn_train(v, "small_add", {4, 3, 4, 5}, false, true, true, false, true);
+  add_bn_train(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true, true, true);
+  block_inputs(v.back(), {0, 5}, true);
+  add_bn_train(v, "c16_nchw16c_add_plain_residual_no_affine", {3, 16, 5, 3}, false, true, false, true, true);
+  block_inputs(v.back(), {0}, true);
+  add_bn_train(v, "c16_plain_add_nchw16c_residual_dy", {3, 16, 5, 3}, false, true, true, true, true);
+  block_inputs(v.back(), {5}, true);
+  add_bn_train(v, "c32_nchw16c_add", {4, 32, 6, 5}, false, true, true, false, true);
+  block_inputs(v.back(), {0, 5}, false);
+  add_bn_train(v, "resnet_128x16x32x32_nchw16c_add_relu", {128, 16, 32, 32}, true, true, true, true, true);
+  block_inputs(v.back(), {0, 5}, true);
+  add_bn_infer(v, "small_add_relu", {4, 3, 4, 5}, false, true, true);
+  add_bn_infer(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true);
+  block_inputs(v.back(), {0, 5}, true);
   add_bn_infer(v, "small_relu", {4, 3, 4, 5}, false, true);
   add_bn_infer(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true);
   block_inputs(v.back(), {0}, true);

@@ -98,6 +98,26 @@ TEST(Autograd, BroadcastingGradientsSumOverBroadcastDims) {
   EXPECT_TRUE(r.ok) << r.detail;
 }
 
+// A residual block's end fused into the batch norm: gradients reach x, gamma, beta and
+// the residual (through the ReLU's mask, or straight through without the ReLU), in
+// training and inference mode.
+TEST(Autograd, BatchNormWithResidualGradcheck) {
+  for (bool relu : {true, false})
+    for (bool training : {true, false}) {
+      Tensor x = param({3, 2, 3, 4}, 21), g = param({2}, 22), b = param({2}, 23), r = param({3, 2, 3, 4}, 24);
+      auto f = [&](const std::vector<Tensor>& in) {
+        Tensor rm = Tensor::zeros({2}, DType::f64), rv = Tensor::ones({2}, DType::f64);
+        Tensor y = fn::batch_norm(in[0], in[1], in[2], rm, rv, training, 0.1, 1e-5, relu, in[3]);
+        return fn::sum(fn::mul(y, y));
+      };
+      auto res = autograd::gradcheck(f, {x, g, b, r}, 1e-6, 1e-6, 1e-3);
+      EXPECT_TRUE(res.ok) << "relu " << relu << " training " << training << ": " << res.detail;
+    }
+  Tensor x = param({3, 2, 3, 4}, 21), g = param({2}, 22), b = param({2}, 23);
+  Tensor rm = Tensor::zeros({2}, DType::f64), rv = Tensor::ones({2}, DType::f64);
+  EXPECT_THROW(fn::batch_norm(x, g, b, rm, rv, true, 0.1, 1e-5, true, param({3, 2, 4, 3}, 25)), Error);
+}
+
 TEST(Autograd, CompositeGradcheckConvBnReluLinearCrossEntropy) {
   Tensor x = param({4, 2, 5, 5}, 9);
   Tensor w = param({3, 2, 3, 3}, 10), g = param({3}, 11), bta = param({3}, 12);

@@ -43,26 +43,40 @@ Tiles tiles_of(const Tensor& x) {
   return {x.size(0), C, C / kBlock, x.size(2) * x.size(3)};
 }
 
-// Per-channel scale/shift applied to every tile: y = x * sc[c] + sh[c] (then max(., 0)).
-void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc, const float* sh, bool relu) {
+// y = x * a + b (+ r) (then max(., 0)) over n values of one channel (a, b scalars) or
+// of L x 16 tile rows (a, b per lane: Lanes = 16).
+template <bool Relu, bool Res, int64_t Lanes>
+void affine_rows(const float* x, const float* r, float* y, const float* a, const float* b, int64_t rows) {
+  for (int64_t l = 0; l < rows; ++l)
+#pragma omp simd
+    for (int64_t j = 0; j < Lanes; ++j) {
+      const int64_t k = l * Lanes + j;
+      float v = x[k] * a[j] + b[j];
+      if (Res) v += r[k];
+      y[k] = Relu ? std::max(v, 0.f) : v;
+    }
+}
+template <int64_t Lanes>
+void affine_rows(const float* x, const float* r, float* y, const float* a, const float* b, int64_t rows,
+                 bool relu) {
+  if (relu) r ? affine_rows<true, true, Lanes>(x, r, y, a, b, rows) : affine_rows<true, false, Lanes>(x, r, y, a, b, rows);
+  else r ? affine_rows<false, true, Lanes>(x, r, y, a, b, rows) : affine_rows<false, false, Lanes>(x, r, y, a, b, rows);
+}
+
+// Per-channel scale/shift applied to every tile: y = x * sc[c] + sh[c] (+ residual rp)
+// (then max(., 0)).
+void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc, const float* sh, bool relu,
+                    const float* rp) {
 #pragma omp parallel for schedule(static) if (t.count() * t.L * kBlock > 32768)
   for (int64_t i = 0; i < t.count(); ++i) {
-    const float *a = sc + t.channel0(i), *b = sh + t.channel0(i);
-    const float* xr = xp + i * t.L * kBlock;
-    float* yr = yp + i * t.L * kBlock;
-    if (relu)
-      for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-        for (int64_t j = 0; j < kBlock; ++j) yr[l * kBlock + j] = std::max(xr[l * kBlock + j] * a[j] + b[j], 0.f);
-    else
-      for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-        for (int64_t j = 0; j < kBlock; ++j) yr[l * kBlock + j] = xr[l * kBlock + j] * a[j] + b[j];
+    const int64_t off = i * t.L * kBlock;
+    affine_rows<kBlock>(xp + off, rp ? rp + off : nullptr, yp + off, sc + t.channel0(i), sh + t.channel0(i), t.L,
+                        relu);
   }
 }
 
 void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip,
-                          float* rmp, float* rvp, double momentum, double eps, bool relu) {
+                          float* rmp, float* rvp, double momentum, double eps, bool relu, const float* resp) {
   const Tiles t = tiles_of(x);
   const float* xp = x.data_any<float>();
   y.set_format(Format::nchw16c);
@@ -107,7 +121,7 @@ void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Ten
     if (rmp) rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean);
     if (rvp) rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * ss / (m - 1));
   }
-  affine_blocked(t, xp, yp, sc.data(), sh.data(), relu);
+  affine_blocked(t, xp, yp, sc.data(), sh.data(), relu, resp);
 }
 
 // One tile of the blocked backward. Relu: the forward fused a ReLU whose output is rr,
@@ -117,13 +131,17 @@ float grad_at(const float* rr, const float* dr, int64_t k) {
   return !Relu || rr[k] > 0.f ? dr[k] : 0.f;
 }
 
-// Per-channel sum of the gradient and of gradient * (x - mu) over a tile.
-template <bool Relu>
-void tile_sums(const float* dr, const float* rr, const float* xr, const float* mu, int64_t L, float* a, float* b) {
+// Per-channel sum of the gradient and of gradient * (x - mu) over a tile. Store: the
+// gradient is also written to go (the residual's gradient, which the dx pass then
+// reads instead of dy and the mask).
+template <bool Relu, bool Store>
+void tile_sums(const float* dr, const float* rr, const float* xr, const float* mu, int64_t L, float* a, float* b,
+               float* go) {
   for (int64_t l = 0; l < L; ++l)
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j) {
       const float g = grad_at<Relu>(rr, dr, l * kBlock + j);
+      if (Store) go[l * kBlock + j] = g;
       a[j] += g;
       b[j] += g * (xr[l * kBlock + j] - mu[j]);
     }
@@ -140,20 +158,32 @@ void tile_dx(const float* dr, const float* rr, const float* xr, const float* mu,
 }
 
 // ry: the fused ReLU's output (nullptr: none); the gradient is dy where ry > 0.
+// dres (defined: wanted): the gradient of the forward's residual, that masked dy.
 void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip,
-                    Tensor& dx, float* dgp, float* dbp, bool training, const float* ryp) {
+                    Tensor& dx, float* dgp, float* dbp, bool training, const float* ryp, Tensor& dres) {
   const Tiles t = tiles_of(x);
   const float *dyp = dy.data_any<float>(), *xp = x.data_any<float>();
+  float* drp = nullptr;
+  if (dres.defined()) {
+    dres.set_format(Format::nchw16c);
+    drp = dres.data_any<float>();
+  }
   const bool need_sums = dgp || dbp || (dx.defined() && training);
   std::vector<double> sdy(size_t(t.C)), sdyx(size_t(t.C));
-  if (need_sums) {
+  if (need_sums || drp) {
     std::vector<float> pa(size_t(t.count() * kBlock)), pb(size_t(t.count() * kBlock));
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < t.count(); ++i) {
-      const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock, *mu = mp + t.channel0(i);
+      const int64_t off = i * t.L * kBlock;
+      const float *dr = dyp + off, *xr = xp + off, *mu = mp + t.channel0(i), *rr = ryp ? ryp + off : nullptr;
       float a[kBlock] = {}, b[kBlock] = {};
-      if (ryp) tile_sums<true>(dr, ryp + i * t.L * kBlock, xr, mu, t.L, a, b);
-      else tile_sums<false>(dr, nullptr, xr, mu, t.L, a, b);
+      if (drp) {
+        if (ryp) tile_sums<true, true>(dr, rr, xr, mu, t.L, a, b, drp + off);
+        else tile_sums<false, true>(dr, rr, xr, mu, t.L, a, b, drp + off);
+      } else {
+        if (ryp) tile_sums<true, false>(dr, rr, xr, mu, t.L, a, b, nullptr);
+        else tile_sums<false, false>(dr, rr, xr, mu, t.L, a, b, nullptr);
+      }
       for (int64_t j = 0; j < kBlock; ++j) pa[size_t(i * kBlock + j)] = a[j], pb[size_t(i * kBlock + j)] = b[j];
     }
     for (int64_t i = 0; i < t.count(); ++i)
@@ -180,10 +210,12 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
   for (int64_t i = 0; i < t.count(); ++i) {
     const int64_t c0 = t.channel0(i);
     const float *g = gi.data() + c0, *a = ca.data() + c0, *b = cb.data() + c0, *mu = mp + c0;
-    const float *dr = dyp + i * t.L * kBlock, *xr = xp + i * t.L * kBlock;
-    float* o = dxp + i * t.L * kBlock;
-    if (ryp) tile_dx<true>(dr, ryp + i * t.L * kBlock, xr, mu, g, a, b, t.L, o);
-    else tile_dx<false>(dr, nullptr, xr, mu, g, a, b, t.L, o);
+    const int64_t off = i * t.L * kBlock;
+    const float* xr = xp + off;
+    float* o = dxp + off;
+    if (drp) tile_dx<false>(drp + off, nullptr, xr, mu, g, a, b, t.L, o);  // already masked
+    else if (ryp) tile_dx<true>(dyp + off, ryp + off, xr, mu, g, a, b, t.L, o);
+    else tile_dx<false>(dyp + off, nullptr, xr, mu, g, a, b, t.L, o);
   }
 }
 
@@ -222,12 +254,15 @@ void row_dy_sums(const float* dy, const float* x, float mu, int64_t L, float& sd
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
-                         double eps, bool relu) {
+                         double eps, bool relu, const Tensor& residual_in) {
   float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
   float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
+  Tensor keep;  // the residual in x's layout
+  const Tensor& residual = in_format(residual_in, x.format(), keep);
+  const float* resp = residual.defined() ? residual.data_any<float>() : nullptr;
   if (x.is_blocked())
     return bn_fwd_train_blocked(x, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
-                                save_invstd.data<float>(), rmp, rvp, momentum, eps, relu);
+                                save_invstd.data<float>(), rmp, rvp, momentum, eps, relu, resp);
   const Dims d = dims_of(x);
   const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
   float *yp = y.data<float>(), *mp = save_mean.data<float>(), *ip = save_invstd.data<float>();
@@ -249,14 +284,8 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
     const double var = ss > 0 ? ss / m : 0.0, invstd = 1.0 / std::sqrt(var + eps);
     const float scale = float(invstd * double(gp[c])), shift = float(double(bp[c]) - mean * invstd * double(gp[c]));
     for (int64_t n = 0; n < d.N; ++n) {
-      const float* xr = xc + n * stride;
-      float* yr = yp + c * d.L + n * stride;
-      if (relu)
-#pragma omp simd
-        for (int64_t i = 0; i < d.L; ++i) yr[i] = std::max(xr[i] * scale + shift, 0.f);
-      else
-#pragma omp simd
-        for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
+      const int64_t off = c * d.L + n * stride;
+      affine_rows<1>(xp + off, resp ? resp + off : nullptr, yp + off, &scale, &shift, d.L, relu);
     }
     mp[c] = mf;
     ip[c] = float(invstd);
@@ -266,7 +295,10 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
 }
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu) {
+                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual_in) {
+  Tensor keep;  // the residual in x's layout
+  const Tensor& residual = in_format(residual_in, x.format(), keep);
+  const float* resp = residual.defined() ? residual.data_any<float>() : nullptr;
   if (x.is_blocked()) {
     const Tiles t = tiles_of(x);
     const float *gp = gamma.data<float>(), *bp = beta.data<float>();
@@ -277,7 +309,7 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
       sc[size_t(c)] = float(sd), sh[size_t(c)] = float(double(bp[c]) - double(mp[c]) * sd);
     }
     y.set_format(Format::nchw16c);
-    affine_blocked(t, x.data_any<float>(), y.data_any<float>(), sc.data(), sh.data(), relu);
+    affine_blocked(t, x.data_any<float>(), y.data_any<float>(), sc.data(), sh.data(), relu, resp);
     return;
   }
   const Dims d = dims_of(x);
@@ -290,14 +322,8 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
     for (int64_t c = 0; c < d.C; ++c) {
       const double sd = double(gp[c]) / std::sqrt(double(vp[c]) + eps);
       const float scale = float(sd), shift = float(double(bp[c]) - double(mp[c]) * sd);
-      const float* xr = xp + (n * d.C + c) * d.L;
-      float* yr = yp + (n * d.C + c) * d.L;
-      if (relu)
-#pragma omp simd
-        for (int64_t i = 0; i < d.L; ++i) yr[i] = std::max(xr[i] * scale + shift, 0.f);
-      else
-#pragma omp simd
-        for (int64_t i = 0; i < d.L; ++i) yr[i] = xr[i] * scale + shift;
+      const int64_t off = (n * d.C + c) * d.L;
+      affine_rows<1>(xp + off, resp ? resp + off : nullptr, yp + off, &scale, &shift, d.L, relu);
     }
 }
 
@@ -306,7 +332,7 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                    const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                   const Tensor& relu_y) {
+                   const Tensor& relu_y, Tensor& dresidual) {
   if (x.is_blocked() || dy_in.is_blocked()) {
     Tensor kx, kdy, kry;
     const Tensor& xb = in_format(x, Format::nchw16c, kx);
@@ -315,13 +341,16 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
     return bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
                           dgamma.defined() ? dgamma.data<float>() : nullptr,
                           dbeta.defined() ? dbeta.data<float>() : nullptr, training,
-                          ryb.defined() ? ryb.data_any<float>() : nullptr);
+                          ryb.defined() ? ryb.data_any<float>() : nullptr, dresidual);
   }
-  // Plain layout: the fused ReLU's mask as its own pass (act_bwd), then the plain loops.
+  // Plain layout: the fused ReLU's mask as its own pass (act_bwd, into the residual's
+  // gradient when that is wanted), then the plain loops.
   Tensor masked;
   if (relu_y.defined()) {
-    masked = Tensor::empty(dy_in.shape());
+    masked = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape());
     act_bwd(ops::Act::relu, dy_in, relu_y, masked);
+  } else if (dresidual.defined()) {
+    dresidual.copy_(dy_in);
   }
   const Tensor& dy = relu_y.defined() ? masked : dy_in;
   const Dims d = dims_of(x);

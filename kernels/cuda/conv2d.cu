@@ -214,7 +214,7 @@ void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db
 // ---- batch norm
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                         bool relu) {
+                         bool relu, const Tensor& residual) {
   require_f32(x, "batch_norm");
   cudnnHandle_t h = cuda::cudnn_handle();
   TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
@@ -224,11 +224,14 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
       h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d, y.raw(), pd.d, gamma.raw(), beta.raw(), momentum,
       run ? running_mean.raw() : nullptr, run ? running_var.raw() : nullptr, std::max(eps, CUDNN_BN_MIN_EPSILON),
       save_mean.raw(), save_invstd.raw()));
-  if (relu) act_fwd(ops::Act::relu, y, y);  // in place: elementwise
+  // Residual and ReLU as their own elementwise passes, in place (cuDNN's fused
+  // BN-add-activation wants NHWC half).
+  if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
+  if (relu) act_fwd(ops::Act::relu, y, y);
 }
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu) {
+                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
   require_f32(x, "batch_norm");
   cudnnHandle_t h = cuda::cudnn_handle();
   TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
@@ -236,17 +239,22 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
   EG_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d,
                                                          y.raw(), pd.d, gamma.raw(), beta.raw(), running_mean.raw(),
                                                          running_var.raw(), std::max(eps, CUDNN_BN_MIN_EPSILON)));
+  if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
   if (relu) act_fwd(ops::Act::relu, y, y);
 }
 
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y) {
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y,
+                   Tensor& dresidual) {
   require_f32(x, "batch_norm backward");
-  // The fused ReLU's mask as its own pass (cuDNN's fused BN-activation backward wants NHWC half).
+  // The fused ReLU's mask as its own pass (cuDNN's fused BN-activation backward wants NHWC
+  // half), written into the residual's gradient when that is wanted.
   Tensor dy = dy_in;
   if (relu_y.defined()) {
-    dy = Tensor::empty(dy_in.shape(), DType::f32, dy_in.device());
+    dy = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape(), DType::f32, dy_in.device());
     act_bwd(ops::Act::relu, dy_in, relu_y, dy);
+  } else if (dresidual.defined()) {
+    dresidual.copy_(dy_in);
   }
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
   if (!training) {  // statistics are constants

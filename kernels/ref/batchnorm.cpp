@@ -117,6 +117,14 @@ void relu_in_place(Tensor& y) {
     for (int64_t i = 0; i < y.numel(); ++i) p[i] = p[i] > 0 ? p[i] : 0.f;
   }
 }
+// y += r (the residual of a block's last batch norm).
+void add_in_place(Tensor& y, const Tensor& r_in) {
+  const Tensor r = r_in.to(y.dtype());
+  if (y.dtype() == DType::f64)
+    for (int64_t i = 0; i < y.numel(); ++i) y.data<double>()[i] += r.data<double>()[i];
+  else
+    for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] += r.data<float>()[i];
+}
 Tensor relu_masked(const Tensor& dy, const Tensor& relu_y) {
   Tensor g = dy.clone();
   const Tensor ry = relu_y.to(dy.dtype());
@@ -133,25 +141,28 @@ Tensor relu_masked(const Tensor& dy, const Tensor& relu_y) {
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
-                         double eps, bool relu) {
+                         double eps, bool relu, const Tensor& residual) {
   if (x.dtype() == DType::f64)
     fwd_train<double>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
   else
     fwd_train<float>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
+  if (residual.defined()) add_in_place(y, residual);
   if (relu) relu_in_place(y);
 }
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu) {
+                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
   if (x.dtype() == DType::f64) fwd_infer<double>(x, gamma, beta, running_mean, running_var, y, eps);
   else fwd_infer<float>(x, gamma, beta, running_mean, running_var, y, eps);
+  if (residual.defined()) add_in_place(y, residual);
   if (relu) relu_in_place(y);
 }
 
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                    const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                   const Tensor& relu_y) {
+                   const Tensor& relu_y, Tensor& dresidual) {
   const Tensor dy = relu_y.defined() ? relu_masked(dy_in, relu_y) : dy_in;
+  if (dresidual.defined()) dresidual.copy_(dy);
   if (x.dtype() == DType::f64) bwd<double>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);
   else bwd<float>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);
 }
