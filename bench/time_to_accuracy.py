@@ -3,9 +3,11 @@
 
   bench/time_to_accuracy.py --egeria build/egeria [--models resnet20,resnet56]
       [--policies none,egeria,autofreeze,static] [--epochs 30] [--threads 2]
-      (egeria-peak: egeria with --freeze-tolerance-from peak; egeria-wmin5, egeria-peak-wmin5:
-       the same with --freeze-window-min 5)
+      (variants, as VARIANTS below: egeria-peak = egeria --freeze-tolerance-from peak;
+       -wmin5: --freeze-window-min 5; -lastoff: --freeze-last-phase off;
+       -bnbatch: --freeze-bn batch)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
+      [--vary-seed]
 
 For each model, trains on Fashion-MNIST (all 60,000 training images unless
 --train-limit) on the CPU with the step LR schedule (decay 10x at 50% and 75% of the
@@ -19,6 +21,9 @@ Runs already complete in OUT are reused (delete a run's folder to redo it).
 --repeats N trains every policy N times, interleaved (none, egeria, ..., none, egeria,
 ...), and reports the median times: on a shared or throttled machine the same run can
 take 30% longer minutes later, so one run per policy says little about wall time.
+With --vary-seed, repeat r uses seed + r (initialisation, data order, augmentation):
+accuracies are then medians over the repeats, and the target is the median of the
+`none` runs' final accuracies.
 """
 import argparse
 import json
@@ -35,16 +40,21 @@ NEAR = 0.003
 # Policy variants: a name for a policy run with extra flags.
 VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-wmin5": ["egeria", "--freeze-window-min", "5"],
-            "egeria-peak-wmin5": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-window-min", "5"]}
+            "egeria-peak-wmin5": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-window-min", "5"],
+            "egeria-lastoff": ["egeria", "--freeze-last-phase", "off"],
+            "egeria-bnbatch": ["egeria", "--freeze-bn", "batch"],
+            "egeria-peak-bnbatch": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-bn", "batch"],
+            "egeria-peak-lastoff": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-last-phase", "off"]}
 
 
 def run(args, model, policy, rep=0):
+    seed = args.seed + (rep if args.vary_seed else 0)
     out = os.path.join(args.out, f"{model}-{policy}" + (f"-r{rep}" if rep else ""))
     summary = os.path.join(out, "summary.json")
     if os.path.exists(summary):
         return out
     cmd = [args.egeria, "train", "--model", model, "--dataset", "fashion-mnist", "--epochs", str(args.epochs),
-           "--threads", str(args.threads), "--seed", str(args.seed), "--freeze", VARIANTS.get(policy, [policy])[0],
+           "--threads", str(args.threads), "--seed", str(seed), "--freeze", VARIANTS.get(policy, [policy])[0],
            "--out", out, "--lr-schedule", "step", "--checkpoint-every", "0"] + VARIANTS.get(policy, [policy])[1:]
     if args.train_limit:
         cmd += ["--train-limit", str(args.train_limit)]
@@ -81,6 +91,7 @@ def main():
     p.add_argument("--extra", default="", help="extra flags for every run")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--repeats", type=int, default=1, help="runs per policy, interleaved; times are medians")
+    p.add_argument("--vary-seed", action="store_true", help="repeat r runs with seed + r")
     args = p.parse_args()
     if not os.path.exists(args.egeria):
         sys.exit(f"time_to_accuracy: {args.egeria} does not exist; build egeria first (tools/test-all or cmake)")
@@ -93,8 +104,10 @@ def main():
         for rep in range(args.repeats):
             for pol in policies:
                 outs[pol].append(run(args, model, pol, rep))
-        base = json.load(open(os.path.join(outs["none"][0], "summary.json")))
-        target = base["final_test_accuracy"]
+        def summaries(pol):
+            return [json.load(open(os.path.join(o, "summary.json"))) for o in outs[pol]]
+
+        target = statistics.median(s["final_test_accuracy"] for s in summaries("none"))
 
         def time_to(out, slack=0.0):
             return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= target - slack - 1e-12),
@@ -107,25 +120,27 @@ def main():
         base_time = median([time_to(o) for o in outs["none"]])
         base_time_near = median([time_to(o, NEAR) for o in outs["none"]])
         for pol in policies:
-            s = json.load(open(os.path.join(outs[pol][0], "summary.json")))
-            times = [json.load(open(os.path.join(o, "summary.json")))["train_seconds"] for o in outs[pol]]
+            ss = summaries(pol)
+            times = [x["train_seconds"] for x in ss]
+            finals = [100 * x["final_test_accuracy"] for x in ss]
             tts = [time_to(o) for o in outs[pol]]
             tt = median(tts) if all(t is not None for t in tts) else None
             tns = [time_to(o, NEAR) for o in outs[pol]]
             tn = median(tns) if all(t is not None for t in tns) else None
             table.append({
                 "model": model, "policy": pol, "runs": len(outs[pol]),
-                "final_acc": 100 * s["final_test_accuracy"], "best_acc": 100 * s["best_test_accuracy"],
+                "final_acc": statistics.median(finals), "final_acc_all": finals,
+                "best_acc": statistics.median(100 * x["best_test_accuracy"] for x in ss),
                 "train_seconds": statistics.median(times), "train_seconds_all": times,
                 "time_to_baseline_final": tt,
                 "speedup_to_target": (base_time / tt) if (tt and base_time) else None,
                 "time_to_within_0.3pt": tn,
                 "speedup_to_within_0.3pt": (base_time_near / tn) if (tn and base_time_near) else None,
                 "wall_speedup": None,
-                "frozen_fraction_final": s.get("frozen_fraction_final"),
-                "backward_flops_saved_fraction": s.get("backward_flops_saved_fraction"),
-                "reference_overhead_fraction": s.get("reference_overhead_fraction"),
-                "evaluations_dropped": s.get("evaluations_dropped"),
+                "frozen_fraction_final": median([x.get("frozen_fraction_final") for x in ss]),
+                "backward_flops_saved_fraction": median([x.get("backward_flops_saved_fraction") for x in ss]),
+                "reference_overhead_fraction": median([x.get("reference_overhead_fraction") for x in ss]),
+                "evaluations_dropped": sum(x.get("evaluations_dropped") or 0 for x in ss),
             })
         base_wall = next(r["train_seconds"] for r in table if r["model"] == model and r["policy"] == "none")
         for r in table:

@@ -67,6 +67,8 @@ FreezeTracker::FreezeTracker(int64_t num_modules, TrackerOptions o) : opt_(o), n
   EG_CHECK(o.tolerance_coef > 0, "the tolerance coefficient must be positive, got ", o.tolerance_coef);
   EG_CHECK(o.bootstrap_change > 0, "the bootstrapping change threshold must be positive, got ", o.bootstrap_change);
   EG_CHECK(o.unfreeze_lr_factor > 1, "the unfreezing LR factor must be above 1, got ", o.unfreeze_lr_factor);
+  EG_CHECK(o.freeze_last_phase || o.final_lr >= 0,
+           "not freezing in the last LR phase needs the run's final LR (TrackerOptions::final_lr)");
   window_ = o.window;
 }
 
@@ -178,6 +180,22 @@ Decision FreezeTracker::check_lr(int64_t step, double lr) {
     unfreeze_all(step, lr, "lr");
     return Decision::unfreeze_all;
   }
+  if (!opt_.freeze_last_phase && !last_phase_ && opt_.final_lr >= 0 &&
+      lr < opt_.unfreeze_lr_factor * opt_.final_lr * (1 - 1e-9)) {
+    last_phase_ = true;
+    if (front_ > 0) {
+      unfreeze_all(step, lr, "last_phase");
+      return Decision::unfreeze_all;
+    }
+    Event e;
+    e.type = "last_phase";
+    e.step = step;
+    e.module = front_;
+    e.lr = lr;
+    e.window = window_;
+    events_.push_back(e);
+    return Decision::none;
+  }
   if (front_ > 0 && custom_unfreeze && custom_unfreeze(step, lr)) {
     unfreeze_all(step, lr, "custom");
     return Decision::unfreeze_all;
@@ -211,7 +229,8 @@ json FreezeTracker::state() const {
   return {{"bootstrapping", bootstrapping_}, {"prev_loss", prev_loss_}, {"front", front_}, {"window", window_},
           {"counter", counter_}, {"evals_since_refresh", evals_since_refresh_},
           {"lr_at_front_freeze", lr_at_front_freeze_}, {"raw", raw_}, {"smoothed", smoothed_},
-          {"first_slopes", first_slopes_}, {"peak_slope", peak_slope_}, {"num_modules", num_modules_}};
+          {"first_slopes", first_slopes_}, {"peak_slope", peak_slope_}, {"last_phase", last_phase_},
+          {"num_modules", num_modules_}};
 }
 
 void FreezeTracker::load_state(const json& s) {
@@ -228,6 +247,7 @@ void FreezeTracker::load_state(const json& s) {
   smoothed_ = s.at("smoothed").get<std::vector<double>>();
   first_slopes_ = s.at("first_slopes").get<std::vector<double>>();
   peak_slope_ = s.value("peak_slope", 0.0);  // absent in checkpoints from before the option
+  last_phase_ = s.value("last_phase", false);  // likewise
 }
 
 }  // namespace eg::freeze

@@ -47,6 +47,15 @@
 //     after the second LR drop of a step schedule, where one fit over two averages
 //     of two readings is noise and two such fits refreeze a module within ~100
 //     steps (measured: ResNet-20, epoch 8 of 10).
+//   * Optionally (freeze_last_phase = false, --freeze-last-phase off) nothing is
+//     frozen in the last phase of the schedule: once the LR is within 10x of the
+//     run's final LR it can no longer fall 10x, so a freeze there would last to the
+//     end and the frozen modules would never fine-tune at the low LR. Entering that
+//     phase unfreezes everything (event "unfreeze", reason "last_phase") and ends the
+//     evaluations. Measured reason: ResNet-20 on Fashion-MNIST, 10 epochs, step
+//     schedule: in the last phase the unfrozen baseline's training loss falls
+//     0.201 -> 0.187 and its accuracy rises 0.5 pt; Egeria runs that refreeze at
+//     once (W halved) end at 0.195-0.197 and gain 0.2-0.3 pt.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -65,6 +74,10 @@ struct TrackerOptions {
   bool tolerance_from_peak = false;  // ... or of all its fits so far (Note [Egeria's freezing decisions])
   double bootstrap_change = 0.10; // bootstrapping ends when the loss changes by less than this
   double unfreeze_lr_factor = 10; // unfreeze all when the LR has fallen by this factor
+  // The LR of the run's last step (< 0: unknown). With freeze_last_phase false, the
+  // last phase of the schedule (LR below unfreeze_lr_factor x final_lr) trains whole.
+  double final_lr = -1;
+  bool freeze_last_phase = true;  // true: the paper
   int64_t refresh_every = 0;      // evaluations between reference refreshes (0: W)
 };
 
@@ -99,7 +112,10 @@ class FreezeTracker {
   int64_t front() const { return front_; }
   int64_t window() const { return window_; }
   int64_t stale_counter() const { return counter_; }
-  bool done() const { return front_ >= num_modules_ - 1; }  // only the head is left
+  // Nothing left to evaluate: only the head is active, or the last phase has begun
+  // with freeze_last_phase off.
+  bool done() const { return front_ >= num_modules_ - 1 || last_phase_; }
+  bool in_last_phase() const { return last_phase_; }
 
   // Bootstrapping check with the mean training loss since the last check.
   Decision bootstrap_check(int64_t step, double mean_loss, double lr);
@@ -130,6 +146,7 @@ class FreezeTracker {
   double prev_loss_ = -1;
   int64_t front_ = 0, window_, counter_ = 0, evals_since_refresh_ = 0;
   double lr_at_front_freeze_ = 0;  // 0: nothing frozen since the last unfreeze
+  bool last_phase_ = false;        // the LR has reached the last phase (freeze_last_phase off)
   std::vector<double> raw_, smoothed_;   // the front module's readings since the last refresh
   std::vector<double> first_slopes_;     // the front module's first 3 fits
   double peak_slope_ = 0;                // the front module's largest |slope| so far

@@ -49,7 +49,7 @@ Tensor BatchNorm2d::forward(const Tensor& x, bool relu, const Tensor& residual) 
     return relu ? fn::relu(h) : h;
   }
   // See Note [Frozen BatchNorm semantics].
-  bool batch_stats = is_training() && !is_frozen();
+  bool batch_stats = is_training() && (!is_frozen() || frozen_batch_stats);
   return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, relu, residual);
 }
 

@@ -35,6 +35,11 @@ class Conv2d : public Module {
 // of a frozen layer would silently change what the frozen prefix computes (and would
 // invalidate cached activations), and its gamma/beta no longer adapt to batch
 // statistics anyway. Unfreezing restores batch statistics in training mode.
+// With frozen_batch_stats (--freeze-bn batch) a frozen BatchNorm instead keeps training
+// mode's batch statistics and updates its running statistics, as a PyTorch layer
+// frozen with requires_grad_(False) alone does: no gradient flows, but the prefix's
+// output keeps the normalisation the layers after it were trained on. Only without
+// an activation cache, which needs the prefix to compute a fixed function.
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
@@ -46,6 +51,7 @@ class BatchNorm2d : public Module {
   double eps, momentum;
   // True once folded into the convolution before it (quant/): forward returns x.
   bool folded = false;
+  bool frozen_batch_stats = false;  // see the Note
 };
 
 class Linear : public Module {

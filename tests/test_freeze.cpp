@@ -192,6 +192,62 @@ TEST(Tracker, WindowHalvingStopsAtItsFloor) {
   EXPECT_THROW(FreezeTracker(4, bad), Error);
 }
 
+// --freeze-last-phase off: once the LR is within 10x of the run's final LR nothing is
+// frozen: entering that phase unfreezes what is frozen (reason "last_phase") and ends
+// the evaluations; earlier phases, and a schedule whose LR ends at 0, freeze as usual.
+TEST(Tracker, LastPhaseTrainsWholeWhenAsked) {
+  TrackerOptions o;
+  o.window = 3;
+  o.freeze_last_phase = false;
+  o.final_lr = 0.001;
+  FreezeTracker t = started(4, o);
+  int i = 0;
+  for (int j = 0; t.front() < 2 && j < 1000; ++j, ++i) t.check_plasticity(i, converging(j), 0.1);
+  ASSERT_EQ(t.front(), 2) << "the first phase (LR 100x the final) freezes as usual";
+  EXPECT_FALSE(t.done());
+  // 0.1 -> 0.01: the paper's LR unfreeze, then refreezing in the middle phase.
+  EXPECT_EQ(t.check_lr(i++, 0.01), Decision::unfreeze_all);
+  EXPECT_EQ(t.take_events().back().reason, "lr");
+  for (int j = 0; t.front() < 1 && j < 1000; ++j, ++i) t.check_plasticity(i, converging(j), 0.01);
+  ASSERT_EQ(t.front(), 1) << "LR 10x the final: still a phase with a drop ahead";
+  EXPECT_FALSE(t.in_last_phase());
+  // A drop of less than 10x into the last phase: no LR unfreeze, the last-phase one.
+  EXPECT_EQ(t.check_lr(i++, 0.002), Decision::unfreeze_all);
+  EXPECT_EQ(t.take_events().back().reason, "last_phase");
+  EXPECT_EQ(t.front(), 0);
+  EXPECT_TRUE(t.in_last_phase());
+  EXPECT_TRUE(t.done()) << "no more evaluations";
+  for (int j = 0; j < 200; ++j, ++i) EXPECT_EQ(t.check_plasticity(i, 1e-9, 0.002), Decision::none);
+  EXPECT_EQ(t.front(), 0);
+  // The state survives a checkpoint.
+  FreezeTracker u(4, o);
+  u.load_state(t.state());
+  EXPECT_TRUE(u.in_last_phase());
+
+  // Entering the last phase with nothing frozen logs it and freezes nothing after.
+  FreezeTracker v = started(4, o);
+  EXPECT_EQ(v.check_lr(0, 0.005), Decision::none);
+  auto ev = v.take_events();
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back().type, "last_phase");
+  for (int j = 0; j < 200; ++j) v.check_plasticity(j, converging(j), 0.005);
+  EXPECT_EQ(v.front(), 0);
+
+  // The default (the paper) freezes in the last phase; a final LR of 0 never starts one.
+  for (auto [last, final_lr] : {std::pair{true, 0.001}, std::pair{false, 0.0}}) {
+    TrackerOptions p = o;
+    p.freeze_last_phase = last;
+    p.final_lr = final_lr;
+    FreezeTracker w = started(4, p);
+    int k = 0;
+    for (int j = 0; w.front() < 1 && j < 1000; ++j, ++k) w.check_plasticity(k, converging(j), 0.0001);
+    EXPECT_EQ(w.front(), 1) << "freeze_last_phase " << last << " final_lr " << final_lr;
+  }
+  TrackerOptions bad;
+  bad.freeze_last_phase = false;
+  EXPECT_THROW(FreezeTracker(4, bad), Error) << "off needs the final LR";
+}
+
 TEST(Tracker, CustomUnfreezeHookForCyclicSchedules) {
   TrackerOptions o;
   o.window = 3;

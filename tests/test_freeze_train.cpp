@@ -230,6 +230,42 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   EXPECT_EQ(decisions(jsonl(b + "/freeze.jsonl")), decisions(log));
 }
 
+// --freeze-last-phase off: the schedule's last phase (here epoch 3 on, LR 0.005, the
+// final LR) freezes nothing and ends with every module active; before it, freezing
+// works as usual.
+TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
+  std::string d = tmpdir("egeria_lastoff");
+  auto c = run_cfg(d, "egeria");
+  c.freeze_last_phase = "off";
+  ASSERT_TRUE(train::run_training(c).completed);
+  const int64_t last_phase_start = 3 * (256 / 16);
+  int freezes_before = 0, marks = 0;
+  for (auto& j : jsonl(d + "/freeze.jsonl")) {
+    const std::string t = j["type"];
+    const int64_t step = j["step"];
+    if (t == "freeze") {
+      EXPECT_LT(step, last_phase_start) << "a freeze in the last phase";
+      ++freezes_before;
+    }
+    if (t == "evaluation") {
+      EXPECT_LE(step, last_phase_start + 2) << "evaluations go on in the last phase";
+    }
+    if (t == "last_phase" || (t == "unfreeze" && j["reason"] == "last_phase")) {
+      EXPECT_GE(step, last_phase_start);
+      ++marks;
+    }
+  }
+  EXPECT_GT(freezes_before, 0);
+  EXPECT_EQ(marks, 1);
+  auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
+  EXPECT_EQ(sum["frozen_fraction_final"].get<double>(), 0.0);
+  auto cfg = nlohmann::json::parse(std::ifstream(d + "/config.json"));
+  EXPECT_EQ(cfg["freeze_last_phase"], "off");
+  c.freeze_last_phase = "maybe";
+  c.out = tmpdir("egeria_lastbad");
+  EXPECT_THROW(train::run_training(c), Error);
+}
+
 TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
   for (const char* p : {"static", "freezeout", "autofreeze"}) {
     std::string d = tmpdir(p);

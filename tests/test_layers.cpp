@@ -82,6 +82,32 @@ TEST(Layers, FrozenParametersStayBitwiseUnchangedAndResumeMomentum) {
   EXPECT_NE(conv->weight.to_vector<float>(), w0);
 }
 
+// --freeze-bn batch: a frozen BatchNorm keeps batch statistics and updates its running
+// ones (PyTorch's requires_grad_(False)); its gamma and beta still get no gradient.
+TEST(Layers, FrozenBatchNormCanKeepBatchStatistics) {
+  Generator g(5);
+  Tensor x = Tensor::randn({16, 3, 4, 4}, g);
+  x = fn::add(fn::mul(x, Tensor::full({1}, 3.0f)), Tensor::full({1}, 2.0f));  // mean 2, sd 3: far from running (0, 1)
+  for (bool batch : {false, true}) {
+    nn::BatchNorm2d bn(3);
+    bn.frozen_batch_stats = batch;
+    bn.freeze();
+    const auto rm0 = bn.running_mean.to_vector<float>();
+    Tensor y = bn(x);
+    EXPECT_EQ(bn.running_mean.to_vector<float>() != rm0, batch);
+    const auto v = y.to_vector<float>();
+    double mean = 0;
+    for (float f : v) mean += f;
+    mean /= double(v.size());
+    if (batch) {
+      EXPECT_NEAR(mean, 0.0, 1e-4) << "normalised with the batch's statistics";
+    } else {
+      EXPECT_NEAR(mean, 2.0, 0.5) << "normalised with the running statistics (0, 1)";
+    }
+    EXPECT_FALSE(bn.weight.requires_grad());
+  }
+}
+
 TEST(Layers, MultiHeadAttentionGradcheck) {
   Generator g(5);
   nn::MultiHeadAttention mha(8, 2, 0.0, g);

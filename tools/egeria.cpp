@@ -79,6 +79,16 @@ int main(int argc, char** argv) {
                     "of all its fits so far (peak: for modules already settled when bootstrapping ends)")
       ->capture_default_str()
       ->check(CLI::IsMember({"first3", "peak"}));
+  train->add_option("--freeze-last-phase", c.freeze_last_phase,
+                    "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR "
+                    "within 10x of its final value) whole, unfreezing what is frozen when it begins")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
+  train->add_option("--freeze-bn", c.freeze_bn,
+                    "frozen BatchNorms normalise with their running statistics (running: a fixed function, as the "
+                    "paper) or keep batch statistics as in training (batch: as PyTorch's requires_grad_(False))")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"running", "batch"}));
   train->add_option("--freeze-reference", c.freeze_reference,
                     "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu on the training GPU")
       ->capture_default_str()

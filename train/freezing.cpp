@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "layers/layers.h"
 
 namespace eg::train {
 
@@ -24,6 +25,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.min_window = c.freeze_window_min;
   pc.tracker.tolerance_coef = c.freeze_tolerance;
   pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == "peak";
+  pc.tracker.freeze_last_phase = c.freeze_last_phase != "off";
   pc.reference = c.freeze_reference;
   pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;
@@ -53,6 +55,9 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
     unit_flops_.push_back(f);
   }
   if (fresh) std::ofstream(log_, std::ios::trunc);
+  if (c.freeze_bn == "batch")
+    for (auto& [name, mod] : model.named_modules())
+      if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
 }
 
 double FreezeRun::frozen_share(const std::vector<double>& share) const {

@@ -71,7 +71,8 @@ json config_json(const TrainConfig& c) {
           {"adam_betas", {c.adam_beta1, c.adam_beta2}}, {"freeze_modules", c.freeze_modules},
           {"freeze_module_regex", c.freeze_module_regex}, {"freeze_interval", c.freeze_interval},
           {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
-          {"freeze_tolerance_from", c.freeze_tolerance_from},
+          {"freeze_tolerance_from", c.freeze_tolerance_from}, {"freeze_last_phase", c.freeze_last_phase},
+          {"freeze_bn", c.freeze_bn},
           {"freeze_reference", c.freeze_reference}};
 }
 
@@ -251,6 +252,10 @@ void validate(const TrainConfig& c) {
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
     EG_CHECK(c.freeze_tolerance_from == "first3" || c.freeze_tolerance_from == "peak",
              "--freeze-tolerance-from must be first3 or peak, got '", c.freeze_tolerance_from, "'");
+    EG_CHECK(c.freeze_last_phase == "on" || c.freeze_last_phase == "off",
+             "--freeze-last-phase must be on or off, got '", c.freeze_last_phase, "'");
+    EG_CHECK(c.freeze_bn == "running" || c.freeze_bn == "batch",
+             "--freeze-bn must be running or batch, got '", c.freeze_bn, "'");
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32 or fp32-gpu, got '", c.freeze_reference, "'");
@@ -286,6 +291,7 @@ Summary run_training(const TrainConfig& cin) {
   pc.model.image_size = r.train->images.size(2);
   pc.model.num_classes = c.dataset == "cifar100" ? 100 : 10;
   pc.total_steps = c.epochs * r.steps_per_epoch;
+  pc.tracker.final_lr = r.sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
   pc.steps_per_epoch = r.steps_per_epoch;
   FreezeRun fr(c, *r.model, pc, c.out, !(c.resume && file_exists(ckpt)));
   const double target = c.target_accuracy > 1 ? c.target_accuracy / 100 : c.target_accuracy;

@@ -244,6 +244,7 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
     return models::ModelPtr(std::make_shared<models::Transformer>(mc, g));
   };
   pc.total_steps = c.epochs * steps_per_epoch;
+  pc.tracker.final_lr = sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
   pc.steps_per_epoch = steps_per_epoch;
   FreezeRun fr(c, *model, pc, c.out, !(c.resume && file_exists(ckpt)));
   if (c.resume && file_exists(ckpt)) {
