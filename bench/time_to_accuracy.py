@@ -5,7 +5,7 @@
       [--policies none,egeria,autofreeze,static] [--epochs 30] [--threads 2]
       (variants, as VARIANTS below: egeria-peak = egeria --freeze-tolerance-from peak;
        -wmin5: --freeze-window-min 5; -lastoff: --freeze-last-phase off;
-       -bnbatch: --freeze-bn batch)
+       -bnbatch, -bnrunning: --freeze-bn batch (the default), running)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
       [--vary-seed]
 
@@ -43,6 +43,7 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-peak-wmin5": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-window-min", "5"],
             "egeria-lastoff": ["egeria", "--freeze-last-phase", "off"],
             "egeria-bnbatch": ["egeria", "--freeze-bn", "batch"],
+            "egeria-bnrunning": ["egeria", "--freeze-bn", "running"],
             "egeria-peak-bnbatch": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-bn", "batch"],
             "egeria-peak-lastoff": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-last-phase", "off"]}
 

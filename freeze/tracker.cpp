@@ -72,6 +72,17 @@ FreezeTracker::FreezeTracker(int64_t num_modules, TrackerOptions o) : opt_(o), n
   window_ = o.window;
 }
 
+Event FreezeTracker::event(const char* type, int64_t step, double lr) const {
+  Event e;
+  e.type = type;
+  e.step = step;
+  e.module = front_;
+  e.counter = counter_;
+  e.window = window_;
+  e.lr = lr;
+  return e;
+}
+
 void FreezeTracker::start_module() {
   raw_.clear();
   smoothed_.clear();
@@ -88,12 +99,10 @@ double FreezeTracker::tolerance() const {
 
 Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
   if (!bootstrapping_) return Decision::none;
-  Event e;
-  e.type = "bootstrap";
-  e.step = step;
+  last_lr_ = lr;
+  Event e = event("bootstrap", step, lr);
   e.loss = loss;
   e.prev_loss = prev_loss_;
-  e.lr = lr;
   events_.push_back(e);
   const bool ends = prev_loss_ > 0 && std::isfinite(loss) && std::abs(loss - prev_loss_) / prev_loss_ < opt_.bootstrap_change;
   prev_loss_ = loss;
@@ -104,6 +113,7 @@ Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
 
 Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
   EG_CHECK(!bootstrapping_, "plasticity reported during bootstrapping");
+  last_lr_ = lr;
   if (done()) return check_lr(step, lr);  // Algorithm 1 line 4: the last module is never evaluated
   const size_t w = size_t(window_);
   raw_.push_back(p);
@@ -112,14 +122,9 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
   for (size_t i = raw_.size() - k; i < raw_.size(); ++i) avg += raw_[i];
   avg /= double(k);
   smoothed_.push_back(avg);
-  Event e;
-  e.type = "evaluation";
-  e.step = step;
-  e.module = front_;
+  Event e = event("evaluation", step, lr);
   e.plasticity = p;
   e.smoothed = avg;
-  e.lr = lr;
-  e.window = window_;
   // Slopes are fitted to full-window averages only: the first W-1 average fewer
   // readings, and with a refreshed reference those sit on one edge of the sawtooth
   // (Note [Egeria's freezing decisions]); T would come from that edge.
@@ -144,14 +149,7 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
   events_.push_back(e);
   ++evals_since_refresh_;
   if (counter_ >= window_) {
-    Event f;
-    f.type = "freeze";
-    f.step = step;
-    f.module = front_;
-    f.counter = counter_;
-    f.window = window_;
-    f.lr = lr;
-    events_.push_back(f);
+    events_.push_back(event("freeze", step, lr));
     if (lr_at_front_freeze_ == 0) lr_at_front_freeze_ = lr;
     ++front_;
     start_module();
@@ -161,11 +159,8 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
 }
 
 void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
-  Event e;
-  e.type = "unfreeze";
-  e.step = step;
-  e.module = front_;
-  e.lr = lr;
+  Event e = event("unfreeze", step, lr);
+  e.counter = 0;
   front_ = 0;
   lr_at_front_freeze_ = 0;
   window_ = std::max<int64_t>(std::min(opt_.min_window, window_), window_ / 2);
@@ -176,6 +171,7 @@ void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
 }
 
 Decision FreezeTracker::check_lr(int64_t step, double lr) {
+  last_lr_ = lr;
   if (front_ > 0 && lr_at_front_freeze_ > 0 && lr * opt_.unfreeze_lr_factor <= lr_at_front_freeze_ * (1 + 1e-9)) {
     unfreeze_all(step, lr, "lr");
     return Decision::unfreeze_all;
@@ -187,13 +183,7 @@ Decision FreezeTracker::check_lr(int64_t step, double lr) {
       unfreeze_all(step, lr, "last_phase");
       return Decision::unfreeze_all;
     }
-    Event e;
-    e.type = "last_phase";
-    e.step = step;
-    e.module = front_;
-    e.lr = lr;
-    e.window = window_;
-    events_.push_back(e);
+    events_.push_back(event("last_phase", step, lr));
     return Decision::none;
   }
   if (front_ > 0 && custom_unfreeze && custom_unfreeze(step, lr)) {
@@ -209,13 +199,7 @@ bool FreezeTracker::refresh_due() const {
 }
 
 void FreezeTracker::reference_refreshed(int64_t step) {
-  Event e;
-  e.type = "refresh";
-  e.step = step;
-  e.module = front_;
-  e.counter = counter_;
-  e.window = window_;
-  events_.push_back(e);
+  events_.push_back(event("refresh", step, last_lr_));
   evals_since_refresh_ = 0;  // the histories stay: see Note [Egeria's freezing decisions]
 }
 

@@ -139,6 +139,8 @@ class FreezeTracker {
  private:
   void start_module();
   void unfreeze_all(int64_t step, double lr, const char* why);
+  // An event of this type with the tracker's current module, counter, window and LR.
+  Event event(const char* type, int64_t step, double lr) const;
 
   TrackerOptions opt_;
   int64_t num_modules_;
@@ -147,6 +149,7 @@ class FreezeTracker {
   int64_t front_ = 0, window_, counter_ = 0, evals_since_refresh_ = 0;
   double lr_at_front_freeze_ = 0;  // 0: nothing frozen since the last unfreeze
   bool last_phase_ = false;        // the LR has reached the last phase (freeze_last_phase off)
+  double last_lr_ = 0;             // the LR of the last check, for refresh events
   std::vector<double> raw_, smoothed_;   // the front module's readings since the last refresh
   std::vector<double> first_slopes_;     // the front module's first 3 fits
   double peak_slope_ = 0;                // the front module's largest |slope| so far

@@ -4,7 +4,8 @@
 // Note [Freezing a module]
 // freeze() sets requires_grad=false on every parameter below the module and marks it
 // and its children frozen. A frozen BatchNorm normalises with its running statistics
-// and does not update them (see Note [Frozen BatchNorm semantics]). Because autograd
+// and does not update them, unless told to keep batch statistics, as the trainer does
+// by default (see Note [Frozen BatchNorm semantics]). Because autograd
 // records an edge only for inputs that require grad, a frozen layer's weight gradient
 // is never computed (Note [Frozen layers skip weight gradients]), and a frozen prefix
 // run under NoGradGuard records no Node and keeps no activation at all. Optimizers

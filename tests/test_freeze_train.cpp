@@ -261,6 +261,7 @@ TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
   EXPECT_EQ(sum["frozen_fraction_final"].get<double>(), 0.0);
   auto cfg = nlohmann::json::parse(std::ifstream(d + "/config.json"));
   EXPECT_EQ(cfg["freeze_last_phase"], "off");
+  EXPECT_EQ(cfg["freeze_bn"], "batch") << "the default";
   c.freeze_last_phase = "maybe";
   c.out = tmpdir("egeria_lastbad");
   EXPECT_THROW(train::run_training(c), Error);

@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
   train->add_option("--freeze-bn", c.freeze_bn,
-                    "frozen BatchNorms normalise with their running statistics (running: a fixed function, as the "
-                    "paper) or keep batch statistics as in training (batch: as PyTorch's requires_grad_(False))")
+                    "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
+                    "or normalise with their running statistics (running: a fixed function, as the paper's activation "
+                    "cache needs)")
       ->capture_default_str()
       ->check(CLI::IsMember({"running", "batch"}));
   train->add_option("--freeze-reference", c.freeze_reference,
