@@ -209,7 +209,7 @@ class EgeriaPolicy : public FreezePolicy {
         const Decision d = tracker_.bootstrap_check(s.step, loss_sum_ / double(loss_n_), s.lr);
         loss_sum_ = 0;
         loss_n_ = 0;
-        if (d == Decision::end_bootstrap) refresh(m, s.step);
+        if (d == Decision::end_bootstrap) refresh(m, s.step, s.lr);
       }
     } else {
       // The controller works in layer modules: the reference runs up to the unit's last.
@@ -222,7 +222,7 @@ class EgeriaPolicy : public FreezePolicy {
           continue;
         }
         tracker_.check_plasticity(r.step, r.plasticity, s.lr);
-        if (tracker_.refresh_due()) refresh(m, s.step);
+        if (tracker_.refresh_due()) refresh(m, s.step, s.lr);
       }
       tracker_.check_lr(s.step, s.lr);
     }
@@ -261,12 +261,12 @@ class EgeriaPolicy : public FreezePolicy {
     return o;
   }
   int64_t n() const { return tracker_.options().interval; }
-  void refresh(models::Model& m, int64_t step) {
+  void refresh(models::Model& m, int64_t step, double lr) {
     auto t0 = std::chrono::steady_clock::now();
     snapshot_ = take_snapshot(m);
     ctl_->set_snapshot(snapshot_);
     snapshot_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tracker_.reference_refreshed(step);
+    tracker_.reference_refreshed(step, lr);
   }
 
   PolicyConfig c_;

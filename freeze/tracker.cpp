@@ -99,7 +99,6 @@ double FreezeTracker::tolerance() const {
 
 Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
   if (!bootstrapping_) return Decision::none;
-  last_lr_ = lr;
   Event e = event("bootstrap", step, lr);
   e.loss = loss;
   e.prev_loss = prev_loss_;
@@ -113,7 +112,6 @@ Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
 
 Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
   EG_CHECK(!bootstrapping_, "plasticity reported during bootstrapping");
-  last_lr_ = lr;
   if (done()) return check_lr(step, lr);  // Algorithm 1 line 4: the last module is never evaluated
   const size_t w = size_t(window_);
   raw_.push_back(p);
@@ -171,7 +169,6 @@ void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
 }
 
 Decision FreezeTracker::check_lr(int64_t step, double lr) {
-  last_lr_ = lr;
   if (front_ > 0 && lr_at_front_freeze_ > 0 && lr * opt_.unfreeze_lr_factor <= lr_at_front_freeze_ * (1 + 1e-9)) {
     unfreeze_all(step, lr, "lr");
     return Decision::unfreeze_all;
@@ -198,8 +195,8 @@ bool FreezeTracker::refresh_due() const {
   return !bootstrapping_ && evals_since_refresh_ >= every;
 }
 
-void FreezeTracker::reference_refreshed(int64_t step) {
-  events_.push_back(event("refresh", step, last_lr_));
+void FreezeTracker::reference_refreshed(int64_t step, double lr) {
+  events_.push_back(event("refresh", step, lr));
   evals_since_refresh_ = 0;  // the histories stay: see Note [Egeria's freezing decisions]
 }
 

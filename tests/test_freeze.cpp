@@ -270,7 +270,7 @@ TEST(Tracker, RefreshKeepsTheHistoryAndTheCounter) {
   for (int i = 0; i < 4; ++i) t.check_plasticity(i, converging(i), 0.1);
   EXPECT_TRUE(t.refresh_due());
   const int64_t c = t.stale_counter();
-  t.reference_refreshed(4);
+  t.reference_refreshed(4, 0.1);
   EXPECT_FALSE(t.refresh_due());
   EXPECT_EQ(t.stale_counter(), c);
   EXPECT_EQ(t.state()["raw"].size(), 4u);
@@ -294,7 +294,7 @@ TEST(Tracker, TheRefreshSawtoothAveragesOutAndAModuleThatStoppedSlowingDownFreez
     if (t.check_plasticity(i, p, 0.1) == Decision::freeze) froze_at = i;
     ++since_refresh;
     if (t.refresh_due()) {
-      t.reference_refreshed(i);
+      t.reference_refreshed(i, 0.1);
       since_refresh = 0;
     }
   }
@@ -343,7 +343,7 @@ TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
           continue;
         }
         decisions.push_back(int(t.check_plasticity(i, converging(i % 37), i < 150 ? 0.1 : 0.001)));
-        if (t.refresh_due()) t.reference_refreshed(i);
+        if (t.refresh_due()) t.reference_refreshed(i, 0.1);
       }
     };
     FreezeTracker full(6, o);

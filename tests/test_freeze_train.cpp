@@ -248,7 +248,7 @@ TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
       ++freezes_before;
     }
     if (t == "evaluation") {
-      EXPECT_LE(step, last_phase_start + 2) << "evaluations go on in the last phase";
+      EXPECT_LE(step, last_phase_start + 2) << "an evaluation in the last phase";
     }
     if (t == "last_phase" || (t == "unfreeze" && j["reason"] == "last_phase")) {
       EXPECT_GE(step, last_phase_start);
