@@ -15,4 +15,5 @@
 #include "freeze/plasticity.h"
 #include "freeze/policy.h"
 #include "freeze/tracker.h"
+#include "cache/activation_cache.h"
 #include "train/trainer.h"

@@ -69,7 +69,7 @@ Batch Loader::build(int64_t index) const {
     int64_t id = order_[size_t(b0 + i)];
     b.ids.push_back(id);
     b.y.data<int64_t>()[i] = data_->labels.data<int64_t>()[id];
-    augment_into(*data_, id, aug, opt_.seed, epoch_, b.x.data<float>() + i * c * h * w);
+    augment_into(*data_, id, aug, opt_.seed, opt_.augment_per_sample ? 0 : epoch_, b.x.data<float>() + i * c * h * w);
   }
   return b;
 }

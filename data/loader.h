@@ -1,7 +1,7 @@
 // Batches from an in-memory image dataset, built by background worker threads into
 // a bounded prefetch window. The order of an epoch is a pure function of
 // (seed, epoch) and the augmentation of a sample a pure function of
-// (seed, epoch, sample id), so a run resumed at (epoch, batch) sees exactly the
+// (seed, epoch, sample id) (or of (seed, sample id) with augment_per_sample), so a run resumed at (epoch, batch) sees exactly the
 // batches the uninterrupted run would have, and the activation cache can ask which
 // sample ids come next (upcoming_ids).
 #pragma once
@@ -28,6 +28,10 @@ struct LoaderOptions {
   bool shuffle = true;
   bool drop_last = true;
   bool augment = false;
+  // The crop and flip of a sample: drawn anew every epoch (false), or once per sample
+  // for the whole run (true: a function of (seed, sample id), stateless as the
+  // activation cache needs; see Note [Activation cache validity]).
+  bool augment_per_sample = false;
   AugmentOptions aug;
   int workers = 1;
   int prefetch = 4;  // batches built ahead of the consumer

@@ -32,10 +32,18 @@ bool apply_frozen_prefix(models::Model& m, int64_t k) {
 
 Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured) {
   if (k <= 0 && capture < 0) return m.forward(x);
+  return forward_layers(m, x, 0, -1, k, capture, captured);
+}
+
+Tensor forward_layers(models::Model& m, const Tensor& h0, int64_t begin, int64_t end, int64_t k, int64_t capture,
+                      Tensor* captured) {
   EG_CHECK(m.sequential(), "this model is not a sequence of layer modules; it cannot run a frozen prefix");
   auto units = m.layer_modules();
-  Tensor h = x;
-  for (int64_t i = 0; i < int64_t(units.size()); ++i) {
+  if (end < 0) end = int64_t(units.size());
+  EG_CHECK(begin >= 0 && begin <= end && end <= int64_t(units.size()), "forward_layers: modules [", begin, ", ", end,
+           ") of a model with ", units.size());
+  Tensor h = h0;
+  for (int64_t i = begin; i < end; ++i) {
     if (i < k) {
       autograd::NoGradGuard ng;  // no Node, no saved activation
       h = units[size_t(i)].second->forward(h);

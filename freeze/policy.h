@@ -92,5 +92,10 @@ bool apply_frozen_prefix(models::Model& m, int64_t k);
 // output of module `capture` (>= 0) into *captured (detached). (Transformers:
 // models::Transformer::forward_frozen.)
 Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured);
+// The same for layer modules [begin, end) of a sequential model (end -1: to the last),
+// given the input of module `begin`: what the activation cache runs on either side of
+// the frozen prefix's boundary.
+Tensor forward_layers(models::Model& m, const Tensor& h, int64_t begin, int64_t end, int64_t k, int64_t capture,
+                      Tensor* captured);
 
 }  // namespace eg::freeze

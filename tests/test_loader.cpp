@@ -1,6 +1,7 @@
 // data/loader: deterministic order and augmentation, exact resumption, look-ahead ids.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "data/loader.h"
@@ -90,6 +91,37 @@ TEST(Loader, AugmentationDependsOnlyOnSeedEpochAndId) {
     differs = c != a;
   }
   EXPECT_TRUE(differs);
+}
+
+// augment_per_sample: a sample is cropped and flipped the same way in every epoch
+// (what the activation cache needs); by default it changes between epochs.
+TEST(Loader, PerSampleAugmentationIsTheSameEveryEpoch) {
+  auto pixels_by_id = [](data::Loader& l, int64_t e) {
+    std::map<int64_t, std::vector<float>> m;
+    for (auto& b : epoch(l, e)) {
+      const int64_t n = b.x.numel() / b.x.size(0);
+      for (size_t i = 0; i < b.ids.size(); ++i)
+        m[b.ids[i]] = std::vector<float>(b.x.data<float>() + int64_t(i) * n, b.x.data<float>() + int64_t(i + 1) * n);
+    }
+    return m;
+  };
+  auto o = opts();
+  o.augment_per_sample = true;
+  data::Loader fixed(small_data(), o);
+  auto e0 = pixels_by_id(fixed, 0), e1 = pixels_by_id(fixed, 1);
+  ASSERT_EQ(e0.size(), e1.size());
+  int same = 0, both = 0;  // 3 of the 103 samples are dropped from each epoch's last batch
+  for (auto& [id, v] : e0) {
+    both += e1.count(id) > 0;
+    same += e1.count(id) && e1[id] == v;
+  }
+  EXPECT_GT(both, 90);
+  EXPECT_EQ(same, both);
+  data::Loader varying(small_data(), opts());
+  auto v0 = pixels_by_id(varying, 0), v1 = pixels_by_id(varying, 1);
+  int changed = 0;
+  for (auto& [id, v] : v0) changed += v1.count(id) && v1[id] != v;
+  EXPECT_GT(changed, int(v0.size()) / 2);
 }
 
 TEST(Loader, RejectsBadOptions) {

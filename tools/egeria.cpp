@@ -52,6 +52,11 @@ int main(int argc, char** argv) {
   train->add_option("--log-every", c.log_every)->capture_default_str()->check(CLI::PositiveNumber);
   train->add_option("--workers", c.workers, "data loader threads")->capture_default_str()->check(CLI::PositiveNumber);
   train->add_flag("!--no-augment", c.augment, "disable random crop and flip");
+  train->add_option("--augment-mode", c.augment_mode,
+                    "epoch: a new random crop and flip for every sample every epoch; sample: one per sample for the "
+                    "whole run (stateless, as --freeze-cache on needs)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"epoch", "sample"}));
   train->add_option("--freeze", c.freeze, "layer freezing policy: none, static, freezeout, autofreeze, egeria")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "static", "freezeout", "autofreeze", "egeria"}));
@@ -90,6 +95,13 @@ int main(int argc, char** argv) {
                     "cache needs)")
       ->capture_default_str()
       ->check(CLI::IsMember({"running", "batch"}));
+  train->add_option("--freeze-cache", c.freeze_cache,
+                    "on: keep the frozen prefix's output per sample on disk and skip its forward when the sample "
+                    "comes again (the paper's activation cache; needs --freeze-bn running and --augment-mode sample)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
+  train->add_option("--freeze-cache-dir", c.freeze_cache_dir,
+                    "directory for the activation cache's file (default: --out); it is deleted when the run ends");
   train->add_option("--freeze-reference", c.freeze_reference,
                     "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu on the training GPU")
       ->capture_default_str()

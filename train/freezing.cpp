@@ -70,11 +70,58 @@ json FreezeRun::step_fields() const {
   return {{"frozen_modules", policy_->frozen_prefix()}, {"active_param_fraction", 1 - frozen_share(unit_params_)}};
 }
 
+void FreezeRun::use_cache(const std::string& dir, int64_t train_samples) {
+  cache_ = std::make_unique<cache::ActivationCache>(dir, train_samples);
+}
+
+Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture,
+                          Tensor* captured) {
+  const int64_t k = frozen_layers();
+  ++steps_;
+  // A capture inside the prefix needs the prefix run (no policy asks for one today).
+  if (!cache_ || k <= 0 || (capture >= 0 && capture < k))
+    return freeze::forward_with_frozen_prefix(model_, x.to(dev), k, capture, captured);
+  cache_->set_key(generation_);  // See Note [Activation cache validity]
+  // Samples the cache lacks (all of them in the first epoch after a freeze, a few in
+  // the next) go through the prefix as a sub-batch and are stored; then the batch is
+  // gathered whole. Requiring whole batches would waste the epoch after each freeze:
+  // a batch of 128 is complete with probability f^128 when a fraction f is cached.
+  const std::vector<int64_t> miss = cache_->missing(ids);
+  if (!miss.empty()) {
+    Tensor xm = x;
+    std::vector<int64_t> mids = ids;
+    if (miss.size() < ids.size()) {
+      const int64_t per = x.numel() / x.size(0);
+      Shape s = x.shape();
+      s[0] = int64_t(miss.size());
+      xm = Tensor::empty(s);
+      mids.clear();
+      for (size_t i = 0; i < miss.size(); ++i) {
+        std::copy_n(x.data<float>() + miss[i] * per, per, xm.data<float>() + int64_t(i) * per);
+        mids.push_back(ids[size_t(miss[i])]);
+      }
+    }
+    cache_->store(mids, freeze::forward_layers(model_, xm.to(dev), 0, k, k, -1, nullptr));
+  }
+  const double hit = double(ids.size() - miss.size()) / double(ids.size());
+  hit_samples_ += int64_t(ids.size() - miss.size());
+  miss_samples_ += int64_t(miss.size());
+  hit_batches_ += miss.empty();
+  fwd_flops_saved_sum_ += hit * frozen_share(unit_flops_);
+  Tensor h = cache_->gather(ids).to(dev);
+  return freeze::forward_layers(model_, h, k, -1, k, capture, captured);
+}
+
+void FreezeRun::prefetch(const std::vector<int64_t>& next_ids) {
+  if (cache_ && frozen_layers() > 0 && cache_->key() == generation_) cache_->prefetch(next_ids);
+}
+
 void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds) {
   flops_saved_sum_ += frozen_share(unit_flops_);
   const auto t0 = std::chrono::steady_clock::now();
   policy_->after_step(s, x, captured, model_);
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
+    ++generation_;
     json j = {{"type", "freeze"}, {"step", s.step}, {"epoch", s.epoch + 1}, {"train_seconds", train_seconds}};
     j.update(step_fields());
     append(metrics_, j);
@@ -105,6 +152,7 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   if (saved.contains("freeze")) policy_->load_state(saved["freeze"]);
   policy_->load_state_tensors(fs);
   freeze::apply_frozen_prefix(model_, frozen_layers());
+  ++generation_;  // the cache starts empty after a resume: its file went with the process
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
   seconds_ = saved.value("freeze_seconds", 0.0);
 }
@@ -121,6 +169,16 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   sj["reference_overhead_fraction"] = train_seconds > 0 ? (seconds_ + bg) / train_seconds : 0.0;
   sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
   sj["freeze_stats"] = st;
+  if (cache_) {
+    const auto& cs = cache_->stats();
+    // Forward FLOPs of the frozen prefix skipped thanks to the cache, as a share of the
+    // steps' forward FLOPs (this invocation's steps: the cache does not survive a resume).
+    sj["activation_cache"] = {{"hit_samples", hit_samples_}, {"miss_samples", miss_samples_},
+                              {"whole_batches_from_cache", hit_batches_}, {"prefetched_batches", cs.prefetched},
+                              {"resets", cs.resets},
+                              {"bytes_reserved", cs.bytes_reserved},
+                              {"forward_flops_saved_fraction", steps_ > 0 ? fwd_flops_saved_sum_ / double(steps_) : 0.0}};
+  }
 }
 
 }  // namespace eg::train

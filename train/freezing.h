@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cache/activation_cache.h"
 #include "freeze/policy.h"
 #include "train/trainer.h"
 
@@ -26,6 +27,15 @@ class FreezeRun {
   // the forward of `step` (-1: none).
   int64_t frozen_layers() const { return part_.layer_prefix(policy_->frozen_prefix()); }
   int64_t capture_layer(int64_t step) const { return policy_->capture_module(step); }
+
+  // --freeze-cache on: keep the frozen prefix's outputs for the `train_samples` training
+  // samples (image models; the trainer validated the configuration).
+  void use_cache(const std::string& dir, int64_t train_samples);
+  // The step's forward (image models): the frozen prefix under no-grad, or from the
+  // activation cache when it holds the whole batch `ids`, then the rest, capturing the
+  // output of layer module `capture` (>= 0). Then the next batch's ids to gather ahead.
+  Tensor forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture, Tensor* captured);
+  void prefetch(const std::vector<int64_t>& next_ids);
 
   // After the optimizer step: accounting, the policy, its decision applied to the
   // model (a "freeze" line in metrics.jsonl when the frozen set changed) and its log.
@@ -50,6 +60,10 @@ class FreezeRun {
   std::vector<double> unit_params_, unit_flops_;  // shares of the model's parameters / forward FLOPs
   std::string metrics_, log_;
   double flops_saved_sum_ = 0, seconds_ = 0;  // sum over steps of the frozen FLOP share; time in the policy
+  std::unique_ptr<cache::ActivationCache> cache_;
+  int64_t generation_ = 0;        // bumped whenever the frozen set changes: the cache's key
+  double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
+  int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
 };
 
 // The PolicyConfig fields that come straight from the flags.

@@ -72,7 +72,7 @@ json config_json(const TrainConfig& c) {
           {"freeze_module_regex", c.freeze_module_regex}, {"freeze_interval", c.freeze_interval},
           {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
           {"freeze_tolerance_from", c.freeze_tolerance_from}, {"freeze_last_phase", c.freeze_last_phase},
-          {"freeze_bn", c.freeze_bn},
+          {"freeze_bn", c.freeze_bn}, {"augment_mode", c.augment_mode}, {"freeze_cache", c.freeze_cache},
           {"freeze_reference", c.freeze_reference}};
 }
 
@@ -256,6 +256,18 @@ void validate(const TrainConfig& c) {
              "--freeze-last-phase must be on or off, got '", c.freeze_last_phase, "'");
     EG_CHECK(c.freeze_bn == "running" || c.freeze_bn == "batch",
              "--freeze-bn must be running or batch, got '", c.freeze_bn, "'");
+    EG_CHECK(c.freeze_cache == "on" || c.freeze_cache == "off", "--freeze-cache must be on or off, got '",
+             c.freeze_cache, "'");
+    if (c.freeze_cache == "on") {
+      // See Note [Activation cache validity].
+      EG_CHECK(!is_translation_model(c.model), "--freeze-cache on caches image models' frozen prefix; ", c.model,
+               " batches sentences of varying length, use --freeze-cache off");
+      EG_CHECK(c.freeze != "none", "--freeze-cache on caches the frozen prefix; with --freeze none nothing freezes");
+      EG_CHECK(c.freeze_bn == "running", "--freeze-cache on needs --freeze-bn running: with batch statistics a "
+               "frozen sample's output depends on the rest of its batch, so a cached one would be wrong");
+      EG_CHECK(!c.augment || c.augment_mode == "sample", "--freeze-cache on needs --augment-mode sample (or "
+               "--no-augment): with a new crop and flip every epoch no cached output is ever reused");
+    }
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32 or fp32-gpu, got '", c.freeze_reference, "'");
@@ -263,6 +275,8 @@ void validate(const TrainConfig& c) {
              "--freeze-reference fp32-gpu runs the reference model on the training GPU; it needs --device cuda[:N] "
              "(training on ", c.device, ")");
   }
+  EG_CHECK(c.augment_mode == "epoch" || c.augment_mode == "sample", "--augment-mode must be epoch or sample, got '",
+           c.augment_mode, "'");
   EG_CHECK(c.adam_beta1 >= 0 && c.adam_beta1 < 1 && c.adam_beta2 >= 0 && c.adam_beta2 < 1,
            "--adam-betas must both be in [0, 1), got ", c.adam_beta1, ",", c.adam_beta2);
   if (is_translation_model(c.model)) {
@@ -294,6 +308,7 @@ Summary run_training(const TrainConfig& cin) {
   pc.tracker.final_lr = r.sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
   pc.steps_per_epoch = r.steps_per_epoch;
   FreezeRun fr(c, *r.model, pc, c.out, !(c.resume && file_exists(ckpt)));
+  if (c.freeze_cache == "on") fr.use_cache(c.freeze_cache_dir.empty() ? c.out : c.freeze_cache_dir, r.train->size());
   const double target = c.target_accuracy > 1 ? c.target_accuracy / 100 : c.target_accuracy;
 
   json state = {{"epoch", 0}, {"batch", 0}, {"step", 0}, {"train_seconds", 0.0}, {"best_acc", 0.0},
@@ -343,6 +358,7 @@ Summary run_training(const TrainConfig& cin) {
   data::LoaderOptions lo;
   lo.batch_size = c.batch_size;
   lo.augment = c.augment;
+  lo.augment_per_sample = c.augment_mode == "sample";
   lo.aug.crop_padding = c.augment ? (r.train->images.size(2) >= 32 ? 4 : 2) : 0;
   lo.aug.hflip = c.augment;
   lo.aug.norm = data::default_normalization(c.dataset);
@@ -368,8 +384,8 @@ Summary run_training(const TrainConfig& cin) {
       r.opt->set_lr(lr);
       const int64_t capture = fr.capture_layer(step);
       Tensor captured;
-      Tensor logits = freeze::forward_with_frozen_prefix(*r.model, b.x.to(r.device), fr.frozen_layers(), capture,
-                                                         &captured);
+      Tensor logits = fr.forward(b.x, b.ids, r.device, capture, &captured);
+      fr.prefetch(loader.upcoming_ids(1));  // gathered while this step runs
       Tensor loss = fn::cross_entropy(logits, b.y.to(r.device));
       const double lv = loss.item();
       if (!std::isfinite(lv)) {

@@ -32,6 +32,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only
   int64_t log_every = 50;
   bool augment = true;
+  std::string augment_mode = "epoch";  // a new crop/flip every epoch, or "sample": one per sample for the run
   int workers = 1;
   int64_t stop_after_steps = 0;  // testing: end this invocation after N steps (as if killed)
   // Layer freezing (freeze/policy.h): none, static, freezeout, autofreeze, egeria.
@@ -46,6 +47,11 @@ struct TrainConfig {
   std::string freeze_bn = "batch";       // frozen BatchNorms: batch statistics, or "running" (layers.h)
   std::string freeze_last_phase = "on";  // egeria: "off": the schedule's last LR phase trains whole
   std::string freeze_reference = "int8";
+  // The activation cache of the frozen prefix (cache/, the paper's §4.3): "on" skips
+  // the prefix's forward for samples it has seen since the last freeze; it needs
+  // freeze_bn "running" and augment_mode "sample" (or no augmentation).
+  std::string freeze_cache = "off";
+  std::string freeze_cache_dir;  // where its file goes (empty: the output directory)
   bool freeze_sync = false;           // egeria: evaluate plasticity inline (deterministic)
   int freeze_threads = 1;             // egeria: threads of each background thread
   int64_t static_modules = -1, static_epoch = -1;

@@ -1,0 +1,161 @@
+#include "cache/activation_cache.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace eg::cache {
+
+// Napkin math: ResNet-20 on Fashion-MNIST with stem + first stage frozen caches
+// 16x28x28 f32 = 50 KB per sample, 3.0 GB for 60,000 images; a batch of 128 is 6.4 MB
+// to gather, about 1 ms of memcpy against a ~130 ms step, and done in the background.
+// The file is mapped shared, so the kernel's page cache is the in-memory tier and the
+// disk holds what does not fit.
+
+ActivationCache::ActivationCache(std::string dir, int64_t num_samples) : dir_(std::move(dir)), num_samples_(num_samples) {
+  EG_CHECK(num_samples > 0, "activation cache: need at least one sample, got ", num_samples);
+  std::string path = dir_ + "/.egeria-activation-cache-XXXXXX";
+  std::vector<char> buf(path.begin(), path.end());
+  buf.push_back('\0');
+  fd_ = ::mkstemp(buf.data());
+  EG_CHECK(fd_ >= 0, "activation cache: cannot create a file in '", dir_, "': ", std::strerror(errno));
+  ::unlink(buf.data());  // lives while open, gone when the process ends however it ends
+  valid_.assign(size_t(num_samples), 0);
+}
+
+ActivationCache::~ActivationCache() {
+  if (pending_.valid()) pending_.wait();
+  unmap();
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ActivationCache::unmap() {
+  if (base_) ::munmap(base_, size_t(num_samples_ * entry_floats_) * sizeof(float));
+  base_ = nullptr;
+}
+
+void ActivationCache::wait_prefetch() {
+  if (pending_.valid()) pending_.wait();
+  pending_ = {};
+  pending_ids_.clear();
+}
+
+void ActivationCache::set_key(int64_t key) {
+  if (key == key_) return;
+  wait_prefetch();
+  if (stats_.entries > 0) ++stats_.resets;
+  key_ = key;
+  std::fill(valid_.begin(), valid_.end(), 0);
+  stats_.entries = 0;
+  sample_shape_.clear();  // the next store sizes the file
+}
+
+void ActivationCache::map(int64_t entry_floats) {
+  unmap();
+  entry_floats_ = entry_floats;
+  const int64_t bytes = num_samples_ * entry_floats * int64_t(sizeof(float));
+  const double gib = double(bytes) / double(1 << 30);
+  EG_CHECK(::ftruncate(fd_, 0) == 0 && ::ftruncate(fd_, bytes) == 0, "activation cache: cannot size its file in '", dir_,
+           "' to ", gib, " GiB: ", std::strerror(errno));
+  // Reserve the blocks now: writing through a mapping to a full disk would be a
+  // SIGBUS in the middle of training instead of this error.
+  const int rc = ::posix_fallocate(fd_, 0, bytes);
+  if (rc != 0) {
+    ::ftruncate(fd_, 0);
+    stats_.bytes_reserved = 0;
+    EG_THROW("activation cache: it needs ", gib, " GiB in '", dir_, "' (", num_samples_, " samples x ",
+             double(entry_floats) * 4 / 1024, " KiB) and cannot reserve it: ", std::strerror(rc),
+             ". Free space there, point --freeze-cache-dir at a larger disk, or use --freeze-cache off");
+  }
+  void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  EG_CHECK(p != MAP_FAILED, "activation cache: cannot map its ", gib, " GiB file in '", dir_, "': ", std::strerror(errno));
+  base_ = static_cast<float*>(p);
+  stats_.bytes_reserved = bytes;
+}
+
+void ActivationCache::check_ids(const std::vector<int64_t>& ids, const char* what) const {
+  EG_CHECK(!ids.empty(), "activation cache: ", what, " of an empty batch");
+  for (int64_t id : ids)
+    EG_CHECK(id >= 0 && id < num_samples_, "activation cache: ", what, " of sample id ", id, ", outside [0, ",
+             num_samples_, ")");
+}
+
+bool ActivationCache::contains(const std::vector<int64_t>& ids) const {
+  if (key_ < 0 || !base_ || ids.empty()) return false;
+  for (int64_t id : ids)
+    if (id < 0 || id >= num_samples_ || !valid_[size_t(id)]) return false;
+  return true;
+}
+
+std::vector<int64_t> ActivationCache::missing(const std::vector<int64_t>& ids) const {
+  std::vector<int64_t> pos;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (key_ < 0 || !base_ || ids[i] < 0 || ids[i] >= num_samples_ || !valid_[size_t(ids[i])]) pos.push_back(int64_t(i));
+  return pos;
+}
+
+Tensor ActivationCache::gather_now(const std::vector<int64_t>& ids) const {
+  Shape s = sample_shape_;
+  s.insert(s.begin(), int64_t(ids.size()));
+  Tensor out = Tensor::empty(s);
+  float* o = out.data<float>();
+  const size_t n = size_t(entry_floats_);
+  for (size_t i = 0; i < ids.size(); ++i) std::memcpy(o + i * n, base_ + size_t(ids[i]) * n, n * sizeof(float));
+  return out;
+}
+
+Tensor ActivationCache::gather(const std::vector<int64_t>& ids) {
+  check_ids(ids, "gather");
+  EG_CHECK(contains(ids), "activation cache: gather of a batch that is not wholly cached");
+  stats_.served += int64_t(ids.size());
+  if (pending_.valid() && pending_ids_ == ids) {
+    Tensor t = pending_.get();
+    pending_ids_.clear();
+    ++stats_.prefetched;
+    return t;
+  }
+  wait_prefetch();
+  return gather_now(ids);
+}
+
+void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
+  check_ids(ids, "store");
+  EG_CHECK(key_ >= 0, "activation cache: store before set_key()");
+  EG_CHECK(h.defined() && h.dtype() == DType::f32 && h.dim() >= 2 && h.size(0) == int64_t(ids.size()),
+           "activation cache: store of ", h.defined() ? h.str() : std::string("an undefined tensor"), " for ",
+           ids.size(), " sample ids; need f32 [", ids.size(), ", ...]");
+  Tensor p = h.to(Device::cpu()).to_plain();
+  const Shape sample(p.shape().begin() + 1, p.shape().end());
+  if (sample_shape_.empty()) {
+    wait_prefetch();
+    map(shape_numel(sample));
+    sample_shape_ = sample;
+  }
+  EG_CHECK(sample == sample_shape_, "activation cache: store of ", p.str(), " into a cache of per-sample shape ",
+           Tensor::empty(sample_shape_).str());
+  const float* src = p.data<float>();
+  const size_t n = size_t(entry_floats_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (valid_[size_t(ids[i])]) continue;  // the same values (Note [Activation cache validity]), maybe being prefetched
+    std::memcpy(base_ + size_t(ids[i]) * n, src + i * n, n * sizeof(float));
+    valid_[size_t(ids[i])] = 1;
+    ++stats_.entries;
+    ++stats_.stored;
+  }
+}
+
+void ActivationCache::prefetch(const std::vector<int64_t>& ids) {
+  if (!contains(ids) || (pending_.valid() && pending_ids_ == ids)) return;
+  wait_prefetch();
+  pending_ids_ = ids;
+  // Entries are immutable until the key changes, and set_key()/store()-sizing wait
+  // for this gather first, so it may read the mapping without a lock.
+  pending_ = std::async(std::launch::async, [this, ids] { return gather_now(ids); });
+}
+
+}  // namespace eg::cache

@@ -1,0 +1,90 @@
+// The activation cache of the frozen prefix (the paper's §4.3): the output of the
+// frozen front layer modules for each training sample, stored by sample id in a file
+// on disk and gathered ahead of use by a background thread (the loader knows which
+// ids come next). A step whose whole batch is cached skips the prefix's forward as
+// well as its backward.
+//
+// Note [Activation cache validity]
+// An entry stands for "the frozen prefix applied to this sample's input". It stays
+// true only while (1) the prefix is the same modules with the same weights: the cache
+// is keyed by the prefix's length and the trainer resets it whenever the frozen set
+// changes (a freeze moves the boundary, an unfreeze lets the weights move again);
+// (2) the sample's input is the same: its augmentation must not change between
+// epochs (the loader's per-sample augmentation, `--augment-mode sample`, or none), as
+// in the paper, which keeps random augmentation stateless per sample for this; and
+// (3) a sample's output does not depend on the rest of its batch: the prefix's
+// BatchNorms must use running statistics (`--freeze-bn running`, the paper's
+// inference mode). The trainer refuses `--freeze-cache on` without (2) and (3).
+// Entries hold f32 values exactly as the prefix computed them, so a step from the
+// cache sees the same numbers as a step that recomputes the prefix.
+#pragma once
+#include <cstdint>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace eg::cache {
+
+struct CacheStats {
+  int64_t served = 0, stored = 0;  // samples gathered / stored
+  int64_t prefetched = 0;                     // gathers done in the background ahead of use
+  int64_t resets = 0;                         // times every entry was dropped
+  int64_t entries = 0;                        // valid entries now
+  int64_t bytes_reserved = 0;                 // size of the backing file now
+};
+
+class ActivationCache {
+ public:
+  // `dir`: where the backing file is made. It is unlinked as soon as it is open, so it
+  // never outlives the process, whatever way the process ends. Ids are in [0, num_samples).
+  ActivationCache(std::string dir, int64_t num_samples);
+  ~ActivationCache();
+  ActivationCache(const ActivationCache&) = delete;
+  ActivationCache& operator=(const ActivationCache&) = delete;
+
+  // The prefix the entries belong to (-1: none). Setting another drops every entry;
+  // the store is sized by the first store() after it.
+  int64_t key() const { return key_; }
+  void set_key(int64_t key);
+
+  // Whether every id has an entry; the positions in `ids` of those without one.
+  bool contains(const std::vector<int64_t>& ids) const;
+  std::vector<int64_t> missing(const std::vector<int64_t>& ids) const;
+  // The entries of `ids` as one f32 tensor [B, sample shape...] on the CPU; every id
+  // must have an entry. Served from the background gather when prefetch() was called
+  // with the same ids.
+  Tensor gather(const std::vector<int64_t>& ids);
+  // Stores row i of `h` (f32 [B, ...], any device or layout) as the entry of ids[i]
+  // (ids that already have one keep it: by Note [Activation cache validity] it is the same).
+  // The first store under a key sizes the file (num_samples entries of this shape)
+  // and reserves its disk space: a disk that cannot hold it is an error naming the
+  // directory and the size, raised before anything is written.
+  void store(const std::vector<int64_t>& ids, const Tensor& h);
+  // Starts gathering `ids` in the background when every one has an entry (else does nothing).
+  void prefetch(const std::vector<int64_t>& ids);
+
+  const CacheStats& stats() const { return stats_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  void wait_prefetch();
+  void map(int64_t entry_floats);
+  void unmap();
+  void check_ids(const std::vector<int64_t>& ids, const char* what) const;
+  Tensor gather_now(const std::vector<int64_t>& ids) const;
+
+  std::string dir_;
+  int64_t num_samples_ = 0, key_ = -1;
+  int fd_ = -1;
+  float* base_ = nullptr;
+  int64_t entry_floats_ = 0;
+  Shape sample_shape_;
+  std::vector<uint8_t> valid_;
+  std::vector<int64_t> pending_ids_;
+  std::future<Tensor> pending_;
+  CacheStats stats_;
+};
+
+}  // namespace eg::cache

@@ -1,0 +1,208 @@
+// cache/: the activation cache of the frozen prefix — entries by sample id, reset when
+// the prefix changes, gathered ahead of use, a full disk as a clear error — and
+// through the trainer: a run with --freeze-cache on ends with the same weights as the
+// same run recomputing the prefix, kill and resume included.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cache/activation_cache.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
+#include "tests/test_util.h"
+
+using namespace eg;
+
+namespace {
+
+std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_cache_" + name); }
+
+std::vector<float> row(const Tensor& t, int64_t i) {
+  const int64_t n = t.numel() / t.size(0);
+  const float* p = t.data<float>() + i * n;
+  return std::vector<float>(p, p + n);
+}
+
+TEST(ActivationCache, StoresAndGathersBySampleId) {
+  cache::ActivationCache c(tmpdir("basic"), 20);
+  EXPECT_EQ(c.key(), -1);
+  EXPECT_FALSE(c.contains({1}));
+  c.set_key(0);
+  Generator g(3);
+  Tensor h = Tensor::randn({4, 3, 5, 5}, g);
+  c.store({7, 2, 9, 0}, h);
+  EXPECT_TRUE(c.contains({9, 7}));
+  EXPECT_FALSE(c.contains({9, 7, 1})) << "sample 1 was never stored";
+  Tensor got = c.gather({9, 7, 0});
+  EXPECT_EQ(got.shape(), (Shape{3, 3, 5, 5}));
+  EXPECT_EQ(row(got, 0), row(h, 2));
+  EXPECT_EQ(row(got, 1), row(h, 0));
+  EXPECT_EQ(row(got, 2), row(h, 3));
+  EXPECT_EQ(c.stats().entries, 4);
+  EXPECT_EQ(c.stats().bytes_reserved, 20 * 75 * 4);
+
+  // Gathered in the background, then served.
+  c.prefetch({2, 0});
+  Tensor pre = c.gather({2, 0});
+  EXPECT_EQ(row(pre, 0), row(h, 1));
+  EXPECT_EQ(row(pre, 1), row(h, 3));
+  EXPECT_EQ(c.stats().prefetched, 1);
+  c.prefetch({2, 5});  // 5 is not cached: nothing to gather
+  EXPECT_THROW(c.gather({2, 5}), Error);
+
+  // Another prefix: every entry goes, and the store takes the new shape.
+  c.set_key(1);
+  EXPECT_FALSE(c.contains({7}));
+  EXPECT_EQ(c.stats().entries, 0);
+  EXPECT_EQ(c.stats().resets, 1);
+  Tensor h2 = Tensor::randn({2, 8, 2, 2}, g);
+  c.store({7, 19}, h2);
+  EXPECT_EQ(row(c.gather({19}), 0), row(h2, 1));
+}
+
+TEST(ActivationCache, StoresBlockedAndPlainAlike) {
+  cache::ActivationCache c(tmpdir("blocked"), 4);
+  c.set_key(0);
+  Generator g(4);
+  Tensor h = Tensor::randn({2, 16, 3, 3}, g);
+  c.store({0, 1}, h.to_format(Format::nchw16c));
+  Tensor got = c.gather({0, 1});
+  EXPECT_FALSE(got.is_blocked());
+  EXPECT_EQ(got.to_vector<float>(), h.to_vector<float>());
+}
+
+TEST(ActivationCache, BadInputIsAClearError) {
+  EXPECT_THROW(cache::ActivationCache("/nonexistent/dir/for/egeria", 4), Error);
+  cache::ActivationCache c(tmpdir("bad"), 4);
+  Generator g(5);
+  EXPECT_THROW(c.store({0}, Tensor::randn({1, 2}, g)), Error) << "store before a key";
+  c.set_key(0);
+  EXPECT_THROW(c.store({4}, Tensor::randn({1, 2}, g)), Error) << "id out of range";
+  EXPECT_THROW(c.store({0, 1}, Tensor::randn({1, 2}, g)), Error) << "rows != ids";
+  c.store({0}, Tensor::randn({1, 2}, g));
+  EXPECT_THROW(c.store({1}, Tensor::randn({1, 3}, g)), Error) << "another per-sample shape";
+  EXPECT_THROW(c.gather({1}), Error) << "not cached";
+}
+
+// A disk that cannot hold the cache: an error naming the directory and the size
+// before anything is written (simulated with a file-size limit; SIGXFSZ ignored so
+// the limit shows as EFBIG).
+TEST(ActivationCache, AFullDiskIsAnErrorNamingTheSpaceNeeded) {
+  const std::string dir = tmpdir("full");
+  cache::ActivationCache c(dir, 1000);
+  c.set_key(0);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  Generator g(6);
+  std::string msg;
+  try {
+    c.store({0}, Tensor::randn({1, 64, 8, 8}, g));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+  EXPECT_NE(msg.find("GiB"), std::string::npos) << msg;
+  EXPECT_FALSE(c.contains({0}));
+}
+
+// ---- through the trainer
+
+train::TrainConfig cached_cfg(const std::string& out, const std::string& cache) {
+  train::TrainConfig c;
+  c.model = "resnet20";
+  c.dataset = "synthetic";
+  c.train_limit = 256;
+  c.test_limit = 64;
+  c.batch_size = 16;
+  c.epochs = 4;
+  c.lr = 0.05;
+  c.milestones = {3};
+  c.out = out;
+  c.threads = 2;
+  c.seed = 5;
+  c.freeze = "static";  // the first 4 layer modules freeze at the start of epoch 2
+  c.freeze_modules = "layers";
+  c.static_modules = 4;
+  c.static_epoch = 1;
+  c.freeze_bn = "running";
+  c.augment_mode = "sample";
+  c.freeze_cache = cache;
+  return c;
+}
+
+TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
+  const std::string a = tmpdir("off"), b = tmpdir("on"), killed = tmpdir("killed");
+  ASSERT_TRUE(train::run_training(cached_cfg(a, "off")).completed);
+  ASSERT_TRUE(train::run_training(cached_cfg(b, "on")).completed);
+  auto sum = nlohmann::json::parse(std::ifstream(b + "/summary.json"));
+  ASSERT_TRUE(sum.contains("activation_cache")) << sum.dump();
+  const auto& ac = sum["activation_cache"];
+  // The prefix freezes after the first step of epoch 2, which computes and stores the
+  // other 240 samples; epoch 3 computes the 16 left as they come, and serves the rest.
+  EXPECT_EQ(ac["miss_samples"].get<int64_t>(), 256) << ac.dump();
+  EXPECT_EQ(ac["hit_samples"].get<int64_t>(), 2 * 256 - 16) << ac.dump();
+  EXPECT_GE(ac["whole_batches_from_cache"].get<int64_t>(), 16) << ac.dump();
+  EXPECT_GT(ac["prefetched_batches"].get<int64_t>(), 12) << ac.dump();
+  EXPECT_GT(ac["forward_flops_saved_fraction"].get<double>(), 0.1) << ac.dump();
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(b + "/config.json"))["freeze_cache"], "on");
+
+  // Killed while the cache is serving, resumed: the cache starts empty and refills,
+  // and the run still ends where the uninterrupted one did.
+  auto c = cached_cfg(killed, "on");
+  c.checkpoint_every = 1;
+  c.stop_after_steps = 40;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.resume = true;
+  c.stop_after_steps = 0;
+  ASSERT_TRUE(train::run_training(c).completed);
+  auto wk = train::load_safetensors(killed + "/model.safetensors");
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wk.at(k).to_vector<float>()) << k;
+  // The backing file never outlives the run.
+  for (auto& e : std::filesystem::directory_iterator(killed))
+    EXPECT_EQ(e.path().filename().string().find(".egeria-activation-cache"), std::string::npos) << e.path();
+}
+
+TEST(CacheTrainer, RefusesConfigurationsWhereACachedOutputWouldBeWrong) {
+  auto expect_error = [](train::TrainConfig c, const std::string& needle) {
+    try {
+      train::run_training(c);
+      ADD_FAILURE() << "no error; expected one mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto c = cached_cfg(tmpdir("refuse"), "on");
+  c.freeze_bn = "batch";
+  expect_error(c, "--freeze-bn running");
+  c = cached_cfg(tmpdir("refuse"), "on");
+  c.augment_mode = "epoch";
+  expect_error(c, "--augment-mode sample");
+  c = cached_cfg(tmpdir("refuse"), "on");
+  c.freeze = "none";
+  expect_error(c, "--freeze none");
+  c = cached_cfg(tmpdir("refuse"), "maybe");
+  expect_error(c, "--freeze-cache must be on or off");
+  c = cached_cfg(tmpdir("refuse"), "off");
+  c.augment_mode = "sometimes";
+  expect_error(c, "--augment-mode must be epoch or sample");
+  c = cached_cfg(tmpdir("refuse"), "on");
+  c.augment = false;  // no augmentation at all: a sample's input never changes
+  c.epochs = 2;
+  EXPECT_TRUE(train::run_training(c).completed);
+}
+
+}  // namespace
