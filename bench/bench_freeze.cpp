@@ -9,11 +9,16 @@
 //   frozen_params share of the parameters frozen
 // A frozen prefix runs under no-grad: it saves no activation for backward and owns no
 // gradient memory, so peak_MiB falls with k (the "measure the memory drop").
+// TrainStepFrozenCached: the same step with the frozen prefix's output read from the
+// activation cache (cache/, --freeze-cache on): gathered for the batch's 128 sample
+// ids, then the active modules only.
 // EG_BENCH_DEVICE=cuda:0 runs on the GPU (the CUDA caching allocator's figures).
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <memory>
 
+#include "cache/activation_cache.h"
 #include "core/allocator.h"
 #include "core/rng.h"
 #include "freeze/partition.h"
@@ -33,7 +38,7 @@ Device bench_device() {
 
 Allocator& allocator_of(const Device& d) { return d.is_cpu() ? cpu_allocator() : cuda_allocator(d.index); }
 
-void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k) {
+void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k, bool cached) {
   const Device dev = bench_device();
   models::ModelConfig mc;
   mc.name = name;
@@ -54,8 +59,21 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k) {
   std::vector<int64_t> yv(static_cast<size_t>(b));
   for (int64_t i = 0; i < b; ++i) yv[size_t(i)] = i % 10;
   Tensor y = Tensor::from_vector(yv, {b}).to(dev);
+  std::unique_ptr<cache::ActivationCache> cache;
+  std::vector<int64_t> ids(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) ids[size_t(i)] = 3 * i;  // scattered over the file, as a shuffled batch
+  if (cached) {
+    const char* tmp = std::getenv("TMPDIR");
+    cache = std::make_unique<cache::ActivationCache>(tmp && *tmp ? tmp : "/tmp", 3 * b);
+    cache->set_key(0);
+    cache->store(ids, freeze::forward_layers(*m, x, 0, layers, layers, -1, nullptr));
+  }
+  auto logits = [&] {
+    if (!cached) return freeze::forward_with_frozen_prefix(*m, x, layers, -1, nullptr);
+    return freeze::forward_layers(*m, cache->gather(ids).to(dev), layers, -1, layers, -1, nullptr);
+  };
   auto step = [&] {
-    Tensor loss = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, x, layers, -1, nullptr), y);
+    Tensor loss = fn::cross_entropy(logits(), y);
     opt.zero_grad();
     loss.backward();
     opt.step();
@@ -83,11 +101,13 @@ void register_all() {
     mc.name = name;
     Generator g(1);
     const int64_t units = freeze::make_partition(*models::build_model(mc, g), "auto").size();
-    for (int64_t k = 0; k < units; ++k)
-      benchmark::RegisterBenchmark((std::string("TrainStepFrozen/") + name + "/k:" + std::to_string(k)).c_str(),
-                                   BM_TrainStepFrozen, name, k)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
+    for (bool cached : {false, true})
+      for (int64_t k = cached ? 1 : 0; k < units; ++k)
+        benchmark::RegisterBenchmark((std::string(cached ? "TrainStepFrozenCached/" : "TrainStepFrozen/") + name +
+                                      "/k:" + std::to_string(k)).c_str(),
+                                     BM_TrainStepFrozen, name, k, cached)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   }
 }
 

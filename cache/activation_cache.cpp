@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -14,10 +15,26 @@ namespace eg::cache {
 // Napkin math: ResNet-20 on Fashion-MNIST with stem + first stage frozen caches
 // 16x28x28 f32 = 50 KB per sample, 3.0 GB for 60,000 images; a batch of 128 is 6.4 MB
 // to gather, about 1 ms of memcpy against a ~130 ms step, and done in the background.
-// The file is mapped shared, so the kernel's page cache is the in-memory tier and the
-// disk holds what does not fit.
+// On disk the file is mapped shared, so the kernel's page cache keeps what fits in memory.
 
-ActivationCache::ActivationCache(std::string dir, int64_t num_samples) : dir_(std::move(dir)), num_samples_(num_samples) {
+namespace {
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+int64_t available_memory() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+  std::fclose(f);
+  return int64_t(kb) * 1024;
+}
+
+}  // namespace
+
+ActivationCache::ActivationCache(std::string dir, int64_t num_samples, Tier tier)
+    : dir_(std::move(dir)), tier_(tier), num_samples_(num_samples) {
   EG_CHECK(num_samples > 0, "activation cache: need at least one sample, got ", num_samples);
   std::string path = dir_ + "/.egeria-activation-cache-XXXXXX";
   std::vector<char> buf(path.begin(), path.end());
@@ -37,6 +54,9 @@ ActivationCache::~ActivationCache() {
 void ActivationCache::unmap() {
   if (base_) ::munmap(base_, size_t(num_samples_ * entry_floats_) * sizeof(float));
   base_ = nullptr;
+  if (stats_.on_disk) ::ftruncate(fd_, 0);  // gives the blocks back
+  stats_.bytes_reserved = 0;
+  stats_.on_disk = false;
 }
 
 void ActivationCache::wait_prefetch() {
@@ -60,6 +80,14 @@ void ActivationCache::map(int64_t entry_floats) {
   entry_floats_ = entry_floats;
   const int64_t bytes = num_samples_ * entry_floats * int64_t(sizeof(float));
   const double gib = double(bytes) / double(1 << 30);
+  if (tier_ == Tier::memory || (tier_ == Tier::automatic && bytes <= available_memory() / 2)) {
+    void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EG_CHECK(p != MAP_FAILED, "activation cache: cannot allocate ", gib, " GiB of memory: ", std::strerror(errno));
+    ::madvise(p, size_t(bytes), MADV_HUGEPAGE);  // 2 MB pages: fewer faults while it fills
+    base_ = static_cast<float*>(p);
+    stats_.bytes_reserved = bytes;
+    return;
+  }
   EG_CHECK(::ftruncate(fd_, 0) == 0 && ::ftruncate(fd_, bytes) == 0, "activation cache: cannot size its file in '", dir_,
            "' to ", gib, " GiB: ", std::strerror(errno));
   // Reserve the blocks now: writing through a mapping to a full disk would be a
@@ -76,6 +104,7 @@ void ActivationCache::map(int64_t entry_floats) {
   EG_CHECK(p != MAP_FAILED, "activation cache: cannot map its ", gib, " GiB file in '", dir_, "': ", std::strerror(errno));
   base_ = static_cast<float*>(p);
   stats_.bytes_reserved = bytes;
+  stats_.on_disk = true;
 }
 
 void ActivationCache::check_ids(const std::vector<int64_t>& ids, const char* what) const {
@@ -133,7 +162,7 @@ void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
   const Shape sample(p.shape().begin() + 1, p.shape().end());
   if (sample_shape_.empty()) {
     wait_prefetch();
-    map(shape_numel(sample));
+    if (!base_ || shape_numel(sample) != entry_floats_) map(shape_numel(sample));
     sample_shape_ = sample;
   }
   EG_CHECK(sample == sample_shape_, "activation cache: store of ", p.str(), " into a cache of per-sample shape ",

@@ -29,8 +29,10 @@ std::vector<float> row(const Tensor& t, int64_t i) {
   return std::vector<float>(p, p + n);
 }
 
-TEST(ActivationCache, StoresAndGathersBySampleId) {
-  cache::ActivationCache c(tmpdir("basic"), 20);
+class ActivationCacheTiers : public ::testing::TestWithParam<cache::Tier> {};
+
+TEST_P(ActivationCacheTiers, StoresAndGathersBySampleId) {
+  cache::ActivationCache c(tmpdir("basic"), 20, GetParam());
   EXPECT_EQ(c.key(), -1);
   EXPECT_FALSE(c.contains({1}));
   c.set_key(0);
@@ -46,6 +48,7 @@ TEST(ActivationCache, StoresAndGathersBySampleId) {
   EXPECT_EQ(row(got, 2), row(h, 3));
   EXPECT_EQ(c.stats().entries, 4);
   EXPECT_EQ(c.stats().bytes_reserved, 20 * 75 * 4);
+  EXPECT_EQ(c.stats().on_disk, GetParam() == cache::Tier::disk);
 
   // Gathered in the background, then served.
   c.prefetch({2, 0});
@@ -65,6 +68,8 @@ TEST(ActivationCache, StoresAndGathersBySampleId) {
   c.store({7, 19}, h2);
   EXPECT_EQ(row(c.gather({19}), 0), row(h2, 1));
 }
+
+INSTANTIATE_TEST_SUITE_P(MemoryAndDisk, ActivationCacheTiers, ::testing::Values(cache::Tier::memory, cache::Tier::disk));
 
 TEST(ActivationCache, StoresBlockedAndPlainAlike) {
   cache::ActivationCache c(tmpdir("blocked"), 4);
@@ -95,7 +100,7 @@ TEST(ActivationCache, BadInputIsAClearError) {
 // the limit shows as EFBIG).
 TEST(ActivationCache, AFullDiskIsAnErrorNamingTheSpaceNeeded) {
   const std::string dir = tmpdir("full");
-  cache::ActivationCache c(dir, 1000);
+  cache::ActivationCache c(dir, 1000, cache::Tier::disk);
   c.set_key(0);
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
@@ -161,14 +166,17 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(b + "/config.json"))["freeze_cache"], "on");
 
   // Killed while the cache is serving, resumed: the cache starts empty and refills,
-  // and the run still ends where the uninterrupted one did.
+  // and the run still ends where the uninterrupted one did (this one on disk).
   auto c = cached_cfg(killed, "on");
+  c.freeze_cache_dir = killed;  // the disk tier, end to end
   c.checkpoint_every = 1;
   c.stop_after_steps = 40;
   EXPECT_FALSE(train::run_training(c).completed);
   c.resume = true;
   c.stop_after_steps = 0;
   ASSERT_TRUE(train::run_training(c).completed);
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(killed + "/summary.json"))["activation_cache"]["on_disk"].get<bool>());
+  EXPECT_FALSE(ac["on_disk"].get<bool>()) << "a few MB: in memory";
   auto wk = train::load_safetensors(killed + "/model.safetensors");
   for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wk.at(k).to_vector<float>()) << k;
   // The backing file never outlives the run.

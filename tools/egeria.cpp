@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
   train->add_option("--freeze-cache-dir", c.freeze_cache_dir,
-                    "directory for the activation cache's file (default: --out); it is deleted when the run ends");
+                    "keep the activation cache in a file in this directory (deleted when the run ends); by default "
+                    "it is kept in memory when it takes at most half the available memory, else in a file in --out");
   train->add_option("--freeze-reference", c.freeze_reference,
                     "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu on the training GPU")
       ->capture_default_str()

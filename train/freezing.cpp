@@ -70,8 +70,9 @@ json FreezeRun::step_fields() const {
   return {{"frozen_modules", policy_->frozen_prefix()}, {"active_param_fraction", 1 - frozen_share(unit_params_)}};
 }
 
-void FreezeRun::use_cache(const std::string& dir, int64_t train_samples) {
-  cache_ = std::make_unique<cache::ActivationCache>(dir, train_samples);
+void FreezeRun::use_cache(const std::string& dir, int64_t train_samples, bool force_disk) {
+  cache_ = std::make_unique<cache::ActivationCache>(dir, train_samples,
+                                                    force_disk ? cache::Tier::disk : cache::Tier::automatic);
 }
 
 Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture,
@@ -176,7 +177,7 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
     sj["activation_cache"] = {{"hit_samples", hit_samples_}, {"miss_samples", miss_samples_},
                               {"whole_batches_from_cache", hit_batches_}, {"prefetched_batches", cs.prefetched},
                               {"resets", cs.resets},
-                              {"bytes_reserved", cs.bytes_reserved},
+                              {"bytes_reserved", cs.bytes_reserved}, {"on_disk", cs.on_disk},
                               {"forward_flops_saved_fraction", steps_ > 0 ? fwd_flops_saved_sum_ / double(steps_) : 0.0}};
   }
 }

@@ -29,8 +29,9 @@ class FreezeRun {
   int64_t capture_layer(int64_t step) const { return policy_->capture_module(step); }
 
   // --freeze-cache on: keep the frozen prefix's outputs for the `train_samples` training
-  // samples (image models; the trainer validated the configuration).
-  void use_cache(const std::string& dir, int64_t train_samples);
+  // samples (image models; the trainer validated the configuration), in memory when
+  // they fit, else on disk in `dir` (always there when `force_disk`).
+  void use_cache(const std::string& dir, int64_t train_samples, bool force_disk);
   // The step's forward (image models): the frozen prefix under no-grad, or from the
   // activation cache when it holds the whole batch `ids`, then the rest, capturing the
   // output of layer module `capture` (>= 0). Then the next batch's ids to gather ahead.

@@ -308,7 +308,8 @@ Summary run_training(const TrainConfig& cin) {
   pc.tracker.final_lr = r.sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
   pc.steps_per_epoch = r.steps_per_epoch;
   FreezeRun fr(c, *r.model, pc, c.out, !(c.resume && file_exists(ckpt)));
-  if (c.freeze_cache == "on") fr.use_cache(c.freeze_cache_dir.empty() ? c.out : c.freeze_cache_dir, r.train->size());
+  if (c.freeze_cache == "on")
+    fr.use_cache(c.freeze_cache_dir.empty() ? c.out : c.freeze_cache_dir, r.train->size(), !c.freeze_cache_dir.empty());
   const double target = c.target_accuracy > 1 ? c.target_accuracy / 100 : c.target_accuracy;
 
   json state = {{"epoch", 0}, {"batch", 0}, {"step", 0}, {"train_seconds", 0.0}, {"best_acc", 0.0},

@@ -51,7 +51,8 @@ struct TrainConfig {
   // the prefix's forward for samples it has seen since the last freeze; it needs
   // freeze_bn "running" and augment_mode "sample" (or no augmentation).
   std::string freeze_cache = "off";
-  std::string freeze_cache_dir;  // where its file goes (empty: the output directory)
+  std::string freeze_cache_dir;  // set: its entries go to a file there; empty: in memory when they take at
+                                 // most half the available memory, else in a file in the output directory
   bool freeze_sync = false;           // egeria: evaluate plasticity inline (deterministic)
   int freeze_threads = 1;             // egeria: threads of each background thread
   int64_t static_modules = -1, static_epoch = -1;
