@@ -15,6 +15,11 @@ grep -qi "epochs" <<<"$out" || fail "bad epochs message: $out"
 out=$("$egeria" train --optimizer lamb 2>&1) && fail "unknown optimizer accepted"
 out=$("$egeria" train --dataset cifar10 --data-dir "$work/none" --out "$work/x" 2>&1) && fail "missing data accepted"
 grep -q "data_batch_1.bin" <<<"$out" || fail "missing data message: $out"
+out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-cache on --out "$work/x" 2>&1) \
+  && fail "--freeze-cache on accepted with batch-statistics BatchNorms"
+grep -q -- "--freeze-cache on needs --freeze-bn running" <<<"$out" || fail "freeze-cache message: $out"
+out=$("$egeria" train --augment-mode weekly 2>&1) && fail "unknown --augment-mode accepted"
+grep -q -- "--augment-mode" <<<"$out" || fail "augment-mode message: $out"
 out=$("$egeria" eval --out "$work/none" 2>&1) && fail "eval without checkpoint accepted"
 grep -q "checkpoint.safetensors" <<<"$out" || fail "eval message: $out"
 
