@@ -85,22 +85,22 @@ Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Devi
   cache_->set_key(generation_);  // See Note [Activation cache validity]
   // Samples the cache lacks (all of them in the first epoch after a freeze, a few in
   // the next) go through the prefix as a sub-batch and are stored; then the batch is
-  // gathered whole. Requiring whole batches would waste the epoch after each freeze:
+  // gathered whole (a batch with none cached uses the prefix's output as it is). Requiring whole batches would waste the epoch after each freeze:
   // a batch of 128 is complete with probability f^128 when a fraction f is cached.
   const std::vector<int64_t> miss = cache_->missing(ids);
-  if (!miss.empty()) {
-    Tensor xm = x;
-    std::vector<int64_t> mids = ids;
-    if (miss.size() < ids.size()) {
-      const int64_t per = x.numel() / x.size(0);
-      Shape s = x.shape();
-      s[0] = int64_t(miss.size());
-      xm = Tensor::empty(s);
-      mids.clear();
-      for (size_t i = 0; i < miss.size(); ++i) {
-        std::copy_n(x.data<float>() + miss[i] * per, per, xm.data<float>() + int64_t(i) * per);
-        mids.push_back(ids[size_t(miss[i])]);
-      }
+  Tensor h;
+  if (miss.size() == ids.size()) {  // nothing cached: the prefix's output is the batch's
+    h = freeze::forward_layers(model_, x.to(dev), 0, k, k, -1, nullptr);
+    cache_->store(ids, h);
+  } else if (!miss.empty()) {
+    const int64_t per = x.numel() / x.size(0);
+    Shape s = x.shape();
+    s[0] = int64_t(miss.size());
+    Tensor xm = Tensor::empty(s);
+    std::vector<int64_t> mids;
+    for (size_t i = 0; i < miss.size(); ++i) {
+      std::copy_n(x.data<float>() + miss[i] * per, per, xm.data<float>() + int64_t(i) * per);
+      mids.push_back(ids[size_t(miss[i])]);
     }
     cache_->store(mids, freeze::forward_layers(model_, xm.to(dev), 0, k, k, -1, nullptr));
   }
@@ -109,7 +109,7 @@ Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Devi
   miss_samples_ += int64_t(miss.size());
   hit_batches_ += miss.empty();
   fwd_flops_saved_sum_ += hit * frozen_share(unit_flops_);
-  Tensor h = cache_->gather(ids).to(dev);
+  if (!h.defined()) h = cache_->gather(ids).to(dev);
   return freeze::forward_layers(model_, h, k, -1, k, capture, captured);
 }
 

@@ -37,6 +37,7 @@ class FreezeRun {
   // output of layer module `capture` (>= 0). Then the next batch's ids to gather ahead.
   Tensor forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture, Tensor* captured);
   void prefetch(const std::vector<int64_t>& next_ids);
+  bool caching() const { return cache_ != nullptr; }
 
   // After the optimizer step: accounting, the policy, its decision applied to the
   // model (a "freeze" line in metrics.jsonl when the frozen set changed) and its log.

@@ -386,7 +386,7 @@ Summary run_training(const TrainConfig& cin) {
       const int64_t capture = fr.capture_layer(step);
       Tensor captured;
       Tensor logits = fr.forward(b.x, b.ids, r.device, capture, &captured);
-      fr.prefetch(loader.upcoming_ids(1));  // gathered while this step runs
+      if (fr.caching()) fr.prefetch(loader.upcoming_ids(1));  // gathered while this step runs
       Tensor loss = fn::cross_entropy(logits, b.y.to(r.device));
       const double lv = loss.item();
       if (!std::isfinite(lv)) {
