@@ -154,11 +154,16 @@ std::vector<PlasticityController::Result> PlasticityController::poll() {
 
 void PlasticityController::drain() {
   if (opt_.synchronous) return;
+  const auto t0 = std::chrono::steady_clock::now();
   // Keep taking results meanwhile: a full result queue would stall the plasticity thread.
-  while (finished_.load() < submitted_.load() && !stop_) {
+  for (;;) {
     while (auto r = res_q_.try_pop()) sync_results_.push_back(*r);
+    if (finished_.load() >= submitted_.load() || stop_) break;
     idle();
   }
+  // A result pushed just before `finished_` counted it is on the queue now.
+  while (auto r = res_q_.try_pop()) sync_results_.push_back(*r);
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double PlasticityController::background_cpu_seconds() const { return double(cpu_ns_.load()) * 1e-9; }

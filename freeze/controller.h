@@ -68,12 +68,18 @@ class PlasticityController {
   };
   // Results completed since the last call, in submission order.
   std::vector<Result> poll();
-  // Waits until every accepted evaluation has completed or been dropped (checkpoints, tests).
+  // Waits until every accepted evaluation has completed or been dropped (checkpoints, tests,
+  // and a policy that acts on results at fixed steps); the time it waited is counted.
   void drain();
+  // Results drain() collected that poll() has not handed out yet (checkpointed, so that a
+  // resumed run acts on them where the uninterrupted run would), and their restoration.
+  std::vector<Result> pending() const { return sync_results_; }
+  void restore_pending(std::vector<Result> r) { sync_results_ = std::move(r); }
 
   int64_t dropped() const { return dropped_.load(); }
   int64_t completed() const { return completed_.load(); }
   double background_cpu_seconds() const;  // CPU time of the background threads
+  double wait_seconds() const { return wait_seconds_; }  // training-thread time spent in drain()
   double reference_build_count() const { return builds_.load(); }
 
  private:
@@ -104,6 +110,7 @@ class PlasticityController {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> dropped_{0}, completed_{0}, submitted_{0}, finished_{0}, builds_{0};
   std::atomic<int64_t> cpu_ns_{0};
+  double wait_seconds_ = 0;
   // Idle background threads sleep until work arrives (no polling: on a machine whose
   // cores all train, every wake-up of a polling thread stalls a training thread, and
   // with it the whole OpenMP team at its next barrier).

@@ -220,17 +220,22 @@ class EgeriaPolicy : public FreezePolicy {
         if (d == Decision::end_bootstrap) refresh(m, s.step, s.lr);
       }
     } else {
-      // The controller works in layer modules: the reference runs up to the unit's last.
-      const int64_t front_layer = c_.partition.last_layer(tracker_.front());
-      if (captured.defined()) ctl_->submit(s.step, front_layer, x, captured, s.x2);
-      for (auto& r : ctl_->poll()) {
-        // A reading for a unit that is no longer the front (frozen or unfrozen since) is stale.
-        if (r.module != front_layer) {
-          ++stale_results_;
-          continue;
-        }
-        tracker_.check_plasticity(r.step, r.plasticity, s.lr);
-        if (tracker_.refresh_due()) refresh(m, s.step, s.lr);
+      if (c_.apply_on_arrival) {
+        // The controller works in layer modules: the reference runs up to the unit's last.
+        if (captured.defined()) ctl_->submit(s.step, c_.partition.last_layer(tracker_.front()), x, captured, s.x2);
+        act_on(ctl_->poll(), s, m);
+      } else if (captured.defined()) {
+        // The previous evaluation, n steps ago, is acted on now, whenever it finished:
+        // the decisions do not depend on the machine's timing. With the reference far
+        // cheaper than n training steps, drain() almost never waits (wait_seconds says).
+        const int64_t captured_layer = c_.partition.last_layer(tracker_.front());
+        ctl_->drain();
+        act_on(ctl_->poll(), s, m);
+        const int64_t front_layer = c_.partition.last_layer(tracker_.front());
+        if (captured_layer == front_layer)
+          ctl_->submit(s.step, front_layer, x, captured, s.x2);
+        else
+          ++stale_results_;  // the front moved on while this step ran: its output is no reading
       }
       tracker_.check_lr(s.step, s.lr);
     }
@@ -241,13 +246,20 @@ class EgeriaPolicy : public FreezePolicy {
 
   json state() const override {
     ctl_->drain();
+    json pending = json::array();
+    for (auto& r : ctl_->pending()) pending.push_back({r.step, r.module, r.plasticity});
     return {{"tracker", tracker_.state()}, {"loss_sum", loss_sum_}, {"loss_n", loss_n_},
-            {"interval", n()}};
+            {"interval", n()}, {"pending", pending}, {"stale_results", stale_results_}};
   }
   void load_state(const json& j) override {
     tracker_.load_state(j.at("tracker"));
     loss_sum_ = j.value("loss_sum", 0.0);
     loss_n_ = j.value("loss_n", int64_t(0));
+    stale_results_ = j.value("stale_results", int64_t(0));
+    std::vector<PlasticityController::Result> pending;
+    for (auto& p : j.value("pending", json::array()))
+      pending.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>()});
+    ctl_->restore_pending(std::move(pending));
   }
   std::map<std::string, Tensor> state_tensors() const override { return snapshot_ ? *snapshot_ : Snapshot(); }
   void load_state_tensors(const std::map<std::string, Tensor>& t) override {
@@ -258,6 +270,7 @@ class EgeriaPolicy : public FreezePolicy {
   json stats() const override {
     return {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
             {"stale_results", stale_results_}, {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
+            {"evaluation_wait_seconds", ctl_->wait_seconds()}, {"apply", c_.apply_on_arrival ? "arrival" : "next"},
             {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"window", tracker_.window()},
             {"reference", c_.reference}};
   }
@@ -269,6 +282,17 @@ class EgeriaPolicy : public FreezePolicy {
     return o;
   }
   int64_t n() const { return tracker_.options().interval; }
+  void act_on(const std::vector<PlasticityController::Result>& results, const StepInfo& s, models::Model& m) {
+    for (auto& r : results) {
+      // A reading for a unit that is no longer the front (frozen or unfrozen since) is stale.
+      if (r.module != c_.partition.last_layer(tracker_.front())) {
+        ++stale_results_;
+        continue;
+      }
+      tracker_.check_plasticity(r.step, r.plasticity, s.lr);
+      if (tracker_.refresh_due()) refresh(m, s.step, s.lr);
+    }
+  }
   void refresh(models::Model& m, int64_t step, double lr) {
     auto t0 = std::chrono::steady_clock::now();
     snapshot_ = take_snapshot(m);

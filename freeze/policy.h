@@ -43,6 +43,11 @@ struct PolicyConfig {
   std::string reference = "int8";  // quant::reference_precisions()
   Device device = Device::cpu();   // the training device (a "-gpu" reference runs there)
   bool synchronous = false;  // egeria: evaluate inline (deterministic; tests)
+  // egeria, evaluated in the background: act on an evaluation's result as soon as it
+  // arrives (the paper; the step it lands on depends on timing, so two runs with the same
+  // seed can decide differently), instead of at the next evaluation step, waiting for it
+  // there if it is late (the default: the same run makes the same decisions).
+  bool apply_on_arrival = false;
   int reference_threads = 1;
   int queue_capacity = 2;
   int64_t static_modules = -1, static_epoch = -1;  // static (-1: half the modules / epochs)

@@ -20,6 +20,8 @@ out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-cache on --ou
 grep -q -- "--freeze-cache on needs --freeze-bn running" <<<"$out" || fail "freeze-cache message: $out"
 out=$("$egeria" train --augment-mode weekly 2>&1) && fail "unknown --augment-mode accepted"
 grep -q -- "--augment-mode" <<<"$out" || fail "augment-mode message: $out"
+out=$("$egeria" train --freeze egeria --freeze-apply later 2>&1) && fail "unknown --freeze-apply accepted"
+grep -q -- "--freeze-apply" <<<"$out" || fail "freeze-apply message: $out"
 out=$("$egeria" eval --out "$work/none" 2>&1) && fail "eval without checkpoint accepted"
 grep -q "checkpoint.safetensors" <<<"$out" || fail "eval message: $out"
 

@@ -2,7 +2,9 @@
 // and every --freeze policy through the trainer.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "autograd/node.h"
@@ -284,10 +286,58 @@ TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
   }
 }
 
+// Evaluated in the background (the default), each result is acted on at the next
+// evaluation step, so the decisions cannot depend on how fast the background threads
+// were: a run slowed by a competing busy thread, and killed and resumed twice, makes
+// the same decisions at the same steps and ends with the same weights.
+TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
+  auto decisions = [](const std::string& dir) {
+    std::vector<std::string> d;
+    for (auto& j : jsonl(dir + "/freeze.jsonl"))
+      if (j["type"] != "bootstrap")
+        d.push_back(j["type"].get<std::string>() + "@" + std::to_string(j["step"].get<int64_t>()));
+    return d;
+  };
+  std::string a = tmpdir("egeria_bg_a"), b = tmpdir("egeria_bg_b");
+  auto ca = run_cfg(a, "egeria");
+  ca.freeze_sync = false;
+  ASSERT_TRUE(train::run_training(ca).completed);
+  auto sum = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
+  EXPECT_EQ(sum["freeze_stats"]["apply"], "next");
+  EXPECT_EQ(sum["freeze_stats"]["evaluations_dropped"].get<int64_t>(), 0);
+  EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 5);
+  EXPECT_TRUE(sum["freeze_stats"].contains("evaluation_wait_seconds"));
+  const auto da = decisions(a);
+  ASSERT_FALSE(da.empty());
+
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    volatile double x = 0;
+    while (!stop) x = x + 1;
+  });
+  auto cb = ca;
+  cb.out = b;
+  cb.checkpoint_every = 1;
+  cb.stop_after_steps = 9;
+  EXPECT_FALSE(train::run_training(cb).completed);
+  cb.resume = true;
+  cb.stop_after_steps = 31;
+  EXPECT_FALSE(train::run_training(cb).completed);
+  cb.stop_after_steps = 0;
+  const bool done = train::run_training(cb).completed;
+  stop = true;
+  busy.join();
+  ASSERT_TRUE(done);
+  EXPECT_EQ(decisions(b), da);
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+}
+
 TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
   std::string d = tmpdir("egeria_async");
   auto c = run_cfg(d, "egeria");
   c.freeze_sync = false;
+  c.freeze_apply = "arrival";
   c.freeze_interval = 1;  // an evaluation every step: some will be dropped
   ASSERT_TRUE(train::run_training(c).completed);
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));

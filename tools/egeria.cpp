@@ -108,6 +108,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember(eg::quant::reference_precisions()));
   train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");
+  train->add_option("--freeze-apply", c.freeze_apply,
+                    "egeria: act on a background evaluation's result at the next evaluation step, waiting for it "
+                    "if late (next: the same run makes the same decisions), or as soon as it arrives (arrival: "
+                    "never waits, as the paper; decisions then depend on timing)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"next", "arrival"}));
   train->add_option("--freeze-threads", c.freeze_threads, "egeria: threads of each background thread")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -29,6 +29,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.reference = c.freeze_reference;
   pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;
+  pc.apply_on_arrival = c.freeze_apply == "arrival";
   pc.reference_threads = c.freeze_threads;
   pc.static_modules = c.static_modules;
   pc.static_epoch = c.static_epoch;

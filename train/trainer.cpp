@@ -73,7 +73,7 @@ json config_json(const TrainConfig& c) {
           {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
           {"freeze_tolerance_from", c.freeze_tolerance_from}, {"freeze_last_phase", c.freeze_last_phase},
           {"freeze_bn", c.freeze_bn}, {"augment_mode", c.augment_mode}, {"freeze_cache", c.freeze_cache},
-          {"freeze_reference", c.freeze_reference}};
+          {"freeze_reference", c.freeze_reference}, {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply}};
 }
 
 struct Run {
@@ -268,6 +268,8 @@ void validate(const TrainConfig& c) {
       EG_CHECK(!c.augment || c.augment_mode == "sample", "--freeze-cache on needs --augment-mode sample (or "
                "--no-augment): with a new crop and flip every epoch no cached output is ever reused");
     }
+    EG_CHECK(c.freeze_apply == "next" || c.freeze_apply == "arrival", "--freeze-apply must be next or arrival, got '",
+             c.freeze_apply, "'");
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32 or fp32-gpu, got '", c.freeze_reference, "'");
