@@ -51,10 +51,19 @@ std::atomic<bool>& tf32_flag() {
   }()};
   return flag;
 }
+std::atomic<bool>& winograd_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* e = std::getenv("EG_CPU_WINOGRAD");
+    return !(e && std::string(e) == "0");
+  }()};
+  return flag;
+}
 }  // namespace
 
 void set_allow_tf32(bool on) { tf32_flag().store(on); }
 bool allow_tf32() { return tf32_flag().load(); }
+void set_cpu_winograd(bool on) { winograd_flag().store(on); }
+bool cpu_winograd() { return winograd_flag().load(); }
 
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
   if (n == 0) return;

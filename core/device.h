@@ -37,4 +37,14 @@ bool built_with_cuda();
 void set_allow_tf32(bool on);
 bool allow_tf32();
 
+// Winograd F(4x4, 3x3) for the CPU's 3x3 stride-1 convolutions with enough channels,
+// where oneDNN has it (AVX-512): 4x fewer multiplications in the inner products, and
+// errors of 1.5e-6 of the output's scale against the direct algorithm's 8e-7. On by
+// default; Note [Winograd convolutions] in kernels/cpu/conv2d.cpp says where it is used
+// and what it measured. Off: every convolution is direct, as PyTorch's CPU ones. Also
+// set by EG_CPU_WINOGRAD=0 in the environment at start-up, or `egeria train
+// --cpu-winograd off`. It takes effect at the next convolution.
+void set_cpu_winograd(bool on);
+bool cpu_winograd();
+
 }  // namespace eg

@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   train->add_option("--warmup-steps", c.warmup_steps)->capture_default_str()->check(CLI::NonNegativeNumber);
   train->add_option("--device", c.device, "cpu or cuda:N")->capture_default_str();
   train->add_option("--threads", c.threads, "CPU threads (0: all cores)")->capture_default_str();
+  const char* wino_help =
+      "Winograd for the CPU's 3x3 convolutions with >= 32 channels where oneDNN has it (AVX-512); off: all "
+      "direct, as PyTorch (default on, or off when EG_CPU_WINOGRAD=0)";
+  train->add_option("--cpu-winograd", c.cpu_winograd, wino_help)->check(CLI::IsMember({"on", "off"}));
   train->add_option("--seed", c.seed)->capture_default_str();
   train->add_option("--train-limit", c.train_limit, "use the first N training images (or sentence pairs)")
       ->check(CLI::NonNegativeNumber);
@@ -159,6 +163,8 @@ int main(int argc, char** argv) {
   step->add_option("--device", bdevice)->capture_default_str();
   step->add_option("--iterations", biters)->capture_default_str()->check(CLI::PositiveNumber);
   step->add_option("--threads", bthreads)->capture_default_str();
+  std::string bwino;
+  step->add_option("--cpu-winograd", bwino, wino_help)->check(CLI::IsMember({"on", "off"}));
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -183,8 +189,10 @@ int main(int argc, char** argv) {
                                                         {"samples", r.samples}};
       std::printf("%s\n", j.dump().c_str());
     } else if (*step) {
+      if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
       auto r = eg::train::bench_step(bmodel, bbatch, bdevice, biters, bthreads);
       std::printf("%s\n", nlohmann::json{{"model", bmodel}, {"batch_size", bbatch}, {"device", bdevice},
+                                         {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
                                          {"images_per_second", r.samples_per_second},
                                          {"median_step_ms", r.median_step_ms}, {"iterations", r.iterations}}
                               .dump()

@@ -73,7 +73,8 @@ json config_json(const TrainConfig& c) {
           {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
           {"freeze_tolerance_from", c.freeze_tolerance_from}, {"freeze_last_phase", c.freeze_last_phase},
           {"freeze_bn", c.freeze_bn}, {"augment_mode", c.augment_mode}, {"freeze_cache", c.freeze_cache},
-          {"freeze_reference", c.freeze_reference}, {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply}};
+          {"freeze_reference", c.freeze_reference}, {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply},
+          {"cpu_winograd", c.cpu_winograd.empty() ? (cpu_winograd() ? "on" : "off") : c.cpu_winograd}};
 }
 
 struct Run {
@@ -123,6 +124,7 @@ Run setup(const TrainConfig& c) {
     EG_CHECK(cuda_available(), "--device ", c.device, ": ",
              built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
   set_num_threads(c.threads);
+  if (!c.cpu_winograd.empty()) set_cpu_winograd(c.cpu_winograd == "on");
   r.train = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true));
   r.test = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false));
   EG_CHECK(r.train->size() >= c.batch_size, "--batch-size ", c.batch_size, " is larger than the training set (",
@@ -277,6 +279,8 @@ void validate(const TrainConfig& c) {
              "--freeze-reference fp32-gpu runs the reference model on the training GPU; it needs --device cuda[:N] "
              "(training on ", c.device, ")");
   }
+  EG_CHECK(c.cpu_winograd.empty() || c.cpu_winograd == "on" || c.cpu_winograd == "off",
+           "--cpu-winograd must be on or off, got '", c.cpu_winograd, "'");
   EG_CHECK(c.augment_mode == "epoch" || c.augment_mode == "sample", "--augment-mode must be epoch or sample, got '",
            c.augment_mode, "'");
   EG_CHECK(c.adam_beta1 >= 0 && c.adam_beta1 < 1 && c.adam_beta2 >= 0 && c.adam_beta2 < 1,

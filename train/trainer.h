@@ -54,7 +54,10 @@ struct TrainConfig {
   std::string freeze_cache_dir;  // set: its entries go to a file there; empty: in memory when they take at
                                  // most half the available memory, else in a file in the output directory
   bool freeze_sync = false;           // egeria: evaluate plasticity inline (deterministic)
-  std::string freeze_apply = "next";  // egeria: act on a background evaluation at the next one, or on "arrival"
+  std::string freeze_apply = "next";
+  // CPU Winograd convolutions (core/device.h): "on", "off", or "" to leave the process's
+  // setting (on unless EG_CPU_WINOGRAD=0).
+  std::string cpu_winograd;  // egeria: act on a background evaluation at the next one, or on "arrival"
   int freeze_threads = 1;             // egeria: threads of each background thread
   int64_t static_modules = -1, static_epoch = -1;
   double freezeout_t0 = 0.5, autofreeze_percentile = 50;

@@ -179,6 +179,7 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
     EG_CHECK(cuda_available(), "--device ", c.device, ": ",
              built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
   set_num_threads(c.threads);
+  if (!c.cpu_winograd.empty()) set_cpu_winograd(c.cpu_winograd == "on");
 
   // ---- data and tokenizer
   const std::string dir = translation_data_dir(c.data_dir);

@@ -10,6 +10,7 @@
 // back to im2col+GEMM at 30-50 GFLOP/s (fwd+bwd 49 ms vs 10.4 ms). Reordering one 8 MB
 // activation costs ~0.37 ms and fwd+bwd needs six, so blocked-plus-reorders (~12.6 ms)
 // still wins ~4x. See Note [Conv layouts] below and bench/bench_conv_overhead.cpp.
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <unordered_map>
@@ -151,25 +152,104 @@ std::string key(const char* kind, const Shape& x, const Shape& w, const Shape& y
          std::to_string(p.groups) + (bias ? "|b" : "");
 }
 
+// Note [Winograd convolutions]
+// oneDNN 2.6 has Winograd F(4x4, 3x3) convolutions for f32 on AVX-512
+// (jit_wino_4x3:avx512_core): 36 multiplications per 4x4 output tile and channel pair
+// instead of 144, for transforms of the input, weights and output. Measured on this
+// project's 2-core AVX-512 machines, ResNet-56 at batch 128, ms per step for the 18
+// convolutions of a stage, direct -> Winograd (ONEDNN_VERBOSE, medians of 3 steps):
+//
+//   channels x size   forward        backward data   backward weights
+//   16 x 32x32        50.8 -> 63.2   40.4 -> 67.1    44.6 -> 69.2
+//   32 x 16x16        35.8 -> 28.5   37.1 -> 25.2    39.5 -> 47.2
+//   64 x  8x8         36.8 -> 18.9   38.9 -> 17.7    37.9 -> 31.2
+//
+// The transforms only pay off with enough channels to amortise them, and the weight
+// gradient, which transforms two activations, needs more. So Winograd is used for
+// 3x3, stride 1, undilated, ungrouped convolutions whose input and output channels are
+// both at least 32 (forward, backward data) or 64 (backward weights), when
+// cpu_winograd() is on and oneDNN has it on this CPU; otherwise, and for everything
+// else, the direct algorithm. Its rounding differs (largest error 1.5e-6 of the output's
+// scale against 8e-7 for the direct algorithm, tests/test_conv_winograd.cpp), not its
+// determinism: the
+// choice depends on shapes alone, so a run and its resumption compute the same.
+enum class Pass { fwd, bwd_data, bwd_weights };
+
+bool winograd_wanted(const Shape& w, const ops::Conv2dParams& p, Pass pass) {
+  if (!cpu_winograd() || p.groups != 1 || w[2] != 3 || w[3] != 3 || p.stride_h != 1 || p.stride_w != 1 ||
+      p.dil_h != 1 || p.dil_w != 1)
+    return false;
+  const int64_t channels = std::min(w[0], w[1]);
+  return channels >= (pass == Pass::bwd_weights ? 64 : 32);
+}
+
 // The forward primitive descriptor: the plan for the forward pass and the hint for
-// both backward passes.
+// both backward passes (made with the backward pass's algorithm).
 dnnl::convolution_forward::primitive_desc fwd_pd(const Shape& x, const Shape& w, const Shape& y,
-                                                  const ops::Conv2dParams& p, bool bias) {
+                                                  const ops::Conv2dParams& p, bool bias, dnnl::algorithm alg) {
   const Geometry g = geometry(p);
   const memory::desc xm = any(onednn::dims(x)), wm = any(weight_dims(w, p.groups)), ym = any(onednn::dims(y));
   using Fwd = dnnl::convolution_forward;
-  auto d = bias ? Fwd::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, xm, wm,
-                            plain({w[0]}, Tag::x), ym, g.strides, g.dilates, g.pad, g.pad)
-                : Fwd::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, xm, wm, ym,
-                            g.strides, g.dilates, g.pad, g.pad);
+  auto d = bias ? Fwd::desc(dnnl::prop_kind::forward_training, alg, xm, wm, plain({w[0]}, Tag::x), ym, g.strides,
+                            g.dilates, g.pad, g.pad)
+                : Fwd::desc(dnnl::prop_kind::forward_training, alg, xm, wm, ym, g.strides, g.dilates, g.pad, g.pad);
   return Fwd::primitive_desc(d, onednn::engine());
+}
+
+// make(alg) with Winograd where it is wanted and oneDNN has it, else direct.
+template <class Make>
+auto with_algorithm(bool winograd, Make make) -> decltype(make(dnnl::algorithm::convolution_direct)) {
+  if (winograd) {
+    try {
+      return make(dnnl::algorithm::convolution_winograd);
+    } catch (const dnnl::error&) {
+      // unimplemented on this CPU or for this shape: the direct algorithm below
+    }
+  }
+  return make(dnnl::algorithm::convolution_direct);
+}
+
+const char* wino_key(bool winograd) { return winograd ? "|W" : ""; }
+
+// The primitive descriptors of the three passes, with the algorithm Note [Winograd
+// convolutions] chooses.
+dnnl::convolution_forward::primitive_desc fwd_plan_pd(const Shape& x, const Shape& w, const Shape& y,
+                                                       const ops::Conv2dParams& p, bool bias) {
+  return with_algorithm(winograd_wanted(w, p, Pass::fwd),
+                        [&](dnnl::algorithm a) { return fwd_pd(x, w, y, p, bias, a); });
+}
+
+dnnl::convolution_backward_data::primitive_desc bwd_data_pd(const Shape& dx, const Shape& w, const Shape& dy,
+                                                             const ops::Conv2dParams& p) {
+  const Geometry g = geometry(p);
+  using Bwd = dnnl::convolution_backward_data;
+  return with_algorithm(winograd_wanted(w, p, Pass::bwd_data), [&](dnnl::algorithm a) {
+    Bwd::desc d(a, any(onednn::dims(dx)), any(weight_dims(w, p.groups)), any(onednn::dims(dy)), g.strides, g.dilates,
+                g.pad, g.pad);
+    return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(dx, w, dy, p, false, a));
+  });
+}
+
+dnnl::convolution_backward_weights::primitive_desc bwd_weight_pd(const Shape& x, const Shape& dw, const Shape& dy,
+                                                                 const ops::Conv2dParams& p, bool bias) {
+  const Geometry g = geometry(p);
+  using Bwd = dnnl::convolution_backward_weights;
+  const memory::desc xm = any(onednn::dims(x)), wm = any(weight_dims(dw, p.groups));
+  const memory::desc ym = any(onednn::dims(dy)), bm = plain({dw[0]}, Tag::x);
+  return with_algorithm(winograd_wanted(dw, p, Pass::bwd_weights), [&](dnnl::algorithm a) {
+    auto d = bias ? Bwd::desc(a, xm, wm, bm, ym, g.strides, g.dilates, g.pad, g.pad)
+                  : Bwd::desc(a, xm, wm, ym, g.strides, g.dilates, g.pad, g.pad);
+    return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(x, dw, dy, p, bias, a));
+  });
 }
 
 void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
   const bool has_bias = bias.defined();
   choose_format(y);
-  const Plan& plan = onednn::cached<Plan>(key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + fmt(x) + fmt(y), [&] {
-    auto pd = fwd_pd(x.shape(), w.shape(), y.shape(), p, has_bias);
+  const std::string k = key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + fmt(x) + fmt(y) +
+                        wino_key(winograd_wanted(w.shape(), p, Pass::fwd));
+  const Plan& plan = onednn::cached<Plan>(k, [&] {
+    auto pd = fwd_plan_pd(x.shape(), w.shape(), y.shape(), p, has_bias);
     Plan pl{dnnl::convolution_forward(pd), {}};
     pl.operands.push_back(operand(DNNL_ARG_SRC, false, user(x), pd.src_desc()));
     pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups), pd.weights_desc()));
@@ -182,14 +262,11 @@ void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const 
 
 void bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   choose_format(dx);
-  const Plan& plan = onednn::cached<Plan>(key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + fmt(dy) + fmt(dx), [&] {
-    const Geometry g = geometry(p);
-    using Bwd = dnnl::convolution_backward_data;
-    Bwd::desc d(dnnl::algorithm::convolution_direct, any(onednn::dims(dx.shape())),
-                any(weight_dims(w.shape(), p.groups)), any(onednn::dims(dy.shape())), g.strides, g.dilates, g.pad,
-                g.pad);
-    Bwd::primitive_desc pd(d, onednn::engine(), fwd_pd(dx.shape(), w.shape(), dy.shape(), p, false));
-    Plan pl{Bwd(pd), {}};
+  const std::string k = key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + fmt(dy) + fmt(dx) +
+                        wino_key(winograd_wanted(w.shape(), p, Pass::bwd_data));
+  const Plan& plan = onednn::cached<Plan>(k, [&] {
+    auto pd = bwd_data_pd(dx.shape(), w.shape(), dy.shape(), p);
+    Plan pl{dnnl::convolution_backward_data(pd), {}};
     pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, user(dy), pd.diff_dst_desc()));
     pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups), pd.weights_desc()));
     pl.operands.push_back(operand(DNNL_ARG_DIFF_SRC, true, user(dx), pd.diff_src_desc()));
@@ -220,16 +297,12 @@ void bias_grad(const Tensor& dy_any, Tensor& db) {
 
 void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
   const bool has_bias = db.defined();
-  const Plan& plan = onednn::cached<Plan>(key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias) + fmt(x) + fmt(dy), [&] {
-    const Geometry g = geometry(p);
-    using Bwd = dnnl::convolution_backward_weights;
-    const memory::desc xm = any(onednn::dims(x.shape())), wm = any(weight_dims(dw.shape(), p.groups));
-    const memory::desc ym = any(onednn::dims(dy.shape())), bm = plain({dw.size(0)}, Tag::x);
-    const auto alg = dnnl::algorithm::convolution_direct;
-    auto d = has_bias ? Bwd::desc(alg, xm, wm, bm, ym, g.strides, g.dilates, g.pad, g.pad)
-                      : Bwd::desc(alg, xm, wm, ym, g.strides, g.dilates, g.pad, g.pad);
-    Bwd::primitive_desc pd(d, onednn::engine(), fwd_pd(x.shape(), dw.shape(), dy.shape(), p, has_bias));
-    Plan pl{Bwd(pd), {}};
+  const std::string k = key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias) + fmt(x) + fmt(dy) +
+                        wino_key(winograd_wanted(dw.shape(), p, Pass::bwd_weights));
+  const Plan& plan = onednn::cached<Plan>(k, [&] {
+    auto pd = bwd_weight_pd(x.shape(), dw.shape(), dy.shape(), p, has_bias);
+    const memory::desc bm = plain({dw.size(0)}, Tag::x);
+    Plan pl{dnnl::convolution_backward_weights(pd), {}};
     pl.operands.push_back(operand(DNNL_ARG_SRC, false, user(x), pd.src_desc()));
     pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, user(dy), pd.diff_dst_desc()));
     pl.operands.push_back(
@@ -241,6 +314,15 @@ void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const
 }
 
 }  // namespace
+
+std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w,
+                                  const ops::Conv2dParams& p) {
+  const Shape y = ops::conv2d_out_shape(x, w, p);
+  if (pass == "fwd") return fwd_plan_pd(x, w, y, p, false).impl_info_str();
+  if (pass == "bwd_data") return bwd_data_pd(x, w, y, p).impl_info_str();
+  EG_CHECK(pass == "bwd_weight", "conv2d_implementation: pass must be fwd, bwd_data or bwd_weight, got '", pass, "'");
+  return bwd_weight_pd(x, w, y, p, false).impl_info_str();
+}
 
 // EG_DNNL_TRY names its first parameter `what`, the same token as dnnl::error::what(),
 // so the op name is passed as a variable of that name to keep the expansion valid.
