@@ -8,7 +8,10 @@ Runs `egeria bench step` and the same model in PyTorch (CIFAR ResNet with option
 shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs), alternating the
 two `--repeats` times, and reports the median images/s of each and their ratio.
 PyTorch's best eager configuration is taken: channels_last vs contiguous, whichever
-is faster; on a GPU (--device cuda:0) torch.compile is measured and compared too. PyTorch missing: prints a message and exits 0.
+is faster; on a GPU (--device cuda:0) torch.compile is measured and compared too. On the
+CPU egeria runs twice per repeat, as it ships (Winograd for the 3x3 convolutions with
+enough channels) and with `--cpu-winograd off` (every convolution direct, as PyTorch's),
+so the ratio can be read both ways. PyTorch missing: prints a message and exits 0.
 """
 import argparse
 import json
@@ -106,13 +109,14 @@ def bench_torch(model_name, bs, threads, iters, config, device="cpu"):
     return bs / statistics.median(times)
 
 
-def bench_egeria(exe, model, bs, threads, device, iters):
+def bench_egeria(exe, model, bs, threads, device, iters, winograd=None):
     env = dict(os.environ)
+    extra = [] if winograd is None else ["--cpu-winograd", winograd]
     if device.startswith("cuda"):
         env["EG_CUDNN_BENCHMARK"] = "1"  # as torch.backends.cudnn.benchmark above
         env["EG_ALLOW_TF32"] = "1" if TF32 else "0"
     out = subprocess.run([exe, "bench", "step", "--model", model, "--batch-size", str(bs), "--threads", str(threads),
-                          "--device", device, "--iterations", str(iters)], check=True, capture_output=True, text=True, env=env)
+                          "--device", device, "--iterations", str(iters)] + extra, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])["images_per_second"]
 
 
@@ -142,14 +146,18 @@ def main():
     configs = ["contiguous", "channels_last"]
     if gpu and torch is not None and hasattr(torch, "compile"):
         configs.append("compile")
-    eg, pt = [], {c: [] for c in configs}
+    eg, eg_direct, pt = [], [], {c: [] for c in configs}
     for _ in range(a.repeats):
         eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations))
+        if not gpu:
+            eg_direct.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations, "off"))
         if torch is not None:
             for c in configs:
                 pt[c].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, c, a.device))
     res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device, "tf32": a.tf32,
            "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
+    if eg_direct:
+        res["egeria_direct_images_per_second"] = statistics.median(eg_direct)
     if torch is not None:
         res["pytorch_version"] = torch.__version__
         res["pytorch_images_per_second_by_config"] = {c: statistics.median(v) for c, v in pt.items()}
@@ -164,6 +172,10 @@ def main():
         res["pytorch_images_per_second_by_repeat"] = pt[best]
         res["ratio_by_repeat"] = [e / p for e, p in zip(eg, pt[best])]
         res["ratio_median_of_repeats"] = statistics.median(res["ratio_by_repeat"])
+        if eg_direct:
+            res["egeria_direct_images_per_second_by_repeat"] = eg_direct
+            res["ratio_direct_by_repeat"] = [e / p for e, p in zip(eg_direct, pt[best])]
+            res["ratio_direct_median_of_repeats"] = statistics.median(res["ratio_direct_by_repeat"])
         if "compile" in pt:
             res["ratio_egeria_over_torch_compile"] = res["egeria_images_per_second"] / statistics.median(pt["compile"])
     print(json.dumps(res, indent=2))

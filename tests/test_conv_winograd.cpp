@@ -52,6 +52,8 @@ TEST(ConvWinograd, UsedWhereItPaysOffAndNowhereElse) {
   EXPECT_TRUE(winograd("fwd", {8, 32, 16, 16}, {32, 32, 3, 3}, p));
   EXPECT_TRUE(winograd("bwd_data", {8, 32, 16, 16}, {32, 32, 3, 3}, p));
   EXPECT_FALSE(winograd("bwd_weight", {8, 32, 16, 16}, {32, 32, 3, 3}, p)) << "slower than direct at 32 channels";
+  EXPECT_TRUE(winograd("fwd", {8, 64, 7, 7}, {64, 64, 3, 3}, p));
+  EXPECT_FALSE(winograd("bwd_weight", {8, 64, 7, 7}, {64, 64, 3, 3}, p)) << "7x7: partly empty tiles";
   EXPECT_FALSE(winograd("fwd", {8, 16, 16, 16}, {64, 16, 3, 3}, p)) << "16 input channels";
 
   WinogradSetting off(false);

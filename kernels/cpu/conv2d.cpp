@@ -156,31 +156,37 @@ std::string key(const char* kind, const Shape& x, const Shape& w, const Shape& y
 // oneDNN 2.6 has Winograd F(4x4, 3x3) convolutions for f32 on AVX-512
 // (jit_wino_4x3:avx512_core): 36 multiplications per 4x4 output tile and channel pair
 // instead of 144, for transforms of the input, weights and output. Measured on this
-// project's 2-core AVX-512 machines, ResNet-56 at batch 128, ms per step for the 18
-// convolutions of a stage, direct -> Winograd (ONEDNN_VERBOSE, medians of 3 steps):
+// project's 2-core AVX-512 machines at batch 128, ms per step for all the 3x3 stride-1
+// convolutions of a stage, direct -> Winograd (ONEDNN_VERBOSE; ResNet-56 on 32x32
+// inputs, medians of 3 steps; ResNet-20 on 28x28 Fashion-MNIST, sums over 15 steps):
 //
-//   channels x size   forward        backward data   backward weights
-//   16 x 32x32        50.8 -> 63.2   40.4 -> 67.1    44.6 -> 69.2
-//   32 x 16x16        35.8 -> 28.5   37.1 -> 25.2    39.5 -> 47.2
-//   64 x  8x8         36.8 -> 18.9   38.9 -> 17.7    37.9 -> 31.2
+//   channels x size   forward          backward data    backward weights
+//   16 x 32x32        50.8 -> 63.2     40.4 -> 67.1     44.6 -> 69.2
+//   32 x 16x16        35.8 -> 28.5     37.1 -> 25.2     39.5 -> 47.2
+//   64 x  8x8         36.8 -> 18.9     38.9 -> 17.7     37.9 -> 31.2
+//   32 x 14x14        93.3 -> 92.4    100.1 -> 82.7     (direct)
+//   64 x  7x7         89.3 -> 64.9     90.5 -> 60.7     92.4 -> 98.2
 //
 // The transforms only pay off with enough channels to amortise them, and the weight
-// gradient, which transforms two activations, needs more. So Winograd is used for
-// 3x3, stride 1, undilated, ungrouped convolutions whose input and output channels are
-// both at least 32 (forward, backward data) or 64 (backward weights), when
-// cpu_winograd() is on and oneDNN has it on this CPU; otherwise, and for everything
-// else, the direct algorithm. Its rounding differs (largest error 1.5e-6 of the output's
-// scale against 8e-7 for the direct algorithm, tests/test_conv_winograd.cpp), not its
-// determinism: the
-// choice depends on shapes alone, so a run and its resumption compute the same.
+// gradient, which transforms two activations, needs more, and whole 4x4 tiles. So
+// Winograd is used for 3x3, stride 1, undilated, ungrouped convolutions whose input and
+// output channels are both at least 32 (forward, backward data), or at least 64 with an
+// output of whole 4x4 tiles (backward weights), when cpu_winograd() is on and oneDNN has
+// it on this CPU; otherwise, and for everything else, the direct algorithm. A step of
+// ResNet-56 went from 336 to 288 ms (medians of 3, alternated). Its rounding differs
+// (largest error 1.5e-6 of the output's scale against 8e-7 for the direct algorithm,
+// tests/test_conv_winograd.cpp), not its determinism: the choice depends on shapes
+// alone, so a run and its resumption compute the same.
 enum class Pass { fwd, bwd_data, bwd_weights };
 
-bool winograd_wanted(const Shape& w, const ops::Conv2dParams& p, Pass pass) {
+// y: the output's (dy's) shape.
+bool winograd_wanted(const Shape& y, const Shape& w, const ops::Conv2dParams& p, Pass pass) {
   if (!cpu_winograd() || p.groups != 1 || w[2] != 3 || w[3] != 3 || p.stride_h != 1 || p.stride_w != 1 ||
       p.dil_h != 1 || p.dil_w != 1)
     return false;
   const int64_t channels = std::min(w[0], w[1]);
-  return channels >= (pass == Pass::bwd_weights ? 64 : 32);
+  if (pass != Pass::bwd_weights) return channels >= 32;
+  return channels >= 64 && y[2] % 4 == 0 && y[3] % 4 == 0;  // no partly empty 4x4 tiles
 }
 
 // The forward primitive descriptor: the plan for the forward pass and the hint for
@@ -215,7 +221,7 @@ const char* wino_key(bool winograd) { return winograd ? "|W" : ""; }
 // convolutions] chooses.
 dnnl::convolution_forward::primitive_desc fwd_plan_pd(const Shape& x, const Shape& w, const Shape& y,
                                                        const ops::Conv2dParams& p, bool bias) {
-  return with_algorithm(winograd_wanted(w, p, Pass::fwd),
+  return with_algorithm(winograd_wanted(y, w, p, Pass::fwd),
                         [&](dnnl::algorithm a) { return fwd_pd(x, w, y, p, bias, a); });
 }
 
@@ -223,7 +229,7 @@ dnnl::convolution_backward_data::primitive_desc bwd_data_pd(const Shape& dx, con
                                                              const ops::Conv2dParams& p) {
   const Geometry g = geometry(p);
   using Bwd = dnnl::convolution_backward_data;
-  return with_algorithm(winograd_wanted(w, p, Pass::bwd_data), [&](dnnl::algorithm a) {
+  return with_algorithm(winograd_wanted(dy, w, p, Pass::bwd_data), [&](dnnl::algorithm a) {
     Bwd::desc d(a, any(onednn::dims(dx)), any(weight_dims(w, p.groups)), any(onednn::dims(dy)), g.strides, g.dilates,
                 g.pad, g.pad);
     return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(dx, w, dy, p, false, a));
@@ -236,7 +242,7 @@ dnnl::convolution_backward_weights::primitive_desc bwd_weight_pd(const Shape& x,
   using Bwd = dnnl::convolution_backward_weights;
   const memory::desc xm = any(onednn::dims(x)), wm = any(weight_dims(dw, p.groups));
   const memory::desc ym = any(onednn::dims(dy)), bm = plain({dw[0]}, Tag::x);
-  return with_algorithm(winograd_wanted(dw, p, Pass::bwd_weights), [&](dnnl::algorithm a) {
+  return with_algorithm(winograd_wanted(dy, dw, p, Pass::bwd_weights), [&](dnnl::algorithm a) {
     auto d = bias ? Bwd::desc(a, xm, wm, bm, ym, g.strides, g.dilates, g.pad, g.pad)
                   : Bwd::desc(a, xm, wm, ym, g.strides, g.dilates, g.pad, g.pad);
     return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(x, dw, dy, p, bias, a));
@@ -247,7 +253,7 @@ void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const 
   const bool has_bias = bias.defined();
   choose_format(y);
   const std::string k = key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + fmt(x) + fmt(y) +
-                        wino_key(winograd_wanted(w.shape(), p, Pass::fwd));
+                        wino_key(winograd_wanted(y.shape(), w.shape(), p, Pass::fwd));
   const Plan& plan = onednn::cached<Plan>(k, [&] {
     auto pd = fwd_plan_pd(x.shape(), w.shape(), y.shape(), p, has_bias);
     Plan pl{dnnl::convolution_forward(pd), {}};
@@ -263,7 +269,7 @@ void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const 
 void bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   choose_format(dx);
   const std::string k = key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + fmt(dy) + fmt(dx) +
-                        wino_key(winograd_wanted(w.shape(), p, Pass::bwd_data));
+                        wino_key(winograd_wanted(dy.shape(), w.shape(), p, Pass::bwd_data));
   const Plan& plan = onednn::cached<Plan>(k, [&] {
     auto pd = bwd_data_pd(dx.shape(), w.shape(), dy.shape(), p);
     Plan pl{dnnl::convolution_backward_data(pd), {}};
@@ -298,7 +304,7 @@ void bias_grad(const Tensor& dy_any, Tensor& db) {
 void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
   const bool has_bias = db.defined();
   const std::string k = key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias) + fmt(x) + fmt(dy) +
-                        wino_key(winograd_wanted(dw.shape(), p, Pass::bwd_weights));
+                        wino_key(winograd_wanted(dy.shape(), dw.shape(), p, Pass::bwd_weights));
   const Plan& plan = onednn::cached<Plan>(k, [&] {
     auto pd = bwd_weight_pd(x.shape(), dw.shape(), dy.shape(), p, has_bias);
     const memory::desc bm = plain({dw.size(0)}, Tag::x);
