@@ -289,7 +289,8 @@ TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
 // Evaluated in the background (the default), each result is acted on at the next
 // evaluation step, so the decisions cannot depend on how fast the background threads
 // were: a run slowed by a competing busy thread, and killed and resumed twice, makes
-// the same decisions at the same steps and ends with the same weights.
+// the same decisions at the same steps and ends with the same weights; and the same
+// decisions as the run evaluated inline (--freeze-sync).
 TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
   auto decisions = [](const std::string& dir) {
     std::vector<std::string> d;
@@ -331,6 +332,13 @@ TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
   EXPECT_EQ(decisions(b), da);
   auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
   for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+
+  // Evaluated inline (--freeze-sync), a result is acted on at the same step: the same run.
+  std::string c = tmpdir("egeria_bg_sync");
+  auto cc = run_cfg(c, "egeria");
+  ASSERT_TRUE(cc.freeze_sync);
+  ASSERT_TRUE(train::run_training(cc).completed);
+  EXPECT_EQ(decisions(c), da);
 }
 
 TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
