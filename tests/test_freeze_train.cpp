@@ -176,6 +176,34 @@ train::TrainConfig run_cfg(const std::string& out, const std::string& policy) {
   return c;
 }
 
+// The decisions in DIR/freeze.jsonl as "type@step", in order (bootstraps left out, and
+// evaluations unless asked for).
+std::vector<std::string> decisions(const std::string& dir, bool with_evaluations) {
+  std::vector<std::string> d;
+  for (auto& j : jsonl(dir + "/freeze.jsonl"))
+    if (j["type"] != "bootstrap" && (with_evaluations || j["type"] != "evaluation"))
+      d.push_back(j["type"].get<std::string>() + "@" + std::to_string(j["step"].get<int64_t>()));
+  return d;
+}
+
+// Runs c killed after `first` steps, resumed and killed again after `second` more, and
+// resumed to the end; true when the last run completed.
+bool run_killed_twice(train::TrainConfig c, int64_t first, int64_t second) {
+  c.checkpoint_every = 1;
+  c.stop_after_steps = first;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.resume = true;
+  c.stop_after_steps = second;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.stop_after_steps = 0;
+  return train::run_training(c).completed;
+}
+
+void expect_same_weights(const std::string& a, const std::string& b) {
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+}
+
 TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   std::string a = tmpdir("egeria_full"), b = tmpdir("egeria_killed");
   auto s = train::run_training(run_cfg(a, "egeria"));
@@ -210,26 +238,9 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   EXPECT_GT(sum["backward_flops_saved_fraction"].get<double>(), 0.0);
 
   // Killed twice (once during bootstrapping, once while modules are frozen), resumed.
-  auto c = run_cfg(b, "egeria");
-  c.checkpoint_every = 1;
-  c.stop_after_steps = 5;
-  EXPECT_FALSE(train::run_training(c).completed);
-  c.resume = true;
-  c.stop_after_steps = 30;
-  EXPECT_FALSE(train::run_training(c).completed);
-  c.stop_after_steps = 0;
-  ASSERT_TRUE(train::run_training(c).completed);
-  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
-  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
-  // The same decisions, in the same order.
-  auto decisions = [](const std::vector<nlohmann::json>& l) {
-    std::vector<std::string> d;
-    for (auto& j : l)
-      if (j["type"] != "evaluation" && j["type"] != "bootstrap")
-        d.push_back(j["type"].get<std::string>() + "@" + std::to_string(j["step"].get<int64_t>()));
-    return d;
-  };
-  EXPECT_EQ(decisions(jsonl(b + "/freeze.jsonl")), decisions(log));
+  ASSERT_TRUE(run_killed_twice(run_cfg(b, "egeria"), 5, 30));
+  expect_same_weights(a, b);
+  EXPECT_EQ(decisions(b, false), decisions(a, false)) << "the same decisions, in the same order";
 }
 
 // --freeze-last-phase off: the schedule's last phase (here epoch 3 on, LR 0.005, the
@@ -292,13 +303,6 @@ TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
 // the same decisions at the same steps and ends with the same weights; and the same
 // decisions as the run evaluated inline (--freeze-sync).
 TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
-  auto decisions = [](const std::string& dir) {
-    std::vector<std::string> d;
-    for (auto& j : jsonl(dir + "/freeze.jsonl"))
-      if (j["type"] != "bootstrap")
-        d.push_back(j["type"].get<std::string>() + "@" + std::to_string(j["step"].get<int64_t>()));
-    return d;
-  };
   std::string a = tmpdir("egeria_bg_a"), b = tmpdir("egeria_bg_b");
   auto ca = run_cfg(a, "egeria");
   ca.freeze_sync = false;
@@ -308,7 +312,7 @@ TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
   EXPECT_EQ(sum["freeze_stats"]["evaluations_dropped"].get<int64_t>(), 0);
   EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 5);
   EXPECT_TRUE(sum["freeze_stats"].contains("evaluation_wait_seconds"));
-  const auto da = decisions(a);
+  const auto da = decisions(a, true);
   ASSERT_FALSE(da.empty());
 
   std::atomic<bool> stop{false};
@@ -318,27 +322,19 @@ TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
   });
   auto cb = ca;
   cb.out = b;
-  cb.checkpoint_every = 1;
-  cb.stop_after_steps = 9;
-  EXPECT_FALSE(train::run_training(cb).completed);
-  cb.resume = true;
-  cb.stop_after_steps = 31;
-  EXPECT_FALSE(train::run_training(cb).completed);
-  cb.stop_after_steps = 0;
-  const bool done = train::run_training(cb).completed;
+  const bool done = run_killed_twice(cb, 9, 31);
   stop = true;
   busy.join();
   ASSERT_TRUE(done);
-  EXPECT_EQ(decisions(b), da);
-  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
-  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  EXPECT_EQ(decisions(b, true), da);
+  expect_same_weights(a, b);
 
   // Evaluated inline (--freeze-sync), a result is acted on at the same step: the same run.
   std::string c = tmpdir("egeria_bg_sync");
   auto cc = run_cfg(c, "egeria");
   ASSERT_TRUE(cc.freeze_sync);
   ASSERT_TRUE(train::run_training(cc).completed);
-  EXPECT_EQ(decisions(c), da);
+  EXPECT_EQ(decisions(c, true), da);
 }
 
 TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
