@@ -5,6 +5,7 @@
       [--policies none,egeria,autofreeze,static] [--epochs 30] [--threads 2]
       (variants, as VARIANTS below: egeria-peak = egeria --freeze-tolerance-from peak;
        -wmin5: --freeze-window-min 5; -lastoff: --freeze-last-phase off;
+       -keep, -scaled: --freeze-refreeze-tolerance keep, scaled;
        -bnbatch, -bnrunning: --freeze-bn batch (the default), running;
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
@@ -44,6 +45,8 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-wmin5": ["egeria", "--freeze-window-min", "5"],
             "egeria-peak-wmin5": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-window-min", "5"],
             "egeria-lastoff": ["egeria", "--freeze-last-phase", "off"],
+            "egeria-keep": ["egeria", "--freeze-refreeze-tolerance", "keep"],
+            "egeria-scaled": ["egeria", "--freeze-refreeze-tolerance", "scaled"],
             "egeria-bnbatch": ["egeria", "--freeze-bn", "batch"],
             "egeria-bnrunning": ["egeria", "--freeze-bn", "running"],
             "egeria-peak-bnbatch": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-bn", "batch"],

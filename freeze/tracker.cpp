@@ -39,6 +39,22 @@ const char* decision_name(Decision d) {
   return "?";
 }
 
+RefreezeTolerance parse_refreeze_tolerance(const std::string& s) {
+  if (s == "remeasure") return RefreezeTolerance::remeasure;
+  if (s == "keep") return RefreezeTolerance::keep;
+  if (s == "scaled") return RefreezeTolerance::scaled;
+  EG_THROW("--freeze-refreeze-tolerance must be remeasure, keep or scaled, got '", s, "'");
+}
+
+const char* refreeze_tolerance_name(RefreezeTolerance r) {
+  switch (r) {
+    case RefreezeTolerance::remeasure: return "remeasure";
+    case RefreezeTolerance::keep: return "keep";
+    case RefreezeTolerance::scaled: return "scaled";
+  }
+  return "?";
+}
+
 json Event::to_json() const {
   json j = {{"type", type}, {"step", step}, {"lr", lr}};
   if (type == "bootstrap") {
@@ -70,6 +86,7 @@ FreezeTracker::FreezeTracker(int64_t num_modules, TrackerOptions o) : opt_(o), n
   EG_CHECK(o.freeze_last_phase || o.final_lr >= 0,
            "not freezing in the last LR phase needs the run's final LR (TrackerOptions::final_lr)");
   window_ = o.window;
+  kept_.resize(size_t(num_modules));
 }
 
 Event FreezeTracker::event(const char* type, int64_t step, double lr) const {
@@ -83,18 +100,31 @@ Event FreezeTracker::event(const char* type, int64_t step, double lr) const {
   return e;
 }
 
+void FreezeTracker::leave_module() {
+  if (first_slopes_.size() == 3 && front_ < num_modules_) kept_[size_t(front_)] = {first_slopes_, peak_slope_, tolerance_lr_};
+}
+
 void FreezeTracker::start_module() {
   raw_.clear();
   smoothed_.clear();
   first_slopes_.clear();
   peak_slope_ = 0;
+  tolerance_lr_ = 0;
   counter_ = 0;
+  if (opt_.refreeze_tolerance == RefreezeTolerance::remeasure || front_ >= num_modules_) return;
+  const Kept& k = kept_[size_t(front_)];
+  if (k.first.size() < 3) return;
+  first_slopes_ = k.first;
+  peak_slope_ = k.peak;
+  tolerance_lr_ = k.lr;
 }
 
-double FreezeTracker::tolerance() const {
+double FreezeTracker::tolerance(double lr) const {
   if (first_slopes_.size() < 3) return 0;
   const double first = *std::max_element(first_slopes_.begin(), first_slopes_.end());
-  return opt_.tolerance_coef * (opt_.tolerance_from_peak ? std::max(first, peak_slope_) : first);
+  const double t = opt_.tolerance_coef * (opt_.tolerance_from_peak ? std::max(first, peak_slope_) : first);
+  if (opt_.refreeze_tolerance == RefreezeTolerance::scaled && tolerance_lr_ > 0) return t * lr / tolerance_lr_;
+  return t;
 }
 
 Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
@@ -134,21 +164,23 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
     e.has_slope = true;
     if (first_slopes_.size() < 3) {
       first_slopes_.push_back(std::abs(s));
+      if (first_slopes_.size() == 3) tolerance_lr_ = lr;
       counter_ = 0;  // the first fits define T and are never stale
     } else {
       peak_slope_ = std::max(peak_slope_, std::abs(s));  // T (peak) includes this fit
-      const double t = tolerance();
+      const double t = tolerance(lr);
       e.tolerance = t;
       counter_ = std::abs(s) < t ? counter_ + 1 : 0;
     }
   }
-  if (e.tolerance == 0) e.tolerance = tolerance();
+  if (e.tolerance == 0) e.tolerance = tolerance(lr);
   e.counter = counter_;
   events_.push_back(e);
   ++evals_since_refresh_;
   if (counter_ >= window_) {
     events_.push_back(event("freeze", step, lr));
     if (lr_at_front_freeze_ == 0) lr_at_front_freeze_ = lr;
+    leave_module();
     ++front_;
     start_module();
     return Decision::freeze;
@@ -159,6 +191,7 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
 void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
   Event e = event("unfreeze", step, lr);
   e.counter = 0;
+  leave_module();
   front_ = 0;
   lr_at_front_freeze_ = 0;
   window_ = std::max<int64_t>(std::min(opt_.min_window, window_), window_ / 2);
@@ -207,11 +240,13 @@ std::vector<Event> FreezeTracker::take_events() {
 }
 
 json FreezeTracker::state() const {
+  json kept = json::array();
+  for (auto& k : kept_) kept.push_back({{"first", k.first}, {"peak", k.peak}, {"lr", k.lr}});
   return {{"bootstrapping", bootstrapping_}, {"prev_loss", prev_loss_}, {"front", front_}, {"window", window_},
           {"counter", counter_}, {"evals_since_refresh", evals_since_refresh_},
           {"lr_at_front_freeze", lr_at_front_freeze_}, {"raw", raw_}, {"smoothed", smoothed_},
           {"first_slopes", first_slopes_}, {"peak_slope", peak_slope_}, {"last_phase", last_phase_},
-          {"num_modules", num_modules_}};
+          {"tolerance_lr", tolerance_lr_}, {"kept", kept}, {"num_modules", num_modules_}};
 }
 
 void FreezeTracker::load_state(const json& s) {
@@ -229,6 +264,15 @@ void FreezeTracker::load_state(const json& s) {
   first_slopes_ = s.at("first_slopes").get<std::vector<double>>();
   peak_slope_ = s.value("peak_slope", 0.0);  // absent in checkpoints from before the option
   last_phase_ = s.value("last_phase", false);  // likewise
+  tolerance_lr_ = s.value("tolerance_lr", 0.0);   // likewise (remeasure: unused)
+  kept_.assign(size_t(num_modules_), Kept());
+  if (s.contains("kept")) {
+    const json& k = s.at("kept");
+    EG_CHECK(k.size() == kept_.size(), "the checkpoint's freezing state keeps tolerances for ", k.size(),
+             " modules, this model has ", num_modules_);
+    for (size_t i = 0; i < kept_.size(); ++i)
+      kept_[i] = {k[i].at("first").get<std::vector<double>>(), k[i].at("peak").get<double>(), k[i].at("lr").get<double>()};
+  }
 }
 
 }  // namespace eg::freeze

@@ -31,8 +31,19 @@
 //     rising edge of every period then read as a steep slope and no module ever
 //     collected W stale readings: ResNet-20 on Fashion-MNIST froze nothing in 10
 //     epochs.) The stale counter and T survive a refresh.
-//   * T is measured again after an unfreeze: with the LR 10x lower the module moves
-//     10x slower, and a tolerance from the high-LR phase would refreeze at once.
+//   * After an unfreeze, what T a module refreezes with is a choice (refreeze_tolerance,
+//     --freeze-refreeze-tolerance):
+//       remeasure  T from the first 3 fits after the unfreeze, at the lower LR (the
+//                  default until this note changed; see below);
+//       keep       the T the module got from its first 3 fits ever (the paper: pList_l
+//                  and T are per module, initialised once; "refreezing takes much less
+//                  time because of the relaxed criteria");
+//       scaled     that T times lr_now / lr_when_measured: the module moves that much
+//                  slower, and so does its plasticity.
+//     Why remeasure misses: after a 10x drop the plasticity is already flat, so its
+//     first 3 fits are noise and T lands far below the noise of later fits (ResNet-20,
+//     Fashion-MNIST, 10 epochs: T = 1.4e-8 against slopes of +-1e-7; T before the
+//     drop was 1.2e-6). Nothing refroze in the last 5 epochs.
 //   * Optionally (tolerance_from = peak, --freeze-tolerance-from peak) T is coef x the
 //     largest |slope| the module has shown so far rather than in its first 3 fits. A
 //     module that has already settled when bootstrapping ends (ResNet-20's stem and
@@ -69,12 +80,18 @@
 
 namespace eg::freeze {
 
+enum class RefreezeTolerance { remeasure, keep, scaled };
+RefreezeTolerance parse_refreeze_tolerance(const std::string& s);  // "remeasure", "keep", "scaled"
+const char* refreeze_tolerance_name(RefreezeTolerance r);
+
 struct TrackerOptions {
   int64_t interval = 0;           // n: iterations between evaluations (0: derive, see default_interval)
   int64_t window = 10;            // W: stale readings to freeze; moving-average and fit window
   int64_t min_window = 1;         // halving W after an unfreeze stops here (1: the paper)
   double tolerance_coef = 0.2;    // T = coef x the largest |slope| of a module's first 3 fits
   bool tolerance_from_peak = false;  // ... or of all its fits so far (Note [Egeria's freezing decisions])
+  // The T a module refreezes with after an unfreeze (Note [Egeria's freezing decisions]).
+  RefreezeTolerance refreeze_tolerance = RefreezeTolerance::remeasure;
   double bootstrap_change = 0.10; // bootstrapping ends when the loss changes by less than this
   double unfreeze_lr_factor = 10; // unfreeze all when the LR has fallen by this factor
   // The LR of the run's last step (< 0: unknown). With freeze_last_phase false, the
@@ -141,6 +158,8 @@ class FreezeTracker {
 
  private:
   void start_module();
+  // Remembers the front module's T before the front moves (freeze or unfreeze).
+  void leave_module();
   void unfreeze_all(int64_t step, double lr, const char* why);
   // An event of this type with the tracker's current module, counter, window and LR.
   Event event(const char* type, int64_t step, double lr) const;
@@ -155,7 +174,14 @@ class FreezeTracker {
   std::vector<double> raw_, smoothed_;   // the front module's readings since the last refresh
   std::vector<double> first_slopes_;     // the front module's first 3 fits
   double peak_slope_ = 0;                // the front module's largest |slope| so far
-  double tolerance() const;
+  double tolerance_lr_ = 0;              // the LR of the front module's third fit
+  // Each module's first 3 fits, peak and their LR, kept across unfreezes (keep, scaled).
+  struct Kept {
+    std::vector<double> first;
+    double peak = 0, lr = 0;
+  };
+  std::vector<Kept> kept_;
+  double tolerance(double lr) const;
   std::vector<Event> events_;
 };
 

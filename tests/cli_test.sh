@@ -22,6 +22,8 @@ out=$("$egeria" train --augment-mode weekly 2>&1) && fail "unknown --augment-mod
 grep -q -- "--augment-mode" <<<"$out" || fail "augment-mode message: $out"
 out=$("$egeria" train --freeze egeria --freeze-apply later 2>&1) && fail "unknown --freeze-apply accepted"
 grep -q -- "--freeze-apply" <<<"$out" || fail "freeze-apply message: $out"
+out=$("$egeria" train --freeze egeria --freeze-refreeze-tolerance first3 2>&1) && fail "unknown --freeze-refreeze-tolerance accepted"
+grep -q -- "--freeze-refreeze-tolerance" <<<"$out" || fail "freeze-refreeze-tolerance message: $out"
 out=$("$egeria" eval --out "$work/none" 2>&1) && fail "eval without checkpoint accepted"
 grep -q "checkpoint.safetensors" <<<"$out" || fail "eval message: $out"
 

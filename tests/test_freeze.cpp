@@ -331,11 +331,66 @@ TEST(Tracker, ASettledModuleFreezesWithPeakToleranceButNotWithTheFirstThree) {
   }
 }
 
+// After an LR unfreeze the plasticity is flat from the first reading (a module that had
+// converged, now moving 10x slower). T measured again from those first fits is the
+// noise's own scale and nothing refreezes; the module's first T (keep, the paper) or
+// that T scaled by the LR's fall (scaled) refreezes it after the halved W. The choice
+// survives a checkpoint taken between the unfreeze and the refreeze.
+TEST(Tracker, RefreezingAfterAnLrDropUsesTheToleranceAsAsked) {
+  auto refreeze = [](RefreezeTolerance mode, double noise, std::vector<Event>* evaluations, bool resume) {
+    TrackerOptions o;
+    o.window = 10;
+    o.refreeze_tolerance = mode;
+    FreezeTracker t = started(4, o);
+    for (int i = 0; t.front() < 1 && i < 500; ++i) t.check_plasticity(i, converging(i), 0.1);
+    EXPECT_EQ(t.front(), 1);
+    EXPECT_EQ(t.check_lr(1000, 0.01), Decision::unfreeze_all);
+    EXPECT_EQ(t.window(), 5);
+    t.take_events();
+    Generator g(5);
+    Tensor z = Tensor::randn({300}, g);
+    for (int j = 0; j < 300; ++j) {
+      if (resume && j == 3) {
+        FreezeTracker u(4, o);
+        u.load_state(nlohmann::json::parse(t.state().dump()));
+        t = u;
+      }
+      const Decision d = t.check_plasticity(1001 + j, 1.0 + noise * double(z.data<float>()[j]), 0.01);
+      for (auto& e : t.take_events())
+        if (e.type == "evaluation" && evaluations) evaluations->push_back(e);
+      if (d == Decision::freeze) return j;
+    }
+    return -1;
+  };
+  for (double noise : {1e-3, 3e-2}) {
+    EXPECT_EQ(refreeze(RefreezeTolerance::remeasure, noise, nullptr, false), -1) << "noise " << noise;
+    // W/2 = 5 readings fill the first average, then the next 5 fits are stale.
+    EXPECT_EQ(refreeze(RefreezeTolerance::keep, noise, nullptr, false), 9) << "noise " << noise;
+    EXPECT_EQ(refreeze(RefreezeTolerance::keep, noise, nullptr, true), 9) << "noise " << noise;
+  }
+  // Noise 1000x under the converging curve's first slopes: 10x under the scaled T too.
+  EXPECT_EQ(refreeze(RefreezeTolerance::scaled, 1e-3, nullptr, false), 9);
+  EXPECT_EQ(refreeze(RefreezeTolerance::scaled, 1e-3, nullptr, true), 9);
+  // Noise 30x larger: under the kept T, but not under a tenth of it for 5 fits in a row.
+  std::vector<Event> kept, scaled;
+  refreeze(RefreezeTolerance::keep, 3e-2, &kept, false);
+  EXPECT_GT(refreeze(RefreezeTolerance::scaled, 3e-2, &scaled, false), 20);
+  ASSERT_FALSE(kept.empty());
+  ASSERT_FALSE(scaled.empty());
+  EXPECT_GT(kept.front().tolerance, 0) << "the kept T applies from the first fit after the unfreeze";
+  EXPECT_NEAR(scaled.front().tolerance, kept.front().tolerance * 0.1, 1e-12 * kept.front().tolerance);
+  EXPECT_EQ(parse_refreeze_tolerance("keep"), RefreezeTolerance::keep);
+  EXPECT_STREQ(refreeze_tolerance_name(RefreezeTolerance::scaled), "scaled");
+  EXPECT_THROW(parse_refreeze_tolerance("first3"), Error);
+}
+
 TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
-  for (bool peak : {false, true}) {
+  for (auto [peak, mode] : {std::pair{false, RefreezeTolerance::remeasure}, std::pair{true, RefreezeTolerance::remeasure},
+                             std::pair{false, RefreezeTolerance::keep}, std::pair{true, RefreezeTolerance::scaled}}) {
     TrackerOptions o;
     o.window = 4;
     o.tolerance_from_peak = peak;
+    o.refreeze_tolerance = mode;
     auto run = [&](FreezeTracker& t, int from, int to, std::vector<int>& decisions) {
       for (int i = from; i < to; ++i) {
         if (t.bootstrapping()) {

@@ -88,6 +88,12 @@ int main(int argc, char** argv) {
                     "of all its fits so far (peak: for modules already settled when bootstrapping ends)")
       ->capture_default_str()
       ->check(CLI::IsMember({"first3", "peak"}));
+  train->add_option("--freeze-refreeze-tolerance", c.freeze_refreeze_tolerance,
+                    "egeria: the T a module refreezes with after an LR unfreeze: measured again from its first 3 "
+                    "fits at the new LR (remeasure), the T of its first fits ever (keep, the paper), or that T "
+                    "scaled by the LR's fall (scaled)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"remeasure", "keep", "scaled"}));
   train->add_option("--freeze-last-phase", c.freeze_last_phase,
                     "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR "
                     "within 10x of its final value) whole, unfreezing what is frozen when it begins")

@@ -25,6 +25,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.min_window = c.freeze_window_min;
   pc.tracker.tolerance_coef = c.freeze_tolerance;
   pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == "peak";
+  pc.tracker.refreeze_tolerance = freeze::parse_refreeze_tolerance(c.freeze_refreeze_tolerance);
   pc.tracker.freeze_last_phase = c.freeze_last_phase != "off";
   pc.reference = c.freeze_reference;
   pc.device = Device::parse(c.device);

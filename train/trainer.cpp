@@ -71,7 +71,8 @@ json config_json(const TrainConfig& c) {
           {"adam_betas", {c.adam_beta1, c.adam_beta2}}, {"freeze_modules", c.freeze_modules},
           {"freeze_module_regex", c.freeze_module_regex}, {"freeze_interval", c.freeze_interval},
           {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
-          {"freeze_tolerance_from", c.freeze_tolerance_from}, {"freeze_last_phase", c.freeze_last_phase},
+          {"freeze_tolerance_from", c.freeze_tolerance_from},
+          {"freeze_refreeze_tolerance", c.freeze_refreeze_tolerance}, {"freeze_last_phase", c.freeze_last_phase},
           {"freeze_bn", c.freeze_bn}, {"augment_mode", c.augment_mode}, {"freeze_cache", c.freeze_cache},
           {"freeze_reference", c.freeze_reference}, {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply},
           {"cpu_winograd", c.cpu_winograd.empty() ? (cpu_winograd() ? "on" : "off") : c.cpu_winograd}};
@@ -254,6 +255,7 @@ void validate(const TrainConfig& c) {
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);
     EG_CHECK(c.freeze_tolerance_from == "first3" || c.freeze_tolerance_from == "peak",
              "--freeze-tolerance-from must be first3 or peak, got '", c.freeze_tolerance_from, "'");
+    freeze::parse_refreeze_tolerance(c.freeze_refreeze_tolerance);  // throws naming the flag
     EG_CHECK(c.freeze_last_phase == "on" || c.freeze_last_phase == "off",
              "--freeze-last-phase must be on or off, got '", c.freeze_last_phase, "'");
     EG_CHECK(c.freeze_bn == "running" || c.freeze_bn == "batch",

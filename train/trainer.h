@@ -44,6 +44,9 @@ struct TrainConfig {
   int64_t freeze_window_min = 1;      // egeria: W halves after an unfreeze down to this (1: the paper)
   double freeze_tolerance = 0.2;      // egeria: T = this x the largest of a module's first 3 slopes
   std::string freeze_tolerance_from = "first3";  // egeria: ... or "peak": of all its slopes so far
+  // egeria: the T a module refreezes with after an unfreeze: "remeasure", "keep", "scaled"
+  // (freeze/tracker.h, Note [Egeria's freezing decisions])
+  std::string freeze_refreeze_tolerance = "remeasure";
   std::string freeze_bn = "batch";       // frozen BatchNorms: batch statistics, or "running" (layers.h)
   std::string freeze_last_phase = "on";  // egeria: "off": the schedule's last LR phase trains whole
   std::string freeze_reference = "int8";
