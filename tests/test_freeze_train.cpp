@@ -12,6 +12,7 @@
 #include "freeze/policy.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "train/freezing.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 #include "tests/test_util.h"
@@ -393,6 +394,39 @@ TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
   EXPECT_TRUE(sum_units());
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   EXPECT_EQ(sum["freeze_units"].size(), 11u);  // resnet20: stem, 9 blocks, head
+}
+
+// Every Egeria flag of `train` reaches the tracker as given (train/freezing.cpp), and a
+// bad value is an error naming the flag before anything is trained.
+TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
+  train::TrainConfig c;
+  c.freeze = "egeria";
+  c.freeze_window = 7;
+  c.freeze_window_min = 3;
+  c.freeze_tolerance = 0.3;
+  c.freeze_tolerance_from = "peak";
+  c.freeze_last_phase = "off";
+  for (auto [name, want] : {std::pair{"remeasure", freeze::RefreezeTolerance::remeasure},
+                            std::pair{"keep", freeze::RefreezeTolerance::keep},
+                            std::pair{"scaled", freeze::RefreezeTolerance::scaled}}) {
+    c.freeze_refreeze_tolerance = name;
+    const freeze::PolicyConfig pc = train::policy_config(c);
+    EXPECT_EQ(pc.tracker.refreeze_tolerance, want) << name;
+    EXPECT_EQ(pc.tracker.window, 7);
+    EXPECT_EQ(pc.tracker.min_window, 3);
+    EXPECT_DOUBLE_EQ(pc.tracker.tolerance_coef, 0.3);
+    EXPECT_TRUE(pc.tracker.tolerance_from_peak);
+    EXPECT_FALSE(pc.tracker.freeze_last_phase);
+  }
+  std::string d = tmpdir("bad_refreeze");
+  auto bad = run_cfg(d, "egeria");
+  bad.freeze_refreeze_tolerance = "first3";
+  try {
+    train::run_training(bad);
+    ADD_FAILURE() << "an unknown --freeze-refreeze-tolerance was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--freeze-refreeze-tolerance"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
