@@ -46,15 +46,6 @@ RefreezeTolerance parse_refreeze_tolerance(const std::string& s) {
   EG_THROW("--freeze-refreeze-tolerance must be remeasure, keep or scaled, got '", s, "'");
 }
 
-const char* refreeze_tolerance_name(RefreezeTolerance r) {
-  switch (r) {
-    case RefreezeTolerance::remeasure: return "remeasure";
-    case RefreezeTolerance::keep: return "keep";
-    case RefreezeTolerance::scaled: return "scaled";
-  }
-  return "?";
-}
-
 json Event::to_json() const {
   json j = {{"type", type}, {"step", step}, {"lr", lr}};
   if (type == "bootstrap") {
@@ -101,7 +92,7 @@ Event FreezeTracker::event(const char* type, int64_t step, double lr) const {
 }
 
 void FreezeTracker::leave_module() {
-  if (first_slopes_.size() == 3 && front_ < num_modules_) kept_[size_t(front_)] = {first_slopes_, peak_slope_, tolerance_lr_};
+  if (first_slopes_.size() == 3) kept_[size_t(front_)] = {first_slopes_, peak_slope_, tolerance_lr_};
 }
 
 void FreezeTracker::start_module() {
@@ -111,7 +102,7 @@ void FreezeTracker::start_module() {
   peak_slope_ = 0;
   tolerance_lr_ = 0;
   counter_ = 0;
-  if (opt_.refreeze_tolerance == RefreezeTolerance::remeasure || front_ >= num_modules_) return;
+  if (opt_.refreeze_tolerance == RefreezeTolerance::remeasure) return;
   const Kept& k = kept_[size_t(front_)];
   if (k.first.size() < 3) return;
   first_slopes_ = k.first;

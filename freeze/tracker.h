@@ -82,7 +82,6 @@ namespace eg::freeze {
 
 enum class RefreezeTolerance { remeasure, keep, scaled };
 RefreezeTolerance parse_refreeze_tolerance(const std::string& s);  // "remeasure", "keep", "scaled"
-const char* refreeze_tolerance_name(RefreezeTolerance r);
 
 struct TrackerOptions {
   int64_t interval = 0;           // n: iterations between evaluations (0: derive, see default_interval)

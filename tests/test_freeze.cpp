@@ -380,7 +380,6 @@ TEST(Tracker, RefreezingAfterAnLrDropUsesTheToleranceAsAsked) {
   EXPECT_GT(kept.front().tolerance, 0) << "the kept T applies from the first fit after the unfreeze";
   EXPECT_NEAR(scaled.front().tolerance, kept.front().tolerance * 0.1, 1e-12 * kept.front().tolerance);
   EXPECT_EQ(parse_refreeze_tolerance("keep"), RefreezeTolerance::keep);
-  EXPECT_STREQ(refreeze_tolerance_name(RefreezeTolerance::scaled), "scaled");
   EXPECT_THROW(parse_refreeze_tolerance("first3"), Error);
 }
 

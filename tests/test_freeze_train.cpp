@@ -418,11 +418,10 @@ TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
     EXPECT_TRUE(pc.tracker.tolerance_from_peak);
     EXPECT_FALSE(pc.tracker.freeze_last_phase);
   }
-  std::string d = tmpdir("bad_refreeze");
-  auto bad = run_cfg(d, "egeria");
+  auto bad = run_cfg(tmpdir("bad_refreeze"), "egeria");
   bad.freeze_refreeze_tolerance = "first3";
   try {
-    train::run_training(bad);
+    train::validate(bad);
     ADD_FAILURE() << "an unknown --freeze-refreeze-tolerance was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--freeze-refreeze-tolerance"), std::string::npos) << e.what();
