@@ -3,7 +3,10 @@
 // with (oneDNN) and against its own plain-loop reference (one small case: the loops
 // are slow by design); and a whole reference forward of ResNet-20/56 through every
 // layer module, int8 vs fp32 — what a plasticity evaluation costs the spare cores; and
-// transformer-tiny's reference (dynamically quantised linear layers) vs fp32.
+// transformer-tiny's reference (dynamically quantised linear layers) vs fp32. On a GPU
+// also: the f16 convolution (cuDNN, tensor cores) against the f32 one on the same three
+// layers, and ResNet-20/56's reference forward fp16-gpu vs fp32-gpu (each iteration
+// ends with a one-element read back, which waits for the GPU).
 // Counters: GFLOP/s of the convolutions (2*N*K*P*Q*C*R*S), images/s for the models.
 #include <benchmark/benchmark.h>
 
@@ -59,6 +62,9 @@ void BM_ConvF32(benchmark::State& st, Layer l) {
   flops(st, l);
 }
 
+// Reads one element back: waits for the GPU (cheap for a CPU tensor).
+void wait_for(const Tensor& t) { benchmark::DoNotOptimize(t.reshape({-1}).slice(0, 1).item()); }
+
 void BM_Reference(benchmark::State& st, const char* model, const char* precision) {
   models::ModelConfig mc;
   mc.name = model;
@@ -68,9 +74,21 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
   auto m = models::build_model(mc, g);
   auto ref = quant::make_reference(precision, mc, m->state_dict());
   const int64_t last = int64_t(m->layer_modules().size()) - 2;  // every module but the head
-  Tensor x = Tensor::randn({128, 1, 28, 28}, g);
-  for (auto _ : st) benchmark::DoNotOptimize(ref->activation(x, last));
+  Tensor x = Tensor::randn({128, 1, 28, 28}, g);  // on the CPU, as the controller passes it
+  for (auto _ : st) wait_for(ref->activation(x, last));
   st.counters["images/s"] = benchmark::Counter(128, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_ConvGpu(benchmark::State& st, Layer l, DType t) {
+  const Device d = Device::cuda(0);
+  Generator g(2);
+  Tensor w = Tensor::randn({l.c, l.c, 3, 3}, g).to(t).to(d), b = Tensor::randn({l.c}, g).to(t).to(d);
+  Tensor x = relu_input(l).to(t).to(d), y = Tensor::empty({l.n, l.c, l.hw, l.hw}, t, d);
+  for (auto _ : st) {
+    ops::call(ops::conv2d_fwd, x, w, b, y, same3x3());
+    wait_for(y);
+  }
+  flops(st, l);
 }
 
 // transformer-tiny (d 512, 2+2 layers, vocabulary 8000), 64 sentences of 32 tokens a
@@ -109,6 +127,17 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark((std::string("reference/transformer-tiny_b64x32/") + prec).c_str(),
                                  BM_ReferenceTransformer, prec)
         ->Unit(benchmark::kMillisecond)->UseRealTime();
+  if (cuda_available()) {
+    for (const Layer& l : kLayers)
+      for (DType t : {DType::f16, DType::f32})
+        benchmark::RegisterBenchmark((std::string("conv_gpu_") + dtype_name(t) + "/" + l.name).c_str(), BM_ConvGpu, l, t)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (const char* model : {"resnet20", "resnet56"})
+      for (const char* prec : {"fp16-gpu", "fp32-gpu"})
+        benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference,
+                                     model, prec)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -14,7 +14,7 @@
 // Background threads run at a lower scheduling priority (nice) with their own thread
 // count, so they take the CPU the training leaves idle. `synchronous` evaluates
 // inline instead (deterministic; for tests and reproducible runs). A reference on the
-// GPU (precision "fp32-gpu") is always evaluated inline, on the training thread and
+// GPU (precision "fp32-gpu" or "fp16-gpu") is always evaluated inline, on the training thread and
 // stream: the GPU serialises the work anyway, and one thread keeps one set of CUDA
 // handles.
 #pragma once

@@ -4,6 +4,7 @@
 
 #include "autograd/node.h"
 #include "core/error.h"
+#include "kernels/ops.h"
 #include "layers/layers.h"
 #include "quant/int8.h"
 
@@ -53,6 +54,26 @@ class Int8Reference : public Fp32Reference {
   std::string precision() const override { return "int8"; }
 };
 
+// fp16 on the GPU: batch norm folded, every convolution and linear layer in f16 on
+// tensor cores with f32 accumulation, the other layers (ReLU, residual adds, pooling,
+// layer norm, softmax, attention's batched products) in f32: what torch.autocast runs
+// in f16 for inference, and the same split as the int8 reference.
+class Fp16GpuReference : public Fp32Reference {
+ public:
+  Fp16GpuReference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, Device gpu) {
+    load(make, snap, gpu);
+    convert_to_fp16(*model_, gpu);
+  }
+  std::string precision() const override { return "fp16-gpu"; }
+};
+
+// A converting copy on x's device (ops::cast; Tensor::to(DType) goes through the host).
+Tensor cast_on_device(const Tensor& x, DType t) {
+  Tensor y = Tensor::empty(x.shape(), t, x.device());
+  ops::call(ops::cast, x, y);
+  return y;
+}
+
 void fold_into(nn::Conv2d& conv, nn::BatchNorm2d& bn) {
   const int64_t k = conv.out_channels;
   EG_CHECK(bn.weight.numel() == k, "batch-norm folding: ", bn.weight.numel(), " channels after a convolution with ", k);
@@ -94,6 +115,44 @@ int64_t convert_to_int8(nn::Module& m) {
   return n;
 }
 
+int64_t convert_to_fp16(nn::Module& m, Device gpu) {
+  EG_CHECK(gpu.is_cuda() && cuda_available(), "the fp16 reference model needs a CUDA GPU (",
+           built_with_cuda() ? "none is visible" : "this build has no CUDA support", ")");
+  m.eval();
+  fold_batchnorm(m);
+  int64_t n = 0;
+  for (auto& [name, mod] : m.named_modules()) {
+    if (auto* conv = dynamic_cast<nn::Conv2d*>(mod)) {
+      const Tensor w = conv->weight.to(DType::f16).to(gpu);
+      const Tensor b = conv->bias.defined() ? conv->bias.to(DType::f16).to(gpu) : Tensor();
+      conv->forward_override = [w, b, p = conv->params](const Tensor& x) {
+        EG_CHECK(x.is_cuda(), "fp16 reference: the input of a convolution must be on the GPU");
+        const Tensor xh = cast_on_device(x, DType::f16);
+        Tensor y = Tensor::empty(ops::conv2d_out_shape(x.shape(), w.shape(), p), DType::f16, x.device());
+        ops::call(ops::conv2d_fwd, xh, w, b, y, p);
+        return cast_on_device(y, DType::f32);
+      };
+      ++n;
+    } else if (auto* lin = dynamic_cast<nn::Linear*>(mod)) {
+      const Tensor w = lin->weight.to(DType::f16).to(gpu);
+      const Tensor b = lin->bias.defined() ? lin->bias.to(gpu) : Tensor();  // added in f32
+      lin->forward_override = [w, b](const Tensor& x) {
+        const int64_t k = w.size(1);
+        EG_CHECK(x.is_cuda() && x.dim() >= 1 && x.size(x.dim() - 1) == k, "fp16 reference: a linear layer of ", k,
+                 " inputs got ", shape_str(x.shape()), x.is_cuda() ? "" : " on the CPU");
+        const Tensor xh = cast_on_device(x.reshape({-1, k}), DType::f16);
+        Tensor y = Tensor::empty({xh.size(0), w.size(0)}, DType::f32, x.device());
+        ops::call(ops::linear_fwd, xh, w, b, y);
+        Shape s = x.shape();
+        s.back() = w.size(0);
+        return y.reshape(s);
+      };
+      ++n;
+    }
+  }
+  return n;
+}
+
 int64_t fold_batchnorm(nn::Module& m) {
   int64_t folded = 0;
   const auto& ch = m.children();
@@ -117,7 +176,7 @@ ModelFactory model_factory(const models::ModelConfig& mc) {
   };
 }
 
-std::vector<std::string> reference_precisions() { return {"int8", "fp32", "fp32-gpu"}; }
+std::vector<std::string> reference_precisions() { return {"int8", "fp32", "fp32-gpu", "fp16-gpu"}; }
 
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make,
                                                const std::map<std::string, Tensor>& snapshot, Device gpu) {
@@ -128,7 +187,12 @@ std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, con
              built_with_cuda() ? "none is visible" : "this build has no CUDA support", "); use int8 or fp32");
     return std::make_unique<Fp32Reference>(make, snapshot, gpu);
   }
-  EG_THROW("unknown reference precision '", precision, "' (int8, fp32, fp32-gpu)");
+  if (precision == "fp16-gpu") {
+    EG_CHECK(gpu.is_cuda() && cuda_available(), "the fp16-gpu reference model needs a CUDA GPU (",
+             built_with_cuda() ? "none is visible" : "this build has no CUDA support", "); use int8 or fp32");
+    return std::make_unique<Fp16GpuReference>(make, snapshot, gpu);
+  }
+  EG_THROW("unknown reference precision '", precision, "' (int8, fp32, fp32-gpu, fp16-gpu)");
 }
 
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const models::ModelConfig& mc,

@@ -9,7 +9,9 @@
 // cores are busy (data loading) or few. The GPU reference is evaluated on the training
 // thread, in the training stream (freeze/controller.h), so it needs no second set of
 // CUDA handles; its cost is one forward of the front modules every n steps.
-// (The paper also offers fp16 on the GPU; egeria's CUDA kernels are f32 only so far.)
+// "fp16-gpu" is the same with batch norm folded and the convolutions and linear layers
+// in f16 on tensor cores (f32 accumulation; the rest f32, as torch.autocast), the
+// paper's GPU fallback.
 #pragma once
 #include <functional>
 #include <map>
@@ -44,8 +46,15 @@ int64_t fold_batchnorm(nn::Module& m);
 // number of layers converted.
 int64_t convert_to_int8(nn::Module& m);
 
+// Turns an inference copy of a model into its fp16 GPU version in place: eval mode, batch
+// norm folded, every Conv2d and Linear run in f16 on `gpu` (weights converted once,
+// inputs cast per call; convolutions return f32, linear layers add an f32 bias to
+// their f32 output). The model's other layers must already be on `gpu`. Returns the
+// number of layers converted.
+int64_t convert_to_fp16(nn::Module& m, Device gpu);
+
 using ModelFactory = std::function<models::ModelPtr()>;
-// `gpu`: the CUDA device of "fp32-gpu" (ignored by the CPU precisions).
+// `gpu`: the CUDA device of the "-gpu" precisions (ignored by the CPU ones).
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make_model,
                                                const std::map<std::string, Tensor>& snapshot,
                                                Device gpu = Device::cuda(0));

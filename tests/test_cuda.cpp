@@ -1,5 +1,5 @@
 // CUDA runtime pieces: the caching allocator, copies, and device-independent RNG; the
-// GPU reference model.
+// f16 convolution and GEMM of the fp16 reference; the GPU reference model.
 // Every test skips without a GPU; tools/gpu-check runs them on one.
 #include <gtest/gtest.h>
 
@@ -102,8 +102,87 @@ TEST(Cuda, Tf32ConvolutionIsOptInAndStaysClose) {
   EXPECT_LT(tf32, 0.2);
 }
 
+// The f16 forward of conv2d (cuDNN, f32 accumulation) against the f32 ground truth on
+// the same inputs rounded to f16: what remains is the output's rounding to f16 (2^-11
+// relative) twice (after the convolution and after the bias), and accumulation order.
+namespace {
+Tensor rounded_to_f16(const Tensor& x) { return x.to(DType::f16).to(DType::f32); }
+double worst_excess(const Tensor& got, const Tensor& want, double atol, double rtol) {
+  const auto a = got.to_vector<float>(), b = want.to_vector<float>();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])) / (atol + rtol * std::fabs(double(b[i]))));
+  return worst;  // <= 1 passes
+}
+}  // namespace
+
+TEST(Cuda, HalfConvolutionMatchesF32OnTheRoundedInputs) {
+  EG_REQUIRE_GPU();
+  struct Case {
+    Shape x, w;
+    int64_t stride, pad, groups;
+  };
+  // ResNet's 3x3 layers and stride-2 transition, a 1x1 projection, a depthwise layer.
+  for (const Case& c : {Case{{8, 16, 16, 16}, {16, 16, 3, 3}, 1, 1, 1}, Case{{8, 16, 16, 16}, {32, 16, 3, 3}, 2, 1, 1},
+                        Case{{4, 32, 8, 8}, {64, 32, 1, 1}, 2, 0, 1}, Case{{4, 32, 9, 9}, {32, 1, 3, 3}, 1, 1, 32}}) {
+    Generator g(7);
+    ops::Conv2dParams p;
+    p.stride_h = p.stride_w = c.stride;
+    p.pad_h = p.pad_w = c.pad;
+    p.groups = c.groups;
+    const double fan_in = double(c.w[1] * c.w[2] * c.w[3]);
+    Tensor x = rounded_to_f16(Tensor::randn(c.x, g)), b = rounded_to_f16(Tensor::randn({c.w[0]}, g));
+    Tensor w = rounded_to_f16(Tensor::randn(c.w, g));
+    {
+      float* wp = w.data<float>();  // weights ~ 1/sqrt(fan_in), as initialisers make them
+      for (int64_t i = 0; i < w.numel(); ++i) wp[i] = float(wp[i] / std::sqrt(fan_in));
+      w = rounded_to_f16(w);
+    }
+    const Shape ys = ops::conv2d_out_shape(c.x, c.w, p);
+    Tensor want = Tensor::empty(ys);
+    ops::run(ops::conv2d_fwd, ops::Backend::ref, x, w, b, want, p);
+    const Device d = Device::cuda(0);
+    Tensor y = Tensor::empty(ys, DType::f16, d);
+    ops::call(ops::conv2d_fwd, x.to(DType::f16).to(d), w.to(DType::f16).to(d), b.to(DType::f16).to(d), y, p);
+    EXPECT_LE(worst_excess(y.to(Device::cpu()).to(DType::f32), want, 1e-3, 2e-3), 1.0)
+        << shape_str(c.x) << " * " << shape_str(c.w);
+  }
+  // Mixed dtypes are an error naming them, not garbage.
+  const Device d = Device::cuda(0);
+  Tensor x = Tensor::zeros({1, 4, 4, 4}, DType::f16, d), w = Tensor::zeros({4, 4, 3, 3}, DType::f32, d);
+  Tensor y = Tensor::empty({1, 4, 2, 2}, DType::f16, d);
+  EXPECT_THROW(ops::call(ops::conv2d_fwd, x, w, Tensor(), y, ops::Conv2dParams{}), Error);
+}
+
+// f16 operands with an f32 output (the fp16 reference's linear layers) or an f16 one,
+// batched and transposed, against the f32 ground truth on the rounded operands.
+TEST(Cuda, HalfGemmMatchesF32OnTheRoundedInputs) {
+  EG_REQUIRE_GPU();
+  Generator g(8);
+  const Device d = Device::cuda(0);
+  auto h = [d](const Tensor& t) { return t.to(DType::f16).to(d); };
+  Tensor x = rounded_to_f16(Tensor::randn({37, 96}, g)), w = rounded_to_f16(Tensor::randn({50, 96}, g));
+  Tensor b = Tensor::randn({50}, g);
+  Tensor want = Tensor::empty({37, 50});
+  ops::run(ops::linear_fwd, ops::Backend::ref, x, w, b, want);
+  Tensor y = Tensor::empty({37, 50}, DType::f32, d);
+  ops::call(ops::linear_fwd, h(x), h(w), b.to(d), y);
+  // f32 output: only the accumulation order differs (outputs ~ sqrt(96) ~ 10).
+  EXPECT_LE(worst_excess(y.to(Device::cpu()), want, 1e-4, 1e-5), 1.0);
+
+  for (bool t : {false, true}) {  // a [3,24,40] b [3,40,24], or both transposed
+    Tensor a = rounded_to_f16(Tensor::randn(t ? Shape{3, 40, 24} : Shape{3, 24, 40}, g));
+    Tensor bb = rounded_to_f16(Tensor::randn(t ? Shape{3, 24, 40} : Shape{3, 40, 24}, g));
+    Tensor want2 = Tensor::empty({3, 24, 24}), y2 = Tensor::empty({3, 24, 24}, DType::f16, d);
+    ops::run(ops::gemm, ops::Backend::ref, a, bb, want2, t, t, 1.0, 0.0);
+    ops::call(ops::gemm, h(a), h(bb), y2, t, t, 1.0, 0.0);
+    EXPECT_LE(worst_excess(y2.to(Device::cpu()).to(DType::f32), want2, 1e-2, 1e-3), 1.0) << "transposed " << t;
+  }
+}
+
 // The GPU fallback of the reference model ("fp32-gpu"): the same activations as the
-// CPU fp32 reference, and an Egeria run on the GPU that uses it.
+// CPU fp32 reference, and Egeria runs on the GPU that use it and its fp16 version
+// (whose accuracy tests/test_quant.cpp checks).
 TEST(Cuda, GpuReferenceModelMatchesTheCpuOneAndTrains) {
   EG_REQUIRE_GPU();
   models::ModelConfig mc;
@@ -120,22 +199,24 @@ TEST(Cuda, GpuReferenceModelMatchesTheCpuOneAndTrains) {
     Tensor a = cpu->activation(x, k), b = gpu->activation(x, k).to(Device::cpu());
     EXPECT_LT(freeze::sp_loss(a, b), 1e-9) << "module " << k;
   }
-  train::TrainConfig c;
-  c.model = "resnet20";
-  c.dataset = "synthetic";
-  c.train_limit = 256;
-  c.test_limit = 64;
-  c.batch_size = 16;
-  c.epochs = 2;
-  c.device = "cuda:0";
-  c.out = "/tmp/eg_cuda_gpu_reference";
-  c.freeze = "egeria";
-  c.freeze_reference = "fp32-gpu";
-  c.freeze_interval = 2;
-  c.freeze_window = 2;
-  auto s = train::run_training(c);
-  ASSERT_TRUE(s.completed);
-  auto sum = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
-  EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 0);
-  EXPECT_EQ(sum["freeze_stats"]["evaluations_dropped"].get<int64_t>(), 0);
+  for (const char* precision : {"fp32-gpu", "fp16-gpu"}) {
+    train::TrainConfig c;
+    c.model = "resnet20";
+    c.dataset = "synthetic";
+    c.train_limit = 256;
+    c.test_limit = 64;
+    c.batch_size = 16;
+    c.epochs = 2;
+    c.device = "cuda:0";
+    c.out = std::string("/tmp/eg_cuda_gpu_reference_") + precision;
+    c.freeze = "egeria";
+    c.freeze_reference = precision;
+    c.freeze_interval = 2;
+    c.freeze_window = 2;
+    auto s = train::run_training(c);
+    ASSERT_TRUE(s.completed) << precision;
+    auto sum = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
+    EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 0) << precision;
+    EXPECT_EQ(sum["freeze_stats"]["evaluations_dropped"].get<int64_t>(), 0) << precision;
+  }
 }

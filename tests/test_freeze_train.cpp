@@ -355,20 +355,28 @@ TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
 namespace {
 
 TEST(FreezeTrainer, GpuReferenceIsAClearErrorWithoutAGpu) {
-  auto c = run_cfg(tmpdir("gpu_ref"), "egeria");
-  c.freeze_reference = "fp32-gpu";
-  try {
-    train::validate(c);
-    ADD_FAILURE() << "fp32-gpu accepted for a CPU run";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
-  }
-  if (!cuda_available()) {
-    models::ModelConfig mc;
-    mc.name = "resnet20";
-    Generator g(1);
-    auto m = models::build_model(mc, g);
-    EXPECT_THROW(quant::make_reference("fp32-gpu", quant::model_factory(mc), m->state_dict()), Error);
+  for (const char* precision : {"fp32-gpu", "fp16-gpu"}) {
+    auto c = run_cfg(tmpdir("gpu_ref"), "egeria");
+    c.freeze_reference = precision;
+    try {
+      train::validate(c);
+      ADD_FAILURE() << precision << " accepted for a CPU run";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(precision), std::string::npos) << e.what();
+    }
+    if (!cuda_available()) {
+      models::ModelConfig mc;
+      mc.name = "resnet20";
+      Generator g(1);
+      auto m = models::build_model(mc, g);
+      try {
+        (void)quant::make_reference(precision, quant::model_factory(mc), m->state_dict());
+        ADD_FAILURE() << precision << " reference built without a GPU";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("needs a CUDA GPU"), std::string::npos) << e.what();
+      }
+    }
   }
 }
 

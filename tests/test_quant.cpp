@@ -197,7 +197,8 @@ TEST(QuantReference, BatchNormFoldingKeepsEveryModelsOutput) {
 // inputs (batch 64, the 10 non-head modules): int8 vs fp32 1e-7 to 6e-7, while the same
 // fp32 model 10 SGD steps apart reads 4e-4 (stem) to 5e-3. The bounds tested: 2e-6,
 // and 1% of the plasticity 10 steps apart, at every module.
-TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) {
+// The fp16 GPU reference ("fp16-gpu": convolutions in f16) is held to the same bounds.
+void expect_resnet_reference_agrees(const std::string& precision) {
   Tensor x = images(64, 1, 28, 9);
   auto m = model_with_stats("resnet20", x, 21);
   models::ModelConfig mc;
@@ -205,8 +206,9 @@ TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) {
   mc.in_channels = 1;
   mc.image_size = 28;
   auto snap = m->state_dict();
-  auto f32 = quant::make_reference("fp32", mc, snap), i8 = quant::make_reference("int8", mc, snap);
-  EXPECT_EQ(i8->precision(), "int8");
+  auto f32 = quant::make_reference("fp32", mc, snap);
+  auto low = quant::make_reference(precision, quant::model_factory(mc), snap, Device::cuda(0));
+  EXPECT_EQ(low->precision(), precision);
   // A second snapshot 10 SGD steps later: the plasticity the reference must resolve.
   auto m2 = model_with_stats("resnet20", x, 21);
   {
@@ -224,11 +226,19 @@ TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) {
   auto moved = quant::make_reference("fp32", mc, m2->state_dict());
   const int64_t modules = int64_t(m->layer_modules().size()) - 1;  // the head is never compared
   for (int64_t k = 0; k < modules; ++k) {
-    Tensor a32 = f32->activation(x, k), a8 = i8->activation(x, k), am = moved->activation(x, k);
-    const double err = freeze::sp_loss(a8, a32), plasticity = freeze::sp_loss(am, a32);
-    EXPECT_LT(err, 2e-6) << "module " << k;
-    EXPECT_LT(err, 0.01 * plasticity) << "module " << k << ": int8 error " << err << " vs plasticity " << plasticity;
+    Tensor a32 = f32->activation(x, k), al = low->activation(x, k).to(Device::cpu()), am = moved->activation(x, k);
+    const double err = freeze::sp_loss(al, a32), plasticity = freeze::sp_loss(am, a32);
+    EXPECT_LT(err, 2e-6) << precision << " module " << k;
+    EXPECT_LT(err, 0.01 * plasticity) << "module " << k << ": " << precision << " error " << err
+                                      << " vs plasticity " << plasticity;
   }
+}
+
+TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) { expect_resnet_reference_agrees("int8"); }
+
+TEST(QuantReference, Fp16GpuActivationsAgreeWithFp32WithinAnSpLossBoundOnCuda) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU present";
+  expect_resnet_reference_agrees("fp16-gpu");
 }
 
 }  // namespace
@@ -238,8 +248,9 @@ namespace {
 // The Transformer's reference (dynamic quantisation of every linear layer, as the
 // paper's): at each encoder and decoder layer, the int8 activations' SP loss against
 // fp32 stays far below the plasticity of 10 AdamW steps (measured: 2e-8 to 1e-7
-// against 2e-3 to 1.4e-2; the bound tested is 1%).
-TEST(QuantReference, TransformerInt8ActivationsAgreeWithFp32) {
+// against 2e-3 to 1.4e-2; the bound tested is 1%). The fp16 GPU reference (every linear
+// layer in f16) is held to the same bound.
+void expect_transformer_reference_agrees(const std::string& precision) {
   models::TransformerConfig tc;
   tc.vocab = 64;
   tc.d_model = 32;
@@ -259,7 +270,7 @@ TEST(QuantReference, TransformerInt8ActivationsAgreeWithFp32) {
   Tensor src = Tensor::from_vector(sv, {16, 10}), tgt = Tensor::from_vector(tv, {16, 9}),
          y = Tensor::from_vector(yv, {16 * 9});
   auto snap = m->state_dict();
-  auto f32 = quant::make_reference("fp32", make, snap), i8 = quant::make_reference("int8", make, snap);
+  auto f32 = quant::make_reference("fp32", make, snap), low = quant::make_reference(precision, make, snap);
   auto m2 = make();
   {
     auto* t = static_cast<models::Transformer*>(m2.get());
@@ -273,13 +284,27 @@ TEST(QuantReference, TransformerInt8ActivationsAgreeWithFp32) {
   }
   auto moved = quant::make_reference("fp32", make, m2->state_dict());
   for (int64_t k = 0; k < 4; ++k) {
-    Tensor a32 = f32->activation(src, k, tgt), a8 = i8->activation(src, k, tgt), am = moved->activation(src, k, tgt);
-    const double err = freeze::sp_loss(a8, a32), plasticity = freeze::sp_loss(am, a32);
-    EXPECT_LT(err, 0.01 * plasticity) << "layer " << k << ": int8 error " << err << " vs plasticity " << plasticity;
+    Tensor a32 = f32->activation(src, k, tgt), al = low->activation(src, k, tgt).to(Device::cpu()),
+           am = moved->activation(src, k, tgt);
+    const double err = freeze::sp_loss(al, a32), plasticity = freeze::sp_loss(am, a32);
+    EXPECT_LT(err, 0.01 * plasticity) << "layer " << k << ": " << precision << " error " << err << " vs plasticity "
+                                      << plasticity;
   }
-  // Every linear layer is quantised: 4 projections + 2 FFN per encoder layer, 8 + 2 per decoder layer.
+  // Every linear layer is converted: 4 projections + 2 FFN per encoder layer, 8 + 2 per decoder layer.
   auto copy = make();
-  EXPECT_EQ(quant::convert_to_int8(*copy), 2 * 6 + 2 * 10);
+  if (precision == "int8") {
+    EXPECT_EQ(quant::convert_to_int8(*copy), 2 * 6 + 2 * 10);
+  } else {
+    copy->to(Device::cuda(0));
+    EXPECT_EQ(quant::convert_to_fp16(*copy, Device::cuda(0)), 2 * 6 + 2 * 10);
+  }
+}
+
+TEST(QuantReference, TransformerInt8ActivationsAgreeWithFp32) { expect_transformer_reference_agrees("int8"); }
+
+TEST(QuantReference, TransformerFp16GpuActivationsAgreeWithFp32OnCuda) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU present";
+  expect_transformer_reference_agrees("fp16-gpu");
 }
 
 }  // namespace

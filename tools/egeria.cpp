@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
                     "keep the activation cache in a file in this directory (deleted when the run ends); by default "
                     "it is kept in memory when it takes at most half the available memory, else in a file in --out");
   train->add_option("--freeze-reference", c.freeze_reference,
-                    "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu on the training GPU")
+                    "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU")
       ->capture_default_str()
       ->check(CLI::IsMember(eg::quant::reference_precisions()));
   train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");

@@ -276,10 +276,10 @@ void validate(const TrainConfig& c) {
              c.freeze_apply, "'");
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
-             "--freeze-reference must be int8, fp32 or fp32-gpu, got '", c.freeze_reference, "'");
-    EG_CHECK(c.freeze_reference != "fp32-gpu" || Device::parse(c.device).is_cuda(),
-             "--freeze-reference fp32-gpu runs the reference model on the training GPU; it needs --device cuda[:N] "
-             "(training on ", c.device, ")");
+             "--freeze-reference must be int8, fp32, fp32-gpu or fp16-gpu, got '", c.freeze_reference, "'");
+    EG_CHECK(!quant::reference_on_gpu(c.freeze_reference) || Device::parse(c.device).is_cuda(),
+             "--freeze-reference ", c.freeze_reference, " runs the reference model on the training GPU; it needs "
+             "--device cuda[:N] (training on ", c.device, ")");
   }
   EG_CHECK(c.cpu_winograd.empty() || c.cpu_winograd == "on" || c.cpu_winograd == "off",
            "--cpu-winograd must be on or off, got '", c.cpu_winograd, "'");

@@ -1,4 +1,7 @@
-// Convolution and batch norm on CUDA through cuDNN 9 (legacy API), f32, NCHW.
+// Convolution and batch norm on CUDA through cuDNN 9 (legacy API), f32, NCHW. The
+// convolution's forward also takes f16 tensors (x, w, bias and y all f16, products
+// accumulated in f32 on tensor cores: cuDNN's PSEUDO_HALF_CONFIG), for the fp16
+// reference model (quant/reference.h); its backward is f32 only.
 // conv: a plan per (shapes, params, math mode) holds the descriptors and, per pass, the
 // algorithm from cudnnGet*Algorithm_v7 (or timed by cudnnFind*, EG_CUDNN_BENCHMARK=1):
 // the fastest whose workspace fits 256 MiB. Workspaces come from the caching allocator. BN: cuDNN's spatial batch norm (saveInvVariance is exactly our
@@ -19,11 +22,16 @@ namespace {
 
 constexpr size_t kMaxWorkspace = size_t(256) << 20;
 
+cudnnDataType_t cudnn_type(DType t) {
+  EG_CHECK(t == DType::f32 || t == DType::f16, "internal: cuDNN descriptor for ", dtype_name(t));
+  return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+}
+
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
-  explicit TensorDesc(const Shape& s) {
+  explicit TensorDesc(const Shape& s, DType t = DType::f32) {
     EG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    EG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(s[0]), int(s[1]), int(s[2]),
+    EG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, cudnn_type(t), int(s[0]), int(s[1]), int(s[2]),
                                               int(s[3])));
   }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
@@ -33,18 +41,20 @@ struct ConvDescs {
   TensorDesc x, y;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  ConvDescs(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p) : x(xs), y(ys) {
+  ConvDescs(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t)
+      : x(xs, t), y(ys, t) {
     EG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
-    EG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(ws[0]), int(ws[1]), int(ws[2]),
+    EG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, cudnn_type(t), CUDNN_TENSOR_NCHW, int(ws[0]), int(ws[1]), int(ws[2]),
                                               int(ws[3])));
     EG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
     EG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, int(p.pad_h), int(p.pad_w), int(p.stride_h), int(p.stride_w),
                                                    int(p.dil_h), int(p.dil_w), CUDNN_CROSS_CORRELATION,
-                                                   CUDNN_DATA_FLOAT));
+                                                   CUDNN_DATA_FLOAT));  // f32 accumulation for f16 too
     EG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, int(p.groups)));
     // CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores on Ampere and newer; FMA_MATH
-    // keeps IEEE f32 (see eg::set_allow_tf32).
-    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    // keeps IEEE f32 (see eg::set_allow_tf32). f16 data always may use tensor cores.
+    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(
+        conv, t == DType::f16 ? CUDNN_TENSOR_OP_MATH : allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   }
   ~ConvDescs() {
     cudnnDestroyConvolutionDescriptor(conv);
@@ -75,10 +85,11 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
-  ConvPlan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p) : d(xs, ws, ys, p) {}
+  ConvPlan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t)
+      : d(xs, ws, ys, p, t) {}
 };
 
-using ConvKey = std::array<int64_t, 18>;
+using ConvKey = std::array<int64_t, 19>;
 
 // First (fastest by cuDNN's heuristics, or by timing) algorithm whose workspace fits.
 template <class Perf>
@@ -88,18 +99,19 @@ std::pair<decltype(Perf::algo), size_t> first_fitting(const Perf* perf, int foun
   EG_THROW("cuDNN found no ", pass, " convolution algorithm within a ", kMaxWorkspace >> 20, " MiB workspace");
 }
 
-// The plan for x [N,C,H,W] and w [K,C/g,R,S]; y's shape follows from them and p.
-ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p) {
+// The plan for x [N,C,H,W] and w [K,C/g,R,S] of dtype t; y's shape follows from them and p.
+ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p,
+                    DType t = DType::f32) {
   static std::mutex mu;
   static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
   int dev = 0;
   EG_CUDA_CHECK(cudaGetDevice(&dev));
   const ConvKey key{dev,      allow_tf32(), cudnn_benchmark(), xs[0],    xs[1],    xs[2],
                     xs[3],    ws[0],        ws[1],             ws[2],    ws[3],    p.stride_h,
-                    p.stride_w, p.pad_h,    p.pad_w,           p.dil_h,  p.dil_w,  p.groups};
+                    p.stride_w, p.pad_h,    p.pad_w,           p.dil_h,  p.dil_w,  p.groups, int64_t(t)};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = plans[key];
-  if (!slot) slot = std::make_unique<ConvPlan>(xs, ws, ys, p);
+  if (!slot) slot = std::make_unique<ConvPlan>(xs, ws, ys, p, t);
   return *slot;
 }
 
@@ -135,9 +147,13 @@ __global__ void bn_param_grad_kernel(const float* dy, const float* x, const floa
 
 // ---- convolution
 void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
-  require_f32(x, "conv2d");
+  const DType t = x.dtype();
+  EG_CHECK(t == DType::f32 || t == DType::f16, "conv2d on CUDA supports f32 and f16 tensors, got ", dtype_name(t));
+  EG_CHECK(w.dtype() == t && y.dtype() == t && (!bias.defined() || bias.dtype() == t),
+           "conv2d on CUDA: input, weight, bias and output must share one dtype, got ", dtype_name(t), ", ",
+           dtype_name(w.dtype()), ", ", bias.defined() ? dtype_name(bias.dtype()) : "none", ", ", dtype_name(y.dtype()));
   cudnnHandle_t h = cuda::cudnn_handle();
-  ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p);
+  ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p, t);
   if (!c.has_fwd) {
     cudnnConvolutionFwdAlgoPerf_t perf[16];
     int found = 0;
@@ -154,7 +170,7 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, c.d.x.d, x.raw(), c.d.w, w.raw(), c.d.conv, c.fwd, buf.raw(), c.fwd_ws,
                                          &zero, c.d.y.d, y.raw()));
   if (bias.defined()) {
-    TensorDesc bd({1, bias.numel(), 1, 1});
+    TensorDesc bd({1, bias.numel(), 1, 1}, t);
     EG_CUDNN_CHECK(cudnnAddTensor(h, &one, bd.d, bias.raw(), &one, c.d.y.d, y.raw()));
   }
 }

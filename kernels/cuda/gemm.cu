@@ -1,5 +1,7 @@
 // GEMM and linear layers on CUDA through cuBLAS, f32 (exact FP32 math unless
-// eg::set_allow_tf32(true)).
+// eg::set_allow_tf32(true)). The forward also takes f16 operands (a and b, or x and w,
+// both f16) with an f32 or f16 output, accumulated in f32 on tensor cores
+// (cublasGemmStridedBatchedEx), for the fp16 reference model; the backward is f32 only.
 // Row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T, so
 // the operands are passed swapped with their own leading dimensions.
 // Napkin math: 4096x512x2048 is 8.6 GFLOP -> ~0.2 ms at ~50 TFLOP/s FP32 (H100).
@@ -21,7 +23,13 @@ __global__ void column_sum_kernel(const float* x, float* out, int64_t m, int64_t
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double alpha, double beta) {
-  require_f32(a, "gemm");
+  const bool half = a.dtype() == DType::f16;
+  if (half)
+    EG_CHECK(b.dtype() == DType::f16 && (c.dtype() == DType::f32 || c.dtype() == DType::f16),
+             "gemm on CUDA: an f16 a needs an f16 b and an f32 or f16 output, got ", dtype_name(b.dtype()), " and ",
+             dtype_name(c.dtype()));
+  else
+    require_f32(a, "gemm");
   const int r = a.dim();
   const int64_t batch = r == 3 ? a.size(0) : 1;
   const int64_t m = c.size(r - 2), n = c.size(r - 1), k = ta ? a.size(r - 2) : a.size(r - 1);
@@ -35,6 +43,14 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
     else scale(c, c, beta);
     return;
   }
+  if (half) {
+    const cudaDataType_t ct = c.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
+    EG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &al, b.raw(),
+        CUDA_R_16F, int(ldb), b.numel() / batch, a.raw(), CUDA_R_16F, int(lda), a.numel() / batch, &be, c.raw(), ct,
+        int(ldc), c.numel() / batch, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
   EG_CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
                                             int(m), int(k), &al, b.data<float>(), int(ldb), b.numel() / batch,
                                             a.data<float>(), int(lda), a.numel() / batch, &be, c.data<float>(), int(ldc),
@@ -42,6 +58,9 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
 }
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  EG_CHECK(!bias.defined() || (bias.dtype() == DType::f32 && y.dtype() == DType::f32),
+           "linear on CUDA: a bias needs an f32 bias and output, got ", dtype_name(bias.dtype()), " and ",
+           dtype_name(y.dtype()));
   gemm(x, w, y, false, true, 1.0, 0.0);
   if (bias.defined() && y.numel()) {
     add_bias_kernel<<<blocks_for(y.numel()), kThreads, 0, stream()>>>(y.data<float>(), bias.data<float>(), y.size(0),
