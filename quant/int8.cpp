@@ -27,23 +27,13 @@ void require_cpu_f32_4d(const Tensor& x, const char* what) {
            x.device().str());
 }
 
-// x NCHW f32 -> q NHWC (u8 or s8), or NCHW when nhwc is false.
+// x NCHW f32 -> q NCHW (u8 or s8), for the plain-loop reference.
 template <class Q>
-void quantize(const Tensor& x, float scale, int lo, int hi, Q* q, bool nhwc) {
-  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+void quantize(const Tensor& x, float scale, int lo, int hi, Q* q) {
   const float* xp = x.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const float* src = xp + (i * c + ch) * hw;
-      if (nhwc) {
-        Q* dst = q + i * hw * c + ch;
-        for (int64_t s = 0; s < hw; ++s) dst[s * c] = quantize_one<Q>(src[s], scale, lo, hi);
-      } else {
-        Q* dst = q + (i * c + ch) * hw;
-        for (int64_t s = 0; s < hw; ++s) dst[s] = quantize_one<Q>(src[s], scale, lo, hi);
-      }
-    }
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) q[i] = quantize_one<Q>(xp[i], scale, lo, hi);
 }
 
 // Row r of w [R, per] to s8 with its own symmetric scale 127 / max|w[r]|.
@@ -75,10 +65,9 @@ std::vector<float> host_bias(const Tensor& bias, int64_t n, const char* who) {
 
 }  // namespace
 
-ActQuant choose_act_quant(const Tensor& x_in) {
-  const Tensor x = x_in.to_plain();  // Note [Blocked activations]
+ActQuant choose_act_quant(const Tensor& x) {
   EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "choose_act_quant: expected f32 on the CPU");
-  const float* p = x.data<float>();
+  const float* p = x.data_any<float>();  // the range is the same in any layout (nChw16c has no padding)
   const int64_t n = x.numel();
   float lo = 0.f, hi = 0.f;
   int bad = 0;
@@ -96,10 +85,25 @@ ActQuant choose_act_quant(const Tensor& x_in) {
   return q;
 }
 
+// Note [int8 convolution pipeline]
+// One pass per stage, all oneDNN: a reorder quantises the f32 input (plain or nChw16c,
+// as the layer before left it) straight into the layout the int8 convolution wants,
+// scaling and rounding on the way; the convolution accumulates in s32 and writes f32
+// itself, the bias and the per-output-channel dequantisation scale 1 / (s_x s_w[k])
+// applied in its epilogue (the bias is added before the scale, so it is passed as
+// bias[k] s_x s_w[k]). Its f32 output (NHWC, the only layout oneDNN 2.6's fast int8
+// convolutions write) is reordered to nChw16c when K % 16 == 0, the layout the f32
+// layers after it read fastest (Note [Blocked activations]), else to NCHW.
+// The input and output scales change with every batch (Note [Dynamic activation
+// scales]), so both are runtime arguments and the primitives are built once per shape.
 struct ConvInt8::Prim {
   dnnl::convolution_forward conv;
-  memory weights;  // in the primitive's preferred layout
-  memory::desc src_md, dst_md;
+  dnnl::reorder quant;  // x (f32, its layout) -> src (u8/s8, the convolution's layout), times s_x
+  dnnl::reorder out;    // dst -> y, when the convolution does not write y's layout
+  bool has_out = false;
+  memory weights;       // in the primitive's preferred layout
+  memory::desc x_md, src_md, dst_md, y_md;
+  bool y_blocked = false;
 };
 
 ConvInt8::ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p) : p_(p), wshape_(w.shape()) {
@@ -128,11 +132,11 @@ Tensor ConvInt8::forward_ref(const Tensor& x_in, const ActQuant& q) const {
   std::vector<int> xq(size_t(x.numel()));
   if (q.is_unsigned) {
     std::vector<uint8_t> t(xq.size());
-    quantize<uint8_t>(x, q.scale, 0, 255, t.data(), false);
+    quantize<uint8_t>(x, q.scale, 0, 255, t.data());
     std::copy(t.begin(), t.end(), xq.begin());
   } else {
     std::vector<int8_t> t(xq.size());
-    quantize<int8_t>(x, q.scale, -127, 127, t.data(), false);
+    quantize<int8_t>(x, q.scale, -127, 127, t.data());
     std::copy(t.begin(), t.end(), xq.begin());
   }
   const int8_t* wq = wq_.data<int8_t>();
@@ -160,32 +164,50 @@ Tensor ConvInt8::forward_ref(const Tensor& x_in, const ActQuant& q) const {
   return y;
 }
 
-Tensor ConvInt8::forward(const Tensor& x_in, const ActQuant& q) const {
-  const Tensor x = x_in.to_plain();  // fp32 layers before it may leave it nChw16c
-  require_cpu_f32_4d(x, "ConvInt8");
+Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
+  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32 && x.dim() == 4,
+           "ConvInt8: expected an f32 CPU tensor [N, C, H, W], got ", dtype_name(x.dtype()), " ", shape_str(x.shape()),
+           " on ", x.device().str());
   EG_CHECK(x.size(1) == wshape_[1] * p_.groups, "ConvInt8: input has ", x.size(1), " channels, the weight expects ",
            wshape_[1] * p_.groups);
   const Shape xs = x.shape(), ys = out_shape(xs);
   const int64_t k = ys[1];
   std::vector<int64_t> key(xs.begin(), xs.end());
   key.push_back(q.is_unsigned);
+  key.push_back(x.is_blocked());
   auto& slot = prims_[key];
   if (!slot) {
     auto pr = std::make_unique<Prim>();
     EG_DNNL_TRY("creating the int8 convolution", {
       dnnl::engine& eng = onednn::engine();
-      pr->src_md = memory::desc(onednn::dims(xs), q.is_unsigned ? dt::u8 : dt::s8, tag::nhwc);
-      pr->dst_md = memory::desc(onednn::dims(ys), dt::s32, tag::nhwc);
+      pr->x_md = memory::desc(onednn::dims(xs), dt::f32, x.is_blocked() ? tag::nChw16c : tag::nchw);
+      pr->y_blocked = k % kBlock == 0;
+      pr->y_md = memory::desc(onednn::dims(ys), dt::f32, pr->y_blocked ? tag::nChw16c : tag::nchw);
       const int64_t g = p_.groups;
       memory::dims wd = g > 1 ? memory::dims{g, k / g, wshape_[1], wshape_[2], wshape_[3]} : onednn::dims(wshape_);
-      memory::desc wany(wd, dt::s8, tag::any);
       const int64_t pr_h = (ys[2] - 1) * p_.stride_h + (wshape_[2] - 1) * p_.dil_h + 1 - xs[2] - p_.pad_h;
       const int64_t pr_w = (ys[3] - 1) * p_.stride_w + (wshape_[3] - 1) * p_.dil_w + 1 - xs[3] - p_.pad_w;
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                        pr->src_md, wany, pr->dst_md, {p_.stride_h, p_.stride_w},
-                                        {p_.dil_h - 1, p_.dil_w - 1}, {p_.pad_h, p_.pad_w}, {pr_h, pr_w});
-      dnnl::convolution_forward::primitive_desc pd(d, eng);
+      dnnl::convolution_forward::desc d(
+          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+          memory::desc(onednn::dims(xs), q.is_unsigned ? dt::u8 : dt::s8, tag::any), memory::desc(wd, dt::s8, tag::any),
+          memory::desc({k}, dt::f32, tag::x), memory::desc(onednn::dims(ys), dt::f32, tag::any),
+          {p_.stride_h, p_.stride_w}, {p_.dil_h - 1, p_.dil_w - 1}, {p_.pad_h, p_.pad_w}, {pr_h, pr_w});
+      // The dequantisation scale changes with every batch, and oneDNN 2.6's int8
+      // convolutions take no runtime output scales: a per-channel binary multiply
+      // post-op (a runtime argument) applies it instead.
+      dnnl::post_ops po;
+      po.append_binary(dnnl::algorithm::binary_mul, memory::desc({1, k, 1, 1}, dt::f32, tag::nchw));
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(po);
+      dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
       pr->conv = dnnl::convolution_forward(pd);
+      pr->src_md = pd.src_desc();
+      pr->dst_md = pd.dst_desc();
+      dnnl::primitive_attr qattr;
+      qattr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+      pr->quant = dnnl::reorder(dnnl::reorder::primitive_desc(eng, pr->x_md, eng, pr->src_md, qattr));
+      pr->has_out = pr->dst_md != pr->y_md;
+      if (pr->has_out) pr->out = dnnl::reorder(dnnl::reorder::primitive_desc(eng, pr->dst_md, eng, pr->y_md));
       memory user({wd, dt::s8, g > 1 ? tag::goihw : tag::oihw}, eng, wq_.raw());
       pr->weights = memory(pd.weights_desc(), eng);
       dnnl::reorder(user, pr->weights).execute(onednn::stream(), user, pr->weights);
@@ -194,30 +216,34 @@ Tensor ConvInt8::forward(const Tensor& x_in, const ActQuant& q) const {
     slot = std::move(pr);
   }
   Prim& pr = *slot;
-  Tensor xq = Tensor::empty({xs[0], xs[2], xs[3], xs[1]}, q.is_unsigned ? DType::u8 : DType::s8);
-  if (q.is_unsigned) quantize<uint8_t>(x, q.scale, 0, 255, xq.data<uint8_t>(), true);
-  else quantize<int8_t>(x, q.scale, -127, 127, xq.data<int8_t>(), true);
-  Tensor acc = Tensor::empty({ys[0], ys[2], ys[3], k}, DType::s32);
+  std::vector<float> scales(static_cast<size_t>(k)), bias(static_cast<size_t>(k));
+  for (int64_t o = 0; o < k; ++o) {
+    const float sx_sw = q.scale * w_scale_[size_t(o)];
+    scales[size_t(o)] = 1.f / sx_sw;
+    bias[size_t(o)] = bias_[size_t(o)] * sx_sw;
+  }
+  float in_scale = q.scale;
+  Tensor xq = Tensor::empty({int64_t(pr.src_md.get_size())}, DType::u8);
+  Tensor y = Tensor::empty(ys);
+  if (pr.y_blocked) y.set_format(Format::nchw16c);
+  Tensor dst = pr.has_out ? Tensor::empty({int64_t(pr.dst_md.get_size())}, DType::u8) : y;
   EG_DNNL_TRY("running the int8 convolution", {
-    memory src(pr.src_md, onednn::engine(), xq.raw()), dst(pr.dst_md, onednn::engine(), acc.raw());
-    pr.conv.execute(onednn::stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, pr.weights}, {DNNL_ARG_DST, dst}});
+    dnnl::engine& eng = onednn::engine();
+    memory xm = onednn::wrap(x, pr.x_md), sm(pr.src_md, eng, xq.raw()), dm(pr.dst_md, eng, dst.raw_any());
+    memory in_sc({{1}, dt::f32, tag::x}, eng, &in_scale), out_sc({{1, k, 1, 1}, dt::f32, tag::nchw}, eng, scales.data());
+    memory bm({{k}, dt::f32, tag::x}, eng, bias.data());
+    pr.quant.execute(onednn::stream(), {{DNNL_ARG_FROM, xm}, {DNNL_ARG_TO, sm}, {DNNL_ARG_ATTR_OUTPUT_SCALES, in_sc}});
+    pr.conv.execute(onednn::stream(), {{DNNL_ARG_SRC, sm},
+                                       {DNNL_ARG_WEIGHTS, pr.weights},
+                                       {DNNL_ARG_BIAS, bm},
+                                       {DNNL_ARG_DST, dm},
+                                       {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, out_sc}});
+    if (pr.has_out) {
+      memory ym = onednn::wrap(y, pr.y_md);
+      pr.out.execute(onednn::stream(), dm, ym);
+    }
     onednn::stream().wait();
   });
-  // Dequantise, add the bias, NHWC -> NCHW.
-  std::vector<float> dq(static_cast<size_t>(k));
-  for (int64_t o = 0; o < k; ++o) dq[size_t(o)] = 1.f / (q.scale * w_scale_[size_t(o)]);
-  Tensor y = Tensor::empty(ys);
-  const int64_t n = ys[0], hw = ys[2] * ys[3];
-  const int32_t* ap = acc.data<int32_t>();
-  float* yp = y.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t o = 0; o < k; ++o) {
-      const int32_t* src = ap + i * hw * k + o;
-      float* dst = yp + (i * k + o) * hw;
-      const float d = dq[size_t(o)], b = bias_[size_t(o)];
-      for (int64_t s = 0; s < hw; ++s) dst[s] = float(src[s * k]) * d + b;
-    }
   return y;
 }
 
