@@ -165,9 +165,7 @@ Tensor ConvInt8::forward_ref(const Tensor& x_in, const ActQuant& q) const {
 }
 
 Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
-  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32 && x.dim() == 4,
-           "ConvInt8: expected an f32 CPU tensor [N, C, H, W], got ", dtype_name(x.dtype()), " ", shape_str(x.shape()),
-           " on ", x.device().str());
+  require_cpu_f32_4d(x, "ConvInt8");  // plain or nChw16c: the quantising reorder reads either
   EG_CHECK(x.size(1) == wshape_[1] * p_.groups, "ConvInt8: input has ", x.size(1), " channels, the weight expects ",
            wshape_[1] * p_.groups);
   const Shape xs = x.shape(), ys = out_shape(xs);

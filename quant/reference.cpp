@@ -182,14 +182,10 @@ std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, con
                                                const std::map<std::string, Tensor>& snapshot, Device gpu) {
   if (precision == "fp32") return std::make_unique<Fp32Reference>(make, snapshot);
   if (precision == "int8") return std::make_unique<Int8Reference>(make, snapshot);
-  if (precision == "fp32-gpu") {
-    EG_CHECK(gpu.is_cuda() && cuda_available(), "the fp32-gpu reference model needs a CUDA GPU (",
+  if (precision == "fp32-gpu" || precision == "fp16-gpu") {
+    EG_CHECK(gpu.is_cuda() && cuda_available(), "the ", precision, " reference model needs a CUDA GPU (",
              built_with_cuda() ? "none is visible" : "this build has no CUDA support", "); use int8 or fp32");
-    return std::make_unique<Fp32Reference>(make, snapshot, gpu);
-  }
-  if (precision == "fp16-gpu") {
-    EG_CHECK(gpu.is_cuda() && cuda_available(), "the fp16-gpu reference model needs a CUDA GPU (",
-             built_with_cuda() ? "none is visible" : "this build has no CUDA support", "); use int8 or fp32");
+    if (precision == "fp32-gpu") return std::make_unique<Fp32Reference>(make, snapshot, gpu);
     return std::make_unique<Fp16GpuReference>(make, snapshot, gpu);
   }
   EG_THROW("unknown reference precision '", precision, "' (int8, fp32, fp32-gpu, fp16-gpu)");
