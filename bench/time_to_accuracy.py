@@ -6,6 +6,7 @@
       (variants, as VARIANTS below: egeria-peak = egeria --freeze-tolerance-from peak;
        -wmin5: --freeze-window-min 5; -lastoff: --freeze-last-phase off;
        -keep, -scaled: --freeze-refreeze-tolerance keep, scaled;
+       -firstoff: --freeze-first-phase off;
        -bnbatch, -bnrunning: --freeze-bn batch (the default), running;
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
@@ -47,6 +48,9 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-lastoff": ["egeria", "--freeze-last-phase", "off"],
             "egeria-keep": ["egeria", "--freeze-refreeze-tolerance", "keep"],
             "egeria-scaled": ["egeria", "--freeze-refreeze-tolerance", "scaled"],
+            # Freezes held until the first LR decay (Note [Egeria's freezing decisions]).
+            "egeria-firstoff": ["egeria", "--freeze-first-phase", "off"],
+            "egeria-firstoff-keep": ["egeria", "--freeze-first-phase", "off", "--freeze-refreeze-tolerance", "keep"],
             "egeria-bnbatch": ["egeria", "--freeze-bn", "batch"],
             "egeria-bnrunning": ["egeria", "--freeze-bn", "running"],
             "egeria-peak-bnbatch": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-bn", "batch"],

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -75,6 +76,11 @@ void ActivationCache::set_key(int64_t key) {
   sample_shape_.clear();  // the next store sizes the file
 }
 
+void ActivationCache::release() {
+  set_key(-1);
+  unmap();
+}
+
 void ActivationCache::map(int64_t entry_floats) {
   unmap();
   entry_floats_ = entry_floats;
@@ -86,6 +92,7 @@ void ActivationCache::map(int64_t entry_floats) {
     ::madvise(p, size_t(bytes), MADV_HUGEPAGE);  // 2 MB pages: fewer faults while it fills
     base_ = static_cast<float*>(p);
     stats_.bytes_reserved = bytes;
+    stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, bytes);
     return;
   }
   EG_CHECK(::ftruncate(fd_, 0) == 0 && ::ftruncate(fd_, bytes) == 0, "activation cache: cannot size its file in '", dir_,
@@ -104,7 +111,8 @@ void ActivationCache::map(int64_t entry_floats) {
   EG_CHECK(p != MAP_FAILED, "activation cache: cannot map its ", gib, " GiB file in '", dir_, "': ", std::strerror(errno));
   base_ = static_cast<float*>(p);
   stats_.bytes_reserved = bytes;
-  stats_.on_disk = true;
+  stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, bytes);
+  stats_.on_disk = stats_.ever_on_disk = true;
 }
 
 void ActivationCache::check_ids(const std::vector<int64_t>& ids, const char* what) const {

@@ -43,7 +43,9 @@ struct CacheStats {
   int64_t resets = 0;                         // times every entry was dropped
   int64_t entries = 0;                        // valid entries now
   int64_t bytes_reserved = 0;                 // size of the store now
+  int64_t peak_bytes_reserved = 0;            // the largest it has been
   bool on_disk = false;                       // where the store is now
+  bool ever_on_disk = false;                  // whether it has been in the file
 };
 
 class ActivationCache {
@@ -60,6 +62,10 @@ class ActivationCache {
   // the store is sized by the first store() after it.
   int64_t key() const { return key_; }
   void set_key(int64_t key);
+  // Drops every entry and gives the store back (memory, or the file's disk blocks), as
+  // when nothing is frozen any more: an unfrozen run should not hold gigabytes it may
+  // never read again. The key becomes -1; the next set_key() and store() map it anew.
+  void release();
 
   // Whether every id has an entry; the positions in `ids` of those without one.
   bool contains(const std::vector<int64_t>& ids) const;

@@ -56,7 +56,7 @@ json Event::to_json() const {
     j["counter"] = counter;
     j["window"] = window;
   }
-  if (type == "unfreeze") j["reason"] = reason;
+  if (!reason.empty()) j["reason"] = reason;
   if (type == "evaluation") {
     j["plasticity"] = plasticity;
     j["smoothed"] = smoothed;
@@ -118,8 +118,23 @@ double FreezeTracker::tolerance(double lr) const {
   return t;
 }
 
+bool FreezeTracker::see_lr(int64_t step, double lr) {
+  const bool held = holding();
+  peak_lr_ = std::max(peak_lr_, lr);
+  if (!first_phase_over_ && lr * opt_.unfreeze_lr_factor <= peak_lr_ * (1 + 1e-9)) first_phase_over_ = true;
+  if (!held || holding() || front_ == 0) return false;
+  // The first phase is over: the held freezes apply, and the LR unfreeze counts from here.
+  Event e = event("freeze", step, lr);
+  e.module = front_ - 1;  // modules [0, front_) freeze
+  e.reason = "held";
+  events_.push_back(e);
+  lr_at_front_freeze_ = lr;
+  return true;
+}
+
 Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
   if (!bootstrapping_) return Decision::none;
+  see_lr(step, lr);  // the peak LR (nothing is held yet)
   Event e = event("bootstrap", step, lr);
   e.loss = loss;
   e.prev_loss = prev_loss_;
@@ -169,12 +184,13 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
   events_.push_back(e);
   ++evals_since_refresh_;
   if (counter_ >= window_) {
-    events_.push_back(event("freeze", step, lr));
-    if (lr_at_front_freeze_ == 0) lr_at_front_freeze_ = lr;
+    const bool hold = holding();
+    events_.push_back(event(hold ? "hold" : "freeze", step, lr));
+    if (!hold && lr_at_front_freeze_ == 0) lr_at_front_freeze_ = lr;
     leave_module();
     ++front_;
     start_module();
-    return Decision::freeze;
+    return hold ? Decision::none : Decision::freeze;
   }
   return check_lr(step, lr);
 }
@@ -193,6 +209,9 @@ void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
 }
 
 Decision FreezeTracker::check_lr(int64_t step, double lr) {
+  // The LR's fall is seen here (every step, and after every reading that does not
+  // freeze): a freeze decided by a reading at the fallen LR is held, then applied here.
+  if (see_lr(step, lr)) return Decision::freeze;
   if (front_ > 0 && lr_at_front_freeze_ > 0 && lr * opt_.unfreeze_lr_factor <= lr_at_front_freeze_ * (1 + 1e-9)) {
     unfreeze_all(step, lr, "lr");
     return Decision::unfreeze_all;
@@ -207,7 +226,7 @@ Decision FreezeTracker::check_lr(int64_t step, double lr) {
     events_.push_back(event("last_phase", step, lr));
     return Decision::none;
   }
-  if (front_ > 0 && custom_unfreeze && custom_unfreeze(step, lr)) {
+  if (front_ > 0 && !holding() && custom_unfreeze && custom_unfreeze(step, lr)) {
     unfreeze_all(step, lr, "custom");
     return Decision::unfreeze_all;
   }
@@ -237,7 +256,8 @@ json FreezeTracker::state() const {
           {"counter", counter_}, {"evals_since_refresh", evals_since_refresh_},
           {"lr_at_front_freeze", lr_at_front_freeze_}, {"raw", raw_}, {"smoothed", smoothed_},
           {"first_slopes", first_slopes_}, {"peak_slope", peak_slope_}, {"last_phase", last_phase_},
-          {"tolerance_lr", tolerance_lr_}, {"kept", kept}, {"num_modules", num_modules_}};
+          {"tolerance_lr", tolerance_lr_}, {"kept", kept}, {"num_modules", num_modules_},
+          {"peak_lr", peak_lr_}, {"first_phase_over", first_phase_over_}};
 }
 
 void FreezeTracker::load_state(const json& s) {
@@ -256,6 +276,8 @@ void FreezeTracker::load_state(const json& s) {
   peak_slope_ = s.value("peak_slope", 0.0);  // absent in checkpoints from before the option
   last_phase_ = s.value("last_phase", false);  // likewise
   tolerance_lr_ = s.value("tolerance_lr", 0.0);   // likewise (remeasure: unused)
+  peak_lr_ = s.value("peak_lr", 0.0);              // likewise
+  first_phase_over_ = s.value("first_phase_over", false);
   kept_.assign(size_t(num_modules_), Kept());
   if (s.contains("kept")) {
     const json& k = s.at("kept");

@@ -67,6 +67,24 @@ TEST_P(ActivationCacheTiers, StoresAndGathersBySampleId) {
   Tensor h2 = Tensor::randn({2, 8, 2, 2}, g);
   c.store({7, 19}, h2);
   EXPECT_EQ(row(c.gather({19}), 0), row(h2, 1));
+  EXPECT_EQ(c.stats().bytes_reserved, 20 * 32 * 4);
+
+  // Released when nothing is frozen any more: no entries and no store, until a new key.
+  c.prefetch({7, 19});
+  c.release();
+  EXPECT_EQ(c.key(), -1);
+  EXPECT_FALSE(c.contains({19}));
+  EXPECT_EQ(c.stats().entries, 0);
+  EXPECT_EQ(c.stats().bytes_reserved, 0);
+  EXPECT_EQ(c.stats().peak_bytes_reserved, 20 * 75 * 4);
+  EXPECT_FALSE(c.stats().on_disk);
+  EXPECT_EQ(c.stats().ever_on_disk, GetParam() == cache::Tier::disk);
+  EXPECT_THROW(c.gather({19}), Error);
+  c.set_key(2);
+  Tensor h3 = Tensor::randn({1, 3, 5, 5}, g);
+  c.store({4}, h3);
+  EXPECT_EQ(row(c.gather({4}), 0), row(h3, 0));
+  EXPECT_EQ(c.stats().bytes_reserved, 20 * 75 * 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(MemoryAndDisk, ActivationCacheTiers, ::testing::Values(cache::Tier::memory, cache::Tier::disk));

@@ -192,6 +192,74 @@ TEST(Tracker, WindowHalvingStopsAtItsFloor) {
   EXPECT_THROW(FreezeTracker(4, bad), Error);
 }
 
+// --freeze-first-phase off: Algorithm 1 runs in the first phase, but its freezes are
+// held (the front moves on, nothing is frozen) until the LR falls 10x below its peak;
+// then they all apply at once, and the paper's LR unfreeze counts from there.
+TEST(Tracker, FirstPhaseOffHoldsFreezesUntilTheLrFalls) {
+  TrackerOptions o;
+  o.window = 3;
+  o.freeze_first_phase = false;
+  FreezeTracker t = started(4, o);
+  EXPECT_TRUE(t.holding());
+  int i = 0;
+  for (int j = 0; t.front() < 2 && j < 1000; ++j, ++i)
+    EXPECT_NE(t.check_plasticity(i, converging(j), 0.1), Decision::freeze) << "a freeze at the peak LR";
+  ASSERT_EQ(t.front(), 2) << "Algorithm 1 moves on as usual";
+  EXPECT_EQ(t.frozen(), 0) << "but freezes nothing";
+  int holds = 0;
+  for (auto& e : t.take_events()) {
+    EXPECT_NE(e.type, "freeze");
+    holds += e.type == "hold";
+  }
+  EXPECT_EQ(holds, 2);
+  const nlohmann::json held_state = t.state();
+  EXPECT_EQ(t.check_lr(i++, 0.02), Decision::none) << "5x below the peak: still the first phase";
+  EXPECT_EQ(t.frozen(), 0);
+  // The first reading at 10x below the peak applies both held freezes.
+  EXPECT_EQ(t.check_plasticity(i++, 1.0, 0.01), Decision::freeze);
+  EXPECT_FALSE(t.holding());
+  EXPECT_EQ(t.frozen(), 2);
+  auto ev = t.take_events();
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back().type, "freeze");
+  EXPECT_EQ(ev.back().reason, "held");
+  EXPECT_EQ(ev.back().module, 1);
+  EXPECT_EQ(ev.back().to_json()["reason"], "held");
+  EXPECT_EQ(t.check_lr(i++, 0.01), Decision::none) << "applied once";
+  // After that, a freeze applies as it is decided.
+  for (int j = 0; t.front() < 3 && j < 1000; ++j, ++i) t.check_plasticity(i, converging(j), 0.01);
+  EXPECT_EQ(t.frozen(), 3);
+  EXPECT_EQ(t.take_events().back().reason, "");
+  EXPECT_EQ(t.check_lr(i++, 0.001), Decision::unfreeze_all) << "10x below the LR they froze at";
+  EXPECT_EQ(t.frozen(), 0);
+
+  // The held state survives a checkpoint.
+  FreezeTracker u(4, o);
+  u.load_state(held_state);
+  EXPECT_TRUE(u.holding());
+  EXPECT_EQ(u.front(), 2);
+  EXPECT_EQ(u.frozen(), 0);
+  EXPECT_EQ(u.check_lr(0, 0.01), Decision::freeze);
+  EXPECT_EQ(u.frozen(), 2);
+
+  // A warm-up's rising LR is not a fall: the peak is the largest LR seen.
+  FreezeTracker w(4, o);
+  w.bootstrap_check(0, 1.0, 0.001);
+  w.bootstrap_check(1, 1.0, 0.01);
+  for (double lr : {0.05, 0.1, 0.1, 0.05, 0.02}) {
+    EXPECT_EQ(w.check_lr(2, lr), Decision::none);
+    EXPECT_TRUE(w.holding()) << lr;
+  }
+  w.check_lr(3, 0.01);
+  EXPECT_FALSE(w.holding());
+
+  // The default (the paper) freezes as soon as it decides.
+  FreezeTracker p = started(4, {});
+  EXPECT_FALSE(p.holding());
+  for (int j = 0; p.front() < 1 && j < 1000; ++j) p.check_plasticity(j, converging(j), 0.1);
+  EXPECT_EQ(p.frozen(), 1);
+}
+
 // --freeze-last-phase off: once the LR is within 10x of the run's final LR nothing is
 // frozen: entering that phase unfreezes what is frozen (reason "last_phase") and ends
 // the evaluations; earlier phases, and a schedule whose LR ends at 0, freeze as usual.

@@ -281,6 +281,47 @@ TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
   EXPECT_THROW(train::run_training(c), Error);
 }
 
+// --freeze-first-phase off: the freezes Algorithm 1 decides before the LR's 10x decay
+// (epoch 3, step 48) are held, and all apply at the decay.
+TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
+  std::string d = tmpdir("egeria_firstoff");
+  auto c = run_cfg(d, "egeria");
+  c.freeze_first_phase = "off";
+  ASSERT_TRUE(train::run_training(c).completed);
+  const int64_t decay = 3 * (256 / 16);
+  int holds = 0, applied = 0;
+  for (auto& j : jsonl(d + "/freeze.jsonl")) {
+    const std::string t = j["type"];
+    const int64_t step = j["step"];
+    if (t == "hold") {
+      EXPECT_LT(step, decay);
+      ++holds;
+    }
+    if (t == "freeze" && j.value("reason", "") == "held") {
+      EXPECT_GE(step, decay);
+      EXPECT_LE(step, decay + 1);
+      ++applied;
+    } else if (t == "freeze") {
+      EXPECT_GT(step, decay) << "a freeze before the decay";
+    }
+  }
+  EXPECT_GT(holds, 0);
+  EXPECT_EQ(applied, 1);
+  int frozen_records = 0;
+  for (auto& j : jsonl(d + "/metrics.jsonl"))
+    if (j["type"] == "freeze") {
+      EXPECT_GE(j["step"].get<int64_t>(), decay) << j.dump();
+      ++frozen_records;
+    }
+  EXPECT_GT(frozen_records, 0);
+  auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
+  EXPECT_GT(sum["frozen_fraction_final"].get<double>(), 0.0) << "no second decay unfreezes them";
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(d + "/config.json"))["freeze_first_phase"], "off");
+  c.freeze_first_phase = "later";
+  c.out = tmpdir("egeria_firstbad");
+  EXPECT_THROW(train::run_training(c), Error);
+}
+
 TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
   for (const char* p : {"static", "freezeout", "autofreeze"}) {
     std::string d = tmpdir(p);

@@ -94,6 +94,11 @@ int main(int argc, char** argv) {
                     "scaled by the LR's fall (scaled)")
       ->capture_default_str()
       ->check(CLI::IsMember({"remeasure", "keep", "scaled"}));
+  train->add_option("--freeze-first-phase", c.freeze_first_phase,
+                    "egeria: on (the paper) freezes as soon as a module is found converged; off holds those "
+                    "freezes until the LR first falls 10x below its peak, then applies them at once")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   train->add_option("--freeze-last-phase", c.freeze_last_phase,
                     "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR "
                     "within 10x of its final value) whole, unfreezing what is frozen when it begins")

@@ -27,6 +27,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == "peak";
   pc.tracker.refreeze_tolerance = freeze::parse_refreeze_tolerance(c.freeze_refreeze_tolerance);
   pc.tracker.freeze_last_phase = c.freeze_last_phase != "off";
+  pc.tracker.freeze_first_phase = c.freeze_first_phase != "off";
   pc.reference = c.freeze_reference;
   pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;
@@ -125,6 +126,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Ten
   policy_->after_step(s, x, captured, model_);
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
     ++generation_;
+    if (cache_ && frozen_layers() == 0) cache_->release();  // unfrozen: its entries are dead weight
     json j = {{"type", "freeze"}, {"step", s.step}, {"epoch", s.epoch + 1}, {"train_seconds", train_seconds}};
     j.update(step_fields());
     append(metrics_, j);
@@ -179,7 +181,8 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
     sj["activation_cache"] = {{"hit_samples", hit_samples_}, {"miss_samples", miss_samples_},
                               {"whole_batches_from_cache", hit_batches_}, {"prefetched_batches", cs.prefetched},
                               {"resets", cs.resets},
-                              {"bytes_reserved", cs.bytes_reserved}, {"on_disk", cs.on_disk},
+                              {"bytes_reserved", cs.bytes_reserved}, {"peak_bytes_reserved", cs.peak_bytes_reserved},
+                              {"on_disk", cs.ever_on_disk},
                               {"forward_flops_saved_fraction", steps_ > 0 ? fwd_flops_saved_sum_ / double(steps_) : 0.0}};
   }
 }
