@@ -27,7 +27,8 @@ Runs already complete in OUT are reused (delete a run's folder to redo it).
 take 30% longer minutes later, so one run per policy says little about wall time.
 With --vary-seed, repeat r uses seed + r (initialisation, data order, augmentation):
 accuracies are then medians over the repeats, and the target is the median of the
-`none` runs' final accuracies.
+`none` runs' final accuracies; a second table then compares each seed's runs with
+the `none` run of the same seed (table.json: {"medians": [...], "per_seed": [...]}).
 """
 import argparse
 import json
@@ -114,7 +115,7 @@ def main():
     policies = args.policies.split(",")
     if "none" not in policies:
         policies = ["none"] + policies
-    table = []
+    table, per_seed = [], []
     for model in args.models.split(","):
         outs = {pol: [] for pol in policies}
         for rep in range(args.repeats):
@@ -164,6 +165,28 @@ def main():
         for r in table:
             if r["model"] == model:
                 r["wall_speedup"] = base_wall / r["train_seconds"]
+        if args.vary_seed and args.repeats > 1:
+            # Each seed against the `none` run of the same seed: medians over seeds
+            # hide that one seed's loss can be another's gain.
+            for rep in range(args.repeats):
+                base = outs["none"][rep]
+                bs = json.load(open(os.path.join(base, "summary.json")))
+                base_final = bs["final_test_accuracy"]
+                def near(out):
+                    return next((e["train_seconds"] for e in epochs_of(out)
+                                 if e["test_accuracy"] >= base_final - NEAR - 1e-12), None)
+                bn = near(base)
+                for pol in policies:
+                    o = outs[pol][rep]
+                    ps = json.load(open(os.path.join(o, "summary.json")))
+                    tn = near(o)
+                    per_seed.append({"model": model, "policy": pol, "seed": args.seed + rep,
+                                     "final_acc": 100 * ps["final_test_accuracy"],
+                                     "delta_pt": 100 * (ps["final_test_accuracy"] - base_final),
+                                     "wall_speedup": bs["train_seconds"] / ps["train_seconds"],
+                                     "time_to_within_0.3pt": tn,
+                                     "speedup_to_within_0.3pt": (bn / tn) if (bn and tn) else None,
+                                     "reference_overhead_fraction": ps.get("reference_overhead_fraction")})
     lines = ["| model | policy | final acc | best acc | train s | time to none's final (s) | speedup to it "
              "| time to within 0.3 pt of it (s) | speedup to that | wall speedup | bwd FLOPs saved | fwd FLOPs cached | ref overhead | dropped |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -175,9 +198,18 @@ def main():
                      f"{r['wall_speedup']:.2f}x | {f(r['backward_flops_saved_fraction'], '{:.1%}')} | "
                      f"{f(r['forward_flops_cached_fraction'], '{:.1%}')} | "
                      f"{f(r['reference_overhead_fraction'], '{:.2%}')} | {f(r['evaluations_dropped'], '{}')} |")
+    if per_seed:
+        lines += ["", "Per seed, against `none` with the same seed:", "",
+                  "| model | policy | seed | final acc | Δ (pt) | wall speedup | time to within 0.3 pt (s) | speedup to that | ref overhead |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in per_seed:
+            lines.append(f"| {r['model']} | {r['policy']} | {r['seed']} | {r['final_acc']:.2f} | {r['delta_pt']:+.2f} | "
+                         f"{r['wall_speedup']:.2f}x | {f(r['time_to_within_0.3pt'], '{:.0f}')} | "
+                         f"{f(r['speedup_to_within_0.3pt'], '{:.2f}x')} | {f(r['reference_overhead_fraction'], '{:.2%}')} |")
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "table.md"), "w").write("\n".join(lines) + "\n")
-    json.dump(table, open(os.path.join(args.out, "table.json"), "w"), indent=2)
+    json.dump({"medians": table, "per_seed": per_seed} if per_seed else table,
+              open(os.path.join(args.out, "table.json"), "w"), indent=2)
     print("\n".join(lines))
 
 
