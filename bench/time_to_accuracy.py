@@ -180,7 +180,8 @@ def main():
                     o = outs[pol][rep]
                     ps = json.load(open(os.path.join(o, "summary.json")))
                     tn = near(o)
-                    per_seed.append({"model": model, "policy": pol, "seed": args.seed + rep,
+                    seed = json.load(open(os.path.join(o, "config.json"))).get("seed")
+                    per_seed.append({"model": model, "policy": pol, "seed": seed,
                                      "final_acc": 100 * ps["final_test_accuracy"],
                                      "delta_pt": 100 * (ps["final_test_accuracy"] - base_final),
                                      "wall_speedup": bs["train_seconds"] / ps["train_seconds"],

@@ -220,6 +220,9 @@ class EgeriaPolicy : public FreezePolicy {
         if (d == Decision::end_bootstrap) refresh(m, s.step, s.lr);
       }
     } else {
+      // The step's LR first: a first phase that ends here applies its held freezes at
+      // this step, before the readings (which may have been taken n steps ago).
+      tracker_.observe_lr(s.step, s.lr);
       if (c_.apply_on_arrival) {
         // The controller works in layer modules: the reference runs up to the unit's last.
         if (captured.defined()) ctl_->submit(s.step, c_.partition.last_layer(tracker_.front()), x, captured, s.x2);

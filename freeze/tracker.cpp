@@ -118,11 +118,25 @@ double FreezeTracker::tolerance(double lr) const {
   return t;
 }
 
+bool FreezeTracker::last_phase_lr(double lr) const {
+  return !opt_.freeze_last_phase && opt_.final_lr >= 0 && lr < opt_.unfreeze_lr_factor * opt_.final_lr * (1 - 1e-9);
+}
+
+Decision FreezeTracker::observe_lr(int64_t step, double lr) {
+  return see_lr(step, lr) ? Decision::freeze : Decision::none;
+}
+
 bool FreezeTracker::see_lr(int64_t step, double lr) {
   const bool held = holding();
   peak_lr_ = std::max(peak_lr_, lr);
   if (!first_phase_over_ && lr * opt_.unfreeze_lr_factor <= peak_lr_ * (1 + 1e-9)) first_phase_over_ = true;
   if (!held || holding() || front_ == 0) return false;
+  if (last_phase_lr(lr)) {  // the fall reaches the last phase, which trains whole: the holds lapse
+    leave_module();
+    front_ = 0;
+    start_module();
+    return false;  // check_lr logs "last_phase"
+  }
   // The first phase is over: the held freezes apply, and the LR unfreeze counts from here.
   Event e = event("freeze", step, lr);
   e.module = front_ - 1;  // modules [0, front_) freeze
@@ -216,12 +230,16 @@ Decision FreezeTracker::check_lr(int64_t step, double lr) {
     unfreeze_all(step, lr, "lr");
     return Decision::unfreeze_all;
   }
-  if (!opt_.freeze_last_phase && !last_phase_ && opt_.final_lr >= 0 &&
-      lr < opt_.unfreeze_lr_factor * opt_.final_lr * (1 - 1e-9)) {
+  if (!last_phase_ && last_phase_lr(lr)) {
     last_phase_ = true;
-    if (front_ > 0) {
+    if (frozen() > 0) {
       unfreeze_all(step, lr, "last_phase");
       return Decision::unfreeze_all;
+    }
+    if (front_ > 0) {  // held freezes, never applied, lapse
+      leave_module();
+      front_ = 0;
+      start_module();
     }
     events_.push_back(event("last_phase", step, lr));
     return Decision::none;
@@ -276,8 +294,10 @@ void FreezeTracker::load_state(const json& s) {
   peak_slope_ = s.value("peak_slope", 0.0);  // absent in checkpoints from before the option
   last_phase_ = s.value("last_phase", false);  // likewise
   tolerance_lr_ = s.value("tolerance_lr", 0.0);   // likewise (remeasure: unused)
-  peak_lr_ = s.value("peak_lr", 0.0);              // likewise
-  first_phase_over_ = s.value("first_phase_over", false);
+  // Likewise: a checkpoint from before --freeze-first-phase, resumed with it off, holds
+  // nothing it had frozen (its peak LR is then the largest seen from the resume on).
+  peak_lr_ = s.value("peak_lr", 0.0);
+  first_phase_over_ = s.value("first_phase_over", front_ > 0 || lr_at_front_freeze_ > 0);
   kept_.assign(size_t(num_modules_), Kept());
   if (s.contains("kept")) {
     const json& k = s.at("kept");

@@ -166,6 +166,12 @@ class FreezeTracker {
   // LR-based unfreezing (Algorithm 1, lines 19-27), checked every step so that an
   // unfreeze is not delayed to the next evaluation.
   Decision check_lr(int64_t step, double lr);
+  // The step's LR, before its readings are acted on: follows the LR's peak and, with
+  // freeze_first_phase off, ends the first phase when the LR has fallen
+  // unfreeze_lr_factor x below it, applying the held freezes (Decision::freeze) at
+  // this step, so that a reading at the fallen LR freezes at once instead of holding.
+  // check_lr() does the same; calling this first only moves it ahead of the readings.
+  Decision observe_lr(int64_t step, double lr);
   // The controller asks after each evaluation whether the reference should be
   // regenerated, and reports when it was.
   bool refresh_due() const;
@@ -183,9 +189,10 @@ class FreezeTracker {
   // Remembers the front module's T before the front moves (freeze or unfreeze).
   void leave_module();
   void unfreeze_all(int64_t step, double lr, const char* why);
-  // Follows the LR's peak and ends the first phase when the LR has fallen
-  // unfreeze_lr_factor x below it; true when that applied held freezes.
+  // observe_lr(); true when that applied held freezes.
   bool see_lr(int64_t step, double lr);
+  // lr is in the schedule's last phase and freeze_last_phase is off.
+  bool last_phase_lr(double lr) const;
   // An event of this type with the tracker's current module, counter, window and LR.
   Event event(const char* type, int64_t step, double lr) const;
 

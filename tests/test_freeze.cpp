@@ -253,11 +253,68 @@ TEST(Tracker, FirstPhaseOffHoldsFreezesUntilTheLrFalls) {
   w.check_lr(3, 0.01);
   EXPECT_FALSE(w.holding());
 
+  // After the phase is over, a checkpoint keeps it over.
+  FreezeTracker after(4, o);
+  after.load_state(t.state());
+  EXPECT_FALSE(after.holding());
+  EXPECT_EQ(after.frozen(), after.front());
+  // A checkpoint from before the option: what it froze stays frozen.
+  nlohmann::json old = t.state();
+  old.erase("first_phase_over");
+  old.erase("peak_lr");
+  old["front"] = 1;
+  FreezeTracker resumed(4, o);
+  resumed.load_state(old);
+  EXPECT_FALSE(resumed.holding());
+  EXPECT_EQ(resumed.frozen(), 1);
+
   // The default (the paper) freezes as soon as it decides.
   FreezeTracker p = started(4, {});
   EXPECT_FALSE(p.holding());
   for (int j = 0; p.front() < 1 && j < 1000; ++j) p.check_plasticity(j, converging(j), 0.1);
   EXPECT_EQ(p.frozen(), 1);
+}
+
+// The policy observes each step's LR before acting on its readings: a reading at the
+// fallen LR that completes W stale readings then freezes at once, after the held ones.
+TEST(Tracker, AReadingAtTheFallenLrFreezesAtOnceOnceTheFallIsObserved) {
+  TrackerOptions o;
+  o.window = 3;
+  o.freeze_first_phase = false;
+  // Where module 1's W-th stale reading comes, fed at the peak LR throughout.
+  FreezeTracker a = started(4, o);
+  int k = 0;
+  for (; a.front() < 2 && k < 1000; ++k) a.check_plasticity(k, converging(k), 0.1);
+  ASSERT_EQ(a.front(), 2);
+  const int last = k - 1;
+  // The same readings, with the LR falling just before that one.
+  FreezeTracker b = started(4, o);
+  for (int j = 0; j < last; ++j) b.check_plasticity(j, converging(j), 0.1);
+  ASSERT_EQ(b.front(), 1);
+  ASSERT_EQ(b.frozen(), 0);
+  EXPECT_EQ(b.observe_lr(last, 0.01), Decision::freeze);
+  EXPECT_EQ(b.frozen(), 1) << "the held freeze, applied at the fall";
+  EXPECT_EQ(b.check_plasticity(last, converging(last), 0.01), Decision::freeze);
+  EXPECT_EQ(b.frozen(), 2);
+  auto ev = b.take_events();
+  EXPECT_EQ(ev.back().type, "freeze");
+  EXPECT_EQ(ev.back().reason, "") << "decided after the fall: not held";
+  EXPECT_EQ(b.observe_lr(last + 1, 0.01), Decision::none);
+
+  // A fall straight into a last phase that trains whole: the holds lapse, nothing freezes.
+  TrackerOptions l = o;
+  l.freeze_last_phase = false;
+  l.final_lr = 0.01;
+  FreezeTracker c = started(4, l);
+  for (int j = 0; c.front() < 1 && j < 1000; ++j) c.check_plasticity(j, converging(j), 0.1);
+  ASSERT_EQ(c.front(), 1);
+  EXPECT_EQ(c.check_lr(2000, 0.01), Decision::none);
+  EXPECT_EQ(c.front(), 0);
+  EXPECT_EQ(c.frozen(), 0);
+  EXPECT_TRUE(c.done());
+  auto cev = c.take_events();
+  EXPECT_EQ(cev.back().type, "last_phase");
+  for (auto& e : cev) EXPECT_NE(e.type, "unfreeze") << "nothing was frozen";
 }
 
 // --freeze-last-phase off: once the LR is within 10x of the run's final LR nothing is
