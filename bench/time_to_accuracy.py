@@ -94,6 +94,11 @@ def epochs_of(out):
     return rows
 
 
+def time_to_accuracy(out, acc):
+    """Training seconds at the first epoch end with test accuracy >= acc, or None."""
+    return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= acc - 1e-12), None)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--egeria", default="build/egeria")
@@ -127,8 +132,7 @@ def main():
         target = statistics.median(s["final_test_accuracy"] for s in summaries("none"))
 
         def time_to(out, slack=0.0):
-            return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= target - slack - 1e-12),
-                        None)
+            return time_to_accuracy(out, target - slack)
 
         def median(v):
             v = sorted(x for x in v if x is not None)
@@ -172,14 +176,11 @@ def main():
                 base = outs["none"][rep]
                 bs = json.load(open(os.path.join(base, "summary.json")))
                 base_final = bs["final_test_accuracy"]
-                def near(out):
-                    return next((e["train_seconds"] for e in epochs_of(out)
-                                 if e["test_accuracy"] >= base_final - NEAR - 1e-12), None)
-                bn = near(base)
+                bn = time_to_accuracy(base, base_final - NEAR)
                 for pol in policies:
                     o = outs[pol][rep]
                     ps = json.load(open(os.path.join(o, "summary.json")))
-                    tn = near(o)
+                    tn = time_to_accuracy(o, base_final - NEAR)
                     seed = json.load(open(os.path.join(o, "config.json"))).get("seed")
                     per_seed.append({"model": model, "policy": pol, "seed": seed,
                                      "final_acc": 100 * ps["final_test_accuracy"],

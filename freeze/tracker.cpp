@@ -122,20 +122,20 @@ bool FreezeTracker::last_phase_lr(double lr) const {
   return !opt_.freeze_last_phase && opt_.final_lr >= 0 && lr < opt_.unfreeze_lr_factor * opt_.final_lr * (1 - 1e-9);
 }
 
-Decision FreezeTracker::observe_lr(int64_t step, double lr) {
-  return see_lr(step, lr) ? Decision::freeze : Decision::none;
+void FreezeTracker::drop_holds() {
+  leave_module();
+  front_ = 0;
+  start_module();
 }
 
-bool FreezeTracker::see_lr(int64_t step, double lr) {
+Decision FreezeTracker::observe_lr(int64_t step, double lr) {
   const bool held = holding();
   peak_lr_ = std::max(peak_lr_, lr);
   if (!first_phase_over_ && lr * opt_.unfreeze_lr_factor <= peak_lr_ * (1 + 1e-9)) first_phase_over_ = true;
-  if (!held || holding() || front_ == 0) return false;
+  if (!held || holding() || front_ == 0) return Decision::none;
   if (last_phase_lr(lr)) {  // the fall reaches the last phase, which trains whole: the holds lapse
-    leave_module();
-    front_ = 0;
-    start_module();
-    return false;  // check_lr logs "last_phase"
+    drop_holds();
+    return Decision::none;  // check_lr logs "last_phase"
   }
   // The first phase is over: the held freezes apply, and the LR unfreeze counts from here.
   Event e = event("freeze", step, lr);
@@ -143,12 +143,12 @@ bool FreezeTracker::see_lr(int64_t step, double lr) {
   e.reason = "held";
   events_.push_back(e);
   lr_at_front_freeze_ = lr;
-  return true;
+  return Decision::freeze;
 }
 
 Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
   if (!bootstrapping_) return Decision::none;
-  see_lr(step, lr);  // the peak LR (nothing is held yet)
+  observe_lr(step, lr);  // the peak LR (nothing is held yet)
   Event e = event("bootstrap", step, lr);
   e.loss = loss;
   e.prev_loss = prev_loss_;
@@ -225,7 +225,7 @@ void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
 Decision FreezeTracker::check_lr(int64_t step, double lr) {
   // The LR's fall is seen here (every step, and after every reading that does not
   // freeze): a freeze decided by a reading at the fallen LR is held, then applied here.
-  if (see_lr(step, lr)) return Decision::freeze;
+  if (observe_lr(step, lr) == Decision::freeze) return Decision::freeze;
   if (front_ > 0 && lr_at_front_freeze_ > 0 && lr * opt_.unfreeze_lr_factor <= lr_at_front_freeze_ * (1 + 1e-9)) {
     unfreeze_all(step, lr, "lr");
     return Decision::unfreeze_all;
@@ -236,11 +236,7 @@ Decision FreezeTracker::check_lr(int64_t step, double lr) {
       unfreeze_all(step, lr, "last_phase");
       return Decision::unfreeze_all;
     }
-    if (front_ > 0) {  // held freezes, never applied, lapse
-      leave_module();
-      front_ = 0;
-      start_module();
-    }
+    if (front_ > 0) drop_holds();  // held freezes, never applied, lapse
     events_.push_back(event("last_phase", step, lr));
     return Decision::none;
   }

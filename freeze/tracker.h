@@ -80,7 +80,7 @@
 //     there. Why: on a short step schedule the accuracy a freeze costs is built while
 //     the front stages are frozen at the high LR (above, and ResNet-20 on
 //     Fashion-MNIST, 10 epochs, seeds 0-2: every run frozen in the first phase ended
-//     0.2-0.6 pt below the unfrozen one, while AutoFreeze, which froze only after the
+//     0.2-0.65 pt below the unfrozen one, while AutoFreeze, which froze only after the
 //     first decay, ended 0.15 pt below it, 1.32x faster). What it did, same runs,
 //     seeds 0 / 1 / 2: -0.16 / -0.20 / -0.34 pt at 1.13 / 1.05 / 0.98x wall (the
 //     paper's schedule, seed 0: -0.37 pt at 1.13x). Accuracy is kept better, but
@@ -189,8 +189,8 @@ class FreezeTracker {
   // Remembers the front module's T before the front moves (freeze or unfreeze).
   void leave_module();
   void unfreeze_all(int64_t step, double lr, const char* why);
-  // observe_lr(); true when that applied held freezes.
-  bool see_lr(int64_t step, double lr);
+  // Held freezes lapse without being applied: Algorithm 1 starts again at module 0.
+  void drop_holds();
   // lr is in the schedule's last phase and freeze_last_phase is off.
   bool last_phase_lr(double lr) const;
   // An event of this type with the tracker's current module, counter, window and LR.
