@@ -11,7 +11,7 @@
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
-      [--vary-seed]
+      [--vary-seed] [--step-costs runs/step-costs.json]
 
 For each model, trains on Fashion-MNIST (all 60,000 training images unless
 --train-limit) on the CPU with the step LR schedule (decay 10x at 50% and 75% of the
@@ -29,10 +29,20 @@ With --vary-seed, repeat r uses seed + r (initialisation, data order, augmentati
 accuracies are then medians over the repeats, and the target is the median of the
 `none` runs' final accuracies; a second table then compares each seed's runs with
 the `none` run of the same seed (table.json: {"medians": [...], "per_seed": [...]}).
+
+--step-costs FILE adds *modelled* times, which this machine's drift does not move:
+FILE is eg_bench_freeze's JSON (build/bench/eg_bench_freeze --benchmark_repetitions=5
+--benchmark_report_aggregates_only=true --benchmark_out=FILE --benchmark_out_format=json),
+the median time of one training step with k freezing units frozen (from the activation
+cache for runs with --freeze-cache on). A run's modelled time is the sum over its steps
+of the cost of the prefix frozen then (the step records of metrics.jsonl, every
+--log-every steps), times 1 + its measured reference overhead; evaluation and data
+loading are left out for every policy alike. The modelled speedups compare those sums.
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -99,6 +109,69 @@ def time_to_accuracy(out, acc):
     return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= acc - 1e-12), None)
 
 
+def load_step_costs(path):
+    """{(cached, model, k): seconds} from eg_bench_freeze's Google Benchmark JSON."""
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+    costs, seen = {}, {}
+    for b in json.load(open(path))["benchmarks"]:
+        m = re.match(r"(TrainStepFrozen|TrainStepFrozenCached)/(\w+)/k:(\d+)", b.get("run_name", b["name"]))
+        if not m or b.get("error_occurred"):
+            continue
+        key = (m.group(1) == "TrainStepFrozenCached", m.group(2), int(m.group(3)))
+        t = b["real_time"] * scale[b.get("time_unit", "ns")]
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                costs[key] = t
+        else:
+            seen.setdefault(key, []).append(t)
+    for key, ts in seen.items():
+        costs.setdefault(key, statistics.median(ts))
+    if not costs:
+        sys.exit(f"time_to_accuracy: {path} holds no TrainStepFrozen benchmark; "
+                 "it should be the JSON output of eg_bench_freeze")
+    return costs
+
+
+def modelled_seconds(out, costs):
+    """[(step, modelled training seconds to that step)] at each epoch end, and the total."""
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    model = summary["model"]
+    cached = bool(summary.get("activation_cache"))
+    frozen_at = []  # (step, units frozen after it)
+    epoch_steps = []
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("type") == "step":
+                frozen_at.append((r["step"], r.get("frozen_modules", 0)))
+            elif r.get("type") == "epoch":
+                epoch_steps.append(r["step"])
+
+    def cost(k):
+        key = (cached and k > 0, model, k)
+        if key not in costs:
+            sys.exit(f"time_to_accuracy: the step costs have no {'cached ' if key[0] else ''}{model} step "
+                     f"with {k} units frozen; rerun eg_bench_freeze for {model}")
+        return costs[key]
+
+    overhead = 1.0 + (summary.get("reference_overhead_fraction") or 0.0)
+    total, k, i, marks = 0.0, 0, 0, {}
+    last = max(epoch_steps, default=0)
+    for step in range(1, last + 1):
+        total += cost(k)
+        if step in epoch_steps:
+            marks[step] = total * overhead
+        while i < len(frozen_at) and frozen_at[i][0] <= step:
+            k = frozen_at[i][1]
+            i += 1
+    return marks, total * overhead
+
+
+def modelled_time_to_accuracy(out, acc, costs):
+    marks, _ = modelled_seconds(out, costs)
+    return next((marks[e["step"]] for e in epochs_of(out) if e["test_accuracy"] >= acc - 1e-12), None)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--egeria", default="build/egeria")
@@ -114,7 +187,9 @@ def main():
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--repeats", type=int, default=1, help="runs per policy, interleaved; times are medians")
     p.add_argument("--vary-seed", action="store_true", help="repeat r runs with seed + r")
+    p.add_argument("--step-costs", default="", help="eg_bench_freeze JSON: adds modelled times")
     args = p.parse_args()
+    costs = load_step_costs(args.step_costs) if args.step_costs else None
     if not os.path.exists(args.egeria):
         sys.exit(f"time_to_accuracy: {args.egeria} does not exist; build egeria first (tools/test-all or cmake)")
     policies = args.policies.split(",")
@@ -140,6 +215,9 @@ def main():
 
         base_time = median([time_to(o) for o in outs["none"]])
         base_time_near = median([time_to(o, NEAR) for o in outs["none"]])
+        if costs:
+            base_model = median([modelled_seconds(o, costs)[1] for o in outs["none"]])
+            base_model_near = median([modelled_time_to_accuracy(o, target - NEAR, costs) for o in outs["none"]])
         for pol in policies:
             ss = summaries(pol)
             times = [x["train_seconds"] for x in ss]
@@ -165,6 +243,14 @@ def main():
                     "forward_flops_saved_fraction", 0.0) for x in ss]),
                 "evaluations_dropped": sum(x.get("evaluations_dropped") or 0 for x in ss),
             })
+            if costs:
+                mt = median([modelled_seconds(o, costs)[1] for o in outs[pol]])
+                mns = [modelled_time_to_accuracy(o, target - NEAR, costs) for o in outs[pol]]
+                mn = median(mns) if all(t is not None for t in mns) else None
+                table[-1].update({"modelled_seconds": mt, "modelled_speedup": base_model / mt,
+                                  "modelled_time_to_within_0.3pt": mn,
+                                  "modelled_speedup_to_within_0.3pt":
+                                      (base_model_near / mn) if (mn and base_model_near) else None})
         base_wall = next(r["train_seconds"] for r in table if r["model"] == model and r["policy"] == "none")
         for r in table:
             if r["model"] == model:
@@ -189,6 +275,12 @@ def main():
                                      "time_to_within_0.3pt": tn,
                                      "speedup_to_within_0.3pt": (bn / tn) if (bn and tn) else None,
                                      "reference_overhead_fraction": ps.get("reference_overhead_fraction")})
+                    if costs:
+                        bm = modelled_time_to_accuracy(base, base_final - NEAR, costs)
+                        mn = modelled_time_to_accuracy(o, base_final - NEAR, costs)
+                        per_seed[-1].update({
+                            "modelled_speedup": modelled_seconds(base, costs)[1] / modelled_seconds(o, costs)[1],
+                            "modelled_speedup_to_within_0.3pt": (bm / mn) if (bm and mn) else None})
     lines = ["| model | policy | final acc | best acc | train s | time to none's final (s) | speedup to it "
              "| time to within 0.3 pt of it (s) | speedup to that | wall speedup | bwd FLOPs saved | fwd FLOPs cached | ref overhead | dropped |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -200,14 +292,25 @@ def main():
                      f"{r['wall_speedup']:.2f}x | {f(r['backward_flops_saved_fraction'], '{:.1%}')} | "
                      f"{f(r['forward_flops_cached_fraction'], '{:.1%}')} | "
                      f"{f(r['reference_overhead_fraction'], '{:.2%}')} | {f(r['evaluations_dropped'], '{}')} |")
+    if costs:
+        lines += ["", "Modelled from eg_bench_freeze's step times (" + args.step_costs + "), free of this machine's drift:", "",
+                  "| model | policy | modelled s | modelled speedup | modelled s to within 0.3 pt | speedup to that |",
+                  "|---|---|---|---|---|---|"]
+        for r in table:
+            lines.append(f"| {r['model']} | {r['policy']} | {r['modelled_seconds']:.0f} | {r['modelled_speedup']:.2f}x | "
+                         f"{f(r['modelled_time_to_within_0.3pt'], '{:.0f}')} | "
+                         f"{f(r['modelled_speedup_to_within_0.3pt'], '{:.2f}x')} |")
     if per_seed:
         lines += ["", "Per seed, against `none` with the same seed:", "",
-                  "| model | policy | seed | final acc | Δ (pt) | wall speedup | time to within 0.3 pt (s) | speedup to that | ref overhead |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| model | policy | seed | final acc | Δ (pt) | wall speedup | time to within 0.3 pt (s) | speedup to that | ref overhead |"
+                  + (" modelled speedup | modelled, to 0.3 pt |" if costs else ""),
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if costs else "")]
         for r in per_seed:
             lines.append(f"| {r['model']} | {r['policy']} | {r['seed']} | {r['final_acc']:.2f} | {r['delta_pt']:+.2f} | "
                          f"{r['wall_speedup']:.2f}x | {f(r['time_to_within_0.3pt'], '{:.0f}')} | "
-                         f"{f(r['speedup_to_within_0.3pt'], '{:.2f}x')} | {f(r['reference_overhead_fraction'], '{:.2%}')} |")
+                         f"{f(r['speedup_to_within_0.3pt'], '{:.2f}x')} | {f(r['reference_overhead_fraction'], '{:.2%}')} |"
+                         + (f" {r['modelled_speedup']:.2f}x | "
+                            f"{f(r['modelled_speedup_to_within_0.3pt'], '{:.2f}x')} |" if costs else ""))
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "table.md"), "w").write("\n".join(lines) + "\n")
     json.dump({"medians": table, "per_seed": per_seed} if per_seed else table,

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""bench/time_to_accuracy.py's modelled times on hand-made run folders.
+
+python3 tests/test_time_to_accuracy.py (ctest: Bench.TimeToAccuracyModelledTimes)
+"""
+import importlib.util
+import json
+import os
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("tta", os.path.join(HERE, "..", "bench", "time_to_accuracy.py"))
+tta = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tta)
+
+
+def bench_entry(kind, model, k, ms, aggregate=None):
+    e = {"name": f"{kind}/{model}/k:{k}" + (f"_{aggregate}" if aggregate else ""),
+         "run_name": f"{kind}/{model}/k:{k}", "real_time": ms, "time_unit": "ms",
+         "run_type": "aggregate" if aggregate else "iteration"}
+    if aggregate:
+        e["aggregate_name"] = aggregate
+    return e
+
+
+class ModelledTimes(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.costs_path = os.path.join(self.dir.name, "costs.json")
+        # Medians of repetitions, with means that must be ignored; the cached k=1 step
+        # as plain iterations, whose median is taken.
+        b = [bench_entry("TrainStepFrozen", "resnet20", 0, 100, "median"),
+             bench_entry("TrainStepFrozen", "resnet20", 0, 999, "mean"),
+             bench_entry("TrainStepFrozen", "resnet20", 1, 50, "median"),
+             bench_entry("TrainStepFrozen", "resnet20", 1, 999, "mean"),
+             bench_entry("TrainStepFrozenCached", "resnet20", 1, 30),
+             bench_entry("TrainStepFrozenCached", "resnet20", 1, 10),
+             bench_entry("TrainStepFrozenCached", "resnet20", 1, 20)]
+        json.dump({"context": {}, "benchmarks": b}, open(self.costs_path, "w"))
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def make_run(self, name, frozen, accuracies, overhead=0.1, cached=False):
+        """Four steps an epoch, a step record every 2 steps: frozen[i] units after step 2(i+1)."""
+        out = os.path.join(self.dir.name, name)
+        os.makedirs(out)
+        with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+            for i, k in enumerate(frozen):
+                step = 2 * (i + 1)
+                f.write(json.dumps({"type": "step", "step": step, "frozen_modules": k, "train_seconds": step}) + "\n")
+                if step % 4 == 0:
+                    f.write(json.dumps({"type": "epoch", "step": step, "test_accuracy": accuracies[step // 4 - 1],
+                                        "train_seconds": step}) + "\n")
+        summary = {"model": "resnet20", "reference_overhead_fraction": overhead}
+        if cached:
+            summary["activation_cache"] = {"forward_flops_saved_fraction": 0.5}
+        json.dump(summary, open(os.path.join(out, "summary.json"), "w"))
+        return out
+
+    def test_costs_are_the_medians(self):
+        costs = tta.load_step_costs(self.costs_path)
+        self.assertAlmostEqual(costs[(False, "resnet20", 0)], 0.100)
+        self.assertAlmostEqual(costs[(False, "resnet20", 1)], 0.050)
+        self.assertAlmostEqual(costs[(True, "resnet20", 1)], 0.020)
+
+    def test_each_step_costs_the_prefix_frozen_before_it(self):
+        costs = tta.load_step_costs(self.costs_path)
+        # Steps 1-2 nothing frozen; one unit from step 2's record to step 6's; steps 7-8 none.
+        out = self.make_run("egeria", [1, 1, 0, 0], [0.5, 0.9])
+        marks, total = tta.modelled_seconds(out, costs)
+        self.assertAlmostEqual(marks[4], (2 * 0.1 + 2 * 0.05) * 1.1)
+        self.assertAlmostEqual(total, (2 * 0.1 + 4 * 0.05 + 2 * 0.1) * 1.1)
+        self.assertAlmostEqual(tta.modelled_time_to_accuracy(out, 0.5, costs), marks[4])
+        self.assertAlmostEqual(tta.modelled_time_to_accuracy(out, 0.8, costs), total)
+        self.assertIsNone(tta.modelled_time_to_accuracy(out, 0.95, costs))
+
+    def test_a_cached_run_costs_the_cached_steps(self):
+        costs = tta.load_step_costs(self.costs_path)
+        out = self.make_run("cached", [1, 1, 1, 1], [0.5, 0.9], overhead=0.0, cached=True)
+        _, total = tta.modelled_seconds(out, costs)
+        self.assertAlmostEqual(total, 2 * 0.1 + 6 * 0.02)
+
+    def test_a_prefix_the_benchmark_lacks_is_named(self):
+        costs = tta.load_step_costs(self.costs_path)
+        out = self.make_run("deep", [2, 2, 2, 2], [0.5, 0.9])
+        with self.assertRaises(SystemExit) as e:
+            tta.modelled_seconds(out, costs)
+        self.assertIn("resnet20 step with 2 units frozen", str(e.exception))
+
+    def test_a_file_without_the_benchmark_is_refused(self):
+        path = os.path.join(self.dir.name, "other.json")
+        json.dump({"benchmarks": [bench_entry("BM_Conv", "x", 0, 1.0)]}, open(path, "w"))
+        with self.assertRaises(SystemExit) as e:
+            tta.load_step_costs(path)
+        self.assertIn("eg_bench_freeze", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
