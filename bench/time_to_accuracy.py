@@ -6,7 +6,7 @@
       (variants, as VARIANTS below: egeria-peak = egeria --freeze-tolerance-from peak;
        -wmin5: --freeze-window-min 5; -lastoff: --freeze-last-phase off;
        -keep, -scaled: --freeze-refreeze-tolerance keep, scaled;
-       -firstoff: --freeze-first-phase off;
+       -firstoff: --freeze-first-phase off; -never: --freeze-unfreeze never;
        -bnbatch, -bnrunning: --freeze-bn batch (the default), running;
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
@@ -62,6 +62,8 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             # Freezes held until the first LR decay (Note [Egeria's freezing decisions]).
             "egeria-firstoff": ["egeria", "--freeze-first-phase", "off"],
             "egeria-firstoff-keep": ["egeria", "--freeze-first-phase", "off", "--freeze-refreeze-tolerance", "keep"],
+            # ... and what froze stays frozen (Note [Egeria's freezing decisions]).
+            "egeria-firstoff-never": ["egeria", "--freeze-first-phase", "off", "--freeze-unfreeze", "never"],
             "egeria-bnbatch": ["egeria", "--freeze-bn", "batch"],
             "egeria-bnrunning": ["egeria", "--freeze-bn", "running"],
             "egeria-peak-bnbatch": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-bn", "batch"],

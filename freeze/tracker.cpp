@@ -226,7 +226,8 @@ Decision FreezeTracker::check_lr(int64_t step, double lr) {
   // The LR's fall is seen here (every step, and after every reading that does not
   // freeze): a freeze decided by a reading at the fallen LR is held, then applied here.
   if (observe_lr(step, lr) == Decision::freeze) return Decision::freeze;
-  if (front_ > 0 && lr_at_front_freeze_ > 0 && lr * opt_.unfreeze_lr_factor <= lr_at_front_freeze_ * (1 + 1e-9)) {
+  if (opt_.unfreeze_on_lr_fall && front_ > 0 && lr_at_front_freeze_ > 0 &&
+      lr * opt_.unfreeze_lr_factor <= lr_at_front_freeze_ * (1 + 1e-9)) {
     unfreeze_all(step, lr, "lr");
     return Decision::unfreeze_all;
   }

@@ -139,15 +139,21 @@ TEST(Tracker, TheHeadIsNeverFrozen) {
   EXPECT_EQ(t.front(), 1);
 }
 
+// Feeds converging readings at `lr` until `modules` modules have frozen; the next step.
+int freeze_front(FreezeTracker& t, int64_t modules, double lr) {
+  int i = 0;
+  while (t.front() < modules && i < 1000) {
+    t.check_plasticity(i, converging(i % 40), lr);
+    ++i;
+  }
+  return i;
+}
+
 TEST(Tracker, AnLrDropOfTenTimesUnfreezesAllAndHalvesW) {
   TrackerOptions o;
   o.window = 6;
   FreezeTracker t = started(5, o);
-  int i = 0;
-  while (t.front() < 2 && i < 1000) {
-    t.check_plasticity(i, converging(i % 40), 0.1);
-    ++i;
-  }
+  const int i = freeze_front(t, 2, 0.1);
   ASSERT_EQ(t.front(), 2);
   EXPECT_EQ(t.check_lr(i, 0.02), Decision::none);  // 5x: not yet
   EXPECT_EQ(t.check_lr(i + 1, 0.01), Decision::unfreeze_all);
@@ -167,6 +173,33 @@ TEST(Tracker, AnLrDropOfTenTimesUnfreezesAllAndHalvesW) {
   EXPECT_EQ(t.check_lr(i + 2000, 0.002), Decision::none);
   EXPECT_EQ(t.check_lr(i + 2001, 0.001), Decision::unfreeze_all);
   EXPECT_EQ(t.window(), 1);
+}
+
+// --freeze-unfreeze never: the same falls unfreeze nothing, W stays, and Algorithm 1
+// goes on with the next module, which then freezes behind the others.
+TEST(Tracker, WithUnfreezeNeverAnLrFallKeepsWhatFroze) {
+  TrackerOptions o;
+  o.window = 6;
+  o.unfreeze_on_lr_fall = false;
+  FreezeTracker t = started(5, o);
+  const int i = freeze_front(t, 2, 0.1);
+  ASSERT_EQ(t.front(), 2);
+  EXPECT_EQ(t.check_lr(i, 0.01), Decision::none);
+  EXPECT_EQ(t.check_lr(i + 1, 0.001), Decision::none);
+  EXPECT_EQ(t.front(), 2);
+  EXPECT_EQ(t.frozen(), 2);
+  EXPECT_EQ(t.window(), 6);
+  for (const Event& e : t.take_events()) EXPECT_NE(e.type, "unfreeze");
+  int j = 0;
+  while (t.front() < 3 && j < 1000) {
+    t.check_plasticity(i + 10 + j, converging(j), 0.001);
+    ++j;
+  }
+  EXPECT_EQ(t.front(), 3);
+  // A custom hook (cyclic schedules) still unfreezes.
+  t.custom_unfreeze = [](int64_t, double) { return true; };
+  EXPECT_EQ(t.check_lr(i + 2000, 0.001), Decision::unfreeze_all);
+  EXPECT_EQ(t.front(), 0);
 }
 
 // --freeze-window-min: the halving stops at the floor, and a floor above W leaves W as is.

@@ -320,6 +320,10 @@ TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
   c.freeze_first_phase = "later";
   c.out = tmpdir("egeria_firstbad");
   EXPECT_THROW(train::run_training(c), Error);
+  c.freeze_first_phase = "off";
+  c.freeze_unfreeze = "sometimes";
+  c.out = tmpdir("egeria_unfreezebad");
+  EXPECT_THROW(train::run_training(c), Error);
 }
 
 TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {

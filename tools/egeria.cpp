@@ -99,6 +99,11 @@ int main(int argc, char** argv) {
                     "freezes until the LR first falls 10x below its peak, then applies them at once")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
+  train->add_option("--freeze-unfreeze", c.freeze_unfreeze,
+                    "egeria: lr (the paper) unfreezes every module when the LR has fallen 10x since the front "
+                    "one froze; never keeps what froze frozen to the end, as AutoFreeze")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lr", "never"}));
   train->add_option("--freeze-last-phase", c.freeze_last_phase,
                     "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR "
                     "within 10x of its final value) whole, unfreezing what is frozen when it begins")

@@ -28,6 +28,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.refreeze_tolerance = freeze::parse_refreeze_tolerance(c.freeze_refreeze_tolerance);
   pc.tracker.freeze_last_phase = c.freeze_last_phase != "off";
   pc.tracker.freeze_first_phase = c.freeze_first_phase != "off";
+  pc.tracker.unfreeze_on_lr_fall = c.freeze_unfreeze != "never";
   pc.reference = c.freeze_reference;
   pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;

@@ -73,7 +73,7 @@ json config_json(const TrainConfig& c) {
           {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
           {"freeze_tolerance_from", c.freeze_tolerance_from},
           {"freeze_refreeze_tolerance", c.freeze_refreeze_tolerance}, {"freeze_last_phase", c.freeze_last_phase},
-          {"freeze_first_phase", c.freeze_first_phase},
+          {"freeze_first_phase", c.freeze_first_phase}, {"freeze_unfreeze", c.freeze_unfreeze},
           {"freeze_bn", c.freeze_bn}, {"augment_mode", c.augment_mode}, {"freeze_cache", c.freeze_cache},
           {"freeze_reference", c.freeze_reference}, {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply},
           {"cpu_winograd", c.cpu_winograd.empty() ? (cpu_winograd() ? "on" : "off") : c.cpu_winograd}};
@@ -259,6 +259,8 @@ void validate(const TrainConfig& c) {
     freeze::parse_refreeze_tolerance(c.freeze_refreeze_tolerance);  // throws naming the flag
     EG_CHECK(c.freeze_first_phase == "on" || c.freeze_first_phase == "off",
              "--freeze-first-phase must be on or off, got '", c.freeze_first_phase, "'");
+    EG_CHECK(c.freeze_unfreeze == "lr" || c.freeze_unfreeze == "never",
+             "--freeze-unfreeze must be lr or never, got '", c.freeze_unfreeze, "'");
     EG_CHECK(c.freeze_last_phase == "on" || c.freeze_last_phase == "off",
              "--freeze-last-phase must be on or off, got '", c.freeze_last_phase, "'");
     EG_CHECK(c.freeze_bn == "running" || c.freeze_bn == "batch",

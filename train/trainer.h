@@ -50,6 +50,7 @@ struct TrainConfig {
   std::string freeze_bn = "batch";       // frozen BatchNorms: batch statistics, or "running" (layers.h)
   std::string freeze_last_phase = "on";  // egeria: "off": the schedule's last LR phase trains whole
   std::string freeze_first_phase = "on";  // egeria: "off": freezes held until the LR first falls 10x
+  std::string freeze_unfreeze = "lr";     // egeria: "never": an LR fall does not unfreeze
   std::string freeze_reference = "int8";
   // The activation cache of the frozen prefix (cache/, the paper's §4.3): "on" skips
   // the prefix's forward for samples it has seen since the last freeze; it needs
