@@ -40,6 +40,7 @@ of the cost of the prefix frozen then (the step records of metrics.jsonl, every
 loading are left out for every policy alike. The modelled speedups compare those sums.
 """
 import argparse
+import functools
 import json
 import os
 import re
@@ -96,14 +97,15 @@ def run(args, model, policy, rep=0):
     return out
 
 
-def epochs_of(out):
-    rows = []
+@functools.lru_cache(maxsize=None)
+def records_of(out):
+    """A run's metrics.jsonl, read once: the table asks for each run several times."""
     with open(os.path.join(out, "metrics.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("type") == "epoch":
-                rows.append(r)
-    return rows
+        return tuple(json.loads(line) for line in f)
+
+
+def epochs_of(out):
+    return [r for r in records_of(out) if r.get("type") == "epoch"]
 
 
 def time_to_accuracy(out, acc):
@@ -135,19 +137,13 @@ def load_step_costs(path):
 
 
 def modelled_seconds(out, costs):
-    """[(step, modelled training seconds to that step)] at each epoch end, and the total."""
+    """({epoch-end step: modelled training seconds to it}, modelled seconds in all)."""
     summary = json.load(open(os.path.join(out, "summary.json")))
     model = summary["model"]
     cached = bool(summary.get("activation_cache"))
-    frozen_at = []  # (step, units frozen after it)
-    epoch_steps = []
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("type") == "step":
-                frozen_at.append((r["step"], r.get("frozen_modules", 0)))
-            elif r.get("type") == "epoch":
-                epoch_steps.append(r["step"])
+    # (step, units frozen after it)
+    frozen_at = [(r["step"], r.get("frozen_modules", 0)) for r in records_of(out) if r.get("type") == "step"]
+    epoch_steps = {r["step"] for r in epochs_of(out)}
 
     def cost(k):
         key = (cached and k > 0, model, k)

@@ -96,8 +96,8 @@
 //     nothing refreezing at W = 5: 0.87x the time to within 0.3 pt. What it did,
 //     same run with never: the same freezes, then layer3's second unit 100 steps after
 //     the second decay, and nothing unfrozen; 1.43x wall against 1.11x, but 91.50% against
-//     91.76% (unfrozen: 92.01%), never within 0.3 pt: the front stages' fine-tuning at
-//     the lowest LR is worth about 0.25 pt here. ResNet-20, seed 0: 92.29% against
+//     91.76% (unfrozen: 92.01%), never within 0.3 pt: on this seed the front stages'
+//     fine-tuning at the lowest LR was worth 0.26 pt. ResNet-20, seed 0: 92.29% against
 //     92.36% (unfrozen 92.52%), 1.30x modelled time against 1.20x, 1.18x against
 //     1.11x to within 0.3 pt (bench/time_to_accuracy.py). The paper's unfreeze stays the
 //     default; --freeze-last-phase off still unfreezes when the last phase begins.
