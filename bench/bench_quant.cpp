@@ -12,6 +12,7 @@
 
 #include "autograd/node.h"
 #include "core/rng.h"
+#include "freeze/partition.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "quant/int8.h"
@@ -79,6 +80,27 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
   st.counters["images/s"] = benchmark::Counter(128, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One plasticity reading's reference forward for freezing unit `unit` of the paper's
+// partition (ResNet-56: stem+layer1, layer2, layer3.0-2, ...): the network from the
+// images through the unit (--freeze-reference-scope network), or the unit alone on
+// its input (unit).
+void BM_ReferenceUnit(benchmark::State& st, const char* model, int64_t unit, bool unit_scope) {
+  models::ModelConfig mc;
+  mc.name = model;
+  mc.in_channels = 1;
+  mc.image_size = 28;
+  Generator g(3);
+  auto m = models::build_model(mc, g);
+  const freeze::FreezeUnit u = freeze::make_partition(*m, "auto").units().at(size_t(unit));
+  auto ref = quant::make_reference("int8", mc, m->state_dict());
+  Tensor x = Tensor::randn({128, 1, 28, 28}, g);
+  Tensor h = u.begin > 0 ? m->layer_output(x, Tensor(), u.begin - 1) : x;
+  for (auto _ : st)
+    wait_for(unit_scope && u.begin > 0 ? ref->activation_from(h, u.begin, u.end - 1) : ref->activation(x, u.end - 1));
+  st.SetLabel(u.name);
+  st.counters["images/s"] = benchmark::Counter(128, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_ConvGpu(benchmark::State& st, Layer l, DType t) {
   const Device d = Device::cuda(0);
   Generator g(2);
@@ -123,6 +145,20 @@ int main(int argc, char** argv) {
     for (const char* prec : {"int8", "fp32"})
       benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model, prec)
           ->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const char* model : {"resnet20", "resnet56"}) {
+    Generator g(3);
+    models::ModelConfig mc;
+    mc.name = model;
+    mc.in_channels = 1;
+    mc.image_size = 28;
+    const int64_t units = freeze::make_partition(*models::build_model(mc, g), "auto").size() - 1;  // not the head
+    for (int64_t u = 1; u < units; ++u)
+      for (bool unit_scope : {false, true})
+        benchmark::RegisterBenchmark((std::string("reference_reading/") + model + "_b128/unit" + std::to_string(u) +
+                                      (unit_scope ? "/unit_scope" : "/network_scope")).c_str(),
+                                     BM_ReferenceUnit, model, u, unit_scope)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   for (const char* prec : {"int8", "fp32"})
     benchmark::RegisterBenchmark((std::string("reference/transformer-tiny_b64x32/") + prec).c_str(),
                                  BM_ReferenceTransformer, prec)

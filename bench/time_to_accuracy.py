@@ -7,6 +7,7 @@
        -wmin5: --freeze-window-min 5; -lastoff: --freeze-last-phase off;
        -keep, -scaled: --freeze-refreeze-tolerance keep, scaled;
        -firstoff: --freeze-first-phase off; -never: --freeze-unfreeze never;
+       -unit: --freeze-reference-scope unit;
        -bnbatch, -bnrunning: --freeze-bn batch (the default), running;
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
@@ -65,6 +66,11 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-firstoff-keep": ["egeria", "--freeze-first-phase", "off", "--freeze-refreeze-tolerance", "keep"],
             # ... and what froze stays frozen (Note [Egeria's freezing decisions]).
             "egeria-firstoff-never": ["egeria", "--freeze-first-phase", "off", "--freeze-unfreeze", "never"],
+            # The reference runs only the front unit, on the training model's input to it.
+            "egeria-unit": ["egeria", "--freeze-reference-scope", "unit"],
+            "egeria-firstoff-unit": ["egeria", "--freeze-first-phase", "off", "--freeze-reference-scope", "unit"],
+            "egeria-firstoff-never-unit": ["egeria", "--freeze-first-phase", "off", "--freeze-unfreeze", "never",
+                                           "--freeze-reference-scope", "unit"],
             "egeria-bnbatch": ["egeria", "--freeze-bn", "batch"],
             "egeria-bnrunning": ["egeria", "--freeze-bn", "running"],
             "egeria-peak-bnbatch": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-bn", "batch"],

@@ -64,15 +64,21 @@ Tensor PlasticityController::reference_gram(const Input& in) {
     ++builds_;
   }
   autograd::NoGradGuard ng;
+  if (in.unit_input.defined()) return sp_gram(ref_->activation_from(in.unit_input, in.begin, in.module));
   return sp_gram(ref_->activation(in.x, in.module, in.x2));
 }
 
 bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out,
-                                  const Tensor& x2) {
+                                  const Tensor& x2, const Tensor& unit_input, int64_t begin) {
   EG_CHECK(snapshot_, "plasticity evaluation before the reference model was created");
   EG_CHECK(x.device().is_cpu() && (!x2.defined() || x2.device().is_cpu()),
            "the reference model's input must be on the CPU");
-  Input in{step, module, x, x2, snapshot_, Tensor(), false};
+  EG_CHECK(!unit_input.defined() || (begin > 0 && begin <= module), "plasticity evaluation: the unit's input is ",
+           "that of layer module ", begin, ", which is not after the first and up to ", module);
+  Input in{step, module, x, x2, Tensor(), begin, snapshot_, Tensor(), false};
+  if (unit_input.defined())  // a GPU reference takes it where it is; a CPU one needs a copy
+    in.unit_input = unit_input.is_cuda() && !quant::reference_on_gpu(opt_.precision) ? unit_input.to(Device::cpu())
+                                                                                      : unit_input.detach();
   if (train_out.is_cuda()) {
     in.train = sp_gram(train_out).to(Device::cpu());  // only b x b leaves the GPU
     in.train_is_gram = true;

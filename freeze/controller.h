@@ -60,7 +60,11 @@ class PlasticityController {
   // its target input ids in x2), `train_out` the training model's output of layer
   // module `module` for it (any device; on a GPU its Gram is computed there and only
   // b x b floats come back). False, and counted, when the pipeline is full.
-  bool submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out, const Tensor& x2 = Tensor());
+  // With `unit_input` (the training model's output of layer module begin - 1, any
+  // device), the reference runs only layer modules begin..module on it instead of the
+  // network from x (--freeze-reference-scope unit; sequential models).
+  bool submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out, const Tensor& x2 = Tensor(),
+              const Tensor& unit_input = Tensor(), int64_t begin = 0);
 
   struct Result {
     int64_t step = 0, module = 0;
@@ -86,6 +90,8 @@ class PlasticityController {
   struct Input {
     int64_t step = -1, module = 0;
     Tensor x, x2;
+    Tensor unit_input;  // when defined, the reference runs layer modules begin..module on it
+    int64_t begin = 0;
     std::shared_ptr<const Snapshot> snap;
     Tensor train;  // b x b Gram on the CPU, or a CPU activation whose Gram is still to be taken
     bool train_is_gram = false;

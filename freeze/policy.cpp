@@ -30,13 +30,14 @@ bool apply_frozen_prefix(models::Model& m, int64_t k) {
   return changed;
 }
 
-Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured) {
-  if (k <= 0 && capture < 0) return m.forward(x);
-  return forward_layers(m, x, 0, -1, k, capture, captured);
+Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured,
+                                  int64_t capture_in, Tensor* captured_in) {
+  if (k <= 0 && capture < 0 && capture_in < 0) return m.forward(x);
+  return forward_layers(m, x, 0, -1, k, capture, captured, capture_in, captured_in);
 }
 
 Tensor forward_layers(models::Model& m, const Tensor& h0, int64_t begin, int64_t end, int64_t k, int64_t capture,
-                      Tensor* captured) {
+                      Tensor* captured, int64_t capture_in, Tensor* captured_in) {
   EG_CHECK(m.sequential(), "this model is not a sequence of layer modules; it cannot run a frozen prefix");
   auto units = m.layer_modules();
   if (end < 0) end = int64_t(units.size());
@@ -51,6 +52,7 @@ Tensor forward_layers(models::Model& m, const Tensor& h0, int64_t begin, int64_t
       h = units[size_t(i)].second->forward(h);
     }
     if (i == capture && captured) *captured = h.detach();
+    if (i == capture_in && captured_in) *captured_in = h.detach();
   }
   return h;
 }
@@ -224,8 +226,7 @@ class EgeriaPolicy : public FreezePolicy {
       // this step, before the readings (which may have been taken n steps ago).
       tracker_.observe_lr(s.step, s.lr);
       if (c_.apply_on_arrival) {
-        // The controller works in layer modules: the reference runs up to the unit's last.
-        if (captured.defined()) ctl_->submit(s.step, c_.partition.last_layer(tracker_.front()), x, captured, s.x2);
+        if (captured.defined()) submit(s, x, captured);
         act_on(ctl_->poll(), s, m);
       } else if (captured.defined()) {
         // The previous evaluation, n steps ago, is acted on now, whenever it finished:
@@ -236,7 +237,7 @@ class EgeriaPolicy : public FreezePolicy {
         act_on(ctl_->poll(), s, m);
         const int64_t front_layer = c_.partition.last_layer(tracker_.front());
         if (captured_layer == front_layer)
-          ctl_->submit(s.step, front_layer, x, captured, s.x2);
+          submit(s, x, captured);
         else
           ++stale_results_;  // the front moved on while this step ran: its output is no reading
       }
@@ -275,7 +276,7 @@ class EgeriaPolicy : public FreezePolicy {
             {"stale_results", stale_results_}, {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
             {"evaluation_wait_seconds", ctl_->wait_seconds()}, {"apply", c_.apply_on_arrival ? "arrival" : "next"},
             {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"window", tracker_.window()},
-            {"reference", c_.reference}};
+            {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_}};
   }
 
  private:
@@ -285,6 +286,15 @@ class EgeriaPolicy : public FreezePolicy {
     return o;
   }
   int64_t n() const { return tracker_.options().interval; }
+  // The controller works in layer modules: the reference runs up to the front unit's
+  // last, from the images or, given the unit's input, from the unit's first.
+  void submit(const StepInfo& s, const Tensor& x, const Tensor& captured) {
+    const FreezeUnit& u = c_.partition.units().at(size_t(tracker_.front()));
+    if (s.unit_input.defined() && u.begin > 0)
+      unit_scope_submissions_ += ctl_->submit(s.step, u.end - 1, x, captured, s.x2, s.unit_input, u.begin);
+    else
+      ctl_->submit(s.step, u.end - 1, x, captured, s.x2);
+  }
   void act_on(const std::vector<PlasticityController::Result>& results, const StepInfo& s, models::Model& m) {
     for (auto& r : results) {
       // A reading for a unit that is no longer the front (frozen or unfrozen since) is stale.
@@ -310,6 +320,7 @@ class EgeriaPolicy : public FreezePolicy {
   std::shared_ptr<const Snapshot> snapshot_;
   double loss_sum_ = 0, snapshot_seconds_ = 0;
   int64_t loss_n_ = 0, stale_results_ = 0;
+  int64_t unit_scope_submissions_ = 0;  // evaluations whose reference ran the front unit only
   std::vector<json> log_;
 };
 

@@ -27,6 +27,11 @@ class Model : public nn::Module {
   // for a Transformer, whose target input ids are x2; x2 is unused by vision models).
   // The default runs the layer modules 0..layer of a sequential model.
   virtual Tensor layer_output(const Tensor& x, const Tensor& x2, int64_t layer);
+  // The output of layer module `last` given h, the input of layer module `begin`
+  // (<= last), without recording gradients: layer modules begin..last of a sequential
+  // model. What a reference that evaluates one freezing unit runs
+  // (--freeze-reference-scope unit).
+  Tensor layers_output(const Tensor& h, int64_t begin, int64_t last);
 };
 
 using ModelPtr = std::shared_ptr<Model>;

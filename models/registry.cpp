@@ -36,15 +36,18 @@ const std::map<std::string, Builder>& builders() {
 }
 }  // namespace
 
-Tensor Model::layer_output(const Tensor& x, const Tensor&, int64_t layer) {
+Tensor Model::layer_output(const Tensor& x, const Tensor&, int64_t layer) { return layers_output(x, 0, layer); }
+
+Tensor Model::layers_output(const Tensor& h, int64_t begin, int64_t last) {
   EG_CHECK(sequential(), type_name(), ": layer_output needs a sequence of layer modules");
   auto units = layer_modules();
-  EG_CHECK(layer >= 0 && layer < int64_t(units.size()), type_name(), ": no layer module ", layer, " (it has ",
+  EG_CHECK(last >= 0 && last < int64_t(units.size()), type_name(), ": no layer module ", last, " (it has ",
            units.size(), ")");
+  EG_CHECK(begin >= 0 && begin <= last, type_name(), ": layer modules ", begin, "..", last, " are no range");
   autograd::NoGradGuard ng;
-  Tensor h = x;
-  for (int64_t i = 0; i <= layer; ++i) h = units[size_t(i)].second->forward(h);
-  return h;
+  Tensor y = h;
+  for (int64_t i = begin; i <= last; ++i) y = units[size_t(i)].second->forward(y);
+  return y;
 }
 
 std::vector<std::string> model_names() {

@@ -25,6 +25,9 @@ class Fp32Reference : public ReferenceModel {
     if (dev_.is_cpu()) return model_->layer_output(x, x2, module);
     return model_->layer_output(x.to(dev_), x2.defined() ? x2.to(dev_) : x2, module);
   }
+  Tensor activation_from(const Tensor& h, int64_t begin, int64_t module) override {
+    return model_->layers_output(h.device() == dev_ ? h : h.to(dev_), begin, module);
+  }
   std::string precision() const override { return dev_.is_cpu() ? "fp32" : "fp32-gpu"; }
 
  protected:

@@ -29,6 +29,9 @@ class ReferenceModel {
   // (CPU: f32 images [b, ...], or a Transformer's source ids with its target input ids
   // in x2), as models::Model::layer_output. Thread-compatible: one caller at a time.
   virtual Tensor activation(const Tensor& x, int64_t module, const Tensor& x2 = Tensor()) = 0;
+  // Output of layer module `module` given h, the input of layer module `begin` (<=
+  // module; any device): only layer modules begin..module run. Sequential models only.
+  virtual Tensor activation_from(const Tensor& h, int64_t begin, int64_t module) = 0;
   virtual std::string precision() const = 0;
 };
 

@@ -202,6 +202,40 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
     EXPECT_EQ(e.path().filename().string().find(".egeria-activation-cache"), std::string::npos) << e.path();
 }
 
+// Egeria with --freeze-reference-scope unit: the front unit's input is the frozen
+// prefix's output, which a cached step takes from the cache; the readings are the ones
+// the recomputing run takes, value for value.
+TEST(CacheTrainer, UnitScopeReadingsFromCachedInputsAreTheRecomputedOnes) {
+  auto egeria = [](const std::string& out, const std::string& cache) {
+    auto c = cached_cfg(out, cache);
+    c.freeze = "egeria";
+    c.freeze_reference_scope = "unit";
+    c.freeze_sync = true;
+    c.freeze_interval = 2;
+    c.freeze_window = 2;
+    c.freeze_tolerance = 0.5;  // as the trainer tests (test_freeze_train.cpp)
+    return c;
+  };
+  const std::string a = tmpdir("unit_off"), b = tmpdir("unit_on");
+  ASSERT_TRUE(train::run_training(egeria(a, "off")).completed);
+  ASSERT_TRUE(train::run_training(egeria(b, "on")).completed);
+  auto lines = [](const std::string& d) {
+    std::vector<std::string> v;
+    std::ifstream f(d + "/freeze.jsonl");
+    for (std::string l; std::getline(f, l);) {
+      auto j = nlohmann::json::parse(l);
+      if (j["type"] == "evaluation" || j["type"] == "freeze" || j["type"] == "unfreeze")
+        v.push_back(j["type"].get<std::string>() + "@" + j["step"].dump() + ":" +
+                    (j.contains("plasticity") ? j["plasticity"].dump() : ""));
+    }
+    return v;
+  };
+  EXPECT_EQ(lines(a), lines(b));
+  auto sum = nlohmann::json::parse(std::ifstream(b + "/summary.json"));
+  EXPECT_GT(sum["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), 0) << sum["freeze_stats"].dump();
+  EXPECT_GT(sum["activation_cache"]["hit_samples"].get<int64_t>(), 0) << sum["activation_cache"].dump();
+}
+
 TEST(CacheTrainer, RefusesConfigurationsWhereACachedOutputWouldBeWrong) {
   auto expect_error = [](train::TrainConfig c, const std::string& needle) {
     try {

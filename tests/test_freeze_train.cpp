@@ -10,8 +10,11 @@
 #include "autograd/node.h"
 #include "core/rng.h"
 #include "freeze/policy.h"
+#include "freeze/controller.h"
+#include "freeze/plasticity.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "quant/reference.h"
 #include "train/freezing.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -138,6 +141,40 @@ TEST(FreezeMechanics, CapturedActivationIsTheModuleOutput) {
   Tensor h = b.x;
   for (int i = 0; i <= 2; ++i) h = u[size_t(i)].second->forward(h);
   EXPECT_EQ(cap.to_vector<float>(), h.to_vector<float>());
+}
+
+// --freeze-reference-scope unit: given a unit's input, the controller's reference runs
+// that unit alone on it: the reading is the SP loss against the reference's unit output
+// for that input, not for its own front's output.
+TEST(FreezeMechanics, AControllerGivenTheUnitInputRunsOnlyTheUnit) {
+  auto m = small_resnet(4), moved = small_resnet(9);
+  m->eval();
+  moved->eval();
+  Batch b = batch(6);
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 1;
+  mc.image_size = 16;
+  auto snap = std::make_shared<freeze::Snapshot>(m->state_dict());
+  freeze::ControllerOptions o;
+  o.precision = "fp32";
+  o.synchronous = true;
+  freeze::PlasticityController ctl(mc, o);
+  ctl.set_snapshot(snap);
+  auto ref = quant::make_reference("fp32", mc, *snap);
+  const int64_t begin = 2, last = 4;
+  Tensor h = moved->layer_output(b.x, Tensor(), begin - 1), out = moved->layer_output(b.x, Tensor(), last);
+  ASSERT_TRUE(ctl.submit(1, last, b.x, out, Tensor(), h, begin));
+  ASSERT_TRUE(ctl.submit(2, last, b.x, out));
+  auto r = ctl.poll();
+  ASSERT_EQ(r.size(), 2u);
+  const double unit = freeze::sp_loss(out, ref->activation_from(h, begin, last));
+  const double network = freeze::sp_loss(out, ref->activation(b.x, last));
+  EXPECT_NEAR(r[0].plasticity, unit, 1e-6 * unit);
+  EXPECT_NEAR(r[1].plasticity, network, 1e-6 * network);
+  EXPECT_GT(std::abs(unit - network), 1e-3 * network) << "the two readings should differ: the fronts differ";
+  EXPECT_THROW(ctl.submit(3, last, b.x, out, Tensor(), h, last + 1), Error);
+  EXPECT_THROW(ctl.submit(3, last, b.x, out, Tensor(), b.x, 0), Error);
 }
 
 // ---- through the trainer
@@ -323,6 +360,39 @@ TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
   c.freeze_first_phase = "off";
   c.freeze_unfreeze = "sometimes";
   c.out = tmpdir("egeria_unfreezebad");
+  EXPECT_THROW(train::run_training(c), Error);
+}
+
+// --freeze-reference-scope unit: while the first unit is the front (its input is the
+// images) the readings are those of the network scope, value for value; once it froze,
+// the reference runs the next unit alone, on the training model's input to it.
+TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFront) {
+  std::string a = tmpdir("egeria_scope_network"), u = tmpdir("egeria_scope_unit");
+  ASSERT_TRUE(train::run_training(run_cfg(a, "egeria")).completed);
+  auto c = run_cfg(u, "egeria");
+  c.freeze_reference_scope = "unit";
+  ASSERT_TRUE(train::run_training(c).completed);
+  auto na = jsonl(a + "/freeze.jsonl"), nu = jsonl(u + "/freeze.jsonl");
+  size_t i = 0;
+  for (; i < na.size() && i < nu.size(); ++i) {
+    ASSERT_EQ(na[i]["type"], nu[i]["type"]) << i;
+    ASSERT_EQ(na[i]["step"], nu[i]["step"]) << i;
+    if (na[i]["type"] == "evaluation") {
+      EXPECT_EQ(na[i]["plasticity"], nu[i]["plasticity"]) << i;
+    }
+    if (na[i]["type"] == "freeze") break;
+  }
+  ASSERT_LT(i, nu.size()) << "nothing froze";
+  int later = 0;
+  for (++i; i < nu.size(); ++i) later += nu[i]["type"] == "evaluation" && nu[i]["module"].get<int64_t>() > 0;
+  EXPECT_GT(later, 0) << "no evaluation of a later unit";
+  auto sa = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
+  auto su = nlohmann::json::parse(std::ifstream(u + "/summary.json"));
+  EXPECT_EQ(sa["freeze_stats"]["unit_scope_submissions"], 0);
+  EXPECT_GE(su["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), later);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(u + "/config.json"))["freeze_reference_scope"], "unit");
+  c.freeze_reference_scope = "front";
+  c.out = tmpdir("egeria_scope_bad");
   EXPECT_THROW(train::run_training(c), Error);
 }
 

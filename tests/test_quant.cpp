@@ -240,6 +240,35 @@ void expect_resnet_reference_agrees(const std::string& precision) {
 
 TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) { expect_resnet_reference_agrees("int8"); }
 
+// --freeze-reference-scope unit: a reference run on a unit's input (the output of the
+// layer module before it) computes what the whole network computes through that unit,
+// bit for bit when the input is the reference's own; and the int8 reference started
+// from the fp32 model's input to the unit is within the same SP-loss bound.
+TEST(QuantReference, AUnitRunFromItsInputReadsWhatTheNetworkReads) {
+  Tensor x = images(32, 1, 28, 5);
+  auto m = model_with_stats("resnet20", x, 23);
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 1;
+  mc.image_size = 28;
+  auto snap = m->state_dict();
+  auto f32 = quant::make_reference("fp32", mc, snap), i8 = quant::make_reference("int8", mc, snap);
+  const int64_t modules = int64_t(m->layer_modules().size()) - 1;
+  for (int64_t k = 1; k < modules; ++k)
+    for (int64_t begin : {int64_t(1), k}) {
+      for (auto* ref : {f32.get(), i8.get()}) {
+        Tensor unit = ref->activation_from(ref->activation(x, begin - 1), begin, k);
+        EXPECT_EQ(unit.to_vector<float>(), ref->activation(x, k).to_vector<float>())
+            << ref->precision() << " modules " << begin << ".." << k;
+      }
+      const double err = freeze::sp_loss(i8->activation_from(f32->activation(x, begin - 1), begin, k),
+                                         f32->activation(x, k));
+      EXPECT_LT(err, 2e-6) << "int8 modules " << begin << ".." << k << " from the fp32 input";
+    }
+  EXPECT_THROW(f32->activation_from(f32->activation(x, 2), 3, 2), Error);
+  EXPECT_THROW(f32->activation_from(x, 0, modules + 1), Error);
+}
+
 TEST(QuantReference, Fp16GpuActivationsAgreeWithFp32WithinAnSpLossBoundOnCuda) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU present";
   expect_resnet_reference_agrees("fp16-gpu");

@@ -127,6 +127,12 @@ int main(int argc, char** argv) {
                     "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU")
       ->capture_default_str()
       ->check(CLI::IsMember(eg::quant::reference_precisions()));
+  train->add_option("--freeze-reference-scope", c.freeze_reference_scope,
+                    "egeria: what the reference runs for an evaluation: the network from the images through the "
+                    "front unit (network, the paper), or only the front unit, on the training model's input to it "
+                    "(unit: less reference work the deeper the front; image models)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"network", "unit"}));
   train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");
   train->add_option("--freeze-apply", c.freeze_apply,
                     "egeria: act on a background evaluation's result at the next evaluation step, waiting for it "

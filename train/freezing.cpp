@@ -58,6 +58,7 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
                                                : double(layers[size_t(i)].second->num_parameters()) / params;
     unit_flops_.push_back(f);
   }
+  unit_scope_ = c.freeze == "egeria" && c.freeze_reference_scope == "unit" && model.sequential();
   if (fresh) std::ofstream(log_, std::ios::trunc);
   if (c.freeze_bn == "batch")
     for (auto& [name, mod] : model.named_modules())
@@ -83,9 +84,13 @@ Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Devi
                           Tensor* captured) {
   const int64_t k = frozen_layers();
   ++steps_;
-  // A capture inside the prefix needs the prefix run (no policy asks for one today).
-  if (!cache_ || k <= 0 || (capture >= 0 && capture < k))
-    return freeze::forward_with_frozen_prefix(model_, x.to(dev), k, capture, captured);
+  const int64_t capture_in = unit_input_layer(capture);
+  unit_input_ = Tensor();
+  Tensor* captured_in = capture_in >= 0 ? &unit_input_ : nullptr;
+  // A capture inside the prefix needs the prefix run (the unit's input there is the
+  // prefix's output, which the cache holds, when the front unit is the first unfrozen).
+  if (!cache_ || k <= 0 || (capture >= 0 && capture < k) || (capture_in >= 0 && capture_in < k - 1))
+    return freeze::forward_with_frozen_prefix(model_, x.to(dev), k, capture, captured, capture_in, captured_in);
   cache_->set_key(generation_);  // See Note [Activation cache validity]
   // Samples the cache lacks (all of them in the first epoch after a freeze, a few in
   // the next) go through the prefix as a sub-batch and are stored; then the batch is
@@ -114,7 +119,15 @@ Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Devi
   hit_batches_ += miss.empty();
   fwd_flops_saved_sum_ += hit * frozen_share(unit_flops_);
   if (!h.defined()) h = cache_->gather(ids).to(dev);
-  return freeze::forward_layers(model_, h, k, -1, k, capture, captured);
+  if (capture_in == k - 1) unit_input_ = h;
+  return freeze::forward_layers(model_, h, k, -1, k, capture, captured, capture_in, captured_in);
+}
+
+int64_t FreezeRun::unit_input_layer(int64_t capture) const {
+  if (!unit_scope_ || capture < 0) return -1;
+  for (auto& u : part_.units())
+    if (u.end - 1 == capture) return u.begin - 1;
+  return -1;
 }
 
 void FreezeRun::prefetch(const std::vector<int64_t>& next_ids) {
@@ -124,7 +137,13 @@ void FreezeRun::prefetch(const std::vector<int64_t>& next_ids) {
 void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds) {
   flops_saved_sum_ += frozen_share(unit_flops_);
   const auto t0 = std::chrono::steady_clock::now();
-  policy_->after_step(s, x, captured, model_);
+  if (unit_input_.defined()) {
+    freeze::StepInfo si = s;
+    si.unit_input = std::exchange(unit_input_, Tensor());
+    policy_->after_step(si, x, captured, model_);
+  } else {
+    policy_->after_step(s, x, captured, model_);
+  }
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
     ++generation_;
     if (cache_ && frozen_layers() == 0) cache_->release();  // unfrozen: its entries are dead weight

@@ -34,7 +34,8 @@ class FreezeRun {
   void use_cache(const std::string& dir, int64_t train_samples, bool force_disk);
   // The step's forward (image models): the frozen prefix under no-grad, or from the
   // activation cache when it holds the whole batch `ids`, then the rest, capturing the
-  // output of layer module `capture` (>= 0). Then the next batch's ids to gather ahead.
+  // output of layer module `capture` (>= 0), and with --freeze-reference-scope unit the
+  // input of its unit too (kept for after_step). Then the next batch's ids to gather ahead.
   Tensor forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture, Tensor* captured);
   void prefetch(const std::vector<int64_t>& next_ids);
   bool caching() const { return cache_ != nullptr; }
@@ -56,6 +57,9 @@ class FreezeRun {
 
  private:
   double frozen_share(const std::vector<double>& share) const;
+  // --freeze-reference-scope unit: the layer module whose output is the input of the unit
+  // that ends at layer module `capture` (-1: none, or the unit starts the network).
+  int64_t unit_input_layer(int64_t capture) const;
   models::Model& model_;
   freeze::Partition part_;
   std::unique_ptr<freeze::FreezePolicy> policy_;
@@ -63,6 +67,8 @@ class FreezeRun {
   std::string metrics_, log_;
   double flops_saved_sum_ = 0, seconds_ = 0;  // sum over steps of the frozen FLOP share; time in the policy
   std::unique_ptr<cache::ActivationCache> cache_;
+  bool unit_scope_ = false;
+  Tensor unit_input_;  // the captured unit's input, from forward() to after_step()
   int64_t generation_ = 0;        // bumped whenever the frozen set changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;

@@ -75,7 +75,8 @@ json config_json(const TrainConfig& c) {
           {"freeze_refreeze_tolerance", c.freeze_refreeze_tolerance}, {"freeze_last_phase", c.freeze_last_phase},
           {"freeze_first_phase", c.freeze_first_phase}, {"freeze_unfreeze", c.freeze_unfreeze},
           {"freeze_bn", c.freeze_bn}, {"augment_mode", c.augment_mode}, {"freeze_cache", c.freeze_cache},
-          {"freeze_reference", c.freeze_reference}, {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply},
+          {"freeze_reference", c.freeze_reference}, {"freeze_reference_scope", c.freeze_reference_scope},
+          {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply},
           {"cpu_winograd", c.cpu_winograd.empty() ? (cpu_winograd() ? "on" : "off") : c.cpu_winograd}};
 }
 
@@ -282,6 +283,8 @@ void validate(const TrainConfig& c) {
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32, fp32-gpu or fp16-gpu, got '", c.freeze_reference, "'");
+    EG_CHECK(c.freeze_reference_scope == "network" || c.freeze_reference_scope == "unit",
+             "--freeze-reference-scope must be network or unit, got '", c.freeze_reference_scope, "'");
     EG_CHECK(!quant::reference_on_gpu(c.freeze_reference) || Device::parse(c.device).is_cuda(),
              "--freeze-reference ", c.freeze_reference, " runs the reference model on the training GPU; it needs "
              "--device cuda[:N] (training on ", c.device, ")");
@@ -414,7 +417,7 @@ Summary run_training(const TrainConfig& cin) {
       r.opt->step();
       ++step;
       ++this_run;
-      fr.after_step({step, epoch, lr, lv, Tensor()}, b.x, captured, train_secs);
+      fr.after_step({step, epoch, lr, lv, Tensor(), Tensor()}, b.x, captured, train_secs);
       images += b.y.numel();
       loss_sum += lv;
       ++loss_n;

@@ -326,7 +326,7 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
       loss.backward();
       opt->step();
       ++step, ++this_run, ++steps_here, ++loss_n;
-      fr.after_step({step, epoch, lr, lv, b.tgt_in}, b.src, captured, train_secs);
+      fr.after_step({step, epoch, lr, lv, b.tgt_in, Tensor()}, b.src, captured, train_secs);
       tokens += b.tgt_tokens;
       loss_sum += lv;
       train_secs += std::chrono::duration<double>(Clock::now() - t0).count();
