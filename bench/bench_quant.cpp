@@ -11,6 +11,7 @@
 #include <benchmark/benchmark.h>
 
 #include "autograd/node.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "freeze/partition.h"
 #include "kernels/ops.h"
@@ -83,8 +84,10 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
 // One plasticity reading's reference forward for freezing unit `unit` of the paper's
 // partition (ResNet-56: stem+layer1, layer2, layer3.0-2, ...): the network from the
 // images through the unit (--freeze-reference-scope network), or the unit alone on
-// its input (unit).
+// its input (unit). On one thread, as the controller's background reference thread.
 void BM_ReferenceUnit(benchmark::State& st, const char* model, int64_t unit, bool unit_scope) {
+  const int threads = num_threads();
+  set_num_threads(1);
   models::ModelConfig mc;
   mc.name = model;
   mc.in_channels = 1;
@@ -99,6 +102,7 @@ void BM_ReferenceUnit(benchmark::State& st, const char* model, int64_t unit, boo
     wait_for(unit_scope && u.begin > 0 ? ref->activation_from(h, u.begin, u.end - 1) : ref->activation(x, u.end - 1));
   st.SetLabel(u.name);
   st.counters["images/s"] = benchmark::Counter(128, benchmark::Counter::kIsIterationInvariantRate);
+  set_num_threads(threads);
 }
 
 void BM_ConvGpu(benchmark::State& st, Layer l, DType t) {

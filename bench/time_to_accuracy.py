@@ -7,7 +7,8 @@
        -wmin5: --freeze-window-min 5; -lastoff: --freeze-last-phase off;
        -keep, -scaled: --freeze-refreeze-tolerance keep, scaled;
        -firstoff: --freeze-first-phase off; -never: --freeze-unfreeze never;
-       -unit: --freeze-reference-scope unit;
+       -unit, -network: --freeze-reference-scope unit (the default since
+       2026-11-24; runs stored before then are network), network;
        -bnbatch, -bnrunning: --freeze-bn batch (the default), running;
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
@@ -66,8 +67,13 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-firstoff-keep": ["egeria", "--freeze-first-phase", "off", "--freeze-refreeze-tolerance", "keep"],
             # ... and what froze stays frozen (Note [Egeria's freezing decisions]).
             "egeria-firstoff-never": ["egeria", "--freeze-first-phase", "off", "--freeze-unfreeze", "never"],
-            # The reference runs only the front unit, on the training model's input to it.
+            # The reference runs only the front unit, on the training model's input to it
+            # (the default), or the network from the images (Note [The reference's scope]).
             "egeria-unit": ["egeria", "--freeze-reference-scope", "unit"],
+            "egeria-network": ["egeria", "--freeze-reference-scope", "network"],
+            "egeria-firstoff-network": ["egeria", "--freeze-first-phase", "off", "--freeze-reference-scope", "network"],
+            "egeria-firstoff-never-network": ["egeria", "--freeze-first-phase", "off", "--freeze-unfreeze", "never",
+                                              "--freeze-reference-scope", "network"],
             "egeria-firstoff-unit": ["egeria", "--freeze-first-phase", "off", "--freeze-reference-scope", "unit"],
             "egeria-firstoff-never-unit": ["egeria", "--freeze-first-phase", "off", "--freeze-unfreeze", "never",
                                            "--freeze-reference-scope", "unit"],
@@ -83,11 +89,31 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
                                   "--freeze-bn", "running", "--augment-mode", "sample"]}
 
 
+def check_scope(out, policy):
+    """A stored egeria run is reused only if its reference scope is the policy's (a run
+    from before --freeze-reference-scope existed, or before unit became its default,
+    read with the network)."""
+    args = VARIANTS.get(policy, [policy])
+    if args[0] != "egeria":
+        return
+    want = args[args.index("--freeze-reference-scope") + 1] if "--freeze-reference-scope" in args else "unit"
+    try:
+        with open(os.path.join(out, "config.json")) as f:
+            had = json.load(f).get("freeze_reference_scope", "network")
+    except (OSError, ValueError):
+        return  # no readable config.json: nothing to compare
+    if had != want:
+        sys.exit(f"time_to_accuracy: {out} was trained with --freeze-reference-scope {had}, but the policy "
+                 f"'{policy}' asks for {want}; name the policy for the scope it was run with "
+                 f"(e.g. egeria-network), or use another --out")
+
+
 def run(args, model, policy, rep=0):
     seed = args.seed + (rep if args.vary_seed else 0)
     out = os.path.join(args.out, f"{model}-{policy}" + (f"-r{rep}" if rep else ""))
     summary = os.path.join(out, "summary.json")
     if os.path.exists(summary):
+        check_scope(out, policy)
         return out
     cmd = [args.egeria, "train", "--model", model, "--dataset", "fashion-mnist", "--epochs", str(args.epochs),
            "--threads", str(args.threads), "--seed", str(seed), "--freeze", VARIANTS.get(policy, [policy])[0],

@@ -115,8 +115,9 @@ void PlasticityController::reference_loop() {
     Pair r{in->step, in->module, std::move(in->train), Tensor(), in->train_is_gram};
     try {
       r.ref = reference_gram(*in);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
       r.ref = Tensor();  // reported as a dropped evaluation
+      note_error(e.what());
     }
     cpu_ns_ += thread_cpu_ns() - t0;
     while (!stop_ && !ref_q_.try_push(std::move(r))) idle();  // back-pressure: rare, short
@@ -140,7 +141,8 @@ void PlasticityController::plasticity_loop() {
         Result res{p->step, p->module, sp_loss_from_grams(gt, p->ref)};
         while (!stop_ && !res_q_.try_push(std::move(res))) idle();
         ok = true;
-      } catch (const std::exception&) {
+      } catch (const std::exception& e) {
+        note_error(e.what());
       }
     }
     ++(ok ? completed_ : dropped_);
@@ -170,6 +172,16 @@ void PlasticityController::drain() {
   // A result pushed just before `finished_` counted it is on the queue now.
   while (auto r = res_q_.try_pop()) sync_results_.push_back(*r);
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void PlasticityController::note_error(const std::string& what) {
+  std::lock_guard<std::mutex> lk(error_mu_);
+  if (first_error_.empty()) first_error_ = what;
+}
+
+std::string PlasticityController::first_error() const {
+  std::lock_guard<std::mutex> lk(error_mu_);
+  return first_error_;
 }
 
 double PlasticityController::background_cpu_seconds() const { return double(cpu_ns_.load()) * 1e-9; }

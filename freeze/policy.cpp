@@ -272,11 +272,13 @@ class EgeriaPolicy : public FreezePolicy {
     ctl_->set_snapshot(snapshot_);
   }
   json stats() const override {
-    return {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
+    json j = {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
             {"stale_results", stale_results_}, {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
             {"evaluation_wait_seconds", ctl_->wait_seconds()}, {"apply", c_.apply_on_arrival ? "arrival" : "next"},
             {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"window", tracker_.window()},
             {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_}};
+    if (const std::string e = ctl_->first_error(); !e.empty()) j["first_evaluation_error"] = e;
+    return j;
   }
 
  private:

@@ -99,7 +99,11 @@
 //     91.76% (unfrozen: 92.01%), never within 0.3 pt: on this seed the front stages'
 //     fine-tuning at the lowest LR was worth 0.26 pt. ResNet-20, seed 0: 92.29% against
 //     92.36% (unfrozen 92.52%), 1.30x modelled time against 1.20x, 1.18x against
-//     1.11x to within 0.3 pt (bench/time_to_accuracy.py). The paper's unfreeze stays the
+//     1.11x to within 0.3 pt (bench/time_to_accuracy.py). With the reference running
+//     only the front unit (Note [The reference's scope], controller.h), seeds 0 / 1 / 2:
+//     -0.15 / -0.95 / -0.28 pt, 1.18x / never / 0.89x modelled to within 0.3 pt; on
+//     seed 1 layer2's held freeze applied at the first decay with stem+layer1's, and
+//     the run stayed 0.8 pt behind from there. The paper's unfreeze stays the
 //     default; --freeze-last-phase off still unfreezes when the last phase begins.
 #pragma once
 #include <cstdint>

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -353,6 +354,10 @@ TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
   EXPECT_GT(frozen_records, 0);
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   EXPECT_GT(sum["frozen_fraction_final"].get<double>(), 0.0) << "no second decay unfreezes them";
+  // The default unit scope while freezes are held: the unit's input comes from the
+  // held units, which still train.
+  EXPECT_GT(sum["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), 0) << sum["freeze_stats"].dump();
+  EXPECT_EQ(sum["freeze_stats"]["reference_scope"], "unit");
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(d + "/config.json"))["freeze_first_phase"], "off");
   c.freeze_first_phase = "later";
   c.out = tmpdir("egeria_firstbad");
@@ -363,14 +368,17 @@ TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
   EXPECT_THROW(train::run_training(c), Error);
 }
 
-// --freeze-reference-scope unit: while the first unit is the front (its input is the
-// images) the readings are those of the network scope, value for value; once it froze,
-// the reference runs the next unit alone, on the training model's input to it.
+// --freeze-reference-scope unit (the default): while the first unit is the front (its
+// input is the images) the readings are those of the network scope, value for value;
+// once it froze, the reference runs the next unit alone, on the training model's input
+// to it.
 TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFront) {
   std::string a = tmpdir("egeria_scope_network"), u = tmpdir("egeria_scope_unit");
-  ASSERT_TRUE(train::run_training(run_cfg(a, "egeria")).completed);
-  auto c = run_cfg(u, "egeria");
-  c.freeze_reference_scope = "unit";
+  auto c = run_cfg(a, "egeria");
+  c.freeze_reference_scope = "network";
+  ASSERT_TRUE(train::run_training(c).completed);
+  c = run_cfg(u, "egeria");
+  EXPECT_EQ(c.freeze_reference_scope, "unit") << "the default";
   ASSERT_TRUE(train::run_training(c).completed);
   auto na = jsonl(a + "/freeze.jsonl"), nu = jsonl(u + "/freeze.jsonl");
   size_t i = 0;
@@ -389,6 +397,7 @@ TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFro
   auto sa = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
   auto su = nlohmann::json::parse(std::ifstream(u + "/summary.json"));
   EXPECT_EQ(sa["freeze_stats"]["unit_scope_submissions"], 0);
+  EXPECT_EQ(sa["freeze_stats"]["reference_scope"], "network");
   EXPECT_GE(su["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), later);
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(u + "/config.json"))["freeze_reference_scope"], "unit");
   c.freeze_reference_scope = "front";
@@ -495,20 +504,28 @@ TEST(FreezeTrainer, GpuReferenceIsAClearErrorWithoutAGpu) {
   }
 }
 
-TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
-  std::string d = tmpdir("units_resume");
-  auto c = run_cfg(d, "static");
+// Trains c for 2 steps with checkpoints, then resumes it changed by `change`: the
+// resume must be refused with an error containing `needle`. Returns c as resumed.
+train::TrainConfig expect_resume_refused(train::TrainConfig c, const std::function<void(train::TrainConfig&)>& change,
+                                         const std::string& needle) {
   c.checkpoint_every = 1;
   c.stop_after_steps = 2;
   EXPECT_FALSE(train::run_training(c).completed);
   c.resume = true;
-  c.freeze_modules = "auto";
+  change(c);
   try {
     train::run_training(c);
-    ADD_FAILURE() << "resumed with other freezing units";
+    ADD_FAILURE() << "resumed; expected an error mentioning " << needle;
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("freezing units"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+  return c;
+}
+
+TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
+  std::string d = tmpdir("units_resume");
+  auto c = expect_resume_refused(
+      run_cfg(d, "static"), [](train::TrainConfig& r) { r.freeze_modules = "auto"; }, "freezing units");
   auto sum_units = [&] {
     c.freeze_modules = "layers";
     c.stop_after_steps = 0;
@@ -517,6 +534,18 @@ TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
   EXPECT_TRUE(sum_units());
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   EXPECT_EQ(sum["freeze_units"].size(), 11u);  // resnet20: stem, 9 blocks, head
+}
+
+// A run whose readings were taken with one reference scope does not resume with the
+// other (a checkpoint from before the flag was read with the network).
+TEST(FreezeTrainer, ResumeRefusesAnotherReferenceScope) {
+  auto c = run_cfg(tmpdir("scope_resume"), "egeria");
+  c.freeze_reference_scope = "network";
+  c = expect_resume_refused(
+      c, [](train::TrainConfig& r) { r.freeze_reference_scope = "unit"; }, "--freeze-reference-scope network");
+  c.freeze_reference_scope = "network";
+  c.stop_after_steps = 4;
+  EXPECT_FALSE(train::run_training(c).completed) << "resumed, and stopped again";
 }
 
 // Every Egeria flag of `train` reaches the tracker as given (train/freezing.cpp), and a

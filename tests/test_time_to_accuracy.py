@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""bench/time_to_accuracy.py's modelled times on hand-made run folders.
+"""bench/time_to_accuracy.py's modelled times, and its reuse of stored runs, on hand-made run folders.
 
 python3 tests/test_time_to_accuracy.py (ctest: Bench.TimeToAccuracyModelledTimes)
 """
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
 import unittest
 
@@ -95,6 +96,33 @@ class ModelledTimes(unittest.TestCase):
         with self.assertRaises(SystemExit) as e:
             tta.load_step_costs(path)
         self.assertIn("eg_bench_freeze", str(e.exception))
+
+
+class StoredRunScope(unittest.TestCase):
+    """A stored egeria run is reused only under a policy with its reference scope."""
+
+    def run_dir(self, config):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        if config is not None:
+            json.dump(config, open(os.path.join(d, "config.json"), "w"))
+        return d
+
+    def test_a_run_from_before_the_flag_read_with_the_network(self):
+        old = self.run_dir({"freeze": "egeria"})
+        with self.assertRaises(SystemExit) as e:
+            tta.check_scope(old, "egeria")
+        self.assertIn("--freeze-reference-scope network", str(e.exception))
+        tta.check_scope(old, "egeria-network")
+        tta.check_scope(old, "autofreeze")  # no reference
+
+    def test_a_unit_run_is_the_default_egeria(self):
+        new = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit"})
+        tta.check_scope(new, "egeria")
+        tta.check_scope(new, "egeria-firstoff-never-unit")
+        with self.assertRaises(SystemExit):
+            tta.check_scope(new, "egeria-firstoff-never-network")
+        tta.check_scope(self.run_dir(None), "egeria")  # nothing to compare
 
 
 if __name__ == "__main__":

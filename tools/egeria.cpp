@@ -128,9 +128,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember(eg::quant::reference_precisions()));
   train->add_option("--freeze-reference-scope", c.freeze_reference_scope,
-                    "egeria: what the reference runs for an evaluation: the network from the images through the "
-                    "front unit (network, the paper), or only the front unit, on the training model's input to it "
-                    "(unit: less reference work the deeper the front; image models)")
+                    "egeria: what the reference runs for an evaluation: only the front unit, on the training model's "
+                    "input to it (unit: its cost does not grow with the depth of the front), or the network from "
+                    "the images through the front unit (network, the paper); Transformers always run network")
       ->capture_default_str()
       ->check(CLI::IsMember({"network", "unit"}));
   train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");

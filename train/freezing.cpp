@@ -193,6 +193,7 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   // over the training's threads, as a share of training time.
   sj["reference_overhead_fraction"] = train_seconds > 0 ? (seconds_ + bg) / train_seconds : 0.0;
   sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
+  if (st.contains("reference")) st["reference_scope"] = unit_scope_ ? "unit" : "network";
   sj["freeze_stats"] = st;
   if (cache_) {
     const auto& cs = cache_->stats();

@@ -341,6 +341,12 @@ Summary run_training(const TrainConfig& cin) {
              scfg.at("dataset").get<std::string>(), "', not '", c.dataset, "'");
     EG_CHECK(scfg.value("freeze", std::string("none")) == c.freeze, "--resume: '", ckpt, "' was trained with --freeze ",
              scfg.value("freeze", std::string("none")), ", not ", c.freeze);
+    // The scope changes what every reading measures; a checkpoint without it predates
+    // the flag and the "unit" default, and was read with the network.
+    const std::string scope = scfg.value("freeze_reference_scope", std::string("network"));
+    EG_CHECK(c.freeze != "egeria" || scope == c.freeze_reference_scope, "--resume: '", ckpt,
+             "' was trained with --freeze-reference-scope ", scope, "; pass --freeze-reference-scope ", scope,
+             " to continue its freezing decisions");
     TensorMap ms, os;
     for (auto& [k, t] : all) {
       if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;

@@ -52,10 +52,11 @@ struct TrainConfig {
   std::string freeze_first_phase = "on";  // egeria: "off": freezes held until the LR first falls 10x
   std::string freeze_unfreeze = "lr";     // egeria: "never": an LR fall does not unfreeze
   std::string freeze_reference = "int8";
-  // egeria: what the reference runs for an evaluation. "network": from the images through
-  // the front unit (the paper); "unit": only the front unit, on the training model's input
-  // to it (its frozen front's output). Sequential models; Transformers run "network".
-  std::string freeze_reference_scope = "network";
+  // egeria: what the reference runs for an evaluation. "unit": only the front unit, on the
+  // training model's input to it (the output of the units before it); "network": from the images
+  // through the front unit (the paper). Note [The reference's scope] in
+  // freeze/controller.h. Transformers always run "network".
+  std::string freeze_reference_scope = "unit";
   // The activation cache of the frozen prefix (cache/, the paper's §4.3): "on" skips
   // the prefix's forward for samples it has seen since the last freeze; it needs
   // freeze_bn "running" and augment_mode "sample" (or no augmentation).
