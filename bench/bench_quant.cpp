@@ -67,11 +67,17 @@ void BM_ConvF32(benchmark::State& st, Layer l) {
 // Reads one element back: waits for the GPU (cheap for a CPU tensor).
 void wait_for(const Tensor& t) { benchmark::DoNotOptimize(t.reshape({-1}).slice(0, 1).item()); }
 
-void BM_Reference(benchmark::State& st, const char* model, const char* precision) {
+// `model` for Fashion-MNIST's 1x28x28 images.
+models::ModelConfig fashion_config(const char* model) {
   models::ModelConfig mc;
   mc.name = model;
   mc.in_channels = 1;
   mc.image_size = 28;
+  return mc;
+}
+
+void BM_Reference(benchmark::State& st, const char* model, const char* precision) {
+  const models::ModelConfig mc = fashion_config(model);
   Generator g(3);
   auto m = models::build_model(mc, g);
   auto ref = quant::make_reference(precision, mc, m->state_dict());
@@ -88,10 +94,7 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
 void BM_ReferenceUnit(benchmark::State& st, const char* model, int64_t unit, bool unit_scope) {
   const int threads = num_threads();
   set_num_threads(1);
-  models::ModelConfig mc;
-  mc.name = model;
-  mc.in_channels = 1;
-  mc.image_size = 28;
+  const models::ModelConfig mc = fashion_config(model);
   Generator g(3);
   auto m = models::build_model(mc, g);
   const freeze::FreezeUnit u = freeze::make_partition(*m, "auto").units().at(size_t(unit));
@@ -151,12 +154,9 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const char* model : {"resnet20", "resnet56"}) {
     Generator g(3);
-    models::ModelConfig mc;
-    mc.name = model;
-    mc.in_channels = 1;
-    mc.image_size = 28;
-    const int64_t units = freeze::make_partition(*models::build_model(mc, g), "auto").size() - 1;  // not the head
-    for (int64_t u = 1; u < units; ++u)
+    // Every unit but the first (whose input is the images) and the head (never evaluated).
+    const int64_t units = freeze::make_partition(*models::build_model(fashion_config(model), g), "auto").size();
+    for (int64_t u = 1; u + 1 < units; ++u)
       for (bool unit_scope : {false, true})
         benchmark::RegisterBenchmark((std::string("reference_reading/") + model + "_b128/unit" + std::to_string(u) +
                                       (unit_scope ? "/unit_scope" : "/network_scope")).c_str(),

@@ -38,12 +38,14 @@
 // Fashion-MNIST runs the reference's overhead fell from 2.30% to 1.12% of training time
 // (ResNet-56, the paper's schedule) and 2.36% to 0.78% (--freeze-first-phase off
 // --freeze-unfreeze never), under the 2% bound, and on ResNet-20 from 1.4-1.6%
-// to 0.85-1.13%. (2) What a reading means. ResNet-56, seed 0, network scope: stem+layer1
-// froze at step 688, but the snapshot was from step 576, so the next unit's readings
-// started at 1.7e-4 and fell to 1e-5 by the refresh at 752: its tolerance, 20% of its
-// largest early slope, came from that transient, and layer2 froze 450 steps later at
-// the high LR. With unit scope the same unit read 4e-6 to 8e-6 from the start, its
-// tolerance was 170x smaller, and it did not freeze before the decay; the run ended
+// to 0.85-1.13% (0.68-1.10% on seeds 1-2). (2) What a reading means. ResNet-56, seed 0,
+// network scope: stem+layer1 froze at step 688, but the snapshot was from step 576, so
+// layer2's first reading (step 720) was 1.7e-4, and after the refresh at step 752 its
+// readings were 1.5e-6 to 3.1e-5. The moving average carried that first reading, its
+// first fitted slopes were steep (-1.6e-5), and its tolerance, 20% of the largest, was
+// 3.1e-6: layer2 froze at step 1136, at the high LR. With unit scope the same unit read
+// 3.4e-7 to 9.4e-6 from the start, its tolerance was 1.8e-8 (170x smaller), and it did
+// not freeze before the decay; the run ended
 // 0.86 pt higher (89.96% against 89.10%; unfrozen: 92.01%). On ResNet-20 (seed 0) the
 // two scopes froze the same units within a few evaluations, and the final accuracies
 // differed by 0.05-0.08 pt either way (bench/time_to_accuracy.py, README). A Transformer,

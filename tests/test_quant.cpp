@@ -152,14 +152,19 @@ TEST(QuantLinear, OneDnnMatchesThePlainLoopReferenceAndIsCloseToF32) {
   EXPECT_THROW(q.forward(Tensor::randn({2, 15}, g)), Error);  // 15 features, the weight expects 16
 }
 
-// A model with realistic batch-norm statistics: running stats set from a batch.
-models::ModelPtr model_with_stats(const std::string& name, const Tensor& x, uint64_t seed) {
+// The configuration of model `name` for images shaped like x.
+models::ModelConfig config_for(const std::string& name, const Tensor& x) {
   models::ModelConfig mc;
   mc.name = name;
   mc.in_channels = x.size(1);
   mc.image_size = x.size(2);
+  return mc;
+}
+
+// A model with realistic batch-norm statistics: running stats set from a batch.
+models::ModelPtr model_with_stats(const std::string& name, const Tensor& x, uint64_t seed) {
   Generator g(seed);
-  auto m = models::build_model(mc, g);
+  auto m = models::build_model(config_for(name, x), g);
   for (auto& [n, mod] : m->named_modules())
     if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->momentum = 1.0;
   {
@@ -205,10 +210,7 @@ TEST(QuantReference, BatchNormFoldingKeepsEveryModelsOutput) {
 void expect_resnet_reference_agrees(const std::string& precision) {
   Tensor x = images(64, 1, 28, 9);
   auto m = model_with_stats("resnet20", x, 21);
-  models::ModelConfig mc;
-  mc.name = "resnet20";
-  mc.in_channels = 1;
-  mc.image_size = 28;
+  const models::ModelConfig mc = config_for("resnet20", x);
   auto snap = m->state_dict();
   auto f32 = quant::make_reference("fp32", mc, snap);
   auto low = quant::make_reference(precision, quant::model_factory(mc), snap, Device::cuda(0));
@@ -247,10 +249,7 @@ TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) { expect_r
 TEST(QuantReference, AUnitRunFromItsInputReadsWhatTheNetworkReads) {
   Tensor x = images(32, 1, 28, 5);
   auto m = model_with_stats("resnet20", x, 23);
-  models::ModelConfig mc;
-  mc.name = "resnet20";
-  mc.in_channels = 1;
-  mc.image_size = 28;
+  const models::ModelConfig mc = config_for("resnet20", x);
   auto snap = m->state_dict();
   auto f32 = quant::make_reference("fp32", mc, snap), i8 = quant::make_reference("int8", mc, snap);
   const int64_t modules = int64_t(m->layer_modules().size()) - 1;
