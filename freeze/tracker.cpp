@@ -11,7 +11,7 @@ using json = nlohmann::json;
 
 int64_t default_interval(int64_t total, int64_t modules, int64_t window) {
   EG_CHECK(total > 0 && modules > 0 && window > 0, "default_interval: iterations, modules and window must be positive");
-  return std::max<int64_t>(1, int64_t(double(total) / double(2 * window) / double(modules) / 1.75));
+  return std::max<int64_t>(kMinDefaultInterval, int64_t(double(total) / double(2 * window) / double(modules) / 1.75));
 }
 
 double fit_slope(const std::vector<double>& ys) {

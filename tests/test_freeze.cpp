@@ -68,7 +68,11 @@ TEST(Tracker, FitSlopeIsLeastSquares) {
 TEST(Tracker, DefaultIntervalFollowsThePapersGuideline) {
   // ResNet-56, 7 modules, W = 10, ~78k iterations: the paper uses n = 300.
   EXPECT_EQ(default_interval(78000, 7, 10), 318);
-  EXPECT_EQ(default_interval(100, 50, 10), 1);
+  EXPECT_EQ(default_interval(4690, 8, 10), 16);  // ResNet-56, 10 epochs of Fashion-MNIST
+  // Too short for the guideline to cover every module: the floor.
+  EXPECT_EQ(default_interval(100, 50, 10), kMinDefaultInterval);
+  EXPECT_EQ(default_interval(79, 4, 10), kMinDefaultInterval);
+  EXPECT_EQ(default_interval(3500, 4, 10), 25);  // above the floor: the guideline alone
 }
 
 TEST(Tracker, BootstrappingEndsWhenTheLossChangesLessThanTenPercent) {

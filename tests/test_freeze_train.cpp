@@ -275,6 +275,10 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
                         "evaluations_dropped"})
     EXPECT_TRUE(sum.contains(k)) << k;
   EXPECT_GT(sum["backward_flops_saved_fraction"].get<double>(), 0.0);
+  // The line the CLI prints at the end: what is frozen, in the summary's figures.
+  EXPECT_EQ(s.freeze_report, train::freeze_report(sum));
+  EXPECT_NE(s.freeze_report.find("freezing (egeria): "), std::string::npos) << s.freeze_report;
+  EXPECT_NE(s.freeze_report.find("n = 2"), std::string::npos) << s.freeze_report;
 
   // Killed twice (once during bootstrapping, once while modules are frozen), resumed.
   ASSERT_TRUE(run_killed_twice(run_cfg(b, "egeria"), 5, 30));
@@ -403,6 +407,31 @@ TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFro
   c.freeze_reference_scope = "front";
   c.out = tmpdir("egeria_scope_bad");
   EXPECT_THROW(train::run_training(c), Error);
+}
+
+TEST(FreezeTrainer, TheEndOfRunReportSaysWhatIsFrozenInTheSummarysFigures) {
+  nlohmann::json sum = {{"freeze", "egeria"},
+                        {"freeze_units", nlohmann::json::array({{{"name", "stem+layer1"}}, {{"name", "layer2"}},
+                                                               {{"name", "layer3"}}, {{"name", "head"}}})},
+                        {"frozen_modules_final", 2},
+                        {"frozen_fraction_final", 0.4567},
+                        {"backward_flops_saved_fraction", 0.123},
+                        {"reference_overhead_fraction", 0.0112},
+                        {"evaluations_dropped", 0},
+                        {"freeze_stats",
+                         {{"reference", "int8"}, {"reference_scope", "unit"}, {"interval", 16},
+                          {"evaluations_completed", 250}}}};
+  EXPECT_EQ(train::freeze_report(sum),
+            "freezing (egeria): frozen at the end: stem+layer1, layer2 (2 of 3 units, 45.7% of the parameters); "
+            "backward FLOPs saved over the run 12.3%; 250 plasticity evaluations, n = 16, 0 dropped; reference (int8, unit) "
+            "overhead 1.1%");
+  sum["frozen_modules_final"] = 0;
+  sum["freeze"] = "autofreeze";
+  sum.erase("freeze_stats");
+  EXPECT_EQ(train::freeze_report(sum), "freezing (autofreeze): frozen at the end: nothing (0 of 3 units); "
+                                       "backward FLOPs saved over the run 12.3%");
+  sum["freeze"] = "none";
+  EXPECT_EQ(train::freeze_report(sum), "");
 }
 
 TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
                     "freezing units by parameter name: parameters whose match of this regex (its first group, if "
                     "any) is the same form one unit, e.g. '^(layer[0-9]+)\\.'");
   train->add_option("--freeze-interval", c.freeze_interval,
-                    "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline; autofreeze, one epoch)")
+                    "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least 10; autofreeze, one epoch)")
       ->check(CLI::NonNegativeNumber);
   train->add_option("--freeze-window", c.freeze_window, "egeria: W, stale readings before freezing")
       ->capture_default_str()
@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
       eg::train::apply_model_defaults(c, given);
       if (!betas.empty()) c.adam_beta1 = betas[0], c.adam_beta2 = betas[1];
       auto s = eg::train::run_training(c);
+      if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());
       if (s.completed && s.tokens_per_second > 0)
         std::printf("final test BLEU %.2f (best valid BLEU %.2f), %.1f s, %.0f tokens/s; summary in %s/summary.json\n",
                     s.final_test_bleu, s.best_valid_bleu, s.train_seconds, s.tokens_per_second, c.out.c_str());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 
 #include "core/error.h"
@@ -180,6 +181,40 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   ++generation_;  // the cache starts empty after a resume: its file went with the process
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
   seconds_ = saved.value("freeze_seconds", 0.0);
+}
+
+std::string freeze_report(const json& sj) {
+  const std::string policy = sj.value("freeze", "none");
+  if (policy == "none" || !sj.contains("freeze_units")) return "";
+  const json& units = sj["freeze_units"];
+  const int64_t frozen = sj.value("frozen_modules_final", int64_t(0));
+  // The last unit is the head, which never freezes.
+  const int64_t freezable = std::max<int64_t>(0, int64_t(units.size()) - 1);
+  std::string what;
+  for (int64_t u = 0; u < frozen && u < int64_t(units.size()); ++u)
+    what += (u ? ", " : "") + units[size_t(u)].value("name", "?");
+  char buf[512];
+  std::string r = "freezing (" + policy + "): ";
+  if (frozen == 0) {
+    std::snprintf(buf, sizeof buf, "frozen at the end: nothing (0 of %lld units)", (long long)freezable);
+  } else {
+    std::snprintf(buf, sizeof buf, " (%lld of %lld units, %.1f%% of the parameters)", (long long)frozen,
+                  (long long)freezable, 100 * sj.value("frozen_fraction_final", 0.0));
+    r += "frozen at the end: " + what;
+  }
+  r += buf;
+  std::snprintf(buf, sizeof buf, "; backward FLOPs saved over the run %.1f%%",
+                100 * sj.value("backward_flops_saved_fraction", 0.0));
+  r += buf;
+  const json st = sj.value("freeze_stats", json::object());
+  if (st.contains("reference")) {
+    std::snprintf(buf, sizeof buf, "; %lld plasticity evaluations, n = %lld, %lld dropped; reference (%s, %s) overhead %.1f%%",
+                  (long long)st.value("evaluations_completed", int64_t(0)), (long long)st.value("interval", int64_t(0)),
+                  (long long)sj.value("evaluations_dropped", int64_t(0)), st.value("reference", "?").c_str(),
+                  st.value("reference_scope", "?").c_str(), 100 * sj.value("reference_overhead_fraction", 0.0));
+    r += buf;
+  }
+  return r;
 }
 
 void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {

@@ -16,6 +16,12 @@
 
 namespace eg::train {
 
+// One line for the end of a run with a freezing policy, from its summary.json fields:
+// what is frozen at the end, the backward FLOPs saved over the run (freezes undone by an
+// unfreeze count too), and for Egeria the evaluations
+// and the reference's overhead. Empty for --freeze none.
+std::string freeze_report(const nlohmann::json& summary);
+
 class FreezeRun {
  public:
   // `model` is the training model; `pc` the policy's configuration (policy_config(c)

@@ -487,6 +487,7 @@ Summary run_training(const TrainConfig& cin) {
              {"images_per_second", s.images_per_second}, {"steps", s.steps}, {"parameters", r.model->num_parameters()},
              {"flops_per_sample", r.model->flops_per_sample()}, {"freeze", c.freeze}};
   fr.summarize(sj, s.steps, s.train_seconds);
+  s.freeze_report = freeze_report(sj);
   write_file_atomic(c.out + "/summary.json", sj.dump(2) + "\n");
   return s;
 }

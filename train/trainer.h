@@ -94,6 +94,7 @@ struct Summary {
   double final_test_bleu = 0, best_valid_bleu = 0, tokens_per_second = 0;  // translation
   int64_t steps = 0;
   bool completed = false;
+  std::string freeze_report;  // one line on the freezing (train/freezing.h freeze_report); empty for none
 };
 
 // Validates the configuration (every problem named in the flag's terms), then trains.

@@ -392,6 +392,7 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
              {"time_to_target_seconds", nullptr}, {"steps", s.steps}, {"parameters", model->num_parameters()},
              {"flops_per_token", model->flops_per_sample()}, {"vocab_size", mc.vocab}, {"freeze", c.freeze}};
   fr.summarize(sj, s.steps, s.train_seconds);
+  s.freeze_report = freeze_report(sj);
   write_file_atomic(c.out + "/summary.json", sj.dump(2) + "\n");
   std::printf("test BLEU %.2f  test loss %.4f\n", te.bleu, te.loss);
   return s;
