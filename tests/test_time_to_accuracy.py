@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""bench/time_to_accuracy.py's modelled times, and its reuse of stored runs, on hand-made run folders.
+"""bench/time_to_accuracy.py's modelled times, its mean curves over seeds, and its reuse of stored runs,
+on hand-made run folders.
 
 python3 tests/test_time_to_accuracy.py (ctest: Bench.TimeToAccuracyModelledTimes)
 """
@@ -96,6 +97,24 @@ class ModelledTimes(unittest.TestCase):
         with self.assertRaises(SystemExit) as e:
             tta.load_step_costs(path)
         self.assertIn("eg_bench_freeze", str(e.exception))
+
+
+    def test_the_mean_curve_averages_the_seeds_at_each_epoch_end(self):
+        costs = tta.load_step_costs(self.costs_path)
+        a = self.make_run("seed0", [0, 0, 0, 0], [0.50, 0.90])
+        b = self.make_run("seed1", [1, 1, 1, 1], [0.70, 0.94])
+        curve = tta.mean_curve([a, b], costs)
+        self.assertEqual([c["epoch"] for c in curve], [1, 2])
+        self.assertAlmostEqual(curve[0]["acc"], 0.60)
+        self.assertAlmostEqual(curve[1]["acc"], 0.92)
+        self.assertAlmostEqual(curve[1]["seconds"], 8)  # both runs' epoch 2 ends at "8 s"
+        # seed0: 8 steps at 0.1; seed1: 2 steps at 0.1 and 6 at 0.05 (frozen from step 2).
+        self.assertAlmostEqual(curve[1]["modelled"], (0.8 * 1.1 + (0.2 + 0.3) * 1.1) / 2)
+        # Reached where the mean is, not where one seed alone is: 0.90 at epoch 2 only.
+        self.assertEqual(tta.time_on_curve(curve, 0.65, "epoch"), 2)
+        self.assertAlmostEqual(tta.time_on_curve(curve, 0.60, "seconds"), 4)
+        self.assertIsNone(tta.time_on_curve(curve, 0.93, "epoch"))
+        self.assertIsNone(tta.mean_curve([a])[0]["modelled"])  # no costs, no modelled times
 
 
 class StoredRunScope(unittest.TestCase):
