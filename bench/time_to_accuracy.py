@@ -10,6 +10,9 @@
        -unit, -network: --freeze-reference-scope unit (the default since
        2026-11-24; runs stored before then are network), network;
        -bnbatch, -bnrunning: --freeze-bn batch (the default), running;
+       any of them with -bootn appended: --freeze-bootstrap-interval n, the paper's
+       bootstrapping check every n steps (runs stored before 2026-11-24's change of
+       its default to an epoch are -bootn);
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
@@ -17,10 +20,10 @@
 
 For each model, trains on Fashion-MNIST (all 60,000 training images unless
 --train-limit) on the CPU with the step LR schedule (decay 10x at 50% and 75% of the
-run) and the same seed, once per policy, then prints a table with final and best test
-accuracy, wall time, the time to reach the `none` run's final accuracy (and to come
-within 0.3 points of it: one run's final accuracy differs from another's by about
-that much), and the speedups against `none`'s times to the same. The table is also
+epochs, rounded down: epochs 5 and 7 of 10) and the same seed, once per policy, then
+prints a table with final and best test accuracy, wall time, the time to reach the
+`none` run's final accuracy (and to come within 0.3 points of it: one run's final
+accuracy differs from another's by about that much), and the speedups against `none`'s times to the same. The table is also
 written to OUT/table.md and OUT/table.json.
 Runs already complete in OUT are reused (delete a run's folder to redo it).
 
@@ -93,23 +96,45 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
                                   "--freeze-bn", "running", "--augment-mode", "sample"]}
 
 
+def policy_args(policy):
+    """The policy's --freeze value and its extra flags: VARIANTS, and -bootn appended to any."""
+    if policy.endswith("-bootn"):
+        return policy_args(policy[:-len("-bootn")]) + ["--freeze-bootstrap-interval", "n"]
+    return list(VARIANTS.get(policy, [policy]))
+
+
+def flag(args, name, default):
+    return args[args.index(name) + 1] if name in args else default
+
+
 def check_scope(out, policy):
-    """A stored egeria run is reused only if its reference scope is the policy's (a run
-    from before --freeze-reference-scope existed, or before unit became its default,
-    read with the network)."""
-    args = VARIANTS.get(policy, [policy])
+    """A stored egeria run is reused only if its reference scope and bootstrapping check
+    are the policy's (a run from before --freeze-reference-scope existed, or before unit
+    became its default, read with the network; one from before
+    --freeze-bootstrap-interval existed checked every n steps)."""
+    args = policy_args(policy)
     if args[0] != "egeria":
         return
-    want = args[args.index("--freeze-reference-scope") + 1] if "--freeze-reference-scope" in args else "unit"
     try:
         with open(os.path.join(out, "config.json")) as f:
-            had = json.load(f).get("freeze_reference_scope", "network")
+            config = json.load(f)
     except (OSError, ValueError):
         return  # no readable config.json: nothing to compare
+    want = flag(args, "--freeze-reference-scope", "unit")
+    had = config.get("freeze_reference_scope", "network")
     if had != want:
         sys.exit(f"time_to_accuracy: {out} was trained with --freeze-reference-scope {had}, but the policy "
                  f"'{policy}' asks for {want}; name the policy for the scope it was run with "
                  f"(e.g. egeria-network), or use another --out")
+    boot = {"auto": 0, "n": -1}
+    want = flag(args, "--freeze-bootstrap-interval", "auto")
+    want = boot[want] if want in boot else int(want)
+    had = config.get("freeze_bootstrap_interval", -1)
+    if had != want:
+        name = {0: "auto", -1: "n"}.get(had, str(had))
+        sys.exit(f"time_to_accuracy: {out} was trained with --freeze-bootstrap-interval {name}, but the policy "
+                 f"'{policy}' asks for another; name the policy for the check it was run with "
+                 f"(e.g. {policy}-bootn), or use another --out")
 
 
 def run(args, model, policy, rep=0):
@@ -120,8 +145,8 @@ def run(args, model, policy, rep=0):
         check_scope(out, policy)
         return out
     cmd = [args.egeria, "train", "--model", model, "--dataset", "fashion-mnist", "--epochs", str(args.epochs),
-           "--threads", str(args.threads), "--seed", str(seed), "--freeze", VARIANTS.get(policy, [policy])[0],
-           "--out", out, "--lr-schedule", "step", "--checkpoint-every", "0"] + VARIANTS.get(policy, [policy])[1:]
+           "--threads", str(args.threads), "--seed", str(seed), "--freeze", policy_args(policy)[0],
+           "--out", out, "--lr-schedule", "step", "--checkpoint-every", "0"] + policy_args(policy)[1:]
     if args.train_limit:
         cmd += ["--train-limit", str(args.train_limit)]
     if args.data_dir:

@@ -215,7 +215,7 @@ class EgeriaPolicy : public FreezePolicy {
     loss_sum_ += s.loss;
     ++loss_n_;
     if (tracker_.bootstrapping()) {
-      if (s.step % n() == 0) {
+      if (s.step % bootstrap_n() == 0) {
         const Decision d = tracker_.bootstrap_check(s.step, loss_sum_ / double(loss_n_), s.lr);
         loss_sum_ = 0;
         loss_n_ = 0;
@@ -253,12 +253,14 @@ class EgeriaPolicy : public FreezePolicy {
     json pending = json::array();
     for (auto& r : ctl_->pending()) pending.push_back({r.step, r.module, r.plasticity});
     return {{"tracker", tracker_.state()}, {"loss_sum", loss_sum_}, {"loss_n", loss_n_},
-            {"interval", n()}, {"pending", pending}, {"stale_results", stale_results_}};
+            {"interval", n()}, {"bootstrap_interval", bootstrap_n()}, {"pending", pending},
+            {"stale_results", stale_results_}};
   }
   void load_state(const json& j) override {
     tracker_.load_state(j.at("tracker"));
     loss_sum_ = j.value("loss_sum", 0.0);
     loss_n_ = j.value("loss_n", int64_t(0));
+    bootstrap_n_ = j.contains("bootstrap_interval") ? int64_t(0) : n();
     stale_results_ = j.value("stale_results", int64_t(0));
     std::vector<PlasticityController::Result> pending;
     for (auto& p : j.value("pending", json::array()))
@@ -275,7 +277,7 @@ class EgeriaPolicy : public FreezePolicy {
     json j = {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
             {"stale_results", stale_results_}, {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
             {"evaluation_wait_seconds", ctl_->wait_seconds()}, {"apply", c_.apply_on_arrival ? "arrival" : "next"},
-            {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"window", tracker_.window()},
+            {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"bootstrap_interval", bootstrap_n()}, {"window", tracker_.window()},
             {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_}};
     if (const std::string e = ctl_->first_error(); !e.empty()) j["first_evaluation_error"] = e;
     return j;
@@ -285,9 +287,15 @@ class EgeriaPolicy : public FreezePolicy {
   static TrackerOptions with_interval(const PolicyConfig& c, int64_t modules) {
     TrackerOptions o = c.tracker;
     if (o.interval <= 0) o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window);
+    if (o.bootstrap_interval < 0) o.bootstrap_interval = o.interval;  // the paper's: every n
+    if (o.bootstrap_interval == 0)
+      o.bootstrap_interval = default_bootstrap_interval(std::max<int64_t>(1, c.total_steps), c.steps_per_epoch, o.interval);
     return o;
   }
   int64_t n() const { return tracker_.options().interval; }
+  // Steps between bootstrapping checks (Note [The bootstrapping check's span]); a
+  // checkpoint from before it existed resumes with its run's n, as it had.
+  int64_t bootstrap_n() const { return bootstrap_n_ > 0 ? bootstrap_n_ : tracker_.options().bootstrap_interval; }
   // The controller works in layer modules: the reference runs up to the front unit's
   // last, from the images or, given the unit's input, from the unit's first.
   void submit(const StepInfo& s, const Tensor& x, const Tensor& captured) {
@@ -321,6 +329,7 @@ class EgeriaPolicy : public FreezePolicy {
   std::unique_ptr<PlasticityController> ctl_;
   std::shared_ptr<const Snapshot> snapshot_;
   double loss_sum_ = 0, snapshot_seconds_ = 0;
+  int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's, from before the option
   int64_t loss_n_ = 0, stale_results_ = 0;
   int64_t unit_scope_submissions_ = 0;  // evaluations whose reference ran the front unit only
   std::vector<json> log_;

@@ -14,6 +14,12 @@ int64_t default_interval(int64_t total, int64_t modules, int64_t window) {
   return std::max<int64_t>(kMinDefaultInterval, int64_t(double(total) / double(2 * window) / double(modules) / 1.75));
 }
 
+int64_t default_bootstrap_interval(int64_t total, int64_t steps_per_epoch, int64_t interval) {
+  EG_CHECK(total > 0 && interval > 0, "default_bootstrap_interval: iterations and n must be positive");
+  const int64_t epoch = steps_per_epoch > 0 ? steps_per_epoch : total;
+  return std::max(interval, std::min(epoch, total / 10));
+}
+
 double fit_slope(const std::vector<double>& ys) {
   const size_t n = ys.size();
   if (n < 2) return 0;

@@ -24,6 +24,11 @@ out=$("$egeria" train --freeze egeria --freeze-apply later 2>&1) && fail "unknow
 grep -q -- "--freeze-apply" <<<"$out" || fail "freeze-apply message: $out"
 out=$("$egeria" train --freeze egeria --freeze-refreeze-tolerance first3 2>&1) && fail "unknown --freeze-refreeze-tolerance accepted"
 grep -q -- "--freeze-refreeze-tolerance" <<<"$out" || fail "freeze-refreeze-tolerance message: $out"
+for v in 0 -3 often 12x; do
+  out=$("$egeria" train --freeze egeria --freeze-bootstrap-interval "$v" 2>&1) && fail "--freeze-bootstrap-interval $v accepted"
+  grep -q -- "--freeze-bootstrap-interval must be auto, n or a positive number" <<<"$out" \
+    || fail "freeze-bootstrap-interval $v message: $out"
+done
 out=$("$egeria" eval --out "$work/none" 2>&1) && fail "eval without checkpoint accepted"
 grep -q "checkpoint.safetensors" <<<"$out" || fail "eval message: $out"
 

@@ -212,6 +212,7 @@ TEST(CacheTrainer, UnitScopeReadingsFromCachedInputsAreTheRecomputedOnes) {
     c.freeze_reference_scope = "unit";
     c.freeze_sync = true;
     c.freeze_interval = 2;
+    c.freeze_bootstrap_interval = -1;  // every n, the paper
     c.freeze_window = 2;
     c.freeze_tolerance = 0.5;  // as the trainer tests (test_freeze_train.cpp)
     return c;

@@ -216,6 +216,7 @@ TEST(Cuda, GpuReferenceModelMatchesTheCpuOneAndTrains) {
     c.freeze = "egeria";
     c.freeze_reference = precision;
     c.freeze_interval = 2;
+    c.freeze_bootstrap_interval = -1;  // every n, the paper
     c.freeze_window = 2;
     auto s = train::run_training(c);
     ASSERT_TRUE(s.completed) << precision;

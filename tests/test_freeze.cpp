@@ -75,6 +75,20 @@ TEST(Tracker, DefaultIntervalFollowsThePapersGuideline) {
   EXPECT_EQ(default_interval(3500, 4, 10), 25);  // above the floor: the guideline alone
 }
 
+TEST(Tracker, TheBootstrappingCheckSpansAnEpochATenthOfAShortRunAndAtLeastN) {
+  // The paper's run: an epoch of ~390 iterations, n = 300 (Note [The bootstrapping
+  // check's span]).
+  EXPECT_EQ(default_bootstrap_interval(78000, 390, 300), 390);
+  // ResNet-56, 10 epochs of Fashion-MNIST: an epoch, not n = 16.
+  EXPECT_EQ(default_bootstrap_interval(4680, 468, 16), 468);
+  // Shorter than 10 epochs: a tenth of the run (the quickstart: 2 epochs of 468).
+  EXPECT_EQ(default_bootstrap_interval(936, 468, 10), 93);
+  // Never below n; no epoch known: a tenth of the run.
+  EXPECT_EQ(default_bootstrap_interval(79, 79, 10), 10);
+  EXPECT_EQ(default_bootstrap_interval(79, 10, 500), 500);
+  EXPECT_EQ(default_bootstrap_interval(5000, 0, 10), 500);
+}
+
 TEST(Tracker, BootstrappingEndsWhenTheLossChangesLessThanTenPercent) {
   FreezeTracker t(4, {});
   EXPECT_EQ(t.bootstrap_check(10, 2.0, 0.1), Decision::none);

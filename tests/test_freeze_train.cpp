@@ -202,6 +202,9 @@ train::TrainConfig run_cfg(const std::string& out, const std::string& policy) {
   c.seed = 5;
   c.freeze = policy;
   c.freeze_interval = 2;
+  // Bootstrapping checked every n steps, as the paper (by default the check spans an
+  // epoch or a tenth of the run, here 6 steps: TheBootstrappingCheckSpans...).
+  c.freeze_bootstrap_interval = -1;
   c.freeze_window = 2;
   // T at half the largest early slope (the paper: 20%): in a 64-step run at batch 16
   // the readings are noisy, and whether two in a row fall under 20% depends on the
@@ -275,6 +278,7 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
                         "evaluations_dropped"})
     EXPECT_TRUE(sum.contains(k)) << k;
   EXPECT_GT(sum["backward_flops_saved_fraction"].get<double>(), 0.0);
+  EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], 2);  // -1: every n
   // The line the CLI prints at the end: what is frozen, in the summary's figures.
   EXPECT_EQ(s.freeze_report, train::freeze_report(sum));
   EXPECT_NE(s.freeze_report.find("freezing (egeria): "), std::string::npos) << s.freeze_report;
@@ -579,9 +583,29 @@ TEST(FreezeTrainer, ResumeRefusesAnotherReferenceScope) {
 
 // Every Egeria flag of `train` reaches the tracker as given (train/freezing.cpp), and a
 // bad value is an error naming the flag before anything is trained.
+// By default bootstrapping checks the loss once an epoch, or every tenth of a run
+// shorter than 10 epochs, not every n steps (Note [The bootstrapping check's span]).
+TEST(FreezeTrainer, TheBootstrappingCheckSpansATenthOfAShortRun) {
+  const std::string d = tmpdir("bootstrap_span");
+  auto c = run_cfg(d, "egeria");
+  c.freeze_bootstrap_interval = 0;
+  ASSERT_TRUE(train::run_training(c).completed);  // 4 epochs of 16 steps, n = 2
+  int64_t checks = 0;
+  for (auto& j : jsonl(d + "/freeze.jsonl"))
+    if (j["type"] == "bootstrap") {
+      EXPECT_EQ(j["step"].get<int64_t>() % 6, 0) << j.dump();
+      ++checks;
+    }
+  EXPECT_GE(checks, 2);
+  auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
+  EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], 6);
+  EXPECT_EQ(sum["freeze_stats"]["interval"], 2);
+}
+
 TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
   train::TrainConfig c;
   c.freeze = "egeria";
+  c.freeze_bootstrap_interval = 11;
   c.freeze_window = 7;
   c.freeze_window_min = 3;
   c.freeze_tolerance = 0.3;
@@ -594,6 +618,7 @@ TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
     const freeze::PolicyConfig pc = train::policy_config(c);
     EXPECT_EQ(pc.tracker.refreeze_tolerance, want) << name;
     EXPECT_EQ(pc.tracker.window, 7);
+    EXPECT_EQ(pc.tracker.bootstrap_interval, 11);
     EXPECT_EQ(pc.tracker.min_window, 3);
     EXPECT_DOUBLE_EQ(pc.tracker.tolerance_coef, 0.3);
     EXPECT_TRUE(pc.tracker.tolerance_from_peak);

@@ -118,7 +118,8 @@ class ModelledTimes(unittest.TestCase):
 
 
 class StoredRunScope(unittest.TestCase):
-    """A stored egeria run is reused only under a policy with its reference scope."""
+    """A stored egeria run is reused only under a policy with its reference scope and
+    bootstrapping check."""
 
     def run_dir(self, config):
         d = tempfile.mkdtemp()
@@ -132,11 +133,24 @@ class StoredRunScope(unittest.TestCase):
         with self.assertRaises(SystemExit) as e:
             tta.check_scope(old, "egeria")
         self.assertIn("--freeze-reference-scope network", str(e.exception))
-        tta.check_scope(old, "egeria-network")
+        tta.check_scope(old, "egeria-network-bootn")
         tta.check_scope(old, "autofreeze")  # no reference
 
+    def test_a_run_from_before_the_bootstrapping_flag_checked_every_n(self):
+        old = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit"})
+        with self.assertRaises(SystemExit) as e:
+            tta.check_scope(old, "egeria-firstoff-never-unit")
+        self.assertIn("--freeze-bootstrap-interval n", str(e.exception))
+        self.assertIn("egeria-firstoff-never-unit-bootn", str(e.exception))
+        tta.check_scope(old, "egeria-firstoff-never-unit-bootn")
+        self.assertEqual(tta.policy_args("egeria-firstoff-bootn"),
+                         ["egeria", "--freeze-first-phase", "off", "--freeze-bootstrap-interval", "n"])
+        with self.assertRaises(SystemExit):
+            tta.check_scope(self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit",
+                                          "freeze_bootstrap_interval": 0}), "egeria-bootn")
+
     def test_a_unit_run_is_the_default_egeria(self):
-        new = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit"})
+        new = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit", "freeze_bootstrap_interval": 0})
         tta.check_scope(new, "egeria")
         tta.check_scope(new, "egeria-firstoff-never-unit")
         with self.assertRaises(SystemExit):

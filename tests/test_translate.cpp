@@ -194,6 +194,7 @@ TEST(Translate, EgeriaFreezesATransformerAndResumesBitIdentically) {
   c.freeze_modules = "layers";
   c.freeze_sync = true;
   c.freeze_interval = 1;
+  c.freeze_bootstrap_interval = -1;  // every n, the paper
   c.freeze_window = 2;
   ASSERT_TRUE(train::run_translation(c, &arch).completed);
   auto log = records(a + "/freeze.jsonl", "evaluation");

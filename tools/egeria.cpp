@@ -5,8 +5,10 @@
 //   egeria bench step --model resnet56 --batch-size 128 --device cpu
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 
 #include "core/error.h"
 #include "quant/reference.h"
@@ -35,7 +37,10 @@ int main(int argc, char** argv) {
   train->add_option("--lr-schedule", c.lr_schedule)
       ->capture_default_str()
       ->check(CLI::IsMember({"step", "multistep", "cosine", "constant", "inverse-sqrt", "linear"}));
-  train->add_option("--milestones", c.milestones, "epochs at which step/multistep multiply the LR by --gamma")->delimiter(',');
+  train->add_option("--milestones", c.milestones,
+                    "epochs at which step/multistep multiply the LR by --gamma (default: half and three quarters of "
+                    "--epochs, rounded down)")
+      ->delimiter(',');
   train->add_option("--gamma", c.gamma)->capture_default_str();
   train->add_option("--warmup-steps", c.warmup_steps)->capture_default_str()->check(CLI::NonNegativeNumber);
   train->add_option("--device", c.device, "cpu or cuda:N")->capture_default_str();
@@ -73,6 +78,21 @@ int main(int argc, char** argv) {
   train->add_option("--freeze-interval", c.freeze_interval,
                     "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least 10; autofreeze, one epoch)")
       ->check(CLI::NonNegativeNumber);
+  std::string boot_interval = "auto";
+  train->add_option("--freeze-bootstrap-interval", boot_interval,
+                    "egeria: iterations between the bootstrapping stage's checks, each comparing the mean training "
+                    "loss over its iterations with the previous check's: auto (an epoch, or a tenth of a shorter run, "
+                    "and at least n), n (every n iterations, the paper) or a number")
+      ->capture_default_str()
+      ->check([](const std::string& v) -> std::string {
+        if (v == "auto" || v == "n") return "";
+        try {
+          size_t end = 0;
+          if (std::stoll(v, &end) >= 1 && end == v.size()) return "";
+        } catch (const std::exception&) {
+        }
+        return "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got '" + v + "'";
+      });
   train->add_option("--freeze-window", c.freeze_window, "egeria: W, stale readings before freezing")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -195,6 +215,7 @@ int main(int argc, char** argv) {
       for (const CLI::Option* o : train->get_options())
         if (o->count() > 0) given.insert(o->get_name());
       eg::train::apply_model_defaults(c, given);
+      c.freeze_bootstrap_interval = boot_interval == "auto" ? 0 : boot_interval == "n" ? -1 : std::stoll(boot_interval);
       if (!betas.empty()) c.adam_beta1 = betas[0], c.adam_beta2 = betas[1];
       auto s = eg::train::run_training(c);
       if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());

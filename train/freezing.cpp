@@ -22,6 +22,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.name = c.freeze;
   pc.model.name = c.model;
   pc.tracker.interval = c.freeze_interval;
+  pc.tracker.bootstrap_interval = c.freeze_bootstrap_interval;
   pc.tracker.window = c.freeze_window;
   pc.tracker.min_window = c.freeze_window_min;
   pc.tracker.tolerance_coef = c.freeze_tolerance;

@@ -70,6 +70,7 @@ json config_json(const TrainConfig& c) {
           {"target_accuracy", c.target_accuracy}, {"augment", c.augment}, {"freeze", c.freeze},
           {"adam_betas", {c.adam_beta1, c.adam_beta2}}, {"freeze_modules", c.freeze_modules},
           {"freeze_module_regex", c.freeze_module_regex}, {"freeze_interval", c.freeze_interval},
+          {"freeze_bootstrap_interval", c.freeze_bootstrap_interval},
           {"freeze_window", c.freeze_window}, {"freeze_window_min", c.freeze_window_min}, {"freeze_tolerance", c.freeze_tolerance},
           {"freeze_tolerance_from", c.freeze_tolerance_from},
           {"freeze_refreeze_tolerance", c.freeze_refreeze_tolerance}, {"freeze_last_phase", c.freeze_last_phase},
@@ -252,6 +253,9 @@ void validate(const TrainConfig& c) {
     EG_CHECK(std::find(pols.begin(), pols.end(), c.freeze) != pols.end(), "--freeze: unknown policy '", c.freeze,
              "' (none, static, freezeout, autofreeze, egeria)");
     EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
+    EG_CHECK(c.freeze_bootstrap_interval >= -1,
+             "--freeze-bootstrap-interval must be auto (0), n (-1) or a positive number of steps, got ",
+             c.freeze_bootstrap_interval);
     EG_CHECK(c.freeze_window >= 1, "--freeze-window must be at least 1, got ", c.freeze_window);
     EG_CHECK(c.freeze_window_min >= 1, "--freeze-window-min must be at least 1, got ", c.freeze_window_min);
     EG_CHECK(c.freeze_tolerance > 0, "--freeze-tolerance must be positive, got ", c.freeze_tolerance);

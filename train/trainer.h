@@ -21,7 +21,7 @@ struct TrainConfig {
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, gamma = 0.1;
   std::string optimizer = "sgd", lr_schedule = "step";
   bool nesterov = false;
-  std::vector<int64_t> milestones;  // epochs; default: 50% and 75% of the run
+  std::vector<int64_t> milestones;  // epochs; default: 50% and 75% of the epochs, rounded down
   int64_t warmup_steps = 0;
   std::string device = "cpu";
   int threads = 0;
@@ -40,6 +40,9 @@ struct TrainConfig {
   std::string freeze_modules = "auto";  // freezing units: auto | layers (freeze/partition.h)
   std::string freeze_module_regex;      // non-empty: units by parameter name
   int64_t freeze_interval = 0;        // egeria/autofreeze n (0: the paper's guideline)
+  // egeria: steps between bootstrapping checks (0: an epoch or a tenth of a shorter run,
+  // at least n; -1: n, the paper; Note [The bootstrapping check's span] in freeze/tracker.h)
+  int64_t freeze_bootstrap_interval = 0;
   int64_t freeze_window = 10;         // egeria W
   int64_t freeze_window_min = 1;      // egeria: W halves after an unfreeze down to this (1: the paper)
   double freeze_tolerance = 0.2;      // egeria: T = this x the largest of a module's first 3 slopes
