@@ -277,7 +277,8 @@ class EgeriaPolicy : public FreezePolicy {
     json j = {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
             {"stale_results", stale_results_}, {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
             {"evaluation_wait_seconds", ctl_->wait_seconds()}, {"apply", c_.apply_on_arrival ? "arrival" : "next"},
-            {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"bootstrap_interval", bootstrap_n()}, {"window", tracker_.window()},
+            {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"bootstrap_interval", bootstrap_n()},
+            {"window", tracker_.window()},
             {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_}};
     if (const std::string e = ctl_->first_error(); !e.empty()) j["first_evaluation_error"] = e;
     return j;

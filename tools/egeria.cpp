@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
                     "freezing units by parameter name: parameters whose match of this regex (its first group, if "
                     "any) is the same form one unit, e.g. '^(layer[0-9]+)\\.'");
   train->add_option("--freeze-interval", c.freeze_interval,
-                    "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least 10; autofreeze, one epoch)")
+                    "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at "
+                    "least 10; autofreeze, one epoch)")
       ->check(CLI::NonNegativeNumber);
   std::string boot_interval = "auto";
   train->add_option("--freeze-bootstrap-interval", boot_interval,
