@@ -79,21 +79,25 @@ int main(int argc, char** argv) {
                     "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at "
                     "least 10; autofreeze, one epoch)")
       ->check(CLI::NonNegativeNumber);
-  std::string boot_interval = "auto";
-  train->add_option("--freeze-bootstrap-interval", boot_interval,
+  train->add_option("--freeze-bootstrap-interval", c.freeze_bootstrap_interval,
                     "egeria: iterations between the bootstrapping stage's checks, each comparing the mean training "
                     "loss over its iterations with the previous check's: auto (an epoch, or a tenth of a shorter run, "
                     "and at least n), n (every n iterations, the paper) or a number")
-      ->capture_default_str()
-      ->check([](const std::string& v) -> std::string {
-        if (v == "auto" || v == "n") return "";
-        try {
-          size_t end = 0;
-          if (std::stoll(v, &end) >= 1 && end == v.size()) return "";
-        } catch (const std::exception&) {
-        }
-        return "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got '" + v + "'";
-      });
+      ->default_str("auto")
+      ->option_text("auto|n|N=auto")
+      ->transform(
+          [](std::string v) -> std::string {
+            // TrainConfig::freeze_bootstrap_interval: 0 is auto, -1 is n.
+            if (v == "auto") return "0";
+            if (v == "n") return "-1";
+            try {
+              size_t end = 0;
+              if (std::stoll(v, &end) >= 1 && end == v.size()) return v;
+            } catch (const std::exception&) {
+            }
+            throw CLI::ValidationError("must be auto, n or a positive number of iterations, got '" + v + "'");
+          },
+          "auto|n|N");
   train->add_option("--freeze-window", c.freeze_window, "egeria: W, stale readings before freezing")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -216,7 +220,6 @@ int main(int argc, char** argv) {
       for (const CLI::Option* o : train->get_options())
         if (o->count() > 0) given.insert(o->get_name());
       eg::train::apply_model_defaults(c, given);
-      c.freeze_bootstrap_interval = boot_interval == "auto" ? 0 : boot_interval == "n" ? -1 : std::stoll(boot_interval);
       if (!betas.empty()) c.adam_beta1 = betas[0], c.adam_beta2 = betas[1];
       auto s = eg::train::run_training(c);
       if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());
