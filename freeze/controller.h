@@ -48,8 +48,9 @@
 // not freeze before the decay; the run ended
 // 0.86 pt higher (89.96% against 89.10%; unfrozen: 92.01%). On ResNet-20 (seed 0) the
 // two scopes froze the same units within a few evaluations, and the final accuracies
-// differed by 0.05-0.08 pt either way (bench/time_to_accuracy.py, README). A Transformer,
-// whose layer modules are not a chain, always runs network.
+// differed by 0.05-0.08 pt either way (bench/time_to_accuracy.py,
+// docs/time-to-accuracy.md). A Transformer, whose layer modules are not a chain, always
+// runs network.
 #pragma once
 #include <atomic>
 #include <chrono>

@@ -166,8 +166,7 @@ int64_t default_interval(int64_t total_iterations, int64_t modules, int64_t wind
 // epoch, or a tenth of a run shorter than 10 epochs, and never less than n: the
 // loss's change from one epoch to the next is what the paper's 10% measures.
 // --freeze-bootstrap-interval sets it (n: the paper's check, at the run's own n).
-// Measured, 10 epochs, seeds 0-2, against the check every n: see the README's Time to
-// accuracy.
+// Measured, 10 epochs, seeds 0-2, against the check every n: docs/time-to-accuracy.md.
 int64_t default_bootstrap_interval(int64_t total_iterations, int64_t steps_per_epoch, int64_t interval);
 
 // Least-squares slope of ys against 0, 1, 2, ...; 0 for fewer than two points.
