@@ -23,8 +23,9 @@ For each model, trains on Fashion-MNIST (all 60,000 training images unless
 epochs, rounded down: epochs 5 and 7 of 10) and the same seed, once per policy, then
 prints a table with final and best test accuracy, wall time, the time to reach the
 `none` run's final accuracy (and to come within 0.3 points of it: one run's final
-accuracy differs from another's by about that much), and the speedups against `none`'s times to the same. The table is also
-written to OUT/table.md and OUT/table.json.
+accuracy differs from another's by about that much), and the speedups against `none`'s times to the same,
+then each policy's test accuracy at every epoch end beside `none`'s, with the units frozen then. The
+tables are also written to OUT/table.md (OUT/table.json: all but the epoch table).
 Runs already complete in OUT are reused (delete a run's folder to redo it).
 
 --repeats N trains every policy N times, interleaved (none, egeria, ..., none, egeria,
@@ -249,6 +250,41 @@ def mean_curve(outs, costs=None):
     return curve
 
 
+def frozen_at_epoch_ends(out):
+    """The number of units frozen at each epoch end: the last step record's at or before it."""
+    steps = [(r["step"], r.get("frozen_modules", 0)) for r in records_of(out) if r.get("type") == "step"]
+    ks, i, k = [], 0, 0
+    for e in epochs_of(out):
+        while i < len(steps) and steps[i][0] <= e["step"]:
+            k = steps[i][1]
+            i += 1
+        ks.append(k)
+    return ks
+
+
+def epoch_table_lines(model, outs, policies):
+    """Markdown rows: each policy's test accuracy at each epoch end (mean over its runs), its
+    difference from `none`'s, and the units frozen then (mean over the runs): where a
+    policy falls behind, and what it had frozen when it did."""
+    curves = {pol: mean_curve(outs[pol]) for pol in policies}
+    frozen = {pol: [frozen_at_epoch_ends(o) for o in outs[pol]] for pol in policies}
+    others = [pol for pol in policies if pol != "none"]
+    lines = [f"| {model}: epoch | none | " + " | ".join(f"{pol}: acc (Δ), units frozen" for pol in others) + " |",
+             "|---|---|" + "---|" * len(others)]
+    for i, base in enumerate(curves["none"]):
+        cells = []
+        for pol in others:
+            if i >= len(curves[pol]):
+                cells.append("")
+                continue
+            ks = [fr[i] for fr in frozen[pol] if i < len(fr)]
+            k = statistics.fmean(ks)
+            cells.append(f"{100 * curves[pol][i]['acc']:.2f} ({100 * (curves[pol][i]['acc'] - base['acc']):+.2f}), "
+                         + (f"{k:.0f}" if k == int(k) else f"{k:.1f}"))
+        lines.append(f"| {i + 1} | {100 * base['acc']:.2f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def time_on_curve(curve, acc, key):
     """curve[key] at the first epoch end whose accuracy is >= acc, or None."""
     return next((c[key] for c in curve if c["acc"] >= acc - 1e-12), None)
@@ -277,7 +313,7 @@ def main():
     policies = args.policies.split(",")
     if "none" not in policies:
         policies = ["none"] + policies
-    table, per_seed, mean_rows = [], [], []
+    table, per_seed, mean_rows, epoch_lines = [], [], [], []
     for model in args.models.split(","):
         outs = {pol: [] for pol in policies}
         for rep in range(args.repeats):
@@ -333,6 +369,8 @@ def main():
                                   "modelled_time_to_within_0.3pt": mn,
                                   "modelled_speedup_to_within_0.3pt":
                                       (base_model_near / mn) if (mn and base_model_near) else None})
+        if len(policies) > 1:
+            epoch_lines += ([""] if epoch_lines else []) + epoch_table_lines(model, outs, policies)
         base_wall = next(r["train_seconds"] for r in table if r["model"] == model and r["policy"] == "none")
         for r in table:
             if r["model"] == model:
@@ -425,6 +463,9 @@ def main():
                          f"{f(r['wall_speedup_to_within_0.3pt'], '{:.2f}x')} |"
                          + (f" {r['modelled_speedup']:.2f}x | "
                             f"{f(r['modelled_speedup_to_within_0.3pt'], '{:.2f}x')} |" if costs else ""))
+    if epoch_lines:
+        lines += ["", "Test accuracy at each epoch end (the mean over a policy's runs), its difference from "
+                  "`none`'s, and the units frozen then (likewise):", ""] + epoch_lines
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "table.md"), "w").write("\n".join(lines) + "\n")
     json.dump({"medians": table, "per_seed": per_seed, "mean_over_seeds": mean_rows} if per_seed else table,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""bench/time_to_accuracy.py's modelled times, its mean curves over seeds, and its reuse of stored runs,
-on hand-made run folders.
+"""bench/time_to_accuracy.py's modelled times, its mean curves over seeds, its epoch table, and its reuse of
+stored runs, on hand-made run folders.
 
 python3 tests/test_time_to_accuracy.py (ctest: Bench.TimeToAccuracyModelledTimes)
 """
@@ -115,6 +115,19 @@ class ModelledTimes(unittest.TestCase):
         self.assertAlmostEqual(tta.time_on_curve(curve, 0.60, "seconds"), 4)
         self.assertIsNone(tta.time_on_curve(curve, 0.93, "epoch"))
         self.assertIsNone(tta.mean_curve([a])[0]["modelled"])  # no costs, no modelled times
+
+    def test_the_epoch_table_shows_each_epochs_accuracy_difference_and_freezes(self):
+        none = self.make_run("none", [0, 0, 0, 0], [0.50, 0.90])
+        # Frozen after step 2, unfrozen after step 6: one unit at epoch 1's end, none at 2's.
+        eg = self.make_run("eg", [1, 1, 0, 0], [0.55, 0.85])
+        eg2 = self.make_run("eg2", [0, 0, 1, 1], [0.45, 0.85])
+        self.assertEqual(tta.frozen_at_epoch_ends(eg), [1, 0])
+        lines = tta.epoch_table_lines("resnet20", {"none": [none], "egeria": [eg, eg2]}, ["none", "egeria"])
+        self.assertEqual(lines[0], "| resnet20: epoch | none | egeria: acc (Δ), units frozen |")
+        self.assertEqual(lines[2], "| 1 | 50.00 | 50.00 (+0.00), 0.5 |")
+        self.assertEqual(lines[3], "| 2 | 90.00 | 85.00 (-5.00), 0.5 |")
+        lines = tta.epoch_table_lines("resnet20", {"none": [none], "egeria": [eg]}, ["none", "egeria"])
+        self.assertEqual(lines[2:], ["| 1 | 50.00 | 55.00 (+5.00), 1 |", "| 2 | 90.00 | 85.00 (-5.00), 0 |"])
 
 
 class StoredRunScope(unittest.TestCase):
