@@ -89,6 +89,7 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-bnrunning": ["egeria", "--freeze-bn", "running"],
             "egeria-peak-bnbatch": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-bn", "batch"],
             "egeria-peak-lastoff": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-last-phase", "off"],
+            "egeria-keep-lastoff": ["egeria", "--freeze-refreeze-tolerance", "keep", "--freeze-last-phase", "off"],
             # The activation cache (§4.3) and what it needs: one crop/flip per sample
             # for the whole run, frozen BatchNorms on running statistics.
             "none-sampleaug": ["none", "--augment-mode", "sample"],
