@@ -176,6 +176,11 @@ def time_to_accuracy(out, acc):
     return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= acc - 1e-12), None)
 
 
+def frozen_records(out):
+    """[(step, units frozen after it)] from the run's step records (every --log-every steps)."""
+    return [(r["step"], r.get("frozen_modules", 0)) for r in records_of(out) if r.get("type") == "step"]
+
+
 def load_step_costs(path):
     """{(cached, model, k): seconds} from eg_bench_freeze's Google Benchmark JSON."""
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -204,8 +209,7 @@ def modelled_seconds(out, costs):
     summary = json.load(open(os.path.join(out, "summary.json")))
     model = summary["model"]
     cached = bool(summary.get("activation_cache"))
-    # (step, units frozen after it)
-    frozen_at = [(r["step"], r.get("frozen_modules", 0)) for r in records_of(out) if r.get("type") == "step"]
+    frozen_at = frozen_records(out)
     epoch_steps = {r["step"] for r in epochs_of(out)}
 
     def cost(k):
@@ -253,7 +257,7 @@ def mean_curve(outs, costs=None):
 
 def frozen_at_epoch_ends(out):
     """The number of units frozen at each epoch end: the last step record's at or before it."""
-    steps = [(r["step"], r.get("frozen_modules", 0)) for r in records_of(out) if r.get("type") == "step"]
+    steps = frozen_records(out)
     ks, i, k = [], 0, 0
     for e in epochs_of(out):
         while i < len(steps) and steps[i][0] <= e["step"]:
