@@ -2,7 +2,7 @@
 // (batch 128, u8 activations after a ReLU) against the f32 convolution egeria trains
 // with (oneDNN) and against its own plain-loop reference (one small case: the loops
 // are slow by design); and a whole reference forward of ResNet-20/56 through every
-// layer module, int8 vs fp32 — what a plasticity evaluation costs the spare cores; and
+// layer module, int8 (static or per-batch scales) vs fp32 — what a plasticity evaluation costs the spare cores; and
 // transformer-tiny's reference (dynamically quantised linear layers) vs fp32. On a GPU
 // also: the f16 convolution (cuDNN, tensor cores) against the f32 one on the same three
 // layers, and ResNet-20/56's reference forward fp16-gpu vs fp32-gpu (each iteration
@@ -80,7 +80,11 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
   const models::ModelConfig mc = fashion_config(model);
   Generator g(3);
   auto m = models::build_model(mc, g);
-  auto ref = quant::make_reference(precision, mc, m->state_dict());
+  // int8: static scales, calibrated in the first iterations (Note [Static activation
+  // scales]); int8-dynamic: every batch its own (--freeze-reference-calibration 0).
+  const bool dynamic = std::string(precision) == "int8-dynamic";
+  auto ref = quant::make_reference(dynamic ? "int8" : precision, quant::model_factory(mc), m->state_dict(),
+                                   Device::cuda(0), dynamic ? 0 : quant::kCalibrationBatches);
   const int64_t last = int64_t(m->layer_modules().size()) - 2;  // every module but the head
   Tensor x = Tensor::randn({128, 1, 28, 28}, g);  // on the CPU, as the controller passes it
   for (auto _ : st) wait_for(ref->activation(x, last));
@@ -149,7 +153,7 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("conv_int8/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16}, false)
       ->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const char* model : {"resnet20", "resnet56"})
-    for (const char* prec : {"int8", "fp32"})
+    for (const char* prec : {"int8", "int8-dynamic", "fp32"})
       benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model, prec)
           ->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const char* model : {"resnet20", "resnet56"}) {

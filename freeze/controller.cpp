@@ -59,13 +59,26 @@ void PlasticityController::set_snapshot(std::shared_ptr<const Snapshot> snap) { 
 
 Tensor PlasticityController::reference_gram(const Input& in) {
   if (in.snap != built_from_) {
-    ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap, opt_.gpu);
+    ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap, opt_.gpu, opt_.calibration_batches);
+    if (in.snap == restored_for_) ref_->set_calibration(restored_);
+    restored_for_.reset();
+    restored_.clear();
     built_from_ = in.snap;
     ++builds_;
   }
   autograd::NoGradGuard ng;
   if (in.unit_input.defined()) return sp_gram(ref_->activation_from(in.unit_input, in.begin, in.module));
   return sp_gram(ref_->activation(in.x, in.module, in.x2));
+}
+
+quant::Calibration PlasticityController::calibration_for(const std::shared_ptr<const Snapshot>& snap) const {
+  if (!ref_ || !snap || built_from_ != snap) return {};
+  return ref_->calibration();
+}
+
+void PlasticityController::restore_calibration(std::shared_ptr<const Snapshot> snap, quant::Calibration c) {
+  restored_for_ = std::move(snap);
+  restored_ = std::move(c);
 }
 
 bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x, const Tensor& train_out,

@@ -9,8 +9,10 @@
 // The training output travels with its input, so the two sides of an evaluation can
 // never be mismatched, and every accepted evaluation ends completed or dropped.
 //
-// Training never waits: an evaluation that finds the pipeline full is dropped and
-// counted. The reference is rebuilt from the latest snapshot on the reference thread.
+// An evaluation that finds the pipeline full is dropped and counted; submit() never
+// waits. Whether training waits for results is the policy's choice (PolicyConfig::
+// apply_on_arrival: the paper's acts on a result when it lands and never waits; the
+// default acts at the next evaluation step, and drain()s there if it is late). The reference is rebuilt from the latest snapshot on the reference thread.
 // Background threads run at a lower scheduling priority (nice) with their own thread
 // count, so they take the CPU the training leaves idle. `synchronous` evaluates
 // inline instead (deterministic; for tests and reproducible runs). A reference on the
@@ -76,6 +78,8 @@ struct ControllerOptions {
   int threads = 1;   // OpenMP threads of each background thread
   int nice = 10;     // added scheduling niceness of the background threads (Linux)
   int capacity = 2;  // queue capacity, in evaluations
+  // int8: convolution inputs calibrated on this many batches (0: per batch; Note [Static activation scales]).
+  int64_t calibration_batches = quant::kCalibrationBatches;
 };
 
 class PlasticityController {
@@ -115,6 +119,13 @@ class PlasticityController {
   std::vector<Result> pending() const { return sync_results_; }
   void restore_pending(std::vector<Result> r) { sync_results_ = std::move(r); }
 
+  // The calibration of the reference built from `snap`, empty when the current one
+  // was built from another snapshot (or none yet). Call after drain().
+  quant::Calibration calibration_for(const std::shared_ptr<const Snapshot>& snap) const;
+  // A checkpoint's calibration, applied when the reference is built from `snap` (the
+  // snapshot restored with it); a newer snapshot's reference calibrates afresh.
+  void restore_calibration(std::shared_ptr<const Snapshot> snap, quant::Calibration c);
+
   int64_t dropped() const { return dropped_.load(); }
   int64_t completed() const { return completed_.load(); }
   double background_cpu_seconds() const;  // CPU time of the background threads
@@ -147,6 +158,8 @@ class PlasticityController {
   ControllerOptions opt_;
   std::shared_ptr<const Snapshot> snapshot_, built_from_;
   std::unique_ptr<quant::ReferenceModel> ref_;
+  std::shared_ptr<const Snapshot> restored_for_;  // restore_calibration's snapshot, until its reference is built
+  quant::Calibration restored_;
   SpscQueue<Input> in_q_;
   SpscQueue<Pair> ref_q_;
   SpscQueue<Result> res_q_;

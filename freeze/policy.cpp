@@ -203,6 +203,8 @@ class EgeriaPolicy : public FreezePolicy {
     o.synchronous = c.synchronous;
     o.threads = c.reference_threads;
     o.capacity = c.queue_capacity;
+    o.calibration_batches = c.reference_calibration;
+    tracker_.custom_unfreeze = c.unfreeze_hook;
     ctl_ = std::make_unique<PlasticityController>(c.make_model ? c.make_model : quant::model_factory(c.model), o);
   }
 
@@ -254,7 +256,7 @@ class EgeriaPolicy : public FreezePolicy {
     for (auto& r : ctl_->pending()) pending.push_back({r.step, r.module, r.plasticity});
     return {{"tracker", tracker_.state()}, {"loss_sum", loss_sum_}, {"loss_n", loss_n_},
             {"interval", n()}, {"bootstrap_interval", bootstrap_n()}, {"pending", pending},
-            {"stale_results", stale_results_}};
+            {"stale_results", stale_results_}, {"reference_calibration", calibration_json()}};
   }
   void load_state(const json& j) override {
     tracker_.load_state(j.at("tracker"));
@@ -266,12 +268,17 @@ class EgeriaPolicy : public FreezePolicy {
     for (auto& p : j.value("pending", json::array()))
       pending.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>()});
     ctl_->restore_pending(std::move(pending));
+    restored_calibration_.clear();
+    const json cal = j.value("reference_calibration", json::object());  // (a temporary would dangle in the loop)
+    for (auto& [name, r] : cal.items())
+      restored_calibration_[name] = {r.at(0).get<float>(), r.at(1).get<float>(), r.at(2).get<int64_t>()};
   }
   std::map<std::string, Tensor> state_tensors() const override { return snapshot_ ? *snapshot_ : Snapshot(); }
   void load_state_tensors(const std::map<std::string, Tensor>& t) override {
     if (t.empty()) return;
     snapshot_ = std::make_shared<Snapshot>(t);
     ctl_->set_snapshot(snapshot_);
+    ctl_->restore_calibration(snapshot_, std::exchange(restored_calibration_, {}));
   }
   json stats() const override {
     json j = {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
@@ -328,7 +335,15 @@ class EgeriaPolicy : public FreezePolicy {
   PolicyConfig c_;
   FreezeTracker tracker_;
   std::unique_ptr<PlasticityController> ctl_;
+  // The int8 reference's calibration for the current snapshot, as [lo, hi, batches]
+  // by convolution (after drain()).
+  json calibration_json() const {
+    json j = json::object();
+    for (auto& [name, r] : ctl_->calibration_for(snapshot_)) j[name] = {r.lo, r.hi, r.batches};
+    return j;
+  }
   std::shared_ptr<const Snapshot> snapshot_;
+  quant::Calibration restored_calibration_;  // load_state's, until load_state_tensors restores the snapshot
   double loss_sum_ = 0, snapshot_seconds_ = 0;
   int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's, from before the option
   int64_t loss_n_ = 0, stale_results_ = 0;

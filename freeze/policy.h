@@ -41,6 +41,8 @@ struct PolicyConfig {
   int64_t total_steps = 0, steps_per_epoch = 0;
   TrackerOptions tracker;  // egeria (interval also used by autofreeze)
   std::string reference = "int8";  // quant::reference_precisions()
+  // int8: convolution inputs calibrated on this many batches (0: per batch; Note [Static activation scales]).
+  int64_t reference_calibration = quant::kCalibrationBatches;
   Device device = Device::cpu();   // the training device (a "-gpu" reference runs there)
   bool synchronous = false;  // egeria: evaluate inline (deterministic; tests)
   // egeria, evaluated in the background: act on an evaluation's result as soon as it
@@ -48,6 +50,11 @@ struct PolicyConfig {
   // seed can decide differently), instead of at the next evaluation step, waiting for it
   // there if it is late (the default: the same run makes the same decisions).
   bool apply_on_arrival = false;
+  // egeria: the unfreezing hook for cyclic LR schedules (§4.2.2), called at every step
+  // after bootstrapping with (step, LR); true unfreezes every unit while any is frozen
+  // (freeze.jsonl: an "unfreeze" with reason "custom"), as an LR fall does. Its answers
+  // must be a function of (step, LR) for a resumed run to repeat the same decisions.
+  std::function<bool(int64_t, double)> unfreeze_hook;
   int reference_threads = 1;
   int queue_capacity = 2;
   int64_t static_modules = -1, static_epoch = -1;  // static (-1: half the modules / epochs)

@@ -225,7 +225,9 @@ class FreezeTracker {
   bool refresh_due() const;
   void reference_refreshed(int64_t step, double lr);
 
-  // Cyclic schedules: called every step with (step, lr); returning true unfreezes all.
+  // Cyclic schedules: called every step with (step, lr) while a unit is frozen;
+  // returning true unfreezes all. Set from PolicyConfig::unfreeze_hook (the C++ API's
+  // TrainConfig::freeze_unfreeze_hook).
   std::function<bool(int64_t, double)> custom_unfreeze;
 
   std::vector<Event> take_events();

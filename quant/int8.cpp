@@ -65,8 +65,8 @@ std::vector<float> host_bias(const Tensor& bias, int64_t n, const char* who) {
 
 }  // namespace
 
-ActQuant choose_act_quant(const Tensor& x) {
-  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "choose_act_quant: expected f32 on the CPU");
+ActRange act_range(const Tensor& x) {
+  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "int8 reference: expected an f32 activation on the CPU");
   const float* p = x.data_any<float>();  // the range is the same in any layout (nChw16c has no padding)
   const int64_t n = x.numel();
   float lo = 0.f, hi = 0.f;
@@ -78,11 +78,26 @@ ActQuant choose_act_quant(const Tensor& x) {
     bad |= !std::isfinite(p[i]);
   }
   EG_CHECK(!bad, "int8 reference: the activation holds NaN or Inf");
+  return {lo, hi, 1};
+}
+
+ActQuant act_quant_from(const ActRange& r) {
   ActQuant q;
-  q.is_unsigned = lo >= 0.f;
-  const float amax = std::max(-lo, hi);
+  q.is_unsigned = r.lo >= 0.f;
+  const float amax = std::max(-r.lo, r.hi);
   q.scale = amax > 0.f ? (q.is_unsigned ? 255.f : 127.f) / amax : 1.f;
   return q;
+}
+
+ActQuant choose_act_quant(const Tensor& x) { return act_quant_from(act_range(x)); }
+
+ActQuant ActObserver::quant(const Tensor& x) {
+  if (calibration_batches_ <= 0) return choose_act_quant(x);
+  if (!calibrated()) {
+    const ActRange r = act_range(x);
+    range_ = range_.batches == 0 ? r : ActRange{std::min(range_.lo, r.lo), std::max(range_.hi, r.hi), range_.batches + 1};
+  }
+  return act_quant_from(range_);
 }
 
 // Note [int8 convolution pipeline]
@@ -94,8 +109,9 @@ ActQuant choose_act_quant(const Tensor& x) {
 // bias[k] s_x s_w[k]). Its f32 output (NHWC, the only layout oneDNN 2.6's fast int8
 // convolutions write) is reordered to nChw16c when K % 16 == 0, the layout the f32
 // layers after it read fastest (Note [Blocked activations]), else to NCHW.
-// The input and output scales change with every batch (Note [Dynamic activation
-// scales]), so both are runtime arguments and the primitives are built once per shape.
+// The input and output scales change with every calibration batch, and every batch
+// with dynamic scales (Note [Static activation scales]), so both are runtime arguments
+// and the primitives are built once per shape.
 struct ConvInt8::Prim {
   dnnl::convolution_forward conv;
   dnnl::reorder quant;  // x (f32, its layout) -> src (u8/s8, the convolution's layout), times s_x
@@ -136,7 +152,7 @@ Tensor ConvInt8::forward_ref(const Tensor& x_in, const ActQuant& q) const {
     std::copy(t.begin(), t.end(), xq.begin());
   } else {
     std::vector<int8_t> t(xq.size());
-    quantize<int8_t>(x, q.scale, -127, 127, t.data());
+    quantize<int8_t>(x, q.scale, -128, 127, t.data());
     std::copy(t.begin(), t.end(), xq.begin());
   }
   const int8_t* wq = wq_.data<int8_t>();
@@ -190,7 +206,7 @@ Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
           memory::desc(onednn::dims(xs), q.is_unsigned ? dt::u8 : dt::s8, tag::any), memory::desc(wd, dt::s8, tag::any),
           memory::desc({k}, dt::f32, tag::x), memory::desc(onednn::dims(ys), dt::f32, tag::any),
           {p_.stride_h, p_.stride_w}, {p_.dil_h - 1, p_.dil_w - 1}, {p_.pad_h, p_.pad_w}, {pr_h, pr_w});
-      // The dequantisation scale changes with every batch, and oneDNN 2.6's int8
+      // The dequantisation scale can change from batch to batch, and oneDNN 2.6's int8
       // convolutions take no runtime output scales: a per-channel binary multiply
       // post-op (a runtime argument) applies it instead.
       dnnl::post_ops po;

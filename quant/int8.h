@@ -5,14 +5,19 @@
 //
 //   y[n,k,p,q] = float(sum q_x * q_w[k]) * (1 / (s_x * s_w[k])) + bias[k]
 //
-// Note [Dynamic activation scales]
-// The paper calibrates activation scales statically on a few batches. Here the scale
-// of a convolution's input is taken from the batch itself (max |x|), at the cost of one
-// read of the input. Why: the reference model is rebuilt from a new snapshot every W
-// evaluations, and static scales would be one more piece of state to calibrate,
-// checkpoint and restore for a resumed run to repeat the same freezing decisions;
-// per-batch scales are a function of (snapshot, batch) alone, and they track the input
-// distribution instead of going stale. Quantisation error is no worse than static.
+// Note [Static activation scales]
+// As the paper, a convolution's input scale is calibrated on a few batches and then
+// fixed (static quantisation; --freeze-reference-calibration N, 3 by default): the
+// first N inputs a convolution of a reference sees widen its observed range [lo, hi]
+// (the running min/max, PyTorch's MinMaxObserver), each of them quantised with the
+// range so far, which holds it; from then on the scale is fixed, and inputs beyond the
+// range saturate. A reference is rebuilt from every new snapshot and calibrates
+// afresh; its ranges are part of the freezing state that a checkpoint keeps
+// (ReferenceModel::calibration), so a resumed run quantises as the uninterrupted one.
+// With N = 0 every input is quantised with its own range instead (dynamic), at the
+// cost of one more read of it; per-batch scales never go stale, but in SP-loss terms
+// the two agree to within the bound of Note [int8 reference accuracy] (tests/test_quant.cpp).
+// Linear layers are always dynamic, as PyTorch's quantize_dynamic for Transformers.
 //
 // ConvInt8::forward_ref is the plain-loop ground truth; forward (oneDNN) must match it
 // exactly up to the f32 dequantisation (tests/test_quant.cpp), and bench/ times both.
@@ -27,12 +32,37 @@
 namespace eg::quant {
 
 // Per-tensor activation quantisation: q = clamp(round(x * scale)), u8 [0, 255] when
-// is_unsigned, else s8 [-127, 127].
+// is_unsigned, else s8 (the range's own values map into [-127, 127]; values beyond a
+// static range saturate at -128 and 127, as oneDNN's conversions do).
 struct ActQuant {
   float scale = 1.f;
   bool is_unsigned = false;
 };
 ActQuant choose_act_quant(const Tensor& x);  // from the tensor's range (f32, CPU)
+
+// A range of activation values, and the number of calibration batches it was observed on.
+struct ActRange {
+  float lo = 0.f, hi = 0.f;  // lo <= 0 <= hi
+  int64_t batches = 0;
+};
+ActRange act_range(const Tensor& x);          // of one tensor (f32, CPU; NaN/Inf rejected)
+ActQuant act_quant_from(const ActRange& r);   // u8 when lo >= 0, else s8; max(|lo|, hi) maps to the top
+
+// The input quantisation of one layer (Note [Static activation scales]): the first
+// `calibration_batches` inputs widen the range, later ones use it as it is. 0: every
+// input its own range. One caller at a time.
+class ActObserver {
+ public:
+  explicit ActObserver(int64_t calibration_batches) : calibration_batches_(calibration_batches) {}
+  ActQuant quant(const Tensor& x);
+  bool calibrated() const { return calibration_batches_ > 0 && range_.batches >= calibration_batches_; }
+  const ActRange& range() const { return range_; }
+  void set_range(const ActRange& r) { range_ = r; }
+
+ private:
+  int64_t calibration_batches_;
+  ActRange range_;
+};
 
 class ConvInt8 {
  public:

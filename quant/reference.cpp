@@ -44,17 +44,34 @@ class Fp32Reference : public ReferenceModel {
 };
 
 // int8: batch norm folded, every convolution run by ConvInt8 (s8 weights per output
-// channel, u8/s8 activations per batch; see Note [Dynamic activation scales]) and every
-// Linear by LinearInt8 (dynamic quantisation, as the paper's Transformers). Other
+// channel, u8/s8 activations with static scales; Note [Static activation scales]) and
+// every Linear by LinearInt8 (dynamic quantisation, as the paper's Transformers). Other
 // layers (ReLU, residual adds, pooling, layer norm, softmax, attention's batched
 // products) stay f32: they are a small share of the FLOPs.
 class Int8Reference : public Fp32Reference {
  public:
-  Int8Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap) {
+  Int8Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, int64_t calibration_batches) {
     load(make, snap);
-    convert_to_int8(*model_);
+    convert_to_int8(*model_, calibration_batches, &observers_);
   }
   std::string precision() const override { return "int8"; }
+  Calibration calibration() const override {
+    Calibration c;
+    for (auto& [name, o] : observers_)
+      if (o->range().batches > 0) c[name] = o->range();
+    return c;
+  }
+  void set_calibration(const Calibration& c) override {
+    for (auto& [name, r] : c) {
+      auto it = observers_.find(name);
+      EG_CHECK(it != observers_.end(), "int8 reference: the calibration names a convolution '", name,
+               "' that the model does not have");
+      it->second->set_range(r);
+    }
+  }
+
+ private:
+  std::map<std::string, std::shared_ptr<ActObserver>> observers_;
 };
 
 // fp16 on the GPU: batch norm folded, every convolution and linear layer in f16 on
@@ -99,7 +116,10 @@ void fold_into(nn::Conv2d& conv, nn::BatchNorm2d& bn) {
 
 }  // namespace
 
-int64_t convert_to_int8(nn::Module& m) {
+int64_t convert_to_int8(nn::Module& m, int64_t calibration_batches,
+                        std::map<std::string, std::shared_ptr<ActObserver>>* observers) {
+  EG_CHECK(calibration_batches >= 0, "int8 reference: calibration batches must be >= 0 (0: every batch its own ",
+           "scales), got ", calibration_batches);
   m.eval();
   fold_batchnorm(m);
   int64_t n = 0;
@@ -107,7 +127,9 @@ int64_t convert_to_int8(nn::Module& m) {
     auto* conv = dynamic_cast<nn::Conv2d*>(mod);
     if (conv) {
       auto q = std::make_shared<ConvInt8>(conv->weight.to(Device::cpu()), conv->bias, conv->params);
-      conv->forward_override = [q](const Tensor& x) { return q->forward(x); };
+      auto obs = std::make_shared<ActObserver>(calibration_batches);
+      if (observers) (*observers)[name] = obs;
+      conv->forward_override = [q, obs](const Tensor& x) { return q->forward(x, obs->quant(x)); };
       ++n;
     } else if (auto* lin = dynamic_cast<nn::Linear*>(mod)) {
       auto q = std::make_shared<LinearInt8>(lin->weight.to(Device::cpu()), lin->bias);
@@ -182,9 +204,10 @@ ModelFactory model_factory(const models::ModelConfig& mc) {
 std::vector<std::string> reference_precisions() { return {"int8", "fp32", "fp32-gpu", "fp16-gpu"}; }
 
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make,
-                                               const std::map<std::string, Tensor>& snapshot, Device gpu) {
+                                               const std::map<std::string, Tensor>& snapshot, Device gpu,
+                                               int64_t calibration_batches) {
   if (precision == "fp32") return std::make_unique<Fp32Reference>(make, snapshot);
-  if (precision == "int8") return std::make_unique<Int8Reference>(make, snapshot);
+  if (precision == "int8") return std::make_unique<Int8Reference>(make, snapshot, calibration_batches);
   if (precision == "fp32-gpu" || precision == "fp16-gpu") {
     EG_CHECK(gpu.is_cuda() && cuda_available(), "the ", precision, " reference model needs a CUDA GPU (",
              built_with_cuda() ? "none is visible" : "this build has no CUDA support", "); use int8 or fp32");

@@ -3,8 +3,8 @@
 // module boundaries, against which plasticity is measured.
 //
 // Precisions: "int8" (batch norm folded into the convolutions, s8 weights per output
-// channel, u8/s8 activations scaled per batch, oneDNN int8 convolutions and
-// dynamically quantised linear layers; quant/int8.h), "fp32" (the snapshot as it is,
+// channel, u8/s8 activations with static scales calibrated on the first batches, oneDNN
+// int8 convolutions and dynamically quantised linear layers; quant/int8.h), "fp32" (the snapshot as it is,
 // on the CPU), and "fp32-gpu": the snapshot on the training GPU, for machines whose CPU
 // cores are busy (data loading) or few. The GPU reference is evaluated on the training
 // thread, in the training stream (freeze/controller.h), so it needs no second set of
@@ -19,8 +19,15 @@
 #include <string>
 
 #include "models/model.h"
+#include "quant/int8.h"
 
 namespace eg::quant {
+
+// The int8 reference's calibration (Note [Static activation scales]): each
+// convolution's observed input range, by the convolution's module name.
+using Calibration = std::map<std::string, ActRange>;
+// Convolution inputs are calibrated on this many batches by default.
+constexpr int64_t kCalibrationBatches = 3;
 
 class ReferenceModel {
  public:
@@ -33,6 +40,10 @@ class ReferenceModel {
   // module; any device): only layer modules begin..module run. Sequential models only.
   virtual Tensor activation_from(const Tensor& h, int64_t begin, int64_t module) = 0;
   virtual std::string precision() const = 0;
+  // The int8 reference's calibration so far (empty for the other precisions), and its
+  // restoration into a reference built from the same snapshot (a resumed run).
+  virtual Calibration calibration() const { return {}; }
+  virtual void set_calibration(const Calibration&) {}
 };
 
 // Builds a reference of `precision` from a snapshot of a model's state (copied: the
@@ -45,9 +56,12 @@ class ReferenceModel {
 int64_t fold_batchnorm(nn::Module& m);
 
 // Turns an inference copy of a model into its int8 version in place: eval mode, batch
-// norm folded, every Conv2d run by ConvInt8 and every Linear by LinearInt8. Returns the
-// number of layers converted.
-int64_t convert_to_int8(nn::Module& m);
+// norm folded, every Conv2d run by ConvInt8 with its input scale calibrated on its
+// first `calibration_batches` inputs (0: every input's own; Note [Static activation
+// scales]), and every Linear by LinearInt8. Returns the number of layers converted.
+// With `observers`, each convolution's ActObserver is recorded under its module name.
+int64_t convert_to_int8(nn::Module& m, int64_t calibration_batches = kCalibrationBatches,
+                        std::map<std::string, std::shared_ptr<ActObserver>>* observers = nullptr);
 
 // Turns an inference copy of a model into its fp16 GPU version in place: eval mode, batch
 // norm folded, every Conv2d and Linear run in f16 on `gpu` (weights converted once,
@@ -57,10 +71,12 @@ int64_t convert_to_int8(nn::Module& m);
 int64_t convert_to_fp16(nn::Module& m, Device gpu);
 
 using ModelFactory = std::function<models::ModelPtr()>;
-// `gpu`: the CUDA device of the "-gpu" precisions (ignored by the CPU ones).
+// `gpu`: the CUDA device of the "-gpu" precisions (ignored by the CPU ones);
+// `calibration_batches`: int8's, as convert_to_int8.
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make_model,
                                                const std::map<std::string, Tensor>& snapshot,
-                                               Device gpu = Device::cuda(0));
+                                               Device gpu = Device::cuda(0),
+                                               int64_t calibration_batches = kCalibrationBatches);
 // The precisions make_reference knows; "-gpu" ones run on the GPU.
 std::vector<std::string> reference_precisions();
 inline bool reference_on_gpu(const std::string& precision) {

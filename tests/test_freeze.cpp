@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 #include <tuple>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "freeze/plasticity.h"
+#include "freeze/spsc_queue.h"
 #include "freeze/tracker.h"
 
 namespace eg::freeze {
@@ -593,3 +595,37 @@ TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
 
 }  // namespace
 }  // namespace eg::freeze
+
+// The controller's queues (freeze/spsc_queue.h): bounded, first in first out, and a
+// full queue refuses an item at once without taking it; across two threads every
+// item arrives once, in order.
+TEST(SpscQueue, IsBoundedFifoAndRefusesWhenFull) {
+  eg::freeze::SpscQueue<int> q(3);
+  EXPECT_TRUE(q.empty());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(q.try_push(int(i)));
+  int extra = 99;
+  EXPECT_FALSE(q.try_push(std::move(extra)));
+  EXPECT_EQ(q.try_pop().value(), 0);
+  EXPECT_TRUE(q.try_push(3));
+  for (int i = 1; i <= 3; ++i) EXPECT_EQ(q.try_pop().value(), i);
+  EXPECT_FALSE(q.try_pop().has_value());
+  EXPECT_TRUE(q.empty());
+
+  eg::freeze::SpscQueue<std::vector<int>> big(4);
+  const int n = 20000;
+  std::thread producer([&] {
+    for (int i = 0; i < n; ++i)
+      while (!big.try_push(std::vector<int>{i, -i})) std::this_thread::yield();
+  });
+  int expect = 0;
+  while (expect < n) {
+    if (auto v = big.try_pop()) {
+      ASSERT_EQ(*v, (std::vector<int>{expect, -expect}));
+      ++expect;
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  producer.join();
+  EXPECT_TRUE(big.empty());
+}

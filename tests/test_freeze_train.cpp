@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -82,7 +84,7 @@ TEST(FreezeMechanics, AFrozenPrefixIsBitwiseUnchangedUnderWeightDecayAndMomentum
   }
 }
 
-TEST(FreezeMechanics, UnfreezingResumesAsIfTheParameterHadNeverLeft) {
+TEST(FreezeMechanics, UnfreezingKeepsTheFrozenParametersOptimizerState) {
   // Optimizer state of frozen parameters is kept: after unfreezing, the front modules
   // continue from the same momentum (SGD) and step count and moments (AdamW).
   for (const char* which : {"sgd", "adamw"}) {
@@ -111,6 +113,49 @@ TEST(FreezeMechanics, UnfreezingResumesAsIfTheParameterHadNeverLeft) {
     auto w0 = m->layer_modules()[0].second->parameters()[0].to_vector<float>();
     step(*m, *opt, 0, 99);
     EXPECT_NE(m->layer_modules()[0].second->parameters()[0].to_vector<float>(), w0) << which;
+  }
+}
+
+// Unfreezing resumes exactly: a parameter frozen for some steps (while the others
+// train) and then unfrozen follows, bit for bit, the trajectory of a twin optimizer
+// that only ever held it and skipped those steps: the same gradients give the same
+// updates, with weight decay and momentum (SGD, Nesterov) and with AdamW's moments and
+// its bias correction (the parameter's own step count, not the optimizer's).
+TEST(FreezeMechanics, UnfreezingResumesAsIfTheParameterHadNeverLeft) {
+  for (const char* which : {"sgd", "adamw"}) {
+    Generator g(4);
+    Tensor p = Tensor::randn({300}, g).set_requires_grad(true), other = Tensor::randn({40}, g).set_requires_grad(true);
+    Tensor twin = p.clone().set_requires_grad(true);
+    auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+      if (std::string(which) == "sgd") return std::make_unique<optim::SGD>(ps, 0.05, optim::SgdOptions{0.9, 0, 5e-4, true});
+      return std::make_unique<optim::AdamW>(ps, 1e-2, optim::AdamWOptions{0.9, 0.999, 1e-8, 0.05});
+    };
+    auto a = make({p, other}), b = make({twin});
+    auto grad = [](uint64_t seed, int64_t n) {
+      Generator gg(seed);
+      return Tensor::randn({n}, gg);
+    };
+    auto both = [&](uint64_t s) {  // one step of each, the same gradient for p and its twin
+      p.set_grad(grad(s, 300));
+      twin.set_grad(grad(s, 300));
+      other.set_grad(grad(1000 + s, 40));
+      a->step();
+      b->step();
+    };
+    for (uint64_t s = 0; s < 3; ++s) both(s);
+    p.set_requires_grad(false);  // frozen: `other` trains on, the twin waits
+    const std::vector<float> frozen_at = p.to_vector<float>(), other_at = other.to_vector<float>();
+    for (uint64_t s = 0; s < 5; ++s) {
+      other.set_grad(grad(2000 + s, 40));
+      a->step();
+    }
+    EXPECT_EQ(p.to_vector<float>(), frozen_at) << which << ": changed while frozen";
+    EXPECT_NE(other.to_vector<float>(), other_at) << which << ": the rest did not train";
+    p.set_requires_grad(true);
+    for (uint64_t s = 3; s < 7; ++s) {
+      both(s);
+      ASSERT_EQ(p.to_vector<float>(), twin.to_vector<float>()) << which << ": step " << s << " after unfreezing";
+    }
   }
 }
 
@@ -178,6 +223,60 @@ TEST(FreezeMechanics, AControllerGivenTheUnitInputRunsOnlyTheUnit) {
   EXPECT_THROW(ctl.submit(3, last, b.x, out, Tensor(), b.x, 0), Error);
 }
 
+// The background controller: an evaluation that finds the pipeline full is refused
+// at once, dropped and counted; every accepted one completes, in order. The reference
+// thread is held up here by a model factory that takes half a second (the build of the
+// first reference), so the pipeline is full after two submissions.
+TEST(FreezeMechanics, TheBackgroundControllerDropsWhatFindsThePipelineFullAndCountsIt) {
+  auto m = small_resnet(4);
+  m->eval();
+  Batch b = batch(6);
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 1;
+  mc.image_size = 16;
+  freeze::ControllerOptions o;
+  o.precision = "int8";
+  o.capacity = 1;
+  auto slow_factory = [mc] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    Generator g(0);
+    return models::build_model(mc, g);
+  };
+  freeze::PlasticityController ctl(slow_factory, o);
+  ctl.set_snapshot(std::make_shared<freeze::Snapshot>(m->state_dict()));
+  Tensor out;
+  {
+    autograd::NoGradGuard ng;
+    out = m->layer_output(b.x, Tensor(), 2);
+  }
+  const int n = 20;
+  int accepted = 0;
+  std::vector<int64_t> accepted_steps;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < n; ++s)
+    if (ctl.submit(s, 2, b.x, out)) {
+      ++accepted;
+      accepted_steps.push_back(s);
+    }
+  const double submit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(submit_seconds, 0.4) << "submit() waited for the reference thread";
+  EXPECT_GE(accepted, 1);
+  EXPECT_LT(accepted, n) << "nothing was dropped although the reference was still being built";
+  EXPECT_EQ(ctl.dropped(), n - accepted);
+  ctl.drain();
+  EXPECT_EQ(ctl.completed(), accepted);
+  auto r = ctl.poll();
+  ASSERT_EQ(int(r.size()), accepted);
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].step, accepted_steps[i]) << "results in submission order";
+    EXPECT_EQ(r[i].module, 2);
+    EXPECT_TRUE(std::isfinite(r[i].plasticity) && r[i].plasticity >= 0) << r[i].plasticity;
+  }
+  EXPECT_EQ(ctl.first_error(), "");
+  EXPECT_GT(ctl.wait_seconds(), 0.0) << "drain() waited for the slow build, and said so";
+}
+
 // ---- through the trainer
 
 std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_freeze_" + name); }
@@ -226,6 +325,16 @@ std::vector<std::string> decisions(const std::string& dir, bool with_evaluations
     if (j["type"] != "bootstrap" && (with_evaluations || j["type"] != "evaluation"))
       d.push_back(j["type"].get<std::string>() + "@" + std::to_string(j["step"].get<int64_t>()));
   return d;
+}
+
+// The plasticity readings of a run's freeze.jsonl, as "step:module:plasticity".
+std::vector<std::string> readings(const std::string& dir) {
+  std::vector<std::string> r;
+  for (auto& j : jsonl(dir + "/freeze.jsonl"))
+    if (j["type"] == "evaluation")
+      r.push_back(std::to_string(j["step"].get<int64_t>()) + ":" + std::to_string(j["module"].get<int64_t>()) + ":" +
+                  j["plasticity"].dump());
+  return r;
 }
 
 // Runs c killed after `first` steps, resumed and killed again after `second` more, and
@@ -288,11 +397,54 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   ASSERT_TRUE(run_killed_twice(run_cfg(b, "egeria"), 5, 30));
   expect_same_weights(a, b);
   EXPECT_EQ(decisions(b, false), decisions(a, false)) << "the same decisions, in the same order";
+  // And the same readings, to the last bit: the int8 reference's calibration (Note
+  // [Static activation scales]) travels in the checkpoint with its snapshot.
+  EXPECT_EQ(readings(b), readings(a));
 }
 
 // --freeze-last-phase off: the schedule's last phase (here epoch 3 on, LR 0.005, the
 // final LR) freezes nothing and ends with every module active; before it, freezing
 // works as usual.
+// The cyclic-schedule hook of the C++ API (TrainConfig::freeze_unfreeze_hook): asked at
+// every step after bootstrapping, and when it says so every unit unfreezes there, as
+// on an LR fall, with the reason "custom" in freeze.jsonl.
+TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
+  std::string a = tmpdir("egeria_nohook"), b = tmpdir("egeria_hook");
+  auto c = run_cfg(a, "egeria");
+  c.freeze_unfreeze = "never";  // only the hook unfreezes
+  ASSERT_TRUE(train::run_training(c).completed);
+  bool froze = false;
+  for (auto& j : jsonl(a + "/freeze.jsonl")) froze |= j["type"] == "freeze";
+  ASSERT_TRUE(froze) << "nothing froze";
+  // The tracker asks while a unit is frozen; the hook says yes the third time.
+  int64_t asked = 0, said_yes_at = -1;
+  c.out = b;
+  c.freeze_unfreeze_hook = [&](int64_t step, double lr) {
+    EXPECT_GT(lr, 0.0);
+    if (++asked != 3) return false;
+    said_yes_at = step;
+    return true;
+  };
+  ASSERT_TRUE(train::run_training(c).completed);
+  ASSERT_GE(said_yes_at, 0) << "the hook was asked " << asked << " times";
+  std::vector<int64_t> custom;
+  for (auto& j : jsonl(b + "/freeze.jsonl"))
+    if (j["type"] == "unfreeze") {
+      EXPECT_EQ(j["reason"], "custom");
+      custom.push_back(j["step"]);
+    }
+  EXPECT_EQ(custom, std::vector<int64_t>{said_yes_at});
+  // Up to the hook's step both runs decided alike; after it they part.
+  auto before = [&](const std::string& dir) {
+    std::vector<std::string> d;
+    for (const std::string& e : decisions(dir, true))
+      if (std::stoll(e.substr(e.find('@') + 1)) < said_yes_at) d.push_back(e);
+    return d;
+  };
+  EXPECT_EQ(before(b), before(a));
+  EXPECT_NE(decisions(b, false), decisions(a, false));
+}
+
 TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
   std::string d = tmpdir("egeria_lastoff");
   auto c = run_cfg(d, "egeria");

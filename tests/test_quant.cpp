@@ -100,6 +100,45 @@ TEST(QuantConv, Int8IsCloseToF32) {
   }
 }
 
+// Note [Static activation scales]: the first N inputs widen the observed range, each
+// quantised with the range so far; later ones use the range as it is, and what lies
+// beyond it saturates, in the oneDNN path exactly as in the plain loops.
+TEST(QuantConv, StaticScalesAreCalibratedOnTheFirstBatchesThenKept) {
+  Generator g(3);
+  auto filled = [&](float lo, float hi) {
+    Tensor x = Tensor::uniform({2, 3, 6, 6}, lo, hi, g);
+    x.data<float>()[0] = lo;  // the range's ends, exactly
+    x.data<float>()[1] = hi;
+    return x;
+  };
+  const Tensor x1 = filled(0.f, 1.f), x2 = filled(-2.f, 0.5f), x3 = filled(-4.f, 4.f);
+  quant::ActObserver obs(2);
+  quant::ActQuant q = obs.quant(x1);
+  EXPECT_TRUE(q.is_unsigned);
+  EXPECT_FLOAT_EQ(q.scale, 255.f);
+  EXPECT_FALSE(obs.calibrated());
+  q = obs.quant(x2);  // the union of both ranges: [-2, 1]
+  EXPECT_FALSE(q.is_unsigned);
+  EXPECT_FLOAT_EQ(q.scale, 127.f / 2.f);
+  EXPECT_TRUE(obs.calibrated());
+  EXPECT_EQ(obs.range().batches, 2);
+  const quant::ActQuant after = obs.quant(x3);  // beyond the range: the scale stays
+  EXPECT_EQ(after.is_unsigned, q.is_unsigned);
+  EXPECT_EQ(after.scale, q.scale);
+  EXPECT_EQ(obs.range().lo, -2.f);
+  EXPECT_EQ(obs.range().hi, 1.f);
+  // Saturation: oneDNN's conversion and the plain loops agree on x3's clipped values.
+  quant::ConvInt8 conv(Tensor::randn({8, 3, 3, 3}, g), Tensor::randn({8}, g), ops::Conv2dParams{});
+  Tensor got = conv.forward(x3, after).to_plain(), ref = conv.forward_ref(x3, after);
+  for (int64_t i = 0; i < got.numel(); ++i)
+    ASSERT_NEAR(got.data<float>()[i], ref.data<float>()[i], 1e-5f * (1.f + std::fabs(ref.data<float>()[i]))) << i;
+  // 0 batches: every input its own scale.
+  quant::ActObserver dynamic(0);
+  EXPECT_EQ(dynamic.quant(x3).scale, quant::choose_act_quant(x3).scale);
+  EXPECT_EQ(dynamic.quant(x1).scale, quant::choose_act_quant(x1).scale);
+  EXPECT_FALSE(dynamic.calibrated());
+}
+
 TEST(QuantConv, BadInputIsAClearError) {
   Generator g(1);
   quant::ConvInt8 q(Tensor::randn({4, 3, 3, 3}, g), Tensor(), {});
@@ -207,14 +246,29 @@ TEST(QuantReference, BatchNormFoldingKeepsEveryModelsOutput) {
 // fp32 model 10 SGD steps apart reads 4e-4 (stem) to 5e-3. The bounds tested: 2e-6,
 // and 1% of the plasticity 10 steps apart, at every module.
 // The fp16 GPU reference ("fp16-gpu": convolutions in f16) is held to the same bounds.
-void expect_resnet_reference_agrees(const std::string& precision) {
+// The int8 reference is held to them both with static scales, calibrated on three
+// other batches (the default), and with every batch's own (calibration 0).
+void expect_resnet_reference_agrees(const std::string& precision,
+                                    int64_t calibration = quant::kCalibrationBatches) {
   Tensor x = images(64, 1, 28, 9);
   auto m = model_with_stats("resnet20", x, 21);
   const models::ModelConfig mc = config_for("resnet20", x);
   auto snap = m->state_dict();
   auto f32 = quant::make_reference("fp32", mc, snap);
-  auto low = quant::make_reference(precision, quant::model_factory(mc), snap, Device::cuda(0));
+  auto low = quant::make_reference(precision, quant::model_factory(mc), snap, Device::cuda(0), calibration);
   EXPECT_EQ(low->precision(), precision);
+  const int64_t last = int64_t(m->layer_modules().size()) - 1;
+  for (uint64_t b = 0; b < uint64_t(calibration); ++b) {  // the network's every convolution sees them
+    autograd::NoGradGuard ng;
+    (void)low->activation(images(64, 1, 28, 100 + b), last);
+  }
+  if (precision == "int8" && calibration > 0) {
+    const quant::Calibration cal = low->calibration();
+    size_t convs = 0;
+    for (auto& [n, mod] : m->named_modules()) convs += dynamic_cast<nn::Conv2d*>(mod) != nullptr;
+    EXPECT_EQ(cal.size(), convs) << "every convolution of ResNet-20 calibrated";
+    for (auto& [name, r] : cal) EXPECT_EQ(r.batches, calibration) << name;
+  }
   // A second snapshot 10 SGD steps later: the plasticity the reference must resolve.
   auto m2 = model_with_stats("resnet20", x, 21);
   {
@@ -241,6 +295,40 @@ void expect_resnet_reference_agrees(const std::string& precision) {
 }
 
 TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) { expect_resnet_reference_agrees("int8"); }
+TEST(QuantReference, Int8WithPerBatchScalesAgreesWithFp32WithinTheSameBound) {
+  expect_resnet_reference_agrees("int8", 0);
+}
+
+// A reference given another's calibration (a resumed run's, from the checkpoint)
+// quantises as that one does from then on, bit for bit; a calibration that names a
+// convolution the model lacks is refused.
+TEST(QuantReference, ARestoredCalibrationQuantisesAsTheOriginal) {
+  Tensor x = images(16, 1, 28, 4);
+  auto m = model_with_stats("resnet20", x, 6);
+  const models::ModelConfig mc = config_for("resnet20", x);
+  auto snap = m->state_dict();
+  autograd::NoGradGuard ng;
+  auto a = quant::make_reference("int8", quant::model_factory(mc), snap, Device::cpu(), 3);
+  (void)a->activation(images(16, 1, 28, 40), 4);  // partly calibrated: one batch, the front convolutions only
+  const quant::Calibration cal = a->calibration();
+  ASSERT_FALSE(cal.empty());
+  auto b = quant::make_reference("int8", quant::model_factory(mc), snap, Device::cpu(), 3);
+  b->set_calibration(cal);
+  auto fresh = quant::make_reference("int8", quant::model_factory(mc), snap, Device::cpu(), 3);
+  bool fresh_differs = false;
+  for (uint64_t s = 41; s < 45; ++s) {
+    Tensor xi = images(16, 1, 28, s);
+    const std::vector<float> ya = a->activation(xi, 4).to_vector<float>();
+    EXPECT_EQ(b->activation(xi, 4).to_vector<float>(), ya) << "batch " << s;
+    fresh_differs |= fresh->activation(xi, 4).to_vector<float>() != ya;
+  }
+  EXPECT_TRUE(fresh_differs) << "without the calibration, another quantisation (so the test can tell)";
+  EXPECT_EQ(b->calibration().size(), a->calibration().size());
+  quant::Calibration bad = cal;
+  bad["no.such.conv"] = quant::ActRange{-1.f, 1.f, 1};
+  EXPECT_THROW(b->set_calibration(bad), Error);
+  EXPECT_TRUE(quant::make_reference("fp32", mc, snap)->calibration().empty());
+}
 
 // --freeze-reference-scope unit: a reference run on a unit's input (the output of the
 // layer module before it) computes what the whole network computes through that unit,

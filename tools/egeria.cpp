@@ -152,6 +152,12 @@ int main(int argc, char** argv) {
                     "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU")
       ->capture_default_str()
       ->check(CLI::IsMember(eg::quant::reference_precisions()));
+  train->add_option("--freeze-reference-calibration", c.freeze_reference_calibration,
+                    "egeria, int8 reference: calibrate each convolution's input scale on this many batches after "
+                    "every refresh of the reference, then keep it (static quantisation, the paper); 0: every batch "
+                    "its own scales (dynamic)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   train->add_option("--freeze-reference-scope", c.freeze_reference_scope,
                     "egeria: what the reference runs for an evaluation: only the front unit, on the training model's "
                     "input to it (unit: its cost does not grow with the depth of the front), or the network from "
@@ -198,6 +204,12 @@ int main(int argc, char** argv) {
   eval->add_option("--precision", eval_precision, "fp32, or int8: the int8 reference model Egeria would build from it")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "int8"}));
+  int64_t eval_calibration = eg::quant::kCalibrationBatches;
+  eval->add_option("--calibration-batches", eval_calibration,
+                   "int8: calibrate each convolution's input scale on the first N test batches, then keep it; 0: "
+                   "every batch its own scales")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 
   std::string bmodel = "resnet56", bdevice = "cpu";
   int64_t bbatch = 128;
@@ -231,7 +243,7 @@ int main(int argc, char** argv) {
                     100 * s.final_test_accuracy, 100 * s.best_test_accuracy, s.train_seconds, s.images_per_second,
                     c.out.c_str());
     } else if (*eval) {
-      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision);
+      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration);
       nlohmann::json j = r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
                                        : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss},
                                                         {"samples", r.samples}};

@@ -32,6 +32,8 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.freeze_first_phase = c.freeze_first_phase != "off";
   pc.tracker.unfreeze_on_lr_fall = c.freeze_unfreeze != "never";
   pc.reference = c.freeze_reference;
+  pc.reference_calibration = c.freeze_reference_calibration;
+  pc.unfreeze_hook = c.freeze_unfreeze_hook;
   pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;
   pc.apply_on_arrival = c.freeze_apply == "arrival";

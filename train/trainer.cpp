@@ -287,6 +287,8 @@ void validate(const TrainConfig& c) {
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32, fp32-gpu or fp16-gpu, got '", c.freeze_reference, "'");
+    EG_CHECK(c.freeze_reference_calibration >= 0, "--freeze-reference-calibration must be >= 0 batches (0: every "
+             "batch its own scales), got ", c.freeze_reference_calibration);
     EG_CHECK(c.freeze_reference_scope == "network" || c.freeze_reference_scope == "unit",
              "--freeze-reference-scope must be network or unit, got '", c.freeze_reference_scope, "'");
     EG_CHECK(!quant::reference_on_gpu(c.freeze_reference) || Device::parse(c.device).is_cuda(),
@@ -497,7 +499,7 @@ Summary run_training(const TrainConfig& cin) {
 }
 
 EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit,
-                               const std::string& precision) {
+                               const std::string& precision, int64_t calibration_batches) {
   EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
   Metadata meta;
   const std::string p = out + "/" + kCheckpoint;
@@ -522,7 +524,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   for (auto& [k, t] : all)
     if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
   m->load_state_dict(ms);
-  if (precision == "int8") quant::convert_to_int8(*m);
+  if (precision == "int8") quant::convert_to_int8(*m, calibration_batches);
   EvalOut e = evaluate(*m, test, c.dataset, Device::cpu());
   return {e.acc, e.loss, test.size()};
 }

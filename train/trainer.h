@@ -4,6 +4,7 @@
 // train here; Transformers on sentence pairs in train/translate.cpp, with the same files.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -54,7 +55,13 @@ struct TrainConfig {
   std::string freeze_last_phase = "on";  // egeria: "off": the schedule's last LR phase trains whole
   std::string freeze_first_phase = "on";  // egeria: "off": freezes held until the LR first falls 10x
   std::string freeze_unfreeze = "lr";     // egeria: "never": an LR fall does not unfreeze
+  // egeria, for embedders with cyclic LR schedules: called at every step after
+  // bootstrapping with (step, LR); true unfreezes every unit (freeze::PolicyConfig::unfreeze_hook).
+  std::function<bool(int64_t, double)> freeze_unfreeze_hook;
   std::string freeze_reference = "int8";
+  // egeria, int8 reference: convolution inputs calibrated on this many batches after
+  // each refresh, then fixed (0: every batch its own scales; Note [Static activation scales]).
+  int64_t freeze_reference_calibration = 3;  // quant::kCalibrationBatches
   // egeria: what the reference runs for an evaluation. "unit": only the front unit, on the
   // training model's input to it (the output of the units before it); "network": from the images
   // through the front unit (the paper). Note [The reference's scope] in
@@ -115,8 +122,11 @@ struct EvalResult {
 };
 // precision "int8" evaluates the int8 reference model built from the checkpoint
 // (quant/: what Egeria measures plasticity against), "fp32" the model itself.
+// int8's convolution inputs are calibrated on the first `calibration_batches` test
+// batches (0: each batch its own scales).
 EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& data_dir, int64_t test_limit,
-                               const std::string& precision = "fp32");
+                               const std::string& precision = "fp32",
+                               int64_t calibration_batches = 3);  // quant::kCalibrationBatches
 
 // One training step's throughput (median over iterations after warm-up).
 struct StepBench {
