@@ -12,7 +12,9 @@
        -bnbatch, -bnrunning: --freeze-bn batch (the default), running;
        any of them with -bootn appended: --freeze-bootstrap-interval n, the paper's
        bootstrapping check every n steps (runs stored before 2026-11-24's change of
-       its default to an epoch are -bootn);
+       its default to an epoch are -bootn); -dynamic: --freeze-reference-calibration 0, the
+       int8 reference's activation scales from every batch (runs stored before 2026-11-25's
+       static calibration are -dynamic);
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
@@ -99,7 +101,9 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
 
 
 def policy_args(policy):
-    """The policy's --freeze value and its extra flags: VARIANTS, and -bootn appended to any."""
+    """The policy's --freeze value and its extra flags: VARIANTS, and -bootn or -dynamic appended to any."""
+    if policy.endswith("-dynamic"):
+        return policy_args(policy[:-len("-dynamic")]) + ["--freeze-reference-calibration", "0"]
     if policy.endswith("-bootn"):
         return policy_args(policy[:-len("-bootn")]) + ["--freeze-bootstrap-interval", "n"]
     return list(VARIANTS.get(policy, [policy]))
@@ -110,10 +114,11 @@ def flag(args, name, default):
 
 
 def check_scope(out, policy):
-    """A stored egeria run is reused only if its reference scope and bootstrapping check
-    are the policy's (a run from before --freeze-reference-scope existed, or before unit
-    became its default, read with the network; one from before
-    --freeze-bootstrap-interval existed checked every n steps)."""
+    """A stored egeria run is reused only if its reference scope, bootstrapping check and
+    reference calibration are the policy's (a run from before --freeze-reference-scope
+    existed, or before unit became its default, read with the network; one from before
+    --freeze-bootstrap-interval existed checked every n steps; one from before
+    --freeze-reference-calibration existed quantised with every batch's own scales)."""
     args = policy_args(policy)
     if args[0] != "egeria":
         return
@@ -137,6 +142,12 @@ def check_scope(out, policy):
         sys.exit(f"time_to_accuracy: {out} was trained with --freeze-bootstrap-interval {name}, but the policy "
                  f"'{policy}' asks for another; name the policy for the check it was run with "
                  f"(e.g. {policy}-bootn), or use another --out")
+    want = int(flag(args, "--freeze-reference-calibration", "3"))
+    had = config.get("freeze_reference_calibration", 0)
+    if had != want:
+        sys.exit(f"time_to_accuracy: {out} was trained with --freeze-reference-calibration {had}, but the policy "
+                 f"'{policy}' asks for {want}; name the policy for the calibration it was run with "
+                 f"(e.g. {policy}-dynamic for 0), or use another --out")
 
 
 def run(args, model, policy, rep=0):

@@ -15,6 +15,7 @@
 #include "freeze/policy.h"
 #include "freeze/controller.h"
 #include "freeze/plasticity.h"
+#include "layers/layers.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "quant/reference.h"
@@ -82,6 +83,39 @@ TEST(FreezeMechanics, AFrozenPrefixIsBitwiseUnchangedUnderWeightDecayAndMomentum
       EXPECT_NE(now, before[size_t(i)]) << units[size_t(i)].first << " did not train";
     }
   }
+}
+
+// The same with the trainer's default, --freeze-bn batch (Note [Frozen BatchNorm
+// semantics]): the frozen prefix's parameters, BatchNorm's gamma and beta included,
+// are bitwise unchanged; only its BatchNorms' running statistics move, as they do in
+// a PyTorch layer frozen with requires_grad_(False).
+TEST(FreezeMechanics, WithBatchStatisticsAFrozenPrefixsParametersAreBitwiseUnchanged) {
+  auto m = small_resnet(1);
+  for (auto& [n, mod] : m->named_modules())
+    if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
+  optim::SGD opt(m->parameters(), 0.1, {0.9, 0, 5e-4, true});
+  for (uint64_t s = 0; s < 3; ++s) step(*m, opt, 0, s);
+  const int64_t k = 4;
+  ASSERT_TRUE(freeze::apply_frozen_prefix(*m, k));
+  auto units = m->layer_modules();
+  auto params = [&](int64_t i) {
+    std::vector<std::vector<float>> v;
+    for (auto& p : units[size_t(i)].second->parameters()) v.push_back(p.to_vector<float>());
+    return v;
+  };
+  std::vector<std::vector<std::vector<float>>> before;
+  std::vector<std::map<std::string, std::vector<float>>> state_before;
+  for (int64_t i = 0; i < int64_t(units.size()); ++i) {
+    before.push_back(params(i));
+    state_before.push_back(values(*units[size_t(i)].second));
+  }
+  for (uint64_t s = 3; s < 13; ++s) step(*m, opt, k, s);
+  for (int64_t i = 0; i < k; ++i) {
+    EXPECT_EQ(params(i), before[size_t(i)]) << units[size_t(i)].first << "'s parameters changed while frozen";
+    EXPECT_NE(values(*units[size_t(i)].second), state_before[size_t(i)])
+        << units[size_t(i)].first << ": batch statistics, so the running statistics move";
+  }
+  EXPECT_NE(params(k), before[size_t(k)]) << "the unit after the prefix did not train";
 }
 
 TEST(FreezeMechanics, UnfreezingKeepsTheFrozenParametersOptimizerState) {

@@ -146,7 +146,7 @@ class StoredRunScope(unittest.TestCase):
         with self.assertRaises(SystemExit) as e:
             tta.check_scope(old, "egeria")
         self.assertIn("--freeze-reference-scope network", str(e.exception))
-        tta.check_scope(old, "egeria-network-bootn")
+        tta.check_scope(old, "egeria-network-bootn-dynamic")
         tta.check_scope(old, "autofreeze")  # no reference
 
     def test_a_run_from_before_the_bootstrapping_flag_checked_every_n(self):
@@ -155,15 +155,27 @@ class StoredRunScope(unittest.TestCase):
             tta.check_scope(old, "egeria-firstoff-never-unit")
         self.assertIn("--freeze-bootstrap-interval n", str(e.exception))
         self.assertIn("egeria-firstoff-never-unit-bootn", str(e.exception))
-        tta.check_scope(old, "egeria-firstoff-never-unit-bootn")
+        tta.check_scope(old, "egeria-firstoff-never-unit-bootn-dynamic")
         self.assertEqual(tta.policy_args("egeria-firstoff-bootn"),
                          ["egeria", "--freeze-first-phase", "off", "--freeze-bootstrap-interval", "n"])
         with self.assertRaises(SystemExit):
             tta.check_scope(self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit",
                                           "freeze_bootstrap_interval": 0}), "egeria-bootn")
 
+    def test_a_run_from_before_the_calibration_flag_used_per_batch_scales(self):
+        old = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit", "freeze_bootstrap_interval": 0})
+        with self.assertRaises(SystemExit) as e:
+            tta.check_scope(old, "egeria")
+        self.assertIn("--freeze-reference-calibration 0", str(e.exception))
+        self.assertIn("egeria-dynamic", str(e.exception))
+        tta.check_scope(old, "egeria-dynamic")
+        self.assertEqual(tta.policy_args("egeria-keep-bootn-dynamic"),
+                         ["egeria", "--freeze-refreeze-tolerance", "keep", "--freeze-bootstrap-interval", "n",
+                          "--freeze-reference-calibration", "0"])
+
     def test_a_unit_run_is_the_default_egeria(self):
-        new = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit", "freeze_bootstrap_interval": 0})
+        new = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit", "freeze_bootstrap_interval": 0,
+                            "freeze_reference_calibration": 3})
         tta.check_scope(new, "egeria")
         tta.check_scope(new, "egeria-firstoff-never-unit")
         with self.assertRaises(SystemExit):
