@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "autograd/node.h"
 #include "core/error.h"
@@ -40,6 +41,9 @@ PlasticityController::PlasticityController(quant::ModelFactory make_model, Contr
       in_q_(size_t(std::max(1, o.capacity))),
       ref_q_(size_t(std::max(1, o.capacity))),
       res_q_(size_t(std::max(8, 4 * o.capacity))) {
+  EG_CHECK(opt_.max_cpu_load > 0, "plasticity controller: the CPU load below which the reference runs must be > 0, ",
+           "got ", opt_.max_cpu_load);
+  if (opt_.max_cpu_load < 1) cpu_load_ = opt_.cpu_load ? opt_.cpu_load : std::function<double()>(CpuLoadProbe());
   if (quant::reference_on_gpu(opt_.precision)) opt_.synchronous = true;  // see the header
   if (!opt_.synchronous) {
     ref_thread_ = std::thread([this] { reference_loop(); });
@@ -116,6 +120,48 @@ bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x,
   return true;
 }
 
+bool CpuLoadProbe::read(Sample& s) {
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return false;
+  unsigned long long v[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // user nice system idle iowait irq softirq steal
+  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                            &v[6], &v[7]);
+  std::fclose(f);
+  if (n < 4) return false;
+  s.busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+  s.total = s.busy + v[3] + v[4];
+  s.at = std::chrono::steady_clock::now();
+  return true;
+}
+
+double CpuLoadProbe::operator()() {
+  Sample now;
+  if (!have_ || std::chrono::steady_clock::now() - last_.at > std::chrono::seconds(1)) {
+    if (!read(last_)) return 0;
+    std::this_thread::sleep_for(window_);
+  }
+  if (!read(now)) return 0;
+  const uint64_t total = now.total - last_.total, busy = now.busy - last_.busy;
+  last_ = now;
+  have_ = true;
+  return total > 0 ? double(busy) / double(total) : 0;
+}
+
+void PlasticityController::wait_for_spare_cpu() {
+  if (!cpu_load_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool waited = false;
+  // drain(): the training thread waits for this result, so the CPU it leaves is spare.
+  while (!stop_ && !draining_.load() && cpu_load_() > opt_.max_cpu_load) {
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // /proc/stat counts in 10 ms ticks
+  }
+  if (waited) {
+    ++deferred_;
+    deferred_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+}
+
 void PlasticityController::reference_loop() {
   background_thread_setup(opt_);
   while (!stop_) {
@@ -124,6 +170,7 @@ void PlasticityController::reference_loop() {
       ref_bell_.wait([this] { return stop_.load() || !in_q_.empty(); });
       continue;
     }
+    wait_for_spare_cpu();
     const int64_t t0 = thread_cpu_ns();
     Pair r{in->step, in->module, std::move(in->train), Tensor(), in->train_is_gram};
     try {
@@ -176,6 +223,7 @@ std::vector<PlasticityController::Result> PlasticityController::poll() {
 void PlasticityController::drain() {
   if (opt_.synchronous) return;
   const auto t0 = std::chrono::steady_clock::now();
+  draining_ = true;
   // Keep taking results meanwhile: a full result queue would stall the plasticity thread.
   for (;;) {
     while (auto r = res_q_.try_pop()) sync_results_.push_back(*r);
@@ -184,6 +232,7 @@ void PlasticityController::drain() {
   }
   // A result pushed just before `finished_` counted it is on the queue now.
   while (auto r = res_q_.try_pop()) sync_results_.push_back(*r);
+  draining_ = false;
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -14,7 +14,11 @@
 // apply_on_arrival: the paper's acts on a result when it lands and never waits; the
 // default acts at the next evaluation step, and drain()s there if it is late). The reference is rebuilt from the latest snapshot on the reference thread.
 // Background threads run at a lower scheduling priority (nice) with their own thread
-// count, so they take the CPU the training leaves idle. `synchronous` evaluates
+// count, so they take the CPU the training leaves idle, and with max_cpu_load below 1
+// the reference forward waits until the machine's CPU load is at most that share (the
+// paper: "only at low CPU load (e.g., <50%)", so as not to get in the way of data
+// loading and other CPU work beside GPU training); while the training thread waits in
+// drain() that gate is open, the wait itself being the spare capacity. `synchronous` evaluates
 // inline instead (deterministic; for tests and reproducible runs). A reference on the
 // GPU (precision "fp32-gpu" or "fp16-gpu") is always evaluated inline, on the training thread and
 // stream: the GPU serialises the work anyway, and one thread keeps one set of CUDA
@@ -57,6 +61,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -80,6 +86,30 @@ struct ControllerOptions {
   int capacity = 2;  // queue capacity, in evaluations
   // int8: convolution inputs calibrated on this many batches (0: per batch; Note [Static activation scales]).
   int64_t calibration_batches = quant::kCalibrationBatches;
+  // The reference forward runs only while the CPU load of the whole machine is at most
+  // this share (1: always). `cpu_load` measures it (empty: CpuLoadProbe, /proc/stat).
+  double max_cpu_load = 1.0;
+  std::function<double()> cpu_load;
+};
+
+// The share of the machine's CPU time (all cores) spent busy over a short interval,
+// from /proc/stat: each call compares with the previous call's sample, or, when that
+// is older than a second (or there is none), with one taken `window` earlier.
+// 0 where /proc/stat cannot be read.
+class CpuLoadProbe {
+ public:
+  explicit CpuLoadProbe(std::chrono::milliseconds window = std::chrono::milliseconds(100)) : window_(window) {}
+  double operator()();
+
+ private:
+  struct Sample {
+    uint64_t busy = 0, total = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  static bool read(Sample& s);
+  std::chrono::milliseconds window_;
+  Sample last_;
+  bool have_ = false;
 };
 
 class PlasticityController {
@@ -133,6 +163,9 @@ class PlasticityController {
   // failure there is counted as a drop, never thrown at the training loop.
   std::string first_error() const;
   double wait_seconds() const { return wait_seconds_; }  // training-thread time spent in drain()
+  // Evaluations whose reference forward waited for the CPU load to fall, and how long.
+  int64_t deferred() const { return deferred_.load(); }
+  double deferred_seconds() const { return double(deferred_ns_.load()) * 1e-9; }
   double reference_build_count() const { return builds_.load(); }
 
  private:
@@ -151,6 +184,7 @@ class PlasticityController {
     bool train_is_gram = false;
   };
   Tensor reference_gram(const Input& in);
+  void wait_for_spare_cpu();
   void reference_loop();
   void plasticity_loop();
 
@@ -166,7 +200,9 @@ class PlasticityController {
   std::vector<Result> sync_results_;  // synchronous results, or asynchronous ones drain() collected
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> dropped_{0}, completed_{0}, submitted_{0}, finished_{0}, builds_{0};
-  std::atomic<int64_t> cpu_ns_{0};
+  std::atomic<int64_t> cpu_ns_{0}, deferred_{0}, deferred_ns_{0};
+  std::atomic<bool> draining_{false};
+  std::function<double()> cpu_load_;
   double wait_seconds_ = 0;
   void note_error(const std::string& what);
   mutable std::mutex error_mu_;

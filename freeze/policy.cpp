@@ -204,6 +204,7 @@ class EgeriaPolicy : public FreezePolicy {
     o.threads = c.reference_threads;
     o.capacity = c.queue_capacity;
     o.calibration_batches = c.reference_calibration;
+    o.max_cpu_load = c.reference_max_cpu_load;
     tracker_.custom_unfreeze = c.unfreeze_hook;
     ctl_ = std::make_unique<PlasticityController>(c.make_model ? c.make_model : quant::model_factory(c.model), o);
   }
@@ -286,7 +287,9 @@ class EgeriaPolicy : public FreezePolicy {
             {"evaluation_wait_seconds", ctl_->wait_seconds()}, {"apply", c_.apply_on_arrival ? "arrival" : "next"},
             {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"bootstrap_interval", bootstrap_n()},
             {"window", tracker_.window()},
-            {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_}};
+            {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_},
+            {"reference_max_cpu_load", c_.reference_max_cpu_load}, {"reference_deferred", ctl_->deferred()},
+            {"reference_deferred_seconds", ctl_->deferred_seconds()}};
     if (const std::string e = ctl_->first_error(); !e.empty()) j["first_evaluation_error"] = e;
     return j;
   }

@@ -56,6 +56,9 @@ struct PolicyConfig {
   // must be a function of (step, LR) for a resumed run to repeat the same decisions.
   std::function<bool(int64_t, double)> unfreeze_hook;
   int reference_threads = 1;
+  // egeria: the reference forward waits until the machine's CPU load is at most this
+  // share (1: never waits; ControllerOptions::max_cpu_load).
+  double reference_max_cpu_load = 1.0;
   int queue_capacity = 2;
   int64_t static_modules = -1, static_epoch = -1;  // static (-1: half the modules / epochs)
   double freezeout_t0 = 0.5;

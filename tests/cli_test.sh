@@ -29,6 +29,15 @@ for v in 0 -3 often 12x; do
   grep -q -- "--freeze-bootstrap-interval: must be auto, n or a positive number" <<<"$out" \
     || fail "freeze-bootstrap-interval $v message: $out"
 done
+for v in 0 150 half 50%; do
+  out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-reference-max-load "$v" --out "$work/x" 2>&1) \
+    && fail "--freeze-reference-max-load $v accepted"
+  grep -q -- "--freeze-reference-max-load must be auto or a percentage" <<<"$out" \
+    || fail "freeze-reference-max-load $v message: $out"
+done
+out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-reference-calibration -1 --out "$work/x" 2>&1) \
+  && fail "negative --freeze-reference-calibration accepted"
+grep -q -- "--freeze-reference-calibration" <<<"$out" || fail "freeze-reference-calibration message: $out"
 out=$("$egeria" eval --out "$work/none" 2>&1) && fail "eval without checkpoint accepted"
 grep -q "checkpoint.safetensors" <<<"$out" || fail "eval message: $out"
 

@@ -311,6 +311,55 @@ TEST(FreezeMechanics, TheBackgroundControllerDropsWhatFindsThePipelineFullAndCou
   EXPECT_GT(ctl.wait_seconds(), 0.0) << "drain() waited for the slow build, and said so";
 }
 
+// The reference runs only at low CPU load (the paper's "<50%"): while the probe reads
+// the machine busier than max_cpu_load the evaluation waits (training does not: submit
+// returns at once); when the load falls it runs; and drain(), where training waits for
+// the result anyway, opens the gate.
+TEST(FreezeMechanics, TheReferenceWaitsForSpareCpuUnlessTrainingWaitsForIt) {
+  auto m = small_resnet(4);
+  m->eval();
+  Batch b = batch(6);
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 1;
+  mc.image_size = 16;
+  auto load = std::make_shared<std::atomic<double>>(0.9);
+  freeze::ControllerOptions o;
+  o.precision = "fp32";
+  o.max_cpu_load = 0.5;
+  o.cpu_load = [load] { return load->load(); };
+  freeze::PlasticityController ctl(mc, o);
+  ctl.set_snapshot(std::make_shared<freeze::Snapshot>(m->state_dict()));
+  Tensor out;
+  {
+    autograd::NoGradGuard ng;
+    out = m->layer_output(b.x, Tensor(), 2);
+  }
+  auto wait_until = [](auto done) {
+    for (int i = 0; i < 400 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return done();
+  };
+  ASSERT_TRUE(ctl.submit(1, 2, b.x, out));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(ctl.completed(), 0) << "the reference ran at 90% load";
+  load->store(0.2);
+  EXPECT_TRUE(wait_until([&] { return ctl.completed() == 1; })) << "the load fell, the reference did not run";
+  EXPECT_EQ(ctl.deferred(), 1);
+  EXPECT_GT(ctl.deferred_seconds(), 0.2);
+  load->store(0.95);
+  ASSERT_TRUE(ctl.submit(2, 2, b.x, out));
+  ctl.drain();  // returns: the gate is open while training waits
+  EXPECT_EQ(ctl.completed(), 2);
+  EXPECT_EQ(ctl.poll().size(), 2u);
+  // The /proc/stat probe reads a share of the machine.
+  freeze::CpuLoadProbe probe(std::chrono::milliseconds(20));
+  const double l = probe();
+  EXPECT_GE(l, 0.0);
+  EXPECT_LE(l, 1.0);
+  o.max_cpu_load = 0;
+  EXPECT_THROW(freeze::PlasticityController(mc, o), Error);
+}
+
 // ---- through the trainer
 
 std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_freeze_" + name); }

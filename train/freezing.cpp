@@ -17,6 +17,21 @@ namespace {
 void append(const std::string& path, const json& j) { detail::append_json_line(path, j.dump()); }
 }  // namespace
 
+double reference_max_cpu_load(const TrainConfig& c) {
+  const std::string& v = c.freeze_reference_max_load;
+  if (v == "auto") return Device::parse(c.device).is_cuda() ? 0.5 : 1.0;
+  double pct = -1;
+  size_t used = 0;
+  try {
+    pct = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  EG_CHECK(used == v.size() && used > 0 && pct > 0 && pct <= 100, "--freeze-reference-max-load must be auto or a ",
+           "percentage of the machine's CPU in (0, 100], got '", v, "'");
+  return pct / 100;
+}
+
 freeze::PolicyConfig policy_config(const TrainConfig& c) {
   freeze::PolicyConfig pc;
   pc.name = c.freeze;
@@ -38,6 +53,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.synchronous = c.freeze_sync;
   pc.apply_on_arrival = c.freeze_apply == "arrival";
   pc.reference_threads = c.freeze_threads;
+  pc.reference_max_cpu_load = reference_max_cpu_load(c);
   pc.static_modules = c.static_modules;
   pc.static_epoch = c.static_epoch;
   pc.freezeout_t0 = c.freezeout_t0;

@@ -82,5 +82,8 @@ class FreezeRun {
 
 // The PolicyConfig fields that come straight from the flags.
 freeze::PolicyConfig policy_config(const TrainConfig& c);
+// --freeze-reference-max-load as a share of the CPU (1: the reference never waits);
+// throws naming the flag on a value that is not auto or a percentage in (0, 100].
+double reference_max_cpu_load(const TrainConfig& c);
 
 }  // namespace eg::train

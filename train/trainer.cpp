@@ -287,6 +287,7 @@ void validate(const TrainConfig& c) {
     const auto precisions = quant::reference_precisions();
     EG_CHECK(std::find(precisions.begin(), precisions.end(), c.freeze_reference) != precisions.end(),
              "--freeze-reference must be int8, fp32, fp32-gpu or fp16-gpu, got '", c.freeze_reference, "'");
+    (void)reference_max_cpu_load(c);  // a clear error before anything runs
     EG_CHECK(c.freeze_reference_calibration >= 0, "--freeze-reference-calibration must be >= 0 batches (0: every "
              "batch its own scales), got ", c.freeze_reference_calibration);
     EG_CHECK(c.freeze_reference_scope == "network" || c.freeze_reference_scope == "unit",

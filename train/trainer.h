@@ -79,6 +79,10 @@ struct TrainConfig {
   // setting (on unless EG_CPU_WINOGRAD=0).
   std::string cpu_winograd;  // egeria: act on a background evaluation at the next one, or on "arrival"
   int freeze_threads = 1;             // egeria: threads of each background thread
+  // egeria: the reference forward runs only while the machine's CPU load is at most this
+  // percentage ("auto": 50 when training on a GPU, as the paper; 100, never waiting, when
+  // training on the CPU, whose training threads keep the cores busy by design).
+  std::string freeze_reference_max_load = "auto";
   int64_t static_modules = -1, static_epoch = -1;
   double freezeout_t0 = 0.5, autofreeze_percentile = 50;
   double adam_beta1 = 0.9, adam_beta2 = 0.999;
