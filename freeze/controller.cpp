@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "autograd/node.h"
 #include "core/error.h"
@@ -63,19 +65,29 @@ void PlasticityController::set_snapshot(std::shared_ptr<const Snapshot> snap) { 
 
 Tensor PlasticityController::reference_gram(const Input& in) {
   if (in.snap != built_from_) {
+    ref_.reset();
+    built_from_.reset();
     ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap, opt_.gpu, opt_.calibration_batches);
-    if (in.snap == restored_for_) ref_->set_calibration(restored_);
-    restored_for_.reset();
-    restored_.clear();
+    const bool restore = in.snap == restored_for_;
+    quant::Calibration cal = std::exchange(restored_, {});
+    restored_for_.reset();  // once, whether or not it applies cleanly
+    if (restore) ref_->set_calibration(cal);
     built_from_ = in.snap;
     ++builds_;
   }
   autograd::NoGradGuard ng;
-  if (in.unit_input.defined()) return sp_gram(ref_->activation_from(in.unit_input, in.begin, in.module));
-  return sp_gram(ref_->activation(in.x, in.module, in.x2));
+  Tensor g = in.unit_input.defined() ? sp_gram(ref_->activation_from(in.unit_input, in.begin, in.module))
+                                     : sp_gram(ref_->activation(in.x, in.module, in.x2));
+  const Tensor h = g.to(Device::cpu());
+  const float* p = h.data<float>();
+  for (int64_t i = 0; i < h.numel(); ++i)
+    EG_CHECK(std::isfinite(p[i]), "the reference model's output of layer module ", in.module,
+             " holds NaN or Inf (a diverged snapshot?)");
+  return g;
 }
 
 quant::Calibration PlasticityController::calibration_for(const std::shared_ptr<const Snapshot>& snap) const {
+  if (snap && snap == restored_for_) return restored_;  // restored, and no evaluation since
   if (!ref_ || !snap || built_from_ != snap) return {};
   return ref_->calibration();
 }
@@ -141,10 +153,11 @@ double CpuLoadProbe::operator()() {
     std::this_thread::sleep_for(window_);
   }
   if (!read(now)) return 0;
-  const uint64_t total = now.total - last_.total, busy = now.busy - last_.busy;
+  // Signed: iowait may go backwards (proc(5)).
+  const double total = double(int64_t(now.total - last_.total)), busy = double(int64_t(now.busy - last_.busy));
   last_ = now;
   have_ = true;
-  return total > 0 ? double(busy) / double(total) : 0;
+  return total > 0 ? std::min(1.0, std::max(0.0, busy / total)) : 0;
 }
 
 void PlasticityController::wait_for_spare_cpu() {
@@ -152,7 +165,7 @@ void PlasticityController::wait_for_spare_cpu() {
   const auto t0 = std::chrono::steady_clock::now();
   bool waited = false;
   // drain(): the training thread waits for this result, so the CPU it leaves is spare.
-  while (!stop_ && !draining_.load() && cpu_load_() > opt_.max_cpu_load) {
+  while (!stop_ && !draining_.load() && cpu_load_() > opt_.max_cpu_load && !draining_.load()) {
     waited = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // /proc/stat counts in 10 ms ticks
   }
@@ -171,6 +184,7 @@ void PlasticityController::reference_loop() {
       continue;
     }
     wait_for_spare_cpu();
+    if (stop_) break;
     const int64_t t0 = thread_cpu_ns();
     Pair r{in->step, in->module, std::move(in->train), Tensor(), in->train_is_gram};
     try {

@@ -12,14 +12,15 @@
 // An evaluation that finds the pipeline full is dropped and counted; submit() never
 // waits. Whether training waits for results is the policy's choice (PolicyConfig::
 // apply_on_arrival: the paper's acts on a result when it lands and never waits; the
-// default acts at the next evaluation step, and drain()s there if it is late). The reference is rebuilt from the latest snapshot on the reference thread.
+// default acts at the next evaluation step, and drain()s there if it is late). The
+// reference is rebuilt from the latest snapshot on the reference thread.
 // Background threads run at a lower scheduling priority (nice) with their own thread
 // count, so they take the CPU the training leaves idle, and with max_cpu_load below 1
 // the reference forward waits until the machine's CPU load is at most that share (the
 // paper: "only at low CPU load (e.g., <50%)", so as not to get in the way of data
 // loading and other CPU work beside GPU training); while the training thread waits in
-// drain() that gate is open, the wait itself being the spare capacity. `synchronous` evaluates
-// inline instead (deterministic; for tests and reproducible runs). A reference on the
+// drain() that gate is open, the wait itself being the spare capacity.
+// `synchronous` evaluates inline instead (deterministic; for tests and reproducible runs). A reference on the
 // GPU (precision "fp32-gpu" or "fp16-gpu") is always evaluated inline, on the training thread and
 // stream: the GPU serialises the work anyway, and one thread keeps one set of CUDA
 // handles.
@@ -166,6 +167,8 @@ class PlasticityController {
   // Evaluations whose reference forward waited for the CPU load to fall, and how long.
   int64_t deferred() const { return deferred_.load(); }
   double deferred_seconds() const { return double(deferred_ns_.load()) * 1e-9; }
+  // The gate in force: 1 (none) for an inline (synchronous or GPU) reference.
+  double max_cpu_load() const { return opt_.synchronous ? 1.0 : opt_.max_cpu_load; }
   double reference_build_count() const { return builds_.load(); }
 
  private:

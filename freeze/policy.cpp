@@ -288,7 +288,7 @@ class EgeriaPolicy : public FreezePolicy {
             {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"bootstrap_interval", bootstrap_n()},
             {"window", tracker_.window()},
             {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_},
-            {"reference_max_cpu_load", c_.reference_max_cpu_load}, {"reference_deferred", ctl_->deferred()},
+            {"reference_max_cpu_load", ctl_->max_cpu_load()}, {"reference_deferred", ctl_->deferred()},
             {"reference_deferred_seconds", ctl_->deferred_seconds()}};
     if (const std::string e = ctl_->first_error(); !e.empty()) j["first_evaluation_error"] = e;
     return j;

@@ -51,8 +51,8 @@ struct PolicyConfig {
   // there if it is late (the default: the same run makes the same decisions).
   bool apply_on_arrival = false;
   // egeria: the unfreezing hook for cyclic LR schedules (§4.2.2), called at every step
-  // after bootstrapping with (step, LR); true unfreezes every unit while any is frozen
-  // (freeze.jsonl: an "unfreeze" with reason "custom"), as an LR fall does. Its answers
+  // while a unit is frozen with (step, LR); true unfreezes every unit (freeze.jsonl: an
+  // "unfreeze" with reason "custom"), as an LR fall does. Its answers
   // must be a function of (step, LR) for a resumed run to repeat the same decisions.
   std::function<bool(int64_t, double)> unfreeze_hook;
   int reference_threads = 1;

@@ -17,6 +17,7 @@ using dt = memory::data_type;
 template <class Q>
 inline Q quantize_one(float v, float scale, int lo, int hi) {
   float r = std::nearbyint(v * scale);
+  if (std::isnan(r)) r = 0;  // (the range check rejects NaN; past calibration nothing looks)
   r = std::min(std::max(r, float(lo)), float(hi));
   return Q(int(r));
 }
@@ -95,6 +96,7 @@ ActQuant ActObserver::quant(const Tensor& x) {
   if (calibration_batches_ <= 0) return choose_act_quant(x);
   if (!calibrated()) {
     const ActRange r = act_range(x);
+    if (r.lo == 0.f && r.hi == 0.f) return act_quant_from(range_);  // all zeros: no range to learn, not counted
     range_ = range_.batches == 0 ? r : ActRange{std::min(range_.lo, r.lo), std::max(range_.hi, r.hi), range_.batches + 1};
   }
   return act_quant_from(range_);

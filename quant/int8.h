@@ -49,8 +49,8 @@ ActRange act_range(const Tensor& x);          // of one tensor (f32, CPU; NaN/In
 ActQuant act_quant_from(const ActRange& r);   // u8 when lo >= 0, else s8; max(|lo|, hi) maps to the top
 
 // The input quantisation of one layer (Note [Static activation scales]): the first
-// `calibration_batches` inputs widen the range, later ones use it as it is. 0: every
-// input its own range. One caller at a time.
+// `calibration_batches` inputs widen the range (an all-zero input does not count), later
+// ones use it as it is. 0: every input its own range. One caller at a time.
 class ActObserver {
  public:
   explicit ActObserver(int64_t calibration_batches) : calibration_batches_(calibration_batches) {}

@@ -64,8 +64,8 @@ class Int8Reference : public Fp32Reference {
   void set_calibration(const Calibration& c) override {
     for (auto& [name, r] : c) {
       auto it = observers_.find(name);
-      EG_CHECK(it != observers_.end(), "int8 reference: the calibration names a convolution '", name,
-               "' that the model does not have");
+      EG_CHECK(it != observers_.end(), "int8 reference: the checkpoint's calibration names a convolution '", name,
+               "' that the model does not have (a checkpoint of another model?)");
       it->second->set_range(r);
     }
   }

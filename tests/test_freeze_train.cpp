@@ -324,10 +324,14 @@ TEST(FreezeMechanics, TheReferenceWaitsForSpareCpuUnlessTrainingWaitsForIt) {
   mc.in_channels = 1;
   mc.image_size = 16;
   auto load = std::make_shared<std::atomic<double>>(0.9);
+  auto probed = std::make_shared<std::atomic<int>>(0);
   freeze::ControllerOptions o;
   o.precision = "fp32";
   o.max_cpu_load = 0.5;
-  o.cpu_load = [load] { return load->load(); };
+  o.cpu_load = [load, probed] {
+    ++*probed;
+    return load->load();
+  };
   freeze::PlasticityController ctl(mc, o);
   ctl.set_snapshot(std::make_shared<freeze::Snapshot>(m->state_dict()));
   Tensor out;
@@ -340,12 +344,14 @@ TEST(FreezeMechanics, TheReferenceWaitsForSpareCpuUnlessTrainingWaitsForIt) {
     return done();
   };
   ASSERT_TRUE(ctl.submit(1, 2, b.x, out));
+  ASSERT_TRUE(wait_until([&] { return probed->load() > 0; })) << "the reference thread never asked for the load";
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(ctl.completed(), 0) << "the reference ran at 90% load";
+  EXPECT_GT(probed->load(), 1) << "the gate did not look again";
   load->store(0.2);
   EXPECT_TRUE(wait_until([&] { return ctl.completed() == 1; })) << "the load fell, the reference did not run";
   EXPECT_EQ(ctl.deferred(), 1);
-  EXPECT_GT(ctl.deferred_seconds(), 0.2);
+  EXPECT_GT(ctl.deferred_seconds(), 0.25);
   load->store(0.95);
   ASSERT_TRUE(ctl.submit(2, 2, b.x, out));
   ctl.drain();  // returns: the gate is open while training waits
@@ -481,15 +487,19 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   expect_same_weights(a, b);
   EXPECT_EQ(decisions(b, false), decisions(a, false)) << "the same decisions, in the same order";
   // And the same readings, to the last bit: the int8 reference's calibration (Note
-  // [Static activation scales]) travels in the checkpoint with its snapshot.
+  // [Static activation scales]) travels in the checkpoint with its snapshot, also
+  // through a checkpoint written right after a resume, before any evaluation.
   EXPECT_EQ(readings(b), readings(a));
+  // (Killed at step 34, between two readings of a calibrating reference, and again one
+  // step after the resume, before its next reading.)
+  const std::string c = tmpdir("egeria_killed_close");
+  ASSERT_TRUE(run_killed_twice(run_cfg(c, "egeria"), 34, 1));
+  expect_same_weights(a, c);
+  EXPECT_EQ(readings(c), readings(a));
 }
 
-// --freeze-last-phase off: the schedule's last phase (here epoch 3 on, LR 0.005, the
-// final LR) freezes nothing and ends with every module active; before it, freezing
-// works as usual.
 // The cyclic-schedule hook of the C++ API (TrainConfig::freeze_unfreeze_hook): asked at
-// every step after bootstrapping, and when it says so every unit unfreezes there, as
+// every step while a unit is frozen, and when it says so every unit unfreezes there, as
 // on an LR fall, with the reason "custom" in freeze.jsonl.
 TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
   std::string a = tmpdir("egeria_nohook"), b = tmpdir("egeria_hook");
@@ -528,6 +538,9 @@ TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
   EXPECT_NE(decisions(b, false), decisions(a, false));
 }
 
+// --freeze-last-phase off: the schedule's last phase (here epoch 3 on, LR 0.005, the
+// final LR) freezes nothing and ends with every module active; before it, freezing
+// works as usual.
 TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
   std::string d = tmpdir("egeria_lastoff");
   auto c = run_cfg(d, "egeria");
@@ -814,6 +827,21 @@ TEST(FreezeTrainer, ResumeRefusesAnotherReferenceScope) {
   c.freeze_reference_scope = "network";
   c.stop_after_steps = 4;
   EXPECT_FALSE(train::run_training(c).completed) << "resumed, and stopped again";
+}
+
+// Likewise the int8 reference's calibration (a checkpoint from before the flag
+// quantised every batch with its own scales, as --freeze-reference-calibration 0).
+TEST(FreezeTrainer, ResumeRefusesAnotherReferenceCalibration) {
+  auto c = run_cfg(tmpdir("calibration_resume"), "egeria");
+  c.freeze_reference_calibration = 0;
+  c = expect_resume_refused(
+      c, [](train::TrainConfig& r) { r.freeze_reference_calibration = 3; }, "--freeze-reference-calibration 0");
+  c.freeze_reference_calibration = 0;
+  c.stop_after_steps = 4;
+  EXPECT_FALSE(train::run_training(c).completed) << "resumed, and stopped again";
+  auto cfg = nlohmann::json::parse(std::ifstream(c.out + "/config.json"));
+  EXPECT_EQ(cfg["freeze_reference_calibration"], 0);
+  EXPECT_EQ(cfg["freeze_reference_max_load"], "auto");
 }
 
 // Every Egeria flag of `train` reaches the tracker as given (train/freezing.cpp), and a

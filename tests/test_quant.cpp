@@ -132,6 +132,12 @@ TEST(QuantConv, StaticScalesAreCalibratedOnTheFirstBatchesThenKept) {
   Tensor got = conv.forward(x3, after).to_plain(), ref = conv.forward_ref(x3, after);
   for (int64_t i = 0; i < got.numel(); ++i)
     ASSERT_NEAR(got.data<float>()[i], ref.data<float>()[i], 1e-5f * (1.f + std::fabs(ref.data<float>()[i]))) << i;
+  // An all-zero input (a dead channel group, an empty batch) teaches no range: not counted.
+  quant::ActObserver zeros(1);
+  (void)zeros.quant(Tensor::zeros({2, 3, 6, 6}));
+  EXPECT_FALSE(zeros.calibrated());
+  EXPECT_FLOAT_EQ(zeros.quant(x1).scale, 255.f);
+  EXPECT_TRUE(zeros.calibrated());
   // 0 batches: every input its own scale.
   quant::ActObserver dynamic(0);
   EXPECT_EQ(dynamic.quant(x3).scale, quant::choose_act_quant(x3).scale);

@@ -173,7 +173,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"next", "arrival"}));
   train->add_option("--freeze-reference-max-load", c.freeze_reference_max_load,
                     "egeria: run the reference forward only while the machine's CPU load is at most this percentage "
-                    "(auto: 50 when training on a GPU, as the paper; 100, never waiting, when training on the CPU)")
+                    "(auto: 50 when training on a GPU with --freeze-apply arrival, as the paper; else 100, never "
+                    "waiting)")
       ->capture_default_str();
   train->add_option("--freeze-threads", c.freeze_threads, "egeria: threads of each background thread")
       ->capture_default_str()

@@ -19,7 +19,10 @@ void append(const std::string& path, const json& j) { detail::append_json_line(p
 
 double reference_max_cpu_load(const TrainConfig& c) {
   const std::string& v = c.freeze_reference_max_load;
-  if (v == "auto") return Device::parse(c.device).is_cuda() ? 0.5 : 1.0;
+  // auto: the paper's gate where it fits, beside GPU training whose results are acted
+  // on when they arrive; with --freeze-apply next training waits for each result at the
+  // next evaluation, so a reference held back by the gate would stall it there.
+  if (v == "auto") return Device::parse(c.device).is_cuda() && c.freeze_apply == "arrival" ? 0.5 : 1.0;
   double pct = -1;
   size_t used = 0;
   try {
@@ -28,7 +31,7 @@ double reference_max_cpu_load(const TrainConfig& c) {
     used = 0;
   }
   EG_CHECK(used == v.size() && used > 0 && pct > 0 && pct <= 100, "--freeze-reference-max-load must be auto or a ",
-           "percentage of the machine's CPU in (0, 100], got '", v, "'");
+           "percentage of the machine's CPU, a number in (0, 100] without %, got '", v, "'");
   return pct / 100;
 }
 

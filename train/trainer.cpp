@@ -77,6 +77,8 @@ json config_json(const TrainConfig& c) {
           {"freeze_first_phase", c.freeze_first_phase}, {"freeze_unfreeze", c.freeze_unfreeze},
           {"freeze_bn", c.freeze_bn}, {"augment_mode", c.augment_mode}, {"freeze_cache", c.freeze_cache},
           {"freeze_reference", c.freeze_reference}, {"freeze_reference_scope", c.freeze_reference_scope},
+          {"freeze_reference_calibration", c.freeze_reference_calibration},
+          {"freeze_reference_max_load", c.freeze_reference_max_load},
           {"freeze_sync", c.freeze_sync}, {"freeze_apply", c.freeze_apply},
           {"cpu_winograd", c.cpu_winograd.empty() ? (cpu_winograd() ? "on" : "off") : c.cpu_winograd}};
 }
@@ -354,6 +356,12 @@ Summary run_training(const TrainConfig& cin) {
     EG_CHECK(c.freeze != "egeria" || scope == c.freeze_reference_scope, "--resume: '", ckpt,
              "' was trained with --freeze-reference-scope ", scope, "; pass --freeze-reference-scope ", scope,
              " to continue its freezing decisions");
+    // Likewise the int8 reference's calibration: a checkpoint without it predates the
+    // flag and quantised every batch with its own scales.
+    const int64_t calibration = scfg.value("freeze_reference_calibration", int64_t(0));
+    EG_CHECK(c.freeze != "egeria" || c.freeze_reference != "int8" || calibration == c.freeze_reference_calibration,
+             "--resume: '", ckpt, "' was trained with --freeze-reference-calibration ", calibration,
+             "; pass --freeze-reference-calibration ", calibration, " to continue its freezing decisions");
     TensorMap ms, os;
     for (auto& [k, t] : all) {
       if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;

@@ -55,8 +55,8 @@ struct TrainConfig {
   std::string freeze_last_phase = "on";  // egeria: "off": the schedule's last LR phase trains whole
   std::string freeze_first_phase = "on";  // egeria: "off": freezes held until the LR first falls 10x
   std::string freeze_unfreeze = "lr";     // egeria: "never": an LR fall does not unfreeze
-  // egeria, for embedders with cyclic LR schedules: called at every step after
-  // bootstrapping with (step, LR); true unfreezes every unit (freeze::PolicyConfig::unfreeze_hook).
+  // egeria, for embedders with cyclic LR schedules: called at every step while a unit is
+  // frozen with (step, LR); true unfreezes every unit (freeze::PolicyConfig::unfreeze_hook).
   std::function<bool(int64_t, double)> freeze_unfreeze_hook;
   std::string freeze_reference = "int8";
   // egeria, int8 reference: convolution inputs calibrated on this many batches after
@@ -80,8 +80,9 @@ struct TrainConfig {
   std::string cpu_winograd;  // egeria: act on a background evaluation at the next one, or on "arrival"
   int freeze_threads = 1;             // egeria: threads of each background thread
   // egeria: the reference forward runs only while the machine's CPU load is at most this
-  // percentage ("auto": 50 when training on a GPU, as the paper; 100, never waiting, when
-  // training on the CPU, whose training threads keep the cores busy by design).
+  // percentage ("auto": 50 when training on a GPU with freeze_apply "arrival", as the
+  // paper; else 100, never waiting: CPU training keeps the cores busy by design, and with
+  // "next" training would wait for a held-back reference at the next evaluation).
   std::string freeze_reference_max_load = "auto";
   int64_t static_modules = -1, static_epoch = -1;
   double freezeout_t0 = 0.5, autofreeze_percentile = 50;
