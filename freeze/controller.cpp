@@ -32,6 +32,16 @@ void background_thread_setup(const ControllerOptions& o) {
 
 void idle() { std::this_thread::sleep_for(std::chrono::microseconds(500)); }
 
+// A reading from the two Grams. NaN or Inf (a diverged snapshot or training step; past
+// calibration the int8 reference no longer looks at its inputs' values) is an error,
+// never a reading.
+double plasticity_of(const Tensor& train_gram, const Tensor& ref_gram, int64_t module) {
+  const double p = sp_loss_from_grams(train_gram, ref_gram);
+  EG_CHECK(std::isfinite(p), "the plasticity of layer module ", module,
+           " is NaN or Inf: the reference model's or the training model's output diverged");
+  return p;
+}
+
 }  // namespace
 
 PlasticityController::PlasticityController(const models::ModelConfig& mc, ControllerOptions o)
@@ -76,14 +86,8 @@ Tensor PlasticityController::reference_gram(const Input& in) {
     ++builds_;
   }
   autograd::NoGradGuard ng;
-  Tensor g = in.unit_input.defined() ? sp_gram(ref_->activation_from(in.unit_input, in.begin, in.module))
-                                     : sp_gram(ref_->activation(in.x, in.module, in.x2));
-  const Tensor h = g.to(Device::cpu());
-  const float* p = h.data<float>();
-  for (int64_t i = 0; i < h.numel(); ++i)
-    EG_CHECK(std::isfinite(p[i]), "the reference model's output of layer module ", in.module,
-             " holds NaN or Inf (a diverged snapshot?)");
-  return g;
+  if (in.unit_input.defined()) return sp_gram(ref_->activation_from(in.unit_input, in.begin, in.module));
+  return sp_gram(ref_->activation(in.x, in.module, in.x2));
 }
 
 quant::Calibration PlasticityController::calibration_for(const std::shared_ptr<const Snapshot>& snap) const {
@@ -118,7 +122,7 @@ bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x,
     const int64_t t0 = thread_cpu_ns();
     Tensor gr = reference_gram(in);
     Tensor gt = in.train_is_gram ? in.train : sp_gram(in.train);
-    sync_results_.push_back({step, module, sp_loss_from_grams(gt, gr)});
+    sync_results_.push_back({step, module, plasticity_of(gt, gr, module)});
     cpu_ns_ += thread_cpu_ns() - t0;
     ++completed_;
     return true;
@@ -165,6 +169,7 @@ void PlasticityController::wait_for_spare_cpu() {
   const auto t0 = std::chrono::steady_clock::now();
   bool waited = false;
   // drain(): the training thread waits for this result, so the CPU it leaves is spare.
+  // (draining_ is read again after the probe, which may sleep for its window.)
   while (!stop_ && !draining_.load() && cpu_load_() > opt_.max_cpu_load && !draining_.load()) {
     waited = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // /proc/stat counts in 10 ms ticks
@@ -212,7 +217,7 @@ void PlasticityController::plasticity_loop() {
     if (p->ref.defined()) {
       try {
         Tensor gt = p->train_is_gram ? p->train : sp_gram(p->train);
-        Result res{p->step, p->module, sp_loss_from_grams(gt, p->ref)};
+        Result res{p->step, p->module, plasticity_of(gt, p->ref, p->module)};
         while (!stop_ && !res_q_.try_push(std::move(res))) idle();
         ok = true;
       } catch (const std::exception& e) {

@@ -52,8 +52,8 @@ struct PolicyConfig {
   bool apply_on_arrival = false;
   // egeria: the unfreezing hook for cyclic LR schedules (§4.2.2), called at every step
   // while a unit is frozen with (step, LR); true unfreezes every unit (freeze.jsonl: an
-  // "unfreeze" with reason "custom"), as an LR fall does. Its answers
-  // must be a function of (step, LR) for a resumed run to repeat the same decisions.
+  // "unfreeze" with reason "custom"), as an LR fall does. Its answers must be a function
+  // of (step, LR) for a resumed run to repeat the same decisions.
   std::function<bool(int64_t, double)> unfreeze_hook;
   int reference_threads = 1;
   // egeria: the reference forward waits until the machine's CPU load is at most this

@@ -32,7 +32,8 @@ std::vector<float> row(const Tensor& t, int64_t i) {
 class ActivationCacheTiers : public ::testing::TestWithParam<cache::Tier> {};
 
 TEST_P(ActivationCacheTiers, StoresAndGathersBySampleId) {
-  cache::ActivationCache c(tmpdir("basic"), 20, GetParam());
+  // A folder per tier: ctest runs the two instances in parallel processes.
+  cache::ActivationCache c(tmpdir(GetParam() == cache::Tier::disk ? "basic_disk" : "basic_memory"), 20, GetParam());
   EXPECT_EQ(c.key(), -1);
   EXPECT_FALSE(c.contains({1}));
   c.set_key(0);

@@ -28,13 +28,22 @@ using namespace eg;
 
 namespace {
 
-models::ModelPtr small_resnet(uint64_t seed) {
+// ResNet-20 on 16x16 single-channel images: small enough for many steps in a test.
+models::ModelConfig small_config() {
   models::ModelConfig mc;
   mc.name = "resnet20";
   mc.in_channels = 1;
   mc.image_size = 16;
+  return mc;
+}
+models::ModelPtr small_resnet(uint64_t seed) {
   Generator g(seed);
-  return models::build_model(mc, g);
+  return models::build_model(small_config(), g);
+}
+// Layer module `module`'s output for x, as the training model hands it to the controller.
+Tensor output_of(models::Model& m, const Tensor& x, int64_t module) {
+  autograd::NoGradGuard ng;
+  return m.layer_output(x, Tensor(), module);
 }
 
 struct Batch {
@@ -231,10 +240,7 @@ TEST(FreezeMechanics, AControllerGivenTheUnitInputRunsOnlyTheUnit) {
   m->eval();
   moved->eval();
   Batch b = batch(6);
-  models::ModelConfig mc;
-  mc.name = "resnet20";
-  mc.in_channels = 1;
-  mc.image_size = 16;
+  const models::ModelConfig mc = small_config();
   auto snap = std::make_shared<freeze::Snapshot>(m->state_dict());
   freeze::ControllerOptions o;
   o.precision = "fp32";
@@ -265,10 +271,7 @@ TEST(FreezeMechanics, TheBackgroundControllerDropsWhatFindsThePipelineFullAndCou
   auto m = small_resnet(4);
   m->eval();
   Batch b = batch(6);
-  models::ModelConfig mc;
-  mc.name = "resnet20";
-  mc.in_channels = 1;
-  mc.image_size = 16;
+  const models::ModelConfig mc = small_config();
   freeze::ControllerOptions o;
   o.precision = "int8";
   o.capacity = 1;
@@ -279,11 +282,7 @@ TEST(FreezeMechanics, TheBackgroundControllerDropsWhatFindsThePipelineFullAndCou
   };
   freeze::PlasticityController ctl(slow_factory, o);
   ctl.set_snapshot(std::make_shared<freeze::Snapshot>(m->state_dict()));
-  Tensor out;
-  {
-    autograd::NoGradGuard ng;
-    out = m->layer_output(b.x, Tensor(), 2);
-  }
+  const Tensor out = output_of(*m, b.x, 2);
   const int n = 20;
   int accepted = 0;
   std::vector<int64_t> accepted_steps;
@@ -311,6 +310,30 @@ TEST(FreezeMechanics, TheBackgroundControllerDropsWhatFindsThePipelineFullAndCou
   EXPECT_GT(ctl.wait_seconds(), 0.0) << "drain() waited for the slow build, and said so";
 }
 
+// A diverged snapshot (a NaN weight) gives a NaN reading: the evaluation is dropped and
+// its cause kept, never a reading for Algorithm 1 (nor an exception in training).
+TEST(FreezeMechanics, ANonFiniteReadingIsADroppedEvaluationWithItsCause) {
+  auto m = small_resnet(4);
+  m->eval();
+  Batch b = batch(6);
+  auto snap = std::make_shared<freeze::Snapshot>(m->state_dict());
+  for (auto& [k, t] : *snap)  // every convolution's first weight
+    if (k.find("conv") != std::string::npos && t.dtype() == DType::f32) {
+      t = t.clone();
+      t.data<float>()[0] = std::nanf("");
+    }
+  freeze::ControllerOptions o;
+  o.precision = "fp32";
+  freeze::PlasticityController ctl(small_config(), o);
+  ctl.set_snapshot(snap);
+  ASSERT_TRUE(ctl.submit(1, 2, b.x, output_of(*m, b.x, 2)));
+  ctl.drain();
+  EXPECT_EQ(ctl.completed(), 0);
+  EXPECT_EQ(ctl.dropped(), 1);
+  EXPECT_TRUE(ctl.poll().empty());
+  EXPECT_NE(ctl.first_error().find("NaN or Inf"), std::string::npos) << ctl.first_error();
+}
+
 // The reference runs only at low CPU load (the paper's "<50%"): while the probe reads
 // the machine busier than max_cpu_load the evaluation waits (training does not: submit
 // returns at once); when the load falls it runs; and drain(), where training waits for
@@ -319,10 +342,7 @@ TEST(FreezeMechanics, TheReferenceWaitsForSpareCpuUnlessTrainingWaitsForIt) {
   auto m = small_resnet(4);
   m->eval();
   Batch b = batch(6);
-  models::ModelConfig mc;
-  mc.name = "resnet20";
-  mc.in_channels = 1;
-  mc.image_size = 16;
+  const models::ModelConfig mc = small_config();
   auto load = std::make_shared<std::atomic<double>>(0.9);
   auto probed = std::make_shared<std::atomic<int>>(0);
   freeze::ControllerOptions o;
@@ -334,11 +354,7 @@ TEST(FreezeMechanics, TheReferenceWaitsForSpareCpuUnlessTrainingWaitsForIt) {
   };
   freeze::PlasticityController ctl(mc, o);
   ctl.set_snapshot(std::make_shared<freeze::Snapshot>(m->state_dict()));
-  Tensor out;
-  {
-    autograd::NoGradGuard ng;
-    out = m->layer_output(b.x, Tensor(), 2);
-  }
+  const Tensor out = output_of(*m, b.x, 2);
   auto wait_until = [](auto done) {
     for (int i = 0; i < 400 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return done();
