@@ -13,7 +13,7 @@ namespace eg::fn {
 // ---- convolution, normalisation, pooling, activations (functions_nn.cpp)
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p);
 // training: batch statistics, running stats updated in place (when defined).
-// !training: running statistics. See Note [Frozen BatchNorm semantics] in layers/batchnorm.h.
+// !training: running statistics. See Note [Frozen BatchNorm semantics] in layers/layers.h.
 // relu: max(batch_norm(x), 0) in one fused op (one pass fewer each way than
 // relu(batch_norm(x)), and one activation fewer kept for the backward).
 // residual (shaped like x): [relu](batch_norm(x) + residual), a residual block's end

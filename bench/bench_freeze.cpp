@@ -46,7 +46,7 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k, bool 
   auto m = models::build_model(mc, g);
   m->to(dev);
   m->train();
-  const auto part = freeze::make_partition(*m, "auto");
+  const auto part = freeze::make_partition(*m, freeze::PartitionMode::automatic);
   if (k >= part.size()) {
     st.SkipWithError("k is past the last body unit");
     return;
@@ -100,7 +100,7 @@ void register_all() {
     models::ModelConfig mc;
     mc.name = name;
     Generator g(1);
-    const int64_t units = freeze::make_partition(*models::build_model(mc, g), "auto").size();
+    const int64_t units = freeze::make_partition(*models::build_model(mc, g), freeze::PartitionMode::automatic).size();
     for (bool cached : {false, true})
       for (int64_t k = cached ? 1 : 0; k < units; ++k)
         benchmark::RegisterBenchmark((std::string(cached ? "TrainStepFrozenCached/" : "TrainStepFrozen/") + name +

@@ -102,7 +102,7 @@ void BM_ReferenceUnit(benchmark::State& st, const char* model, int64_t unit, boo
   const models::ModelConfig mc = fashion_config(model);
   Generator g(3);
   auto m = models::build_model(mc, g);
-  const freeze::FreezeUnit u = freeze::make_partition(*m, "auto").units().at(size_t(unit));
+  const freeze::FreezeUnit u = freeze::make_partition(*m, freeze::PartitionMode::automatic).units().at(size_t(unit));
   auto ref = quant::make_reference("int8", mc, m->state_dict());
   Tensor x = Tensor::randn({128, 1, 28, 28}, g);
   Tensor h = u.begin > 0 ? m->layer_output(x, Tensor(), u.begin - 1) : x;
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   for (const char* model : {"resnet20", "resnet56"}) {
     Generator g(3);
     // Every unit but the first (whose input is the images) and the head (never evaluated).
-    const int64_t units = freeze::make_partition(*models::build_model(fashion_config(model), g), "auto").size();
+    const int64_t units = freeze::make_partition(*models::build_model(fashion_config(model), g), freeze::PartitionMode::automatic).size();
     for (int64_t u = 1; u + 1 < units; ++u)
       for (bool unit_scope : {false, true})
         benchmark::RegisterBenchmark((std::string("reference_reading/") + model + "_b128/unit" + std::to_string(u) +

@@ -150,7 +150,7 @@ class Tensor {
   Tensor grad() const { return impl_ && impl_->grad ? Tensor(impl_->grad) : Tensor(); }
   void set_grad(const Tensor& g) const { impl().grad = g.impl_; }
   const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
-  // Runs backpropagation from this tensor; see autograd/engine.h.
+  // Runs backpropagation from this tensor (autograd/engine.cpp).
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
 
   TensorImpl& impl() const {

@@ -91,6 +91,8 @@ Normalization default_normalization(const std::string& ds) {
   return n;
 }
 
+std::vector<std::string> image_dataset_names() { return {"fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic"}; }
+
 ImageDataset load_image_dataset(const DatasetSpec& spec, bool train) {
   ImageDataset d;
   if (spec.name == "fashion-mnist" || spec.name == "mnist") {
@@ -104,7 +106,9 @@ ImageDataset load_image_dataset(const DatasetSpec& spec, bool train) {
   } else if (spec.name == "synthetic") {
     d = synthetic_images(train ? 4096 : 1024, 3, 32, 10, train ? 1 : 2);
   } else {
-    EG_THROW("unknown dataset '", spec.name, "' (known: fashion-mnist, mnist, cifar10, cifar100, synthetic)");
+    std::string known;
+    for (auto& n : image_dataset_names()) known += (known.empty() ? "" : ", ") + n;
+    EG_THROW("unknown dataset '", spec.name, "' (known: ", known, ")");
   }
   if (spec.limit > 0 && spec.limit < d.size()) {
     d.images = d.images.slice(0, spec.limit);

@@ -2,6 +2,7 @@
 // the augmentation used for training.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -25,6 +26,7 @@ struct DatasetSpec {
   int64_t limit = 0;  // use the first N samples (0: all)
 };
 ImageDataset load_image_dataset(const DatasetSpec& spec, bool train);
+std::vector<std::string> image_dataset_names();  // what load_image_dataset reads
 
 struct Normalization {
   float mean[3] = {0, 0, 0}, std[3] = {1, 1, 1};

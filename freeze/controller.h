@@ -40,24 +40,16 @@
 //            front: int8 quantisation error, folded batch norm against batch statistics,
 //            and, until the next refresh, the training the front had between the
 //            snapshot and its freeze. Its cost grows with the depth of the front.
-// Why unit is the default: (1) cost. One int8 reading of ResNet-56's layer3.0-2 on a
-// background thread takes 7.6 ms instead of 129 ms (eg_bench_quant); in 10-epoch
-// Fashion-MNIST runs the reference's overhead fell from 2.30% to 1.12% of training time
-// (ResNet-56, the paper's schedule) and 2.36% to 0.78% (--freeze-first-phase off
-// --freeze-unfreeze never), under the 2% bound, and on ResNet-20 from 1.4-1.6%
-// to 0.85-1.13% (0.68-1.10% on seeds 1-2). (2) What a reading means. ResNet-56, seed 0,
-// network scope: stem+layer1 froze at step 688, but the snapshot was from step 576, so
-// layer2's first reading (step 720) was 1.7e-4, and after the refresh at step 752 its
-// readings were 1.5e-6 to 3.1e-5. The moving average carried that first reading, its
-// first fitted slopes were steep (-1.6e-5), and its tolerance, 20% of the largest, was
-// 3.1e-6: layer2 froze at step 1136, at the high LR. With unit scope the same unit read
-// 3.4e-7 to 9.4e-6 from the start, its tolerance was 1.8e-8 (170x smaller), and it did
-// not freeze before the decay; the run ended
-// 0.86 pt higher (89.96% against 89.10%; unfrozen: 92.01%). On ResNet-20 (seed 0) the
-// two scopes froze the same units within a few evaluations, and the final accuracies
-// differed by 0.05-0.08 pt either way (bench/time_to_accuracy.py,
-// docs/time-to-accuracy.md). A Transformer, whose layer modules are not a chain, always
-// runs network.
+// Why unit is the default: (1) cost. A reading costs the front unit's forward, not the
+// whole front's, which grows with the front's depth; with network the reference's
+// overhead went past the 2% bound on ResNet-56, with unit it stays under it.
+// (2) What a reading means. With network, a unit's first readings after the units
+// before it froze carry the training those had between the snapshot and their freeze:
+// that transient makes the first fitted slopes steep, so the unit's tolerance (20% of
+// the largest) comes out far too high and the unit freezes at the high LR. A unit
+// reading is the unit's own change from the start. A Transformer, whose layer modules
+// are not a chain, always runs network.
+// Measurements: docs/freezing-measurements.md, "The reference's scope".
 #pragma once
 #include <atomic>
 #include <chrono>

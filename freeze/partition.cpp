@@ -206,7 +206,7 @@ std::vector<std::pair<int64_t, int64_t>> regex_cuts(const models::Model& m, cons
 
 }  // namespace
 
-Partition make_partition(const models::Model& m, const std::string& mode, const std::string& regex) {
+Partition make_partition(const models::Model& m, PartitionMode mode, const std::string& regex) {
   std::vector<Layer> L;
   for (auto& [n, mod] : m.layer_modules()) L.push_back({n, stage_of(n), mod->num_parameters()});
   EG_CHECK(L.size() >= 2, "layer freezing needs a model with at least two layer modules");
@@ -218,12 +218,10 @@ Partition make_partition(const models::Model& m, const std::string& mode, const 
     for (size_t i = 0; i < u.size(); ++i) u[i].name = names[i];
     return Partition(std::move(u));
   }
-  if (mode == "layers") {
+  if (mode == PartitionMode::layers) {
     for (int64_t i = 0; i < int64_t(L.size()); ++i) cuts.emplace_back(i, i + 1);
-  } else if (mode == "auto") {
-    cuts = auto_cuts(L);
   } else {
-    EG_THROW("--freeze-modules must be auto or layers, got '", mode, "'");
+    cuts = auto_cuts(L);
   }
   return Partition(finish(L, cuts));
 }

@@ -60,8 +60,12 @@ class Partition {
   std::vector<FreezeUnit> units_;
 };
 
-// Partitions model m's layer modules; `mode` is "auto" or "layers", a non-empty
-// `regex` overrides it. Throws eg::Error naming the problem for a bad mode or regex.
-Partition make_partition(const models::Model& m, const std::string& mode, const std::string& regex = "");
+// How the layer modules group into units: the paper's (stages, large ones split), or
+// one unit per layer module.
+enum class PartitionMode { automatic, layers };
+
+// Partitions model m's layer modules; a non-empty `regex` overrides `mode`. Throws
+// eg::Error naming the problem for a bad regex.
+Partition make_partition(const models::Model& m, PartitionMode mode, const std::string& regex = "");
 
 }  // namespace eg::freeze

@@ -45,13 +45,6 @@ const char* decision_name(Decision d) {
   return "?";
 }
 
-RefreezeTolerance parse_refreeze_tolerance(const std::string& s) {
-  if (s == "remeasure") return RefreezeTolerance::remeasure;
-  if (s == "keep") return RefreezeTolerance::keep;
-  if (s == "scaled") return RefreezeTolerance::scaled;
-  EG_THROW("--freeze-refreeze-tolerance must be remeasure, keep or scaled, got '", s, "'");
-}
-
 json Event::to_json() const {
   json j = {{"type", type}, {"step", step}, {"lr", lr}};
   if (type == "bootstrap") {

@@ -10,9 +10,9 @@
 //   (SP loss against the reference model) is smoothed by a moving average over the
 //   last W readings (Equation 2), appended to l's history, and a least-squares line is
 //   fitted to the last W smoothed values (averages of a full window of W readings).
-//   The module's tolerance T is 20% of the largest slope among its first 3 fits. A slope below T counts as stale; W
-//   consecutive stale readings freeze l and move to l + 1. The last module (the head)
-//   is never frozen.
+//   The module's tolerance T is 20% of the largest slope among its first 3 fits. A
+//   slope below T counts as stale; W consecutive stale readings freeze l and move to
+//   l + 1. The last module (the head) is never frozen.
 // - Unfreezing: when the LR has fallen by 10x or more since the front module froze,
 //   every module is unfrozen, l goes back to the first module, and W is halved for
 //   refreezing. A hook lets cyclic schedules decide their own unfreezing.
@@ -20,91 +20,57 @@
 //   * Slopes are compared by magnitude (|s| < T, T = 0.2 max|s| of the first 3 fits).
 //     The paper writes s < T; with a signed slope a plasticity that falls steeply
 //     would count as stale, which is not "stationary".
-//   * The reference model is regenerated every W evaluations (the paper: "every W
+//   * The reference is regenerated every W evaluations (the paper: "every W
 //     iterations", with W also the moving-average window), and the histories are
 //     kept across a refresh. Against a fresh reference a module's plasticity starts
 //     near zero and grows with the distance it moves, so the raw readings form a
-//     sawtooth with period W; the moving average over W readings always spans one
-//     whole period, which cancels the sawtooth: the smoothed plasticity is the
-//     module's distance moved per period, and its slope is flat once that speed has
-//     stopped falling. (An earlier version cleared the histories at each refresh; the
-//     rising edge of every period then read as a steep slope and no module ever
-//     collected W stale readings: ResNet-20 on Fashion-MNIST froze nothing in 10
-//     epochs.) The stale counter and T survive a refresh.
-//   * After an unfreeze, what T a module refreezes with is a choice (refreeze_tolerance,
-//     --freeze-refreeze-tolerance):
-//       remeasure  T from the first 3 fits after the unfreeze, at the lower LR (the
-//                  default until this note changed; see below);
-//       keep       the T the module got from its first 3 fits ever (the paper: pList_l
-//                  and T are per module, initialised once; "refreezing takes much less
-//                  time because of the relaxed criteria");
-//       scaled     that T times lr_now / lr_when_measured: the module moves that much
-//                  slower, and so does its plasticity.
-//     Why remeasure misses: after a 10x drop the plasticity is already flat, so its
-//     first 3 fits are noise and T lands far below the noise of later fits (ResNet-20,
-//     Fashion-MNIST, 10 epochs: T = 1.4e-8 against slopes of +-1e-7; T before the
-//     drop was 1.2e-6). Nothing refroze in the last 5 epochs.
+//     sawtooth with period W; the moving average over W readings spans one whole
+//     period and cancels it: the smoothed plasticity is the module's distance moved
+//     per period, flat once that speed has stopped falling. Cleared histories would
+//     read every rising edge as a steep slope, and nothing would freeze. The stale
+//     counter and T survive a refresh.
+//   * After an unfreeze, the T a module refreezes with is a choice (refreeze_tolerance,
+//     --freeze-refreeze-tolerance): remeasure (the default): from its first 3 fits after
+//     the unfreeze, at the lower LR; keep: the T of its first 3 fits ever (the paper:
+//     T is per module, set once; "refreezing takes much less time because of the
+//     relaxed criteria"); scaled: that T times lr_now / lr_when_measured, as the module
+//     and its plasticity move that much slower. remeasure can miss: after a 10x drop
+//     the plasticity is already flat, its first 3 fits are noise, and T lands far
+//     below the noise of later fits.
 //   * Optionally (tolerance_from = peak, --freeze-tolerance-from peak) T is coef x the
-//     largest |slope| the module has shown so far rather than in its first 3 fits. A
-//     module that has already settled when bootstrapping ends (ResNet-20's stem and
-//     first stage on Fashion-MNIST) shows tiny first slopes, so the paper's T sits
-//     below the slopes its own noise produces and the module is not frozen until the
-//     LR drops (measured: T = 4.4e-7 against slopes of +-1e-6..6e-6 over 7 epochs).
-//     With peak, T grows with the largest swing seen, and stale means "moving at under
-//     20% of its fastest observed rate". first3 (the paper) stays the default.
+//     largest |slope| the module has shown so far, not in its first 3 fits. A module
+//     already settled when bootstrapping ends shows tiny first slopes, so the paper's
+//     T sits below its own noise and it does not freeze until the LR drops; with peak,
+//     stale means "moving at under 20% of its fastest observed rate". first3 (the
+//     paper) stays the default.
 //   * Optionally (min_window, --freeze-window-min) the halving of W after an unfreeze
 //     stops at a floor. W is the moving-average span, the slope-fit span, the stale
-//     count and the refresh period at once; the paper's default W = 10 halves to 2
-//     after the second LR drop of a step schedule, where one fit over two averages
-//     of two readings is noise and two such fits refreeze a module within ~100
-//     steps (measured: ResNet-20, epoch 8 of 10).
-//   * Optionally (freeze_last_phase = false, --freeze-last-phase off) nothing is
-//     frozen in the last phase of the schedule: once the LR is within 10x of the
-//     run's final LR it can no longer fall 10x, so a freeze there would last to the
-//     end and the frozen modules would never fine-tune at the low LR. Entering that
-//     phase unfreezes everything (event "unfreeze", reason "last_phase") and ends the
-//     evaluations. Why it was tried: ResNet-20 on Fashion-MNIST, 10 epochs, step
-//     schedule: in the last phase the unfrozen baseline's training loss falls
-//     0.201 -> 0.187 and its accuracy rises 0.5 pt; Egeria runs that refreeze at
-//     once (W halved) end at 0.195-0.197 and gain 0.2-0.3 pt. What it did: nothing
-//     for accuracy (92.29-92.30% either way, seed 0): the deficit is built while the
-//     first stage is frozen at the high LR, before the last phase. The paper's
-//     behaviour stays the default.
+//     count and the refresh period at once; W = 10 halves to 2 after a step schedule's
+//     second LR drop, where a fit over two averages of two readings is noise.
+//   * Optionally (freeze_last_phase = false, --freeze-last-phase off) nothing is frozen
+//     in the last phase of the schedule: once the LR is within 10x of the run's final
+//     LR it can no longer fall 10x, so a freeze there would last to the end and the
+//     frozen modules would never fine-tune at the low LR. Entering that phase unfreezes
+//     everything (event "unfreeze", reason "last_phase") and ends the evaluations. It
+//     did not help accuracy: the deficit is built earlier, while the front is frozen at
+//     the high LR. The paper's behaviour stays the default.
 //   * Optionally (freeze_first_phase = false, --freeze-first-phase off) no freeze is
-//     applied before the LR first falls 10x below its peak (the first decay of a step
-//     schedule; the end of warm-up does not count). Algorithm 1 runs as usual in that
-//     phase, so each module's T comes from its fits at the high LR, but a freeze
-//     decision is held (event "hold"): the front moves on to the next module while the
-//     held ones keep training. When the LR has fallen 10x, every held module freezes
-//     at once (event "freeze", reason "held"), and the LR unfreeze rule counts from
-//     there. Why: on a short step schedule the accuracy a freeze costs is built while
-//     the front stages are frozen at the high LR (above, and ResNet-20 on
-//     Fashion-MNIST, 10 epochs, seeds 0-2: every run frozen in the first phase ended
-//     0.2-0.65 pt below the unfrozen one, while AutoFreeze, which froze only after the
-//     first decay, ended 0.15 pt below it, 1.32x faster). What it did, same runs,
-//     seeds 0 / 1 / 2: -0.16 / -0.20 / -0.34 pt at 1.13 / 1.05 / 0.98x wall (the
-//     paper's schedule, seed 0: -0.37 pt at 1.13x). Accuracy is kept better, but
-//     little is frozen: at the decay one or two units, the next about an epoch later,
-//     and the second decay unfreezes them all. The paper's behaviour stays the default.
-//   * Optionally (unfreeze_on_lr_fall = false, --freeze-unfreeze never) the LR's 10x
-//     fall unfreezes nothing: what froze stays frozen, and Algorithm 1 goes on with the
-//     next module, as AutoFreeze never unfreezes. Why: ResNet-56 on Fashion-MNIST, 10
-//     epochs, seed 0, --freeze-first-phase off: the held stem+layer1 and layer2 froze
-//     at the first decay and layer3's first unit an epoch later, the run was 0.2 pt
-//     above the unfrozen one at epoch 7 in 0.86x its time, and the second decay then
-//     unfroze everything for the last 3 epochs, which ran at the unfrozen speed,
-//     nothing refreezing at W = 5: 0.87x the time to within 0.3 pt. What it did,
-//     same run with never: the same freezes, then layer3's second unit 100 steps after
-//     the second decay, and nothing unfrozen; 1.43x wall against 1.11x, but 91.50% against
-//     91.76% (unfrozen: 92.01%), never within 0.3 pt: on this seed the front stages'
-//     fine-tuning at the lowest LR was worth 0.26 pt. ResNet-20, seed 0: 92.29% against
-//     92.36% (unfrozen 92.52%), 1.30x modelled time against 1.20x, 1.18x against
-//     1.11x to within 0.3 pt (bench/time_to_accuracy.py). With the reference running
-//     only the front unit (Note [The reference's scope], controller.h), seeds 0 / 1 / 2:
-//     -0.15 / -0.95 / -0.28 pt, 1.18x / never / 0.89x modelled to within 0.3 pt; on
-//     seed 1 layer2's held freeze applied at the first decay with stem+layer1's, and
-//     the run stayed 0.8 pt behind from there. The paper's unfreeze stays the
-//     default; --freeze-last-phase off still unfreezes when the last phase begins.
+//     applied before the LR first falls 10x below its peak (the end of warm-up does
+//     not count). Algorithm 1 runs as usual, so T comes from fits at the high LR, but
+//     a freeze decision is held (event "hold"): the front moves on while the held
+//     modules keep training. When the LR has fallen 10x every held module freezes at
+//     once (event "freeze", reason "held"), and the LR unfreeze rule counts from there.
+//     Why: on a short step schedule the accuracy a freeze costs is built while the
+//     front is frozen at the high LR. It keeps accuracy better but freezes little. The
+//     paper's behaviour stays the default.
+//   * Optionally (unfreeze_on_lr_fall = false, --freeze-unfreeze never) an LR fall
+//     unfreezes nothing: what froze stays frozen and Algorithm 1 goes on with the next
+//     module, as AutoFreeze never unfreezes. Why: on a short schedule the second decay
+//     unfroze everything, and the last phase ran at full cost with nothing refreezing;
+//     but the front's fine-tuning at the lowest LR can be worth more accuracy than the
+//     time saved. The paper's unfreeze stays the default; --freeze-last-phase off still
+//     unfreezes when the last phase begins.
+// Measurements: docs/freezing-measurements.md, "Egeria's freezing decisions".
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -116,7 +82,6 @@
 namespace eg::freeze {
 
 enum class RefreezeTolerance { remeasure, keep, scaled };
-RefreezeTolerance parse_refreeze_tolerance(const std::string& s);  // "remeasure", "keep", "scaled"
 
 struct TrackerOptions {
   int64_t interval = 0;           // n: iterations between evaluations (0: derive, see default_interval)

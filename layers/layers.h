@@ -42,11 +42,8 @@ class Conv2d : public Module {
 // every BatchNorm (--freeze-bn batch, its default): without an activation cache,
 // which needs the prefix to compute a fixed function (--freeze-bn running, the
 // paper's §4.3), nothing needs eval mode, and switching a prefix to its running
-// statistics at the moment it freezes cost accuracy in the one run that shows it
-// (ResNet-20 on Fashion-MNIST, 10 epochs, seed 0, stem+layer1 frozen from epoch 2 in
-// both: 92.30% with running statistics, 92.47% with batch statistics, the unfrozen
-// run 92.76%; with seed 1 nothing froze before the last LR phase and both ended
-// within 0.05 pt of it).
+// statistics at the moment it freezes cost accuracy in the one run that shows it.
+// Measurements: docs/freezing-measurements.md, "Frozen BatchNorm semantics".
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);

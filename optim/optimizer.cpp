@@ -16,6 +16,25 @@ void Optimizer::zero_grad() {
   buckets_.zero();
 }
 
+double Optimizer::clip_grad_norm(double max_norm) {
+  buckets_.sync(params_);  // a no-op unless the trainable set changed since zero_grad()
+  double total = 0;
+  for (auto& b : buckets_.buckets()) {
+    Tensor ss = Tensor::empty({1}, b.flat.dtype(), b.flat.device());
+    ops::call(ops::sum_squares, b.flat, ss);
+    total += ss.item();
+  }
+  const double norm = std::sqrt(total);
+  if (std::isfinite(norm) && norm > max_norm) {
+    const double s = max_norm / (norm + 1e-6);
+    for (auto& b : buckets_.buckets()) {
+      Tensor g = b.flat;
+      ops::call(ops::scale, g, g, s);
+    }
+  }
+  return norm;
+}
+
 SGD::SGD(std::vector<Tensor> params, double lr, SgdOptions o)
     : Optimizer(std::move(params), lr), options(o), momentum_(params_.size()) {
   EG_CHECK(o.momentum >= 0 && o.weight_decay >= 0, "SGD: momentum and weight decay must be non-negative");

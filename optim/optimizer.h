@@ -27,6 +27,10 @@ class Optimizer {
   // after rebuilding the buckets if the set of those parameters changed (a freeze or
   // an unfreeze).
   void zero_grad();
+  // Scales the gradients of the parameters that require grad so that their global L2
+  // norm is at most max_norm, and returns the norm before: one reduction and at most one
+  // scale per bucket. A NaN/Inf norm is returned and nothing scaled (callers stop).
+  double clip_grad_norm(double max_norm);
   const GradBuckets& grad_buckets() const { return buckets_; }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
@@ -76,8 +80,8 @@ class AdamW : public Optimizer {
   std::vector<int64_t> steps_;  // per parameter: a frozen parameter's count does not advance
 };
 
-// Scales gradients so their global L2 norm is at most max_norm; returns the norm
-// before clipping. A NaN/Inf norm is returned unchanged (callers decide to stop).
+// The same for any parameters, one reduction per parameter (Optimizer::clip_grad_norm
+// works on its buckets).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace eg::optim

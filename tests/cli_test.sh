@@ -1,45 +1,57 @@
 #!/usr/bin/env bash
 # The egeria CLI end to end: bad flags fail clearly; a run killed with SIGKILL at an
-# arbitrary moment and resumed ends with weights bit-identical to an uninterrupted run.
+# arbitrary moment and resumed ends with weights bit-identical to an uninterrupted run;
+# --config replays a run from its config.json bit for bit.
 set -u
 egeria=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+passed=0
+fail() { echo "FAIL: $*"; echo "cli_test: $passed passed, 1 failed"; exit 1; }
+ok() { passed=$((passed + 1)); }
 
 # --- bad input: non-zero exit and a message naming the problem
 out=$("$egeria" train --model resnet99 --out "$work/x" 2>&1) && fail "unknown model accepted"
-grep -q "unknown model 'resnet99'" <<<"$out" || fail "unknown model message: $out"
+grep -q "unknown model 'resnet99'" <<<"$out" || fail "unknown model message: $out"; ok
 out=$("$egeria" train --epochs -3 2>&1) && fail "negative epochs accepted"
-grep -qi "epochs" <<<"$out" || fail "bad epochs message: $out"
+grep -q -- "--epochs must be positive, got -3" <<<"$out" || fail "bad epochs message: $out"; ok
+out=$("$egeria" train --lr -1 2>&1) && fail "negative lr accepted"
+grep -q -- "--lr must be a positive number, got -1" <<<"$out" || fail "bad lr message: $out"; ok
 out=$("$egeria" train --optimizer lamb 2>&1) && fail "unknown optimizer accepted"
+grep -q -- "--optimizer must be sgd or adamw, got 'lamb'" <<<"$out" || fail "unknown optimizer message: $out"; ok
+out=$("$egeria" train --config "$work/none.json" 2>&1) && fail "missing --config file accepted"
+grep -q -- "--config" <<<"$out" || fail "missing --config message: $out"; ok
+"$egeria" train --help | grep -q -- "--stop-after-steps" && fail "the test hook --stop-after-steps is in --help"
+"$egeria" train --help | grep -q "^Layer freezing:" || fail "--help has no 'Layer freezing' group"; ok
 out=$("$egeria" train --dataset cifar10 --data-dir "$work/none" --out "$work/x" 2>&1) && fail "missing data accepted"
-grep -q "data_batch_1.bin" <<<"$out" || fail "missing data message: $out"
+grep -q "data_batch_1.bin" <<<"$out" || fail "missing data message: $out"; ok
 out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-cache on --out "$work/x" 2>&1) \
   && fail "--freeze-cache on accepted with batch-statistics BatchNorms"
-grep -q -- "--freeze-cache on needs --freeze-bn running" <<<"$out" || fail "freeze-cache message: $out"
+grep -q -- "--freeze-cache on needs --freeze-bn running" <<<"$out" || fail "freeze-cache message: $out"; ok
 out=$("$egeria" train --augment-mode weekly 2>&1) && fail "unknown --augment-mode accepted"
-grep -q -- "--augment-mode" <<<"$out" || fail "augment-mode message: $out"
+grep -q -- "--augment-mode" <<<"$out" || fail "augment-mode message: $out"; ok
 out=$("$egeria" train --freeze egeria --freeze-apply later 2>&1) && fail "unknown --freeze-apply accepted"
-grep -q -- "--freeze-apply" <<<"$out" || fail "freeze-apply message: $out"
+grep -q -- "--freeze-apply" <<<"$out" || fail "freeze-apply message: $out"; ok
 out=$("$egeria" train --freeze egeria --freeze-refreeze-tolerance first3 2>&1) && fail "unknown --freeze-refreeze-tolerance accepted"
-grep -q -- "--freeze-refreeze-tolerance" <<<"$out" || fail "freeze-refreeze-tolerance message: $out"
+grep -q -- "--freeze-refreeze-tolerance" <<<"$out" || fail "freeze-refreeze-tolerance message: $out"; ok
 for v in 0 -3 often 12x; do
   out=$("$egeria" train --freeze egeria --freeze-bootstrap-interval "$v" 2>&1) && fail "--freeze-bootstrap-interval $v accepted"
-  grep -q -- "--freeze-bootstrap-interval: must be auto, n or a positive number" <<<"$out" \
+  grep -q -- "--freeze-bootstrap-interval must be auto, n or a positive number" <<<"$out" \
     || fail "freeze-bootstrap-interval $v message: $out"
+  ok
 done
 for v in 0 150 half 50%; do
   out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-reference-max-load "$v" --out "$work/x" 2>&1) \
     && fail "--freeze-reference-max-load $v accepted"
   grep -q -- "--freeze-reference-max-load must be auto or a percentage" <<<"$out" \
     || fail "freeze-reference-max-load $v message: $out"
+  ok
 done
 out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-reference-calibration -1 --out "$work/x" 2>&1) \
   && fail "negative --freeze-reference-calibration accepted"
-grep -q -- "--freeze-reference-calibration" <<<"$out" || fail "freeze-reference-calibration message: $out"
+grep -q -- "--freeze-reference-calibration" <<<"$out" || fail "freeze-reference-calibration message: $out"; ok
 out=$("$egeria" eval --out "$work/none" 2>&1) && fail "eval without checkpoint accepted"
-grep -q "checkpoint.safetensors" <<<"$out" || fail "eval message: $out"
+grep -q "checkpoint.safetensors" <<<"$out" || fail "eval message: $out"; ok
 
 # --- kill -9 and resume
 args=(train --model resnet20 --dataset synthetic --train-limit 256 --test-limit 64 --batch-size 32 --epochs 2
@@ -57,4 +69,11 @@ wait "$pid" 2>/dev/null
 [ -f "$work/killed/summary.json" ] && fail "the run finished before it could be killed"
 "$egeria" "${args[@]}" --out "$work/killed" --resume >/dev/null || fail "resume failed"
 cmp "$work/full/model.safetensors" "$work/killed/model.safetensors" || fail "resumed weights differ from the uninterrupted run"
-echo "cli_test: 2 passed, 0 failed"
+ok
+
+# --- --config replays a run from its config.json; flags given beside it override it
+"$egeria" train --config "$work/full/config.json" --out "$work/replay" >/dev/null || fail "--config run failed"
+cmp "$work/full/model.safetensors" "$work/replay/model.safetensors" || fail "--config did not reproduce the run"
+grep -q '"out": "'"$work/replay"'"' "$work/replay/config.json" || fail "--out beside --config was not taken"
+ok
+echo "cli_test: $passed passed, 0 failed"

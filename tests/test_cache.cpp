@@ -143,33 +143,22 @@ TEST(ActivationCache, AFullDiskIsAnErrorNamingTheSpaceNeeded) {
 
 // ---- through the trainer
 
-train::TrainConfig cached_cfg(const std::string& out, const std::string& cache) {
-  train::TrainConfig c;
-  c.model = "resnet20";
-  c.dataset = "synthetic";
-  c.train_limit = 256;
-  c.test_limit = 64;
-  c.batch_size = 16;
-  c.epochs = 4;
-  c.lr = 0.05;
-  c.milestones = {3};
-  c.out = out;
-  c.threads = 2;
-  c.seed = 5;
+train::TrainConfig cached_cfg(const std::string& out, bool cache) {
+  train::TrainConfig c = eg::testing::small_image_run(out);
   c.freeze = "static";  // the first 4 layer modules freeze at the start of epoch 2
-  c.freeze_modules = "layers";
+  c.freeze_modules = train::FreezeUnits::layers;
   c.static_modules = 4;
   c.static_epoch = 1;
-  c.freeze_bn = "running";
-  c.augment_mode = "sample";
+  c.freeze_bn = train::FrozenBn::running;
+  c.augment_mode = train::AugmentMode::sample;
   c.freeze_cache = cache;
   return c;
 }
 
 TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
   const std::string a = tmpdir("off"), b = tmpdir("on"), killed = tmpdir("killed");
-  ASSERT_TRUE(train::run_training(cached_cfg(a, "off")).completed);
-  ASSERT_TRUE(train::run_training(cached_cfg(b, "on")).completed);
+  ASSERT_TRUE(train::run_training(cached_cfg(a, false)).completed);
+  ASSERT_TRUE(train::run_training(cached_cfg(b, true)).completed);
   auto sum = nlohmann::json::parse(std::ifstream(b + "/summary.json"));
   ASSERT_TRUE(sum.contains("activation_cache")) << sum.dump();
   const auto& ac = sum["activation_cache"];
@@ -186,7 +175,7 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
 
   // Killed while the cache is serving, resumed: the cache starts empty and refills,
   // and the run still ends where the uninterrupted one did (this one on disk).
-  auto c = cached_cfg(killed, "on");
+  auto c = cached_cfg(killed, true);
   c.freeze_cache_dir = killed;  // the disk tier, end to end
   c.checkpoint_every = 1;
   c.stop_after_steps = 40;
@@ -207,10 +196,10 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
 // prefix's output, which a cached step takes from the cache; the readings are the ones
 // the recomputing run takes, value for value.
 TEST(CacheTrainer, UnitScopeReadingsFromCachedInputsAreTheRecomputedOnes) {
-  auto egeria = [](const std::string& out, const std::string& cache) {
+  auto egeria = [](const std::string& out, bool cache) {
     auto c = cached_cfg(out, cache);
     c.freeze = "egeria";
-    c.freeze_reference_scope = "unit";
+    c.freeze_reference_scope = train::ReferenceScope::unit;
     c.freeze_sync = true;
     c.freeze_interval = 2;
     c.freeze_bootstrap_interval = -1;  // every n, the paper
@@ -219,8 +208,8 @@ TEST(CacheTrainer, UnitScopeReadingsFromCachedInputsAreTheRecomputedOnes) {
     return c;
   };
   const std::string a = tmpdir("unit_off"), b = tmpdir("unit_on");
-  ASSERT_TRUE(train::run_training(egeria(a, "off")).completed);
-  ASSERT_TRUE(train::run_training(egeria(b, "on")).completed);
+  ASSERT_TRUE(train::run_training(egeria(a, false)).completed);
+  ASSERT_TRUE(train::run_training(egeria(b, true)).completed);
   auto lines = [](const std::string& d) {
     std::vector<std::string> v;
     std::ifstream f(d + "/freeze.jsonl");
@@ -247,21 +236,27 @@ TEST(CacheTrainer, RefusesConfigurationsWhereACachedOutputWouldBeWrong) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  auto c = cached_cfg(tmpdir("refuse"), "on");
-  c.freeze_bn = "batch";
+  auto c = cached_cfg(tmpdir("refuse"), true);
+  c.freeze_bn = train::FrozenBn::batch;
   expect_error(c, "--freeze-bn running");
-  c = cached_cfg(tmpdir("refuse"), "on");
-  c.augment_mode = "epoch";
+  c = cached_cfg(tmpdir("refuse"), true);
+  c.augment_mode = train::AugmentMode::epoch;
   expect_error(c, "--augment-mode sample");
-  c = cached_cfg(tmpdir("refuse"), "on");
+  c = cached_cfg(tmpdir("refuse"), true);
   c.freeze = "none";
   expect_error(c, "--freeze none");
-  c = cached_cfg(tmpdir("refuse"), "maybe");
-  expect_error(c, "--freeze-cache must be on or off");
-  c = cached_cfg(tmpdir("refuse"), "off");
-  c.augment_mode = "sometimes";
-  expect_error(c, "--augment-mode must be epoch or sample");
-  c = cached_cfg(tmpdir("refuse"), "on");
+  auto expect_bad_text = [](const char* flag, const char* text, const std::string& needle) {
+    train::TrainConfig d;
+    try {
+      train::set_option(d, flag, text);
+      ADD_FAILURE() << flag << " " << text << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_bad_text("--freeze-cache", "maybe", "--freeze-cache must be on or off, got 'maybe'");
+  expect_bad_text("--augment-mode", "sometimes", "--augment-mode must be epoch or sample, got 'sometimes'");
+  c = cached_cfg(tmpdir("refuse"), true);
   c.augment = false;  // no augmentation at all: a sample's input never changes
   c.epochs = 2;
   EXPECT_TRUE(train::run_training(c).completed);

@@ -15,6 +15,7 @@
 #include "models/model.h"
 #include "quant/reference.h"
 #include "train/trainer.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -204,12 +205,7 @@ TEST(Cuda, GpuReferenceModelMatchesTheCpuOneAndTrains) {
     EXPECT_LT(freeze::sp_loss(a, b), 1e-9) << "module " << k;
   }
   for (const char* precision : {"fp32-gpu", "fp16-gpu"}) {
-    train::TrainConfig c;
-    c.model = "resnet20";
-    c.dataset = "synthetic";
-    c.train_limit = 256;
-    c.test_limit = 64;
-    c.batch_size = 16;
+    train::TrainConfig c = eg::testing::small_image_run("");
     c.epochs = 2;
     c.device = "cuda:0";
     c.out = std::string("/tmp/eg_cuda_gpu_reference_") + precision;

@@ -557,8 +557,6 @@ TEST(Tracker, RefreezingAfterAnLrDropUsesTheToleranceAsAsked) {
   ASSERT_FALSE(scaled.empty());
   EXPECT_GT(kept.front().tolerance, 0) << "the kept T applies from the first fit after the unfreeze";
   EXPECT_NEAR(scaled.front().tolerance, kept.front().tolerance * 0.1, 1e-12 * kept.front().tolerance);
-  EXPECT_EQ(parse_refreeze_tolerance("keep"), RefreezeTolerance::keep);
-  EXPECT_THROW(parse_refreeze_tolerance("first3"), Error);
 }
 
 TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {

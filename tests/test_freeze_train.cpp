@@ -20,6 +20,7 @@
 #include "optim/optimizer.h"
 #include "quant/reference.h"
 #include "train/freezing.h"
+#include "train/image_task.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 #include "tests/test_util.h"
@@ -304,7 +305,7 @@ TEST(FreezeMechanics, TheBackgroundControllerDropsWhatFindsThePipelineFullAndCou
   for (size_t i = 0; i < r.size(); ++i) {
     EXPECT_EQ(r[i].step, accepted_steps[i]) << "results in submission order";
     EXPECT_EQ(r[i].module, 2);
-    EXPECT_TRUE(std::isfinite(r[i].plasticity) && r[i].plasticity >= 0) << r[i].plasticity;
+    EXPECT_TRUE(std::isfinite(r[i].plasticity) && r[i].plasticity > 0 && r[i].plasticity <= 4) << r[i].plasticity;
   }
   EXPECT_EQ(ctl.first_error(), "");
   EXPECT_GT(ctl.wait_seconds(), 0.0) << "drain() waited for the slow build, and said so";
@@ -391,34 +392,12 @@ std::vector<nlohmann::json> jsonl(const std::string& p) {
   for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
   return v;
 }
+// The trainer tests' run (tests/test_util.h) with `policy`; Egeria's settings decide
+// within it, and also set the interval n of autofreeze and the units of every policy.
 train::TrainConfig run_cfg(const std::string& out, const std::string& policy) {
-  train::TrainConfig c;
-  c.model = "resnet20";
-  c.dataset = "synthetic";
-  c.train_limit = 256;
-  c.test_limit = 64;
-  c.batch_size = 16;
-  c.epochs = 4;
-  c.lr = 0.05;
-  c.milestones = {3};
-  c.out = out;
-  c.threads = 2;
-  c.seed = 5;
+  train::TrainConfig c = eg::testing::small_image_run(out);
+  eg::testing::use_fast_egeria(c);
   c.freeze = policy;
-  c.freeze_interval = 2;
-  // Bootstrapping checked every n steps, as the paper (by default the check spans an
-  // epoch or a tenth of the run, here 6 steps: TheBootstrappingCheckSpans...).
-  c.freeze_bootstrap_interval = -1;
-  c.freeze_window = 2;
-  // T at half the largest early slope (the paper: 20%): in a 64-step run at batch 16
-  // the readings are noisy, and whether two in a row fall under 20% depends on the
-  // last bits of the kernels' arithmetic; at 50% the stem freezes under every kernel
-  // variant tried (plain and blocked activations, -O2 and -O3).
-  c.freeze_tolerance = 0.5;
-  c.freeze_sync = true;
-  // One unit per layer module: in 64 steps the stem alone reaches W stale readings;
-  // the paper's coarser units (the default) are tested in test_partition.cpp.
-  c.freeze_modules = "layers";
   return c;
 }
 
@@ -474,7 +453,9 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
     unfreezes += t == "unfreeze";
     if (t == "freeze" && j["lr"].get<double>() > 0.04 && unfreezes == 0) ++freezes_before_drop;
     if (t == "evaluation") {
-      EXPECT_GE(j["plasticity"].get<double>(), 0.0);
+      // SP loss of row-normalised Grams: in [0, 4]; an int8 reference never reads as the model.
+      EXPECT_GT(j["plasticity"].get<double>(), 0.0);
+      EXPECT_LE(j["plasticity"].get<double>(), 4.0);
       for (const char* k : {"step", "module", "smoothed", "slope", "tolerance", "counter", "window", "lr"})
         EXPECT_TRUE(j.contains(k)) << k;
     }
@@ -482,11 +463,10 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   EXPECT_GE(boot, 2);
   EXPECT_GT(evals, 5);
   EXPECT_GT(freezes, 0) << "nothing froze in a 64-step run with n=2, W=2";
-  // When the first freeze comes before the 10x LR drop at epoch 3, the drop unfreezes
-  // everything, once. (Whether it does depends on the last bits of the plasticity
-  // readings, which differ between optimisation levels; Algorithm 1's unfreezing is
-  // unit-tested on synthetic sequences in test_freeze.cpp.)
-  EXPECT_EQ(unfreezes, freezes_before_drop > 0 ? 1 : 0) << "the LR drops 10x at epoch 3";
+  // The stem freezes in the first epochs (run_cfg), before the 10x LR drop at epoch 3,
+  // which unfreezes everything, once.
+  EXPECT_GT(freezes_before_drop, 0) << "nothing froze before the LR drop";
+  EXPECT_EQ(unfreezes, 1) << "the LR drops 10x at epoch 3";
   auto sum = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
   for (const char* k : {"frozen_fraction_final", "backward_flops_saved_fraction", "reference_overhead_fraction",
                         "evaluations_dropped"})
@@ -520,7 +500,7 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
 TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
   std::string a = tmpdir("egeria_nohook"), b = tmpdir("egeria_hook");
   auto c = run_cfg(a, "egeria");
-  c.freeze_unfreeze = "never";  // only the hook unfreezes
+  c.freeze_unfreeze = train::Unfreeze::never;  // only the hook unfreezes
   ASSERT_TRUE(train::run_training(c).completed);
   bool froze = false;
   for (auto& j : jsonl(a + "/freeze.jsonl")) froze |= j["type"] == "freeze";
@@ -560,7 +540,7 @@ TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
 TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
   std::string d = tmpdir("egeria_lastoff");
   auto c = run_cfg(d, "egeria");
-  c.freeze_last_phase = "off";
+  c.freeze_last_phase = false;
   ASSERT_TRUE(train::run_training(c).completed);
   const int64_t last_phase_start = 3 * (256 / 16);
   int freezes_before = 0, marks = 0;
@@ -586,9 +566,7 @@ TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
   auto cfg = nlohmann::json::parse(std::ifstream(d + "/config.json"));
   EXPECT_EQ(cfg["freeze_last_phase"], "off");
   EXPECT_EQ(cfg["freeze_bn"], "batch") << "the default";
-  c.freeze_last_phase = "maybe";
-  c.out = tmpdir("egeria_lastbad");
-  EXPECT_THROW(train::run_training(c), Error);
+  EXPECT_THROW(train::set_option(c, "--freeze-last-phase", "maybe"), Error);
 }
 
 // --freeze-first-phase off: the freezes Algorithm 1 decides before the LR's 10x decay
@@ -596,7 +574,7 @@ TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
 TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
   std::string d = tmpdir("egeria_firstoff");
   auto c = run_cfg(d, "egeria");
-  c.freeze_first_phase = "off";
+  c.freeze_first_phase = false;
   ASSERT_TRUE(train::run_training(c).completed);
   const int64_t decay = 3 * (256 / 16);
   int holds = 0, applied = 0;
@@ -631,13 +609,8 @@ TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
   EXPECT_GT(sum["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), 0) << sum["freeze_stats"].dump();
   EXPECT_EQ(sum["freeze_stats"]["reference_scope"], "unit");
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(d + "/config.json"))["freeze_first_phase"], "off");
-  c.freeze_first_phase = "later";
-  c.out = tmpdir("egeria_firstbad");
-  EXPECT_THROW(train::run_training(c), Error);
-  c.freeze_first_phase = "off";
-  c.freeze_unfreeze = "sometimes";
-  c.out = tmpdir("egeria_unfreezebad");
-  EXPECT_THROW(train::run_training(c), Error);
+  EXPECT_THROW(train::set_option(c, "--freeze-first-phase", "later"), Error);
+  EXPECT_THROW(train::set_option(c, "--freeze-unfreeze", "sometimes"), Error);
 }
 
 // --freeze-reference-scope unit (the default): while the first unit is the front (its
@@ -647,10 +620,10 @@ TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
 TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFront) {
   std::string a = tmpdir("egeria_scope_network"), u = tmpdir("egeria_scope_unit");
   auto c = run_cfg(a, "egeria");
-  c.freeze_reference_scope = "network";
+  c.freeze_reference_scope = train::ReferenceScope::network;
   ASSERT_TRUE(train::run_training(c).completed);
   c = run_cfg(u, "egeria");
-  EXPECT_EQ(c.freeze_reference_scope, "unit") << "the default";
+  EXPECT_EQ(c.freeze_reference_scope, train::ReferenceScope::unit) << "the default";
   ASSERT_TRUE(train::run_training(c).completed);
   auto na = jsonl(a + "/freeze.jsonl"), nu = jsonl(u + "/freeze.jsonl");
   size_t i = 0;
@@ -672,9 +645,7 @@ TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFro
   EXPECT_EQ(sa["freeze_stats"]["reference_scope"], "network");
   EXPECT_GE(su["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), later);
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(u + "/config.json"))["freeze_reference_scope"], "unit");
-  c.freeze_reference_scope = "front";
-  c.out = tmpdir("egeria_scope_bad");
-  EXPECT_THROW(train::run_training(c), Error);
+  EXPECT_THROW(train::set_option(c, "--freeze-reference-scope", "front"), Error);
 }
 
 TEST(FreezeTrainer, TheEndOfRunReportSaysWhatIsFrozenInTheSummarysFigures) {
@@ -709,7 +680,7 @@ TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
     c.static_epoch = 1;
     c.static_modules = 3;
     c.milestones = {};
-    c.lr_schedule = "constant";
+    c.lr_schedule = train::Schedule::constant;
     ASSERT_TRUE(train::run_training(c).completed) << p;
     auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
     EXPECT_GT(sum["backward_flops_saved_fraction"].get<double>(), 0.0) << p;
@@ -759,16 +730,37 @@ TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
   EXPECT_EQ(decisions(c, true), da);
 }
 
+// The image task with a reference that takes 300 ms to build (each refresh, every W
+// evaluations): the evaluations a step submits find the pipeline full.
+struct SlowReferenceTask : train::ImageTask {
+  void configure_freezing(freeze::PolicyConfig& pc) const override {
+    ImageTask::configure_freezing(pc);
+    pc.make_model = [mc = pc.model] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      Generator g(0);
+      return models::build_model(mc, g);
+    };
+  }
+};
+
+// In the background with results acted on as they arrive (the paper), training never
+// waits for a slow reference: the evaluations it cannot take are dropped and counted,
+// and the training thread's time in the policy stays a small share of the step time.
 TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
   std::string d = tmpdir("egeria_async");
   auto c = run_cfg(d, "egeria");
   c.freeze_sync = false;
-  c.freeze_apply = "arrival";
-  c.freeze_interval = 1;  // an evaluation every step: some will be dropped
-  ASSERT_TRUE(train::run_training(c).completed);
+  c.freeze_apply = train::FreezeApply::arrival;
+  c.freeze_interval = 1;  // an evaluation every step
+  SlowReferenceTask task;
+  const auto s = train::fit(task, c);
+  ASSERT_TRUE(s.completed);
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   const auto& st = sum["freeze_stats"];
-  EXPECT_GT(st["evaluations_completed"].get<int64_t>() + st["evaluations_dropped"].get<int64_t>(), 0);
+  EXPECT_GT(st["evaluations_dropped"].get<int64_t>(), 0) << st.dump();
+  EXPECT_GT(st["evaluations_completed"].get<int64_t>(), 0) << st.dump();
+  // Each build would cost 300 ms of a ~40 ms step if the training thread waited for it.
+  EXPECT_LT(sum["reference_overhead_fraction"].get<double>(), 0.25) << sum.dump();
 }
 
 }  // namespace
@@ -822,9 +814,10 @@ train::TrainConfig expect_resume_refused(train::TrainConfig c, const std::functi
 TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
   std::string d = tmpdir("units_resume");
   auto c = expect_resume_refused(
-      run_cfg(d, "static"), [](train::TrainConfig& r) { r.freeze_modules = "auto"; }, "freezing units");
+      run_cfg(d, "static"), [](train::TrainConfig& r) { r.freeze_modules = train::FreezeUnits::automatic; },
+      "--freeze-modules layers, not auto");
   auto sum_units = [&] {
-    c.freeze_modules = "layers";
+    c.freeze_modules = train::FreezeUnits::layers;
     c.stop_after_steps = 0;
     return train::run_training(c).completed;
   };
@@ -837,10 +830,11 @@ TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
 // other (a checkpoint from before the flag was read with the network).
 TEST(FreezeTrainer, ResumeRefusesAnotherReferenceScope) {
   auto c = run_cfg(tmpdir("scope_resume"), "egeria");
-  c.freeze_reference_scope = "network";
+  c.freeze_reference_scope = train::ReferenceScope::network;
   c = expect_resume_refused(
-      c, [](train::TrainConfig& r) { r.freeze_reference_scope = "unit"; }, "--freeze-reference-scope network");
-  c.freeze_reference_scope = "network";
+      c, [](train::TrainConfig& r) { r.freeze_reference_scope = train::ReferenceScope::unit; },
+      "--freeze-reference-scope network");
+  c.freeze_reference_scope = train::ReferenceScope::network;
   c.stop_after_steps = 4;
   EXPECT_FALSE(train::run_training(c).completed) << "resumed, and stopped again";
 }
@@ -883,17 +877,14 @@ TEST(FreezeTrainer, TheBootstrappingCheckSpansATenthOfAShortRun) {
 
 TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
   train::TrainConfig c;
-  c.freeze = "egeria";
-  c.freeze_bootstrap_interval = 11;
-  c.freeze_window = 7;
-  c.freeze_window_min = 3;
-  c.freeze_tolerance = 0.3;
-  c.freeze_tolerance_from = "peak";
-  c.freeze_last_phase = "off";
+  for (auto [flag, text] : {std::pair{"--freeze", "egeria"}, {"--freeze-bootstrap-interval", "11"},
+                            {"--freeze-window", "7"}, {"--freeze-window-min", "3"}, {"--freeze-tolerance", "0.3"},
+                            {"--freeze-tolerance-from", "peak"}, {"--freeze-last-phase", "off"}})
+    train::set_option(c, flag, text);
   for (auto [name, want] : {std::pair{"remeasure", freeze::RefreezeTolerance::remeasure},
                             std::pair{"keep", freeze::RefreezeTolerance::keep},
                             std::pair{"scaled", freeze::RefreezeTolerance::scaled}}) {
-    c.freeze_refreeze_tolerance = name;
+    train::set_option(c, "--freeze-refreeze-tolerance", name);
     const freeze::PolicyConfig pc = train::policy_config(c);
     EXPECT_EQ(pc.tracker.refreeze_tolerance, want) << name;
     EXPECT_EQ(pc.tracker.window, 7);
@@ -904,9 +895,8 @@ TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
     EXPECT_FALSE(pc.tracker.freeze_last_phase);
   }
   auto bad = run_cfg(tmpdir("bad_refreeze"), "egeria");
-  bad.freeze_refreeze_tolerance = "first3";
   try {
-    train::validate(bad);
+    train::set_option(bad, "--freeze-refreeze-tolerance", "first3");
     ADD_FAILURE() << "an unknown --freeze-refreeze-tolerance was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--freeze-refreeze-tolerance"), std::string::npos) << e.what();

@@ -63,6 +63,23 @@ TEST(Optim, ClipGradNorm) {
   EXPECT_NEAR(b.grad().to_vector<float>()[0], 0.8, 1e-5);
 }
 
+// The optimizer's clipping works on its gradient buckets (one reduction each) and
+// gives the per-parameter result; frozen parameters take no part.
+TEST(Optim, ClipGradNormOverBucketsMatchesPerParameter) {
+  std::vector<Tensor> ps = {param({0, 0, 0}), param({0, 0}), param({0})};
+  optim::SGD opt(ps, 0.1, {0.0, 0.0, 0.0, false});
+  ps[2].set_requires_grad(false);
+  opt.zero_grad();
+  ps[0].grad().copy_(Tensor::from_vector<float>({1, 2, 2}, {3}));
+  ps[1].grad().copy_(Tensor::from_vector<float>({4, 0}, {2}));
+  const double norm = opt.clip_grad_norm(1.0);
+  EXPECT_NEAR(norm, 5.0, 1e-6);  // sqrt(1 + 4 + 4 + 16)
+  EXPECT_NEAR(ps[0].grad().to_vector<float>()[1], 0.4, 1e-5);
+  EXPECT_NEAR(ps[1].grad().to_vector<float>()[0], 0.8, 1e-5);
+  EXPECT_NEAR(opt.clip_grad_norm(10.0), 1.0, 1e-5) << "under the cap: unchanged";
+  EXPECT_NEAR(ps[0].grad().to_vector<float>()[1], 0.4, 1e-5);
+}
+
 TEST(Optim, Schedules) {
   EXPECT_DOUBLE_EQ(optim::step_lr(0.1, 30)->lr_at(29), 0.1);
   EXPECT_NEAR(optim::step_lr(0.1, 30)->lr_at(30), 0.01, 1e-15);

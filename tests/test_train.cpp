@@ -168,6 +168,6 @@ TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {
     train::run_training(c);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("checkpoint of model 'resnet20', not 'resnet32'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("was trained with --model resnet20, not resnet32"), std::string::npos) << e.what();
   }
 }

@@ -1,4 +1,4 @@
-// train/translate: a small Transformer learns a toy translation task, writes the
+// train/translation_task: a small Transformer learns a toy translation task, writes the
 // trainer's files, and a run killed and resumed ends with bit-identical weights.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "models/transformer.h"
 #include "train/safetensors.h"
-#include "train/translate.h"
+#include "train/trainer.h"
 #include "tests/test_util.h"
 
 using namespace eg;
@@ -77,8 +77,8 @@ std::vector<nlohmann::json> records(const std::string& path, const std::string& 
 
 TEST(Translate, TransformerDefaultsLeaveImageDefaultsAlone) {
   auto t = train::default_config("transformer-base");
-  EXPECT_EQ(t.optimizer, "adamw");
-  EXPECT_EQ(t.lr_schedule, "inverse-sqrt");
+  EXPECT_EQ(t.optimizer, train::OptimizerKind::adamw);
+  EXPECT_EQ(t.lr_schedule, train::Schedule::inverse_sqrt);
   EXPECT_EQ(t.warmup_steps, 4000);
   EXPECT_EQ(t.dataset, "en-es");
   EXPECT_DOUBLE_EQ(t.adam_beta2, 0.98);
@@ -88,7 +88,7 @@ TEST(Translate, TransformerDefaultsLeaveImageDefaultsAlone) {
   given.lr = 1e-3;
   train::apply_model_defaults(given, {"--lr"});
   EXPECT_DOUBLE_EQ(given.lr, 1e-3);  // set by the user: kept
-  EXPECT_EQ(given.optimizer, "adamw");
+  EXPECT_EQ(given.optimizer, train::OptimizerKind::adamw);
   auto img = train::default_config("resnet20"), plain = train::TrainConfig();
   EXPECT_EQ(img.optimizer, plain.optimizer);
   EXPECT_DOUBLE_EQ(img.lr, plain.lr);
@@ -191,7 +191,7 @@ TEST(Translate, EgeriaFreezesATransformerAndResumesBitIdentically) {
   c.train_limit = 320;  // 10 batches per epoch
   c.test_limit = 8;
   c.freeze = "egeria";
-  c.freeze_modules = "layers";
+  c.freeze_modules = train::FreezeUnits::layers;
   c.freeze_sync = true;
   c.freeze_interval = 1;
   c.freeze_bootstrap_interval = -1;  // every n, the paper
@@ -199,7 +199,10 @@ TEST(Translate, EgeriaFreezesATransformerAndResumesBitIdentically) {
   ASSERT_TRUE(train::run_translation(c, &arch).completed);
   auto log = records(a + "/freeze.jsonl", "evaluation");
   EXPECT_GT(log.size(), 3u) << "no plasticity evaluations in 30 steps with n=1";
-  for (auto& e : log) EXPECT_GE(e["plasticity"].get<double>(), 0.0);
+  for (auto& e : log) {  // SP loss of row-normalised Grams: in [0, 4], never 0 against int8
+    EXPECT_GT(e["plasticity"].get<double>(), 0.0);
+    EXPECT_LE(e["plasticity"].get<double>(), 4.0);
+  }
   auto sum = nlohmann::json::parse(slurp(a + "/summary.json"));
   for (const char* k : {"frozen_fraction_final", "backward_flops_saved_fraction", "reference_overhead_fraction",
                         "evaluations_dropped", "freeze_units"})

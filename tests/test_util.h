@@ -7,6 +7,8 @@
 #include <iterator>
 #include <string>
 
+#include "train/config.h"
+
 namespace eg::testing {
 
 // An empty directory TempDir()/name (whatever was there is removed first).
@@ -21,6 +23,42 @@ inline std::string fresh_dir(const std::string& name) {
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The small image run the trainer tests share: ResNet-20 on 256 synthetic images in
+// batches of 16 (16 steps an epoch), 4 epochs, the LR falling 10x at epoch 3, 2 threads.
+inline train::TrainConfig small_image_run(const std::string& out) {
+  train::TrainConfig c;
+  c.model = "resnet20";
+  c.dataset = "synthetic";
+  c.train_limit = 256;
+  c.test_limit = 64;
+  c.batch_size = 16;
+  c.epochs = 4;
+  c.lr = 0.05;
+  c.milestones = {3};
+  c.out = out;
+  c.threads = 2;
+  c.seed = 5;
+  return c;
+}
+
+// Egeria set to decide within such a run: bootstrapping checked every n = 2 steps (by
+// default the check spans an epoch or a tenth of the run), W = 2, T at half the largest
+// early slope (the paper: 20%: in a 64-step run at batch 16 the readings are noisy, and
+// whether two in a row fall under 20% depends on the last bits of the kernels'
+// arithmetic; at 50% the stem freezes under every kernel variant tried: plain and
+// blocked activations, -O2 and -O3), readings inline, one unit per layer module (in 64
+// steps the stem alone reaches W stale readings; the paper's coarser units are tested
+// in test_partition.cpp).
+inline void use_fast_egeria(train::TrainConfig& c) {
+  c.freeze = "egeria";
+  c.freeze_interval = 2;
+  c.freeze_bootstrap_interval = -1;
+  c.freeze_window = 2;
+  c.freeze_tolerance = 0.5;
+  c.freeze_sync = true;
+  c.freeze_modules = train::FreezeUnits::layers;
 }
 
 }  // namespace eg::testing

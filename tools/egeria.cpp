@@ -6,198 +6,96 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "core/device.h"
+#include "data/dataset.h"
+#include "freeze/policy.h"
+#include "models/model.h"
 #include "quant/reference.h"
 #include "train/trainer.h"
+
+namespace {
+
+using eg::train::Option;
+using eg::train::OnResume;
+
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string shown(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    std::string s;
+    for (auto& e : v) s += (s.empty() ? "" : ",") + shown(e);
+    return s;
+  }
+  return v.dump();
+}
+
+// The values an option takes, from its registry where there is one.
+std::string value_text(const Option& o) {
+  std::vector<std::string> datasets = eg::data::image_dataset_names();
+  datasets.push_back("en-es");
+  if (o.key == "model") return joined(eg::models::model_names(), "|");
+  if (o.key == "dataset") return joined(datasets, "|");
+  if (o.key == "freeze") return joined(eg::freeze::policy_names(), "|");
+  if (o.key == "freeze_reference") return joined(eg::quant::reference_precisions(), "|");
+  return o.value_text;
+}
+
+// `egeria train`'s options, one per row of the option table (train/config.h), in its
+// groups; their text is parsed by the table after CLI11 has split the command line.
+std::vector<std::pair<const Option*, CLI::Option*>> add_train_options(CLI::App* train, std::vector<std::string>& texts) {
+  const eg::train::TrainConfig defaults;
+  const auto& table = eg::train::options();
+  texts.resize(table.size());
+  std::vector<std::pair<const Option*, CLI::Option*>> added;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const Option& o = table[i];
+    std::string help = o.help;
+    if (o.on_resume == OnResume::free && o.key != "resume") help += " [may change on --resume]";
+    if (o.on_resume == OnResume::warn)
+      help += " [may change on --resume, with a warning: the run is then no longer bit-identical]";
+    CLI::Option* x = nullptr;
+    if (o.is_switch) {
+      x = train->add_flag(o.flag)->description(help);
+    } else {
+      x = train->add_option(o.flag, texts[i], help);
+      const std::string d = shown(o.get(defaults));
+      x->option_text(value_text(o) + (d.empty() || o.key == "threads" || o.key == "cpu_winograd" ? "" : "=" + d));
+    }
+    x->group(eg::train::group_title(o.group));
+    added.emplace_back(&o, x);
+  }
+  return added;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"egeria: DNN training with knowledge-guided layer freezing"};
   app.require_subcommand(1);
-  eg::train::TrainConfig c;
 
   auto* train = app.add_subcommand("train", "train a built-in model");
-  // Flags marked (*) default differently for Transformers: see Note [Model-dependent defaults].
-  train->add_option("--model", c.model, "resnet20|32|44|56|110, resnet18|50, mobilenetv2, transformer-tiny|base")
-      ->capture_default_str();
-  train->add_option("--dataset", c.dataset, "fashion-mnist, mnist, cifar10, cifar100, synthetic; en-es (*)")
-      ->capture_default_str();
-  train->add_option("--data-dir", c.data_dir,
-                    "dataset directory (fashion-mnist defaults to Debian's package, en-es to datasets/en-es)");
-  train->add_option("--epochs", c.epochs)->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--batch-size", c.batch_size)->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--lr", c.lr, "base learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--optimizer", c.optimizer)->capture_default_str()->check(CLI::IsMember({"sgd", "adamw"}));
-  train->add_option("--momentum", c.momentum)->capture_default_str()->check(CLI::Range(0.0, 0.999999));
-  train->add_flag("--nesterov", c.nesterov);
-  train->add_option("--weight-decay", c.weight_decay)->capture_default_str()->check(CLI::NonNegativeNumber);
-  train->add_option("--lr-schedule", c.lr_schedule)
-      ->capture_default_str()
-      ->check(CLI::IsMember({"step", "multistep", "cosine", "constant", "inverse-sqrt", "linear"}));
-  train->add_option("--milestones", c.milestones,
-                    "epochs at which step/multistep multiply the LR by --gamma (default: half and three quarters of "
-                    "--epochs, rounded down)")
-      ->delimiter(',');
-  train->add_option("--gamma", c.gamma)->capture_default_str();
-  train->add_option("--warmup-steps", c.warmup_steps)->capture_default_str()->check(CLI::NonNegativeNumber);
-  train->add_option("--device", c.device, "cpu or cuda:N")->capture_default_str();
-  train->add_option("--threads", c.threads, "CPU threads (0: all cores)")->capture_default_str();
-  const char* wino_help =
-      "Winograd for the CPU's 3x3 convolutions with >= 32 channels where oneDNN has it (AVX-512); off: all "
-      "direct, as PyTorch (default on, or off when EG_CPU_WINOGRAD=0)";
-  train->add_option("--cpu-winograd", c.cpu_winograd, wino_help)->check(CLI::IsMember({"on", "off"}));
-  train->add_option("--seed", c.seed)->capture_default_str();
-  train->add_option("--train-limit", c.train_limit, "use the first N training images (or sentence pairs)")
-      ->check(CLI::NonNegativeNumber);
-  train->add_option("--test-limit", c.test_limit, "use the first N test images (translation: valid and test pairs)")
-      ->check(CLI::NonNegativeNumber);
-  train->add_option("--target-accuracy", c.target_accuracy, "report time to reach this test accuracy");
-  train->add_option("--out", c.out, "output directory")->capture_default_str();
-  train->add_flag("--resume", c.resume, "continue from DIR/checkpoint.safetensors");
-  train->add_option("--checkpoint-every", c.checkpoint_every, "also checkpoint every N steps")->check(CLI::NonNegativeNumber);
-  train->add_option("--log-every", c.log_every)->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--workers", c.workers, "data loader threads")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_flag("!--no-augment", c.augment, "disable random crop and flip");
-  train->add_option("--augment-mode", c.augment_mode,
-                    "epoch: a new random crop and flip for every sample every epoch; sample: one per sample for the "
-                    "whole run (stateless, as --freeze-cache on needs)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"epoch", "sample"}));
-  train->add_option("--freeze", c.freeze, "layer freezing policy: none, static, freezeout, autofreeze, egeria")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "static", "freezeout", "autofreeze", "egeria"}));
-  train->add_option("--freeze-modules", c.freeze_modules,
-                    "freezing units: auto (the paper's: stages, large ones split) or layers (every layer module)")
-      ->check(CLI::IsMember({"auto", "layers"}));
-  train->add_option("--freeze-module-regex", c.freeze_module_regex,
-                    "freezing units by parameter name: parameters whose match of this regex (its first group, if "
-                    "any) is the same form one unit, e.g. '^(layer[0-9]+)\\.'");
-  train->add_option("--freeze-interval", c.freeze_interval,
-                    "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at "
-                    "least 10; autofreeze, one epoch)")
-      ->check(CLI::NonNegativeNumber);
-  train->add_option("--freeze-bootstrap-interval", c.freeze_bootstrap_interval,
-                    "egeria: iterations between the bootstrapping stage's checks, each comparing the mean training "
-                    "loss over its iterations with the previous check's: auto (an epoch, or a tenth of a shorter run, "
-                    "and at least n), n (every n iterations, the paper) or a number")
-      ->default_str("auto")
-      ->option_text("auto|n|N=auto")
-      ->transform(
-          [](std::string v) -> std::string {
-            // TrainConfig::freeze_bootstrap_interval: 0 is auto, -1 is n.
-            if (v == "auto") return "0";
-            if (v == "n") return "-1";
-            try {
-              size_t end = 0;
-              if (std::stoll(v, &end) >= 1 && end == v.size()) return v;
-            } catch (const std::exception&) {
-            }
-            throw CLI::ValidationError("must be auto, n or a positive number of iterations, got '" + v + "'");
-          },
-          "auto|n|N");
-  train->add_option("--freeze-window", c.freeze_window, "egeria: W, stale readings before freezing")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  train->add_option("--freeze-window-min", c.freeze_window_min,
-                    "egeria: W halves after each unfreeze, but not below this (1: the paper)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  train->add_option("--freeze-tolerance", c.freeze_tolerance, "egeria: T coefficient")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  train->add_option("--freeze-tolerance-from", c.freeze_tolerance_from,
-                    "egeria: T = coefficient x the largest |slope| of a module's first 3 fits (first3, the paper) or "
-                    "of all its fits so far (peak: for modules already settled when bootstrapping ends)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"first3", "peak"}));
-  train->add_option("--freeze-refreeze-tolerance", c.freeze_refreeze_tolerance,
-                    "egeria: the T a module refreezes with after an LR unfreeze: measured again from its first 3 "
-                    "fits at the new LR (remeasure), the T of its first fits ever (keep, the paper), or that T "
-                    "scaled by the LR's fall (scaled)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"remeasure", "keep", "scaled"}));
-  train->add_option("--freeze-first-phase", c.freeze_first_phase,
-                    "egeria: on (the paper) freezes as soon as a module is found converged; off holds those "
-                    "freezes until the LR first falls 10x below its peak, then applies them at once")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off"}));
-  train->add_option("--freeze-unfreeze", c.freeze_unfreeze,
-                    "egeria: lr (the paper) unfreezes every module when the LR has fallen 10x since the front "
-                    "one froze; never keeps what froze frozen to the end, as AutoFreeze")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"lr", "never"}));
-  train->add_option("--freeze-last-phase", c.freeze_last_phase,
-                    "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR "
-                    "within 10x of its final value) whole, unfreezing what is frozen when it begins")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off"}));
-  train->add_option("--freeze-bn", c.freeze_bn,
-                    "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
-                    "or normalise with their running statistics (running: a fixed function, as the paper's activation "
-                    "cache needs)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"running", "batch"}));
-  train->add_option("--freeze-cache", c.freeze_cache,
-                    "on: keep the frozen prefix's output per sample on disk and skip its forward when the sample "
-                    "comes again (the paper's activation cache; needs --freeze-bn running and --augment-mode sample)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off"}));
-  train->add_option("--freeze-cache-dir", c.freeze_cache_dir,
-                    "keep the activation cache in a file in this directory (deleted when the run ends); by default "
-                    "it is kept in memory when it takes at most half the available memory, else in a file in --out");
-  train->add_option("--freeze-reference", c.freeze_reference,
-                    "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU")
-      ->capture_default_str()
-      ->check(CLI::IsMember(eg::quant::reference_precisions()));
-  train->add_option("--freeze-reference-calibration", c.freeze_reference_calibration,
-                    "egeria, int8 reference: calibrate each convolution's input scale on this many batches after "
-                    "every refresh of the reference, then keep it (static quantisation, the paper); 0: every batch "
-                    "its own scales (dynamic)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  train->add_option("--freeze-reference-scope", c.freeze_reference_scope,
-                    "egeria: what the reference runs for an evaluation: only the front unit, on the training model's "
-                    "input to it (unit: its cost does not grow with the depth of the front), or the network from "
-                    "the images through the front unit (network, the paper); Transformers always run network")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"network", "unit"}));
-  train->add_flag("--freeze-sync", c.freeze_sync, "egeria: evaluate plasticity inline (deterministic, slower)");
-  train->add_option("--freeze-apply", c.freeze_apply,
-                    "egeria: act on a background evaluation's result at the next evaluation step, waiting for it "
-                    "if late (next: the same run makes the same decisions), or as soon as it arrives (arrival: "
-                    "never waits, as the paper; decisions then depend on timing)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"next", "arrival"}));
-  train->add_option("--freeze-reference-max-load", c.freeze_reference_max_load,
-                    "egeria: run the reference forward only while the machine's CPU load is at most this percentage "
-                    "(auto: 50 when training on a GPU with --freeze-apply arrival, as the paper; else 100, never "
-                    "waiting)")
-      ->capture_default_str();
-  train->add_option("--freeze-threads", c.freeze_threads, "egeria: threads of each background thread")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  train->add_option("--static-modules", c.static_modules, "static: number of front modules to freeze");
-  train->add_option("--static-epoch", c.static_epoch, "static: epoch at which they freeze");
-  train->add_option("--freezeout-t0", c.freezeout_t0, "freezeout: fraction of training when the first module freezes")
-      ->capture_default_str();
-  train->add_option("--autofreeze-percentile", c.autofreeze_percentile, "autofreeze: gradient-change percentile")
-      ->capture_default_str();
-  train->add_option("--stop-after-steps", c.stop_after_steps, "end after N steps of this invocation (testing)");
-  std::vector<double> betas;
-  train->add_option("--adam-betas", betas, "AdamW beta1,beta2 (0.9,0.999; 0.9,0.98 for Transformers)")
-      ->delimiter(',')
-      ->expected(2);
-  train->add_option("--vocab-size", c.vocab_size, "translation: SentencePiece vocabulary, shared by both languages")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  train->add_option("--max-len", c.max_len, "translation: tokens per sentence; longer training pairs are dropped")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  train->add_option("--max-tokens", c.max_tokens, "translation: batch by this many tokens instead of --batch-size")
-      ->check(CLI::NonNegativeNumber);
+  train->footer("Options whose defaults differ for Transformers (AdamW 0.9,0.98, lr 5e-4, inverse-sqrt with 1000 "
+                "or 4000 warmup steps, no weight decay, 64 sentences, dataset en-es) take those unless given.");
+  std::vector<std::string> texts;
+  const auto train_options = add_train_options(train, texts);
+  std::string config_file;
+  train->add_option("--config", config_file,
+                    "start from a run's config.json (the options given here override it)")
+      ->option_text("FILE")
+      ->group("Run")
+      ->check(CLI::ExistingFile);
 
   std::string eval_out, eval_data;
   int64_t eval_limit = 0;
@@ -228,25 +126,43 @@ int main(int argc, char** argv) {
   step->add_option("--iterations", biters)->capture_default_str()->check(CLI::PositiveNumber);
   step->add_option("--threads", bthreads)->capture_default_str();
   std::string bwino;
-  step->add_option("--cpu-winograd", bwino, wino_help)->check(CLI::IsMember({"on", "off"}));
+  step->add_option("--cpu-winograd", bwino, eg::train::option("--cpu-winograd").help)
+      ->check(CLI::IsMember({"on", "off"}));
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) {
+      eg::train::TrainConfig c;
       std::set<std::string> given;
-      for (const CLI::Option* o : train->get_options())
-        if (o->count() > 0) given.insert(o->get_name());
+      if (!config_file.empty()) {
+        std::ifstream f(config_file);
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(f);
+        } catch (const nlohmann::json::exception& e) {
+          throw eg::Error("--config '" + config_file + "' is not valid JSON: " + e.what());
+        }
+        c = eg::train::from_json(j, c, {"arch", "tokenizer"});
+        for (auto& o : eg::train::options()) given.insert(o.flag);  // the file holds every value
+      }
+      for (auto& [o, x] : train_options)
+        if (x->count() > 0) {
+          o->set(c, nlohmann::json(o->is_switch ? std::string() : texts[size_t(o - eg::train::options().data())]));
+          given.insert(o->flag);
+        }
       eg::train::apply_model_defaults(c, given);
-      if (!betas.empty()) c.adam_beta1 = betas[0], c.adam_beta2 = betas[1];
       auto s = eg::train::run_training(c);
       if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());
       if (s.completed && s.tokens_per_second > 0)
-        std::printf("final test BLEU %.2f (best valid BLEU %.2f), %.1f s, %.0f tokens/s; summary in %s/summary.json\n",
-                    s.final_test_bleu, s.best_valid_bleu, s.train_seconds, s.tokens_per_second, c.out.c_str());
-      else if (s.completed)
-        std::printf("final test accuracy %.2f%% (best %.2f%%), %.1f s, %.0f images/s; summary in %s/summary.json\n",
-                    100 * s.final_test_accuracy, 100 * s.best_test_accuracy, s.train_seconds, s.images_per_second,
+        std::printf("final test BLEU %.2f (best epoch %lld by validation loss: BLEU %.2f), %.1f s, %.0f tokens/s; "
+                    "summary in %s/summary.json\n",
+                    s.final_test_bleu, (long long)s.best_epoch, s.best_valid_bleu, s.train_seconds, s.tokens_per_second,
                     c.out.c_str());
+      else if (s.completed)
+        std::printf("final test accuracy %.2f%% (best epoch %lld: test accuracy %.2f%%), %.1f s, %.0f images/s; "
+                    "summary in %s/summary.json\n",
+                    100 * s.final_test_accuracy, (long long)s.best_epoch, 100 * s.best_test_accuracy, s.train_seconds,
+                    s.images_per_second, c.out.c_str());
     } else if (*eval) {
       auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration);
       nlohmann::json j = r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}

@@ -8,31 +8,23 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "layers/layers.h"
+#include "train/checkpoint.h"
 
 namespace eg::train {
 
 using json = nlohmann::json;
 
 namespace {
-void append(const std::string& path, const json& j) { detail::append_json_line(path, j.dump()); }
+void append(const std::string& path, const json& j) { append_json_line(path, j); }
 }  // namespace
 
 double reference_max_cpu_load(const TrainConfig& c) {
-  const std::string& v = c.freeze_reference_max_load;
   // auto: the paper's gate where it fits, beside GPU training whose results are acted
   // on when they arrive; with --freeze-apply next training waits for each result at the
   // next evaluation, so a reference held back by the gate would stall it there.
-  if (v == "auto") return Device::parse(c.device).is_cuda() && c.freeze_apply == "arrival" ? 0.5 : 1.0;
-  double pct = -1;
-  size_t used = 0;
-  try {
-    pct = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  EG_CHECK(used == v.size() && used > 0 && pct > 0 && pct <= 100, "--freeze-reference-max-load must be auto or a ",
-           "percentage of the machine's CPU, a number in (0, 100] without %, got '", v, "'");
-  return pct / 100;
+  if (c.freeze_reference_max_load == 0)
+    return Device::parse(c.device).is_cuda() && c.freeze_apply == FreezeApply::arrival ? 0.5 : 1.0;
+  return c.freeze_reference_max_load / 100;
 }
 
 freeze::PolicyConfig policy_config(const TrainConfig& c) {
@@ -44,17 +36,17 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   pc.tracker.window = c.freeze_window;
   pc.tracker.min_window = c.freeze_window_min;
   pc.tracker.tolerance_coef = c.freeze_tolerance;
-  pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == "peak";
-  pc.tracker.refreeze_tolerance = freeze::parse_refreeze_tolerance(c.freeze_refreeze_tolerance);
-  pc.tracker.freeze_last_phase = c.freeze_last_phase != "off";
-  pc.tracker.freeze_first_phase = c.freeze_first_phase != "off";
-  pc.tracker.unfreeze_on_lr_fall = c.freeze_unfreeze != "never";
+  pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == ToleranceFrom::peak;
+  pc.tracker.refreeze_tolerance = c.freeze_refreeze_tolerance;
+  pc.tracker.freeze_last_phase = c.freeze_last_phase;
+  pc.tracker.freeze_first_phase = c.freeze_first_phase;
+  pc.tracker.unfreeze_on_lr_fall = c.freeze_unfreeze == Unfreeze::lr;
   pc.reference = c.freeze_reference;
   pc.reference_calibration = c.freeze_reference_calibration;
   pc.unfreeze_hook = c.freeze_unfreeze_hook;
   pc.device = Device::parse(c.device);
   pc.synchronous = c.freeze_sync;
-  pc.apply_on_arrival = c.freeze_apply == "arrival";
+  pc.apply_on_arrival = c.freeze_apply == FreezeApply::arrival;
   pc.reference_threads = c.freeze_threads;
   pc.reference_max_cpu_load = reference_max_cpu_load(c);
   pc.static_modules = c.static_modules;
@@ -64,8 +56,7 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   return pc;
 }
 
-FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
-                     bool fresh)
+FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir)
     : model_(model), metrics_(out_dir + "/metrics.jsonl"), log_(out_dir + "/freeze.jsonl") {
   const auto layers = model.layer_modules();
   pc.partition = freeze::make_partition(model, c.freeze_modules, c.freeze_module_regex);
@@ -81,9 +72,8 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
                                                : double(layers[size_t(i)].second->num_parameters()) / params;
     unit_flops_.push_back(f);
   }
-  unit_scope_ = c.freeze == "egeria" && c.freeze_reference_scope == "unit" && model.sequential();
-  if (fresh) std::ofstream(log_, std::ios::trunc);
-  if (c.freeze_bn == "batch")
+  unit_scope_ = c.freeze == "egeria" && c.freeze_reference_scope == ReferenceScope::unit && model.sequential();
+  if (c.freeze_bn == FrozenBn::batch)
     for (auto& [name, mod] : model.named_modules())
       if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
 }

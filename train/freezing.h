@@ -1,5 +1,5 @@
-// The freezing side of a training loop, shared by the image loop (train/trainer.cpp)
-// and the translation loop (train/translate.cpp): freezing units and policy from the
+// The freezing side of the training loop (train/run.cpp) and of its tasks: freezing
+// units and policy from the
 // configuration; which layer module to capture; after each optimizer step the policy's
 // decision applied and logged (metrics.jsonl "freeze" lines, freeze.jsonl); its state
 // in checkpoints; its figures in summary.json.
@@ -12,7 +12,7 @@
 
 #include "cache/activation_cache.h"
 #include "freeze/policy.h"
-#include "train/trainer.h"
+#include "train/config.h"
 
 namespace eg::train {
 
@@ -25,9 +25,8 @@ std::string freeze_report(const nlohmann::json& summary);
 class FreezeRun {
  public:
   // `model` is the training model; `pc` the policy's configuration (policy_config(c)
-  // plus the model and run length). `fresh`: a new run, freeze.jsonl starts empty.
-  FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
-            bool fresh);
+  // plus the model and run length). It appends to DIR/metrics.jsonl and DIR/freeze.jsonl.
+  FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir);
 
   // Layer modules (not units) to run under no-grad now, and the one to capture before
   // the forward of `step` (-1: none).
@@ -82,8 +81,8 @@ class FreezeRun {
 
 // The PolicyConfig fields that come straight from the flags.
 freeze::PolicyConfig policy_config(const TrainConfig& c);
-// --freeze-reference-max-load as a share of the CPU (1: the reference never waits);
-// throws naming the flag on a value that is not auto or a percentage in (0, 100].
+// --freeze-reference-max-load as a share of the CPU (1: the reference never waits),
+// auto resolved for the run's device.
 double reference_max_cpu_load(const TrainConfig& c);
 
 }  // namespace eg::train

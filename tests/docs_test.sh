@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The README and docs/ against the code: every flag they mention is one that `egeria`
+# (train, eval, bench step) or bench/time_to_accuracy.py takes, and every repository
+# file they name exists.
+set -u
+egeria=$1
+root=$(cd "$(dirname "$0")/.." && pwd)
+docs=("$root/README.md" "$root"/docs/*.md)
+known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" bench step --help
+          python3 "$root/bench/time_to_accuracy.py" --help; } 2>&1 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u)
+others="--help --prefix --install"  # cmake's, and every tool's
+passed=0 failed=0
+for flag in $(cat "${docs[@]}" | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u); do
+  if grep -qx -- "$flag" <<<"$known" || [[ " $others " == *" $flag "* ]]; then
+    passed=$((passed + 1))
+  else
+    echo "FAIL: the docs mention $flag, which no egeria command (nor bench/time_to_accuracy.py) takes"
+    failed=$((failed + 1))
+  fi
+done
+# Paths of files (an extension, or a tools/ script); docs/STYLE.md names other projects' files.
+for doc in "${docs[@]}"; do
+  [ "$(basename "$doc")" = STYLE.md ] && continue
+  for p in $(grep -oE '\b(tools|train|bench|tests|docs|freeze|quant|cache|core|kernels|models|data|layers|optim|autograd|examples|cmake|dist)/[A-Za-z0-9_./-]*[A-Za-z0-9_]' "$doc" | sort -u); do
+    [[ $p == bench/eg_bench_* ]] && p="bench/${p#bench/eg_}.cpp"  # a benchmark program, by its source
+    [[ $p == tools/* || $p =~ \.(h|cpp|cu|py|md|sh|txt|cmake)$ ]] || continue
+    if [ -e "$root/$p" ]; then
+      passed=$((passed + 1))
+    else
+      echo "FAIL: $(basename "$doc") names $p, which is not in the repository"
+      failed=$((failed + 1))
+    fi
+  done
+done
+echo "docs_test: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,171 @@
+// A training run's configuration: typed values, and the one table of options that
+// drives the command line (train/cli.h), config.json (both ways) and the check a
+// resumed run makes against its checkpoint. Every option a user can give is a row of
+// that table (train/options.cpp); values are parsed and validated there, once, so
+// nothing below train/ reads a flag's text.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "freeze/partition.h"
+#include "freeze/tracker.h"
+
+namespace eg::optim {
+class LrSchedule;
+}
+
+namespace eg::train {
+
+enum class OptimizerKind { sgd, adamw };
+enum class Schedule { step, cosine, constant, inverse_sqrt, linear };
+enum class AugmentMode { epoch, sample };       // a new crop/flip every epoch, or one per sample
+using FreezeUnits = freeze::PartitionMode;
+enum class ToleranceFrom { first3, peak };
+enum class Unfreeze { lr, never };
+enum class FrozenBn { batch, running };         // Note [Frozen BatchNorm semantics]
+enum class FreezeApply { next, arrival };
+enum class ReferenceScope { unit, network };    // Note [The reference's scope]
+enum class Winograd { process, on, off };       // process: leave EG_CPU_WINOGRAD's choice
+
+struct TrainConfig {
+  // ---- run
+  std::string model = "resnet20", out = "runs/latest", device = "cpu";
+  int64_t epochs = 15;
+  uint64_t seed = 0;
+  int threads = 0;  // 0: all cores (config.json records the count used)
+  Winograd cpu_winograd = Winograd::process;
+  bool resume = false;
+  int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only
+  int64_t keep_checkpoints = 1;  // the newest N checkpoints are kept (checkpoint-<step>)
+  int64_t log_every = 50;
+  double target_accuracy = 0;    // 0..1 or 0..100; time_to_target_seconds reports when reached
+  int64_t stop_after_steps = 0;  // testing: end this invocation after N steps (as if killed)
+  // ---- data
+  std::string dataset = "fashion-mnist", data_dir;
+  int64_t train_limit = 0, test_limit = 0;
+  double val_fraction = 0;  // held out of the training set, seeded; the best epoch is chosen on it
+  bool augment = true;
+  AugmentMode augment_mode = AugmentMode::epoch;
+  int workers = 1;
+  // ---- optimisation
+  int64_t batch_size = 128;
+  OptimizerKind optimizer = OptimizerKind::sgd;
+  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, gamma = 0.1;
+  bool nesterov = false;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999;
+  Schedule lr_schedule = Schedule::step;
+  std::vector<int64_t> milestones;  // epochs; default: 50% and 75% of the epochs, rounded down
+  int64_t warmup_steps = 0;
+  double grad_clip = 0;  // the gradients' global L2 norm clipped to this before each step (0: off)
+  // ---- layer freezing (freeze/policy.h): none, static, freezeout, autofreeze, egeria
+  std::string freeze = "none";
+  FreezeUnits freeze_modules = FreezeUnits::automatic;
+  std::string freeze_module_regex;  // non-empty: units by parameter name
+  int64_t freeze_interval = 0;      // egeria/autofreeze n (0: the paper's guideline)
+  // egeria: steps between bootstrapping checks (0: an epoch or a tenth of a shorter run,
+  // at least n; -1: n, the paper; Note [The bootstrapping check's span] in freeze/tracker.h)
+  int64_t freeze_bootstrap_interval = 0;
+  int64_t freeze_window = 10;     // egeria W
+  int64_t freeze_window_min = 1;  // W halves after an unfreeze down to this (1: the paper)
+  double freeze_tolerance = 0.2;  // T = this x the largest of a module's first 3 slopes
+  ToleranceFrom freeze_tolerance_from = ToleranceFrom::first3;
+  freeze::RefreezeTolerance freeze_refreeze_tolerance = freeze::RefreezeTolerance::remeasure;
+  FrozenBn freeze_bn = FrozenBn::batch;
+  bool freeze_last_phase = true;   // false: the schedule's last LR phase trains whole
+  bool freeze_first_phase = true;  // false: freezes held until the LR first falls 10x
+  Unfreeze freeze_unfreeze = Unfreeze::lr;
+  // egeria, for embedders with cyclic LR schedules: called at every step while a unit is
+  // frozen with (step, LR); true unfreezes every unit (freeze::PolicyConfig::unfreeze_hook).
+  // Not an option: it is not in config.json and a resume cannot check it.
+  std::function<bool(int64_t, double)> freeze_unfreeze_hook;
+  bool freeze_sync = false;  // egeria: evaluate plasticity inline (deterministic)
+  FreezeApply freeze_apply = FreezeApply::next;
+  int freeze_threads = 1;  // egeria: threads of each background thread
+  int64_t static_modules = -1, static_epoch = -1;
+  double freezeout_t0 = 0.5, autofreeze_percentile = 50;
+  // ---- reference model (egeria)
+  std::string freeze_reference = "int8";  // quant::reference_precisions()
+  // int8: convolution inputs calibrated on this many batches after each refresh, then
+  // fixed (0: every batch its own scales; Note [Static activation scales]).
+  int64_t freeze_reference_calibration = 3;  // quant::kCalibrationBatches
+  ReferenceScope freeze_reference_scope = ReferenceScope::unit;
+  // The reference forward runs only while the machine's CPU load is at most this
+  // percentage; 0 is "auto": 50 when training on a GPU with freeze_apply arrival, as the
+  // paper, else 100 (never waiting: CPU training keeps the cores busy by design, and with
+  // "next" training would wait for a held-back reference at the next evaluation).
+  double freeze_reference_max_load = 0;
+  // ---- activation cache of the frozen prefix (cache/, the paper's §4.3): skips the
+  // prefix's forward for samples seen since the last freeze; needs freeze_bn running and
+  // augment_mode sample (or no augmentation).
+  bool freeze_cache = false;
+  std::string freeze_cache_dir;  // set: its entries go to a file there; empty: in memory when
+                                 // they take at most half the available memory, else in --out
+  // ---- translation (Transformers): shared SentencePiece vocabulary, tokens per side
+  // (longer training pairs are dropped), and batching by a token budget when > 0.
+  int64_t vocab_size = 8000, max_len = 128, max_tokens = 0;
+};
+
+// Note [Model-dependent defaults]
+// TrainConfig's initialisers are the image models' defaults (SGD, lr 0.1, ...). A
+// Transformer trains with other ones (AdamW with betas 0.9/0.98, lr 5e-4, inverse
+// square root schedule with warmup, no weight decay, 64 sentences, dataset en-es).
+// apply_model_defaults(c, given) sets those for c.model, leaving alone the fields whose
+// flags are in `given` ("--lr", "--optimizer", ...: what the user set explicitly); for
+// image models it changes nothing. The CLI calls it with the flags it parsed; library
+// users call default_config(model) and then set what they want.
+void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given = {});
+TrainConfig default_config(const std::string& model);
+
+bool is_translation_model(const std::string& model);  // "transformer-*"
+
+// Every problem named in the flag's terms (eg::Error).
+void validate(const TrainConfig& c);
+
+// ---- the table of options
+enum class OptionGroup { run, data, optimisation, freezing, reference, cache, translation, hidden };
+const char* group_title(OptionGroup g);
+
+// What a resumed run may do with an option: `fixed` options change the result and must
+// equal the checkpoint's; `free` ones (paths, logging) may change; `warn` ones may change
+// with a printed warning (results are then no longer bit-identical).
+enum class OnResume { fixed, free, warn };
+
+struct Option {
+  std::string flag;  // "--lr"
+  std::string key;   // "lr" in config.json
+  OptionGroup group;
+  OnResume on_resume;
+  std::string help;
+  std::string value_text;  // "auto|n|N", "sgd|adamw", ...; empty for a switch
+  bool is_switch = false;  // takes no value (--nesterov, --no-augment)
+  std::function<nlohmann::json(const TrainConfig&)> get;
+  // Sets the value from config.json's form or, as a JSON string, from the command line's
+  // text; throws eg::Error naming the flag and the accepted values.
+  std::function<void(TrainConfig&, const nlohmann::json&)> set;
+};
+const std::vector<Option>& options();
+const Option& option(const std::string& flag_or_key);
+
+// Parses one option's command-line text into c (throws eg::Error naming the flag).
+void set_option(TrainConfig& c, const std::string& flag, const std::string& text);
+
+// config.json: every option, with `threads` and `cpu_winograd` as this process resolved
+// them. from_json starts from `base` and sets each key present; an unknown key is an error
+// naming it (keys a task adds beside the options, such as "arch", are listed in `extra`).
+nlohmann::json to_json(const TrainConfig& c);
+TrainConfig from_json(const nlohmann::json& j, TrainConfig base = {}, const std::set<std::string>& extra = {});
+
+// The check `--resume` makes: each fixed option equal to the checkpoint's config (an
+// error names the option and both values), `--epochs` changed only when the LR of every
+// step up to `resume_step` is unchanged, and a warning for each `warn` option changed.
+void check_resume(const TrainConfig& c, const nlohmann::json& saved, int64_t steps_per_epoch, int64_t resume_step,
+                  const std::string& ckpt);
+
+std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t steps_per_epoch);
+
+}  // namespace eg::train

@@ -1,0 +1,48 @@
+// Image classification as a task of the training loop (train/task.h): the built-in
+// image models (ResNets, MobileNetV2) on an in-memory image dataset, cross-entropy,
+// accuracy and loss on the test split (and on a held-out validation split with
+// --val-fraction), with the activation cache of the frozen prefix.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/loader.h"
+#include "train/task.h"
+
+namespace eg::train {
+
+class ImageTask : public Task {
+ public:
+  void setup(const TrainConfig& c) override;
+  models::Model& model() override { return *model_; }
+  void configure_freezing(freeze::PolicyConfig& pc) const override;
+  void attach(FreezeRun& fr) override;
+  int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
+  void start_epoch(int64_t epoch, int64_t first_batch) override { loader_->start_epoch(epoch, first_batch); }
+  bool next_batch() override { return loader_->next(batch_); }
+  StepOutput training_step(FreezeRun& fr, int64_t capture) override;
+  std::vector<Split> epoch_splits() const override;
+  Metrics evaluate(Split s) override;
+  std::string selection_metric() const override { return "accuracy"; }
+  bool higher_is_better() const override { return true; }
+  void summarize(nlohmann::json& summary) const override;
+
+ private:
+  TrainConfig c_;
+  Device dev_;
+  std::shared_ptr<data::ImageDataset> train_, valid_, test_;
+  models::ModelPtr model_;
+  std::unique_ptr<data::Loader> loader_;
+  data::Batch batch_;
+};
+
+int64_t num_classes(const std::string& dataset);
+
+// Accuracy and mean cross-entropy of `m` on `d` (normalised as `dataset` is), in eval mode.
+Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev);
+
+// `fraction` of `d`'s samples, drawn by a seeded shuffle, and the rest: (held out, kept).
+std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageDataset& d, double fraction, uint64_t seed);
+
+}  // namespace eg::train

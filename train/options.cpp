@@ -1,0 +1,446 @@
+// The table of options (train/config.h): each row names a flag, its config.json key,
+// its group in --help, what a resume may do with it, and how its value is read and
+// written. The command line, config.json and the resume check all come from here.
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <type_traits>
+
+#include "core/error.h"
+#include "train/config.h"
+
+namespace eg::train {
+
+using json = nlohmann::json;
+
+namespace {
+
+// A number from JSON, or from the command line's text (a JSON string).
+template <class T>
+T to_number(const std::string& flag, const json& j) {
+  if (j.is_number()) {
+    if constexpr (std::is_integral_v<T>)
+      EG_CHECK(j.is_number_integer() || j.is_number_unsigned(), flag, " must be a whole number, got ", j.dump());
+    if constexpr (std::is_unsigned_v<T>) EG_CHECK(!(j.is_number_integer() && j.get<int64_t>() < 0), flag,
+                                                  " must be a non-negative whole number, got ", j.dump());
+    return j.get<T>();
+  }
+  EG_CHECK(j.is_string(), flag, " must be a number, got ", j.dump());
+  const std::string s = j.get<std::string>();
+  size_t used = 0;
+  T v{};
+  try {
+    if constexpr (std::is_floating_point_v<T>) {
+      v = T(std::stod(s, &used));
+    } else if constexpr (std::is_unsigned_v<T>) {
+      EG_CHECK(s.find('-') == std::string::npos, flag, " must be a non-negative whole number, got '", s, "'");
+      v = T(std::stoull(s, &used));
+    } else {
+      v = T(std::stoll(s, &used));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  EG_CHECK(used == s.size() && !s.empty(), flag, " must be ", std::is_floating_point_v<T> ? "a number" : "a whole number",
+           ", got '", s, "'");
+  if constexpr (std::is_floating_point_v<T>) EG_CHECK(std::isfinite(v), flag, " must be a finite number, got '", s, "'");
+  return v;
+}
+
+template <class E>
+using Names = std::vector<std::pair<std::string, E>>;
+
+template <class E>
+std::string names_text(const Names<E>& names, const char* sep) {
+  std::string t;
+  for (auto& [n, v] : names) {
+    bool alias = false;  // a later name for a value already listed (multistep for step)
+    for (auto& [m, w] : names) {
+      if (&m == &n) break;
+      alias |= w == v;
+    }
+    if (!alias) t += (t.empty() ? "" : sep) + n;
+  }
+  return t;
+}
+
+Option row(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, std::string value_text) {
+  Option o;
+  o.flag = flag, o.key = key, o.group = g, o.on_resume = r, o.help = std::move(help), o.value_text = std::move(value_text);
+  return o;
+}
+
+template <class T>
+Option number(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, T TrainConfig::*m) {
+  Option o = row(flag, key, g, r, std::move(help), std::is_floating_point_v<T> ? "X" : "N");
+  o.get = [m](const TrainConfig& c) { return json(c.*m); };
+  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) { c.*m = to_number<T>(f, j); };
+  return o;
+}
+
+Option text(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, std::string TrainConfig::*m,
+            std::string value_text = "TEXT") {
+  Option o = row(flag, key, g, r, std::move(help), std::move(value_text));
+  o.get = [m](const TrainConfig& c) { return json(c.*m); };
+  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) {
+    EG_CHECK(j.is_string(), f, " must be text, got ", j.dump());
+    c.*m = j.get<std::string>();
+  };
+  return o;
+}
+
+// One of a few names (an enum, or on/off for a bool).
+template <class E>
+Option choice(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, E TrainConfig::*m,
+              Names<E> names) {
+  Option o = row(flag, key, g, r, std::move(help), names_text(names, "|"));
+  o.get = [m, names](const TrainConfig& c) {
+    for (auto& [n, v] : names)
+      if (v == c.*m) return json(n);
+    return json(nullptr);
+  };
+  o.set = [m, names, f = std::string(flag)](TrainConfig& c, const json& j) {
+    if constexpr (std::is_same_v<E, bool>)
+      if (j.is_boolean()) return void(c.*m = j.get<bool>());
+    if (j.is_null()) return void(c.*m = TrainConfig{}.*m);  // a value no name shows (--cpu-winograd unset)
+    if (j.is_string())
+      for (auto& [n, v] : names)
+        if (n == j.get<std::string>()) return void(c.*m = v);
+    EG_THROW(f, " must be ", names_text(names, " or "), ", got ", j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
+  };
+  return o;
+}
+
+const Names<bool> kOnOff = {{"on", true}, {"off", false}};
+
+// A flag without a value: giving it sets the field to `when_given`.
+Option flag_switch(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, bool TrainConfig::*m,
+                   bool when_given = true) {
+  Option o = row(flag, key, g, r, std::move(help), "");
+  o.is_switch = true;
+  o.get = [m](const TrainConfig& c) { return json(c.*m); };
+  o.set = [m, when_given, f = std::string(flag)](TrainConfig& c, const json& j) {
+    if (j.is_boolean()) return void(c.*m = j.get<bool>());
+    EG_CHECK(j.is_string() && j.get<std::string>().empty(), f, " takes no value");
+    c.*m = when_given;
+  };
+  return o;
+}
+
+std::vector<Option> make_options() {
+  using G = OptionGroup;
+  const OnResume F = OnResume::fixed, Free = OnResume::free;
+  std::vector<Option> t;
+  // ---- run
+  t.push_back(text("--model", "model", G::run, F, "the model to train", &TrainConfig::model, "NAME"));
+  t.push_back(text("--out", "out", G::run, Free, "output directory", &TrainConfig::out, "DIR"));
+  t.push_back(text("--device", "device", G::run, F, "cpu or cuda[:N]", &TrainConfig::device, "cpu|cuda:N"));
+  t.push_back(number("--epochs", "epochs", G::run, F,
+                     "epochs to train; on --resume it may grow when the LR of every step already taken stays the same "
+                     "(constant or inverse-sqrt schedules, explicit --milestones)",
+                     &TrainConfig::epochs));
+  t.push_back(number("--seed", "seed", G::run, F, "seed of the initialisation, shuffling and augmentation",
+                     &TrainConfig::seed));
+  t.push_back(number("--threads", "threads", G::run, OnResume::warn,
+                     "CPU threads (0: all cores; config.json records the count used)", &TrainConfig::threads));
+  t.push_back(choice("--cpu-winograd", "cpu_winograd", G::run, F,
+                     "Winograd for the CPU's 3x3 convolutions with >= 32 channels where oneDNN has it (AVX-512); "
+                     "off: all direct, as PyTorch (default on, or off when EG_CPU_WINOGRAD=0; config.json records "
+                     "the choice)",
+                     &TrainConfig::cpu_winograd, Names<Winograd>{{"on", Winograd::on}, {"off", Winograd::off}}));
+  t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",
+                          &TrainConfig::resume));
+  t.push_back(number("--checkpoint-every", "checkpoint_every", G::run, Free,
+                     "also checkpoint every N steps (0: at epoch ends only)", &TrainConfig::checkpoint_every));
+  t.push_back(number("--keep-checkpoints", "keep_checkpoints", G::run, Free,
+                     "keep the newest N checkpoints (checkpoint-<step>.safetensors beside checkpoint.safetensors); "
+                     "--resume falls back to an older one when the newest cannot be read",
+                     &TrainConfig::keep_checkpoints));
+  t.push_back(number("--log-every", "log_every", G::run, Free, "metrics.jsonl and progress every N steps",
+                     &TrainConfig::log_every));
+  t.push_back(number("--target-accuracy", "target_accuracy", G::run, F,
+                     "report the time to reach this test accuracy (0..1 or 0..100)", &TrainConfig::target_accuracy));
+  t.push_back(number("--stop-after-steps", "stop_after_steps", G::hidden, Free,
+                     "testing: end this invocation after N steps, as if killed", &TrainConfig::stop_after_steps));
+  // ---- data
+  t.push_back(text("--dataset", "dataset", G::data, F, "the dataset (translation: en-es)", &TrainConfig::dataset,
+                   "NAME"));
+  t.push_back(text("--data-dir", "data_dir", G::data, Free,
+                   "dataset directory (fashion-mnist defaults to Debian's package, en-es to datasets/en-es)",
+                   &TrainConfig::data_dir, "DIR"));
+  t.push_back(number("--train-limit", "train_limit", G::data, F, "use the first N training images (or sentence pairs)",
+                     &TrainConfig::train_limit));
+  t.push_back(number("--test-limit", "test_limit", G::data, F,
+                     "use the first N test images (translation: valid and test pairs)", &TrainConfig::test_limit));
+  t.push_back(number("--val-fraction", "val_fraction", G::data, F,
+                     "hold out this fraction of the training images (seeded) as a validation split; the best epoch "
+                     "and best.safetensors are then chosen on it (0: none, the best is selected on test)",
+                     &TrainConfig::val_fraction));
+  t.push_back(flag_switch("--no-augment", "augment", G::data, F, "no random crop and flip", &TrainConfig::augment,
+                          false));
+  t.push_back(choice("--augment-mode", "augment_mode", G::data, F,
+                     "epoch: a new random crop and flip for every sample every epoch; sample: one per sample for the "
+                     "whole run (stateless, as --freeze-cache on needs)",
+                     &TrainConfig::augment_mode, Names<AugmentMode>{{"epoch", AugmentMode::epoch},
+                                                                    {"sample", AugmentMode::sample}}));
+  t.push_back(number("--workers", "workers", G::data, Free, "data loader threads", &TrainConfig::workers));
+  // ---- optimisation
+  t.push_back(number("--batch-size", "batch_size", G::optimisation, F, "samples (sentences) per step",
+                     &TrainConfig::batch_size));
+  t.push_back(choice("--optimizer", "optimizer", G::optimisation, F, "the optimizer", &TrainConfig::optimizer,
+                     Names<OptimizerKind>{{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}));
+  t.push_back(number("--lr", "lr", G::optimisation, F, "base learning rate", &TrainConfig::lr));
+  t.push_back(number("--momentum", "momentum", G::optimisation, F, "SGD momentum", &TrainConfig::momentum));
+  t.push_back(flag_switch("--nesterov", "nesterov", G::optimisation, F, "SGD with Nesterov momentum",
+                          &TrainConfig::nesterov));
+  t.push_back(number("--weight-decay", "weight_decay", G::optimisation, F, "weight decay", &TrainConfig::weight_decay));
+  {
+    Option o = row("--adam-betas", "adam_betas", G::optimisation, F, "AdamW beta1,beta2", "B1,B2");
+    o.get = [](const TrainConfig& c) { return json::array({c.adam_beta1, c.adam_beta2}); };
+    o.set = [](TrainConfig& c, const json& j) {
+      json v = j;
+      if (j.is_string()) {
+        const std::string s = j.get<std::string>();
+        const size_t comma = s.find(',');
+        EG_CHECK(comma != std::string::npos, "--adam-betas must be two numbers B1,B2, got '", s, "'");
+        v = json::array({s.substr(0, comma), s.substr(comma + 1)});
+      }
+      EG_CHECK(v.is_array() && v.size() == 2, "--adam-betas must be two numbers B1,B2, got ", j.dump());
+      c.adam_beta1 = to_number<double>("--adam-betas", v[0]);
+      c.adam_beta2 = to_number<double>("--adam-betas", v[1]);
+    };
+    t.push_back(o);
+  }
+  t.push_back(choice("--lr-schedule", "lr_schedule", G::optimisation, F, "the learning-rate schedule",
+                     &TrainConfig::lr_schedule,
+                     Names<Schedule>{{"step", Schedule::step}, {"multistep", Schedule::step},
+                                     {"cosine", Schedule::cosine}, {"constant", Schedule::constant},
+                                     {"inverse-sqrt", Schedule::inverse_sqrt}, {"linear", Schedule::linear}}));
+  {
+    Option o = row("--milestones", "milestones", G::optimisation, F,
+                   "epochs at which step multiplies the LR by --gamma (default: half and three quarters of --epochs, "
+                   "rounded down)",
+                   "E1,E2,...");
+    o.get = [](const TrainConfig& c) { return json(c.milestones); };
+    o.set = [](TrainConfig& c, const json& j) {
+      c.milestones.clear();
+      if (j.is_array()) {
+        for (auto& e : j) c.milestones.push_back(to_number<int64_t>("--milestones", e));
+        return;
+      }
+      EG_CHECK(j.is_string(), "--milestones must be epochs E1,E2,..., got ", j.dump());
+      const std::string s = j.get<std::string>();
+      for (size_t b = 0; b <= s.size();) {
+        const size_t e = std::min(s.find(',', b), s.size());
+        c.milestones.push_back(to_number<int64_t>("--milestones", json(s.substr(b, e - b))));
+        b = e + 1;
+      }
+    };
+    t.push_back(o);
+  }
+  t.push_back(number("--gamma", "gamma", G::optimisation, F, "the step schedule's LR factor", &TrainConfig::gamma));
+  t.push_back(number("--warmup-steps", "warmup_steps", G::optimisation, F, "linear LR warmup over N steps",
+                     &TrainConfig::warmup_steps));
+  t.push_back(number("--grad-clip", "grad_clip", G::optimisation, F,
+                     "clip the gradients' global L2 norm to X before each step (0: no clipping); step lines in "
+                     "metrics.jsonl then log grad_norm, the norm before clipping",
+                     &TrainConfig::grad_clip));
+  // ---- freezing
+  t.push_back(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", &TrainConfig::freeze, "POLICY"));
+  t.push_back(choice("--freeze-modules", "freeze_modules", G::freezing, F,
+                     "freezing units: auto (the paper's: stages, large ones split) or layers (every layer module)",
+                     &TrainConfig::freeze_modules,
+                     Names<FreezeUnits>{{"auto", FreezeUnits::automatic}, {"layers", FreezeUnits::layers}}));
+  t.push_back(text("--freeze-module-regex", "freeze_module_regex", G::freezing, F,
+                   "freezing units by parameter name: parameters whose match of this regex (its first group, if any) "
+                   "is the same form one unit, e.g. '^(layer[0-9]+)\\.'",
+                   &TrainConfig::freeze_module_regex, "REGEX"));
+  t.push_back(number("--freeze-interval", "freeze_interval", G::freezing, F,
+                     "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least "
+                     "10; autofreeze, one epoch)",
+                     &TrainConfig::freeze_interval));
+  {
+    Option o = row("--freeze-bootstrap-interval", "freeze_bootstrap_interval", G::freezing, F,
+                   "egeria: iterations between the bootstrapping stage's checks, each comparing the mean training loss "
+                   "over its iterations with the previous check's: auto (an epoch, or a tenth of a shorter run, and at "
+                   "least n), n (every n iterations, the paper) or a number",
+                   "auto|n|N");
+    o.get = [](const TrainConfig& c) {
+      return c.freeze_bootstrap_interval == 0 ? json("auto")
+                                              : c.freeze_bootstrap_interval < 0 ? json("n") : json(c.freeze_bootstrap_interval);
+    };
+    o.set = [](TrainConfig& c, const json& j) {
+      if (j == "auto") return void(c.freeze_bootstrap_interval = 0);
+      if (j == "n") return void(c.freeze_bootstrap_interval = -1);
+      int64_t v = 0;
+      try {
+        v = to_number<int64_t>("--freeze-bootstrap-interval", j);
+      } catch (const Error&) {
+      }
+      EG_CHECK(v >= 1, "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got ",
+               j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
+      c.freeze_bootstrap_interval = v;
+    };
+    t.push_back(o);
+  }
+  t.push_back(number("--freeze-window", "freeze_window", G::freezing, F, "egeria: W, stale readings before freezing",
+                     &TrainConfig::freeze_window));
+  t.push_back(number("--freeze-window-min", "freeze_window_min", G::freezing, F,
+                     "egeria: W halves after each unfreeze, but not below this (1: the paper)",
+                     &TrainConfig::freeze_window_min));
+  t.push_back(number("--freeze-tolerance", "freeze_tolerance", G::freezing, F, "egeria: T coefficient",
+                     &TrainConfig::freeze_tolerance));
+  t.push_back(choice("--freeze-tolerance-from", "freeze_tolerance_from", G::freezing, F,
+                     "egeria: T = coefficient x the largest |slope| of a module's first 3 fits (first3, the paper) or "
+                     "of all its fits so far (peak: for modules already settled when bootstrapping ends)",
+                     &TrainConfig::freeze_tolerance_from,
+                     Names<ToleranceFrom>{{"first3", ToleranceFrom::first3}, {"peak", ToleranceFrom::peak}}));
+  using RT = freeze::RefreezeTolerance;
+  t.push_back(choice("--freeze-refreeze-tolerance", "freeze_refreeze_tolerance", G::freezing, F,
+                     "egeria: the T a module refreezes with after an LR unfreeze: measured again from its first 3 fits "
+                     "at the new LR (remeasure), the T of its first fits ever (keep, the paper), or that T scaled by "
+                     "the LR's fall (scaled)",
+                     &TrainConfig::freeze_refreeze_tolerance,
+                     Names<RT>{{"remeasure", RT::remeasure}, {"keep", RT::keep}, {"scaled", RT::scaled}}));
+  t.push_back(choice("--freeze-first-phase", "freeze_first_phase", G::freezing, F,
+                     "egeria: on (the paper) freezes as soon as a module is found converged; off holds those freezes "
+                     "until the LR first falls 10x below its peak, then applies them at once",
+                     &TrainConfig::freeze_first_phase, kOnOff));
+  t.push_back(choice("--freeze-unfreeze", "freeze_unfreeze", G::freezing, F,
+                     "egeria: lr (the paper) unfreezes every module when the LR has fallen 10x since the front one "
+                     "froze; never keeps what froze frozen to the end, as AutoFreeze",
+                     &TrainConfig::freeze_unfreeze, Names<Unfreeze>{{"lr", Unfreeze::lr}, {"never", Unfreeze::never}}));
+  t.push_back(choice("--freeze-last-phase", "freeze_last_phase", G::freezing, F,
+                     "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR within "
+                     "10x of its final value) whole, unfreezing what is frozen when it begins",
+                     &TrainConfig::freeze_last_phase, kOnOff));
+  t.push_back(choice("--freeze-bn", "freeze_bn", G::freezing, F,
+                     "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
+                     "or normalise with their running statistics (running: a fixed function, as the activation cache "
+                     "needs)",
+                     &TrainConfig::freeze_bn, Names<FrozenBn>{{"batch", FrozenBn::batch}, {"running", FrozenBn::running}}));
+  t.push_back(flag_switch("--freeze-sync", "freeze_sync", G::freezing, F,
+                          "egeria: evaluate plasticity inline (deterministic, slower)", &TrainConfig::freeze_sync));
+  t.push_back(choice("--freeze-apply", "freeze_apply", G::freezing, F,
+                     "egeria: act on a background evaluation's result at the next evaluation step, waiting for it if "
+                     "late (next: the same run makes the same decisions), or as soon as it arrives (arrival: never "
+                     "waits, as the paper; decisions then depend on timing)",
+                     &TrainConfig::freeze_apply,
+                     Names<FreezeApply>{{"next", FreezeApply::next}, {"arrival", FreezeApply::arrival}}));
+  t.push_back(number("--freeze-threads", "freeze_threads", G::freezing, F, "egeria: threads of each background thread",
+                     &TrainConfig::freeze_threads));
+  t.push_back(number("--static-modules", "static_modules", G::freezing, F,
+                     "static: number of front units to freeze (-1: half)", &TrainConfig::static_modules));
+  t.push_back(number("--static-epoch", "static_epoch", G::freezing, F, "static: epoch at which they freeze (-1: half)",
+                     &TrainConfig::static_epoch));
+  t.push_back(number("--freezeout-t0", "freezeout_t0", G::freezing, F,
+                     "freezeout: fraction of training when the first unit freezes", &TrainConfig::freezeout_t0));
+  t.push_back(number("--autofreeze-percentile", "autofreeze_percentile", G::freezing, F,
+                     "autofreeze: gradient-change percentile", &TrainConfig::autofreeze_percentile));
+  // ---- reference model
+  t.push_back(text("--freeze-reference", "freeze_reference", G::reference, F,
+                   "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU",
+                   &TrainConfig::freeze_reference, "PRECISION"));
+  t.push_back(number("--freeze-reference-calibration", "freeze_reference_calibration", G::reference, F,
+                     "egeria, int8 reference: calibrate each convolution's input scale on this many batches after "
+                     "every refresh of the reference, then keep it (static quantisation, the paper); 0: every batch "
+                     "its own scales (dynamic)",
+                     &TrainConfig::freeze_reference_calibration));
+  t.push_back(choice("--freeze-reference-scope", "freeze_reference_scope", G::reference, F,
+                     "egeria: what the reference runs for an evaluation: only the front unit, on the training model's "
+                     "input to it (unit: its cost does not grow with the depth of the front), or the network from the "
+                     "images through the front unit (network, the paper); Transformers always run network",
+                     &TrainConfig::freeze_reference_scope,
+                     Names<ReferenceScope>{{"unit", ReferenceScope::unit}, {"network", ReferenceScope::network}}));
+  {
+    Option o = row("--freeze-reference-max-load", "freeze_reference_max_load", G::reference, F,
+                   "egeria: run the reference forward only while the machine's CPU load is at most this percentage "
+                   "(auto: 50 when training on a GPU with --freeze-apply arrival, as the paper; else 100, never "
+                   "waiting)",
+                   "auto|PERCENT");
+    o.get = [](const TrainConfig& c) {
+      return c.freeze_reference_max_load == 0 ? json("auto") : json(c.freeze_reference_max_load);
+    };
+    o.set = [](TrainConfig& c, const json& j) {
+      if (j == "auto") return void(c.freeze_reference_max_load = 0);
+      double v = -1;
+      try {
+        v = to_number<double>("--freeze-reference-max-load", j);
+      } catch (const Error&) {
+      }
+      EG_CHECK(v > 0 && v <= 100, "--freeze-reference-max-load must be auto or a percentage of the machine's CPU, a ",
+               "number in (0, 100] without %, got ", j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
+      c.freeze_reference_max_load = v;
+    };
+    t.push_back(o);
+  }
+  // ---- activation cache
+  t.push_back(choice("--freeze-cache", "freeze_cache", G::cache, F,
+                     "on: keep the frozen prefix's output per sample and skip its forward when the sample comes again "
+                     "(the paper's activation cache; needs --freeze-bn running and --augment-mode sample)",
+                     &TrainConfig::freeze_cache, kOnOff));
+  t.push_back(text("--freeze-cache-dir", "freeze_cache_dir", G::cache, Free,
+                   "keep the activation cache in a file in this directory (deleted when the run ends); by default it "
+                   "is kept in memory when it takes at most half the available memory, else in a file in --out",
+                   &TrainConfig::freeze_cache_dir, "DIR"));
+  // ---- translation
+  t.push_back(number("--vocab-size", "vocab_size", G::translation, F,
+                     "SentencePiece vocabulary, shared by both languages", &TrainConfig::vocab_size));
+  t.push_back(number("--max-len", "max_len", G::translation, F,
+                     "tokens per sentence; longer training pairs are dropped", &TrainConfig::max_len));
+  t.push_back(number("--max-tokens", "max_tokens", G::translation, F,
+                     "batch by this many tokens instead of --batch-size (0: by sentences)", &TrainConfig::max_tokens));
+  return t;
+}
+
+}  // namespace
+
+const char* group_title(OptionGroup g) {
+  switch (g) {
+    case OptionGroup::run: return "Run";
+    case OptionGroup::data: return "Data";
+    case OptionGroup::optimisation: return "Optimisation";
+    case OptionGroup::freezing: return "Layer freezing";
+    case OptionGroup::reference: return "Reference model (egeria)";
+    case OptionGroup::cache: return "Activation cache";
+    case OptionGroup::translation: return "Translation";
+    case OptionGroup::hidden: return "";
+  }
+  return "";
+}
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> table = make_options();
+  return table;
+}
+
+const Option& option(const std::string& name) {
+  for (auto& o : options())
+    if (o.flag == name || o.key == name) return o;
+  EG_THROW("unknown option '", name, "'");
+}
+
+void set_option(TrainConfig& c, const std::string& flag, const std::string& text) { option(flag).set(c, json(text)); }
+
+json to_json(const TrainConfig& c) {
+  json j = json::object();
+  for (auto& o : options())
+    if (o.group != OptionGroup::hidden && o.key != "resume") j[o.key] = o.get(c);
+  return j;
+}
+
+TrainConfig from_json(const json& j, TrainConfig c, const std::set<std::string>& extra) {
+  EG_CHECK(j.is_object(), "a configuration must be a JSON object, got ", j.dump().substr(0, 80));
+  for (auto& [k, v] : j.items()) {
+    if (extra.count(k)) continue;
+    const Option* o = nullptr;
+    for (auto& x : options())
+      if (x.key == k) o = &x;
+    EG_CHECK(o != nullptr, "unknown option \"", k, "\" in the configuration");
+    o->set(c, v);
+  }
+  return c;
+}
+
+}  // namespace eg::train

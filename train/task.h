@@ -1,0 +1,88 @@
+// What a task plugs into the training loop (train/run.h): the data, the model, one
+// batch's forward and loss, and evaluation. The loop owns everything else: the epochs
+// and steps, the optimizer and LR schedule, checkpoints and resume, the logs and the
+// progress line, the NaN stop, the best epoch, and the freezing hooks.
+//
+// Note [The task interface]
+// The split follows PyTorch Lightning's LightningModule/Trainer: a task says what a batch
+// is and how it is scored, and never sees the optimizer, the files or the step count, so
+// that every run (image classification, translation, a user's own model) resumes, logs
+// and freezes in the same way. Unlike Lightning, a task is stateful about its data: the
+// loop asks it to start an epoch at a batch (a resume point) and to load the next batch,
+// and the task must make the batches of (epoch, batch index) a pure function of the seed,
+// so that a resumed run sees exactly the batches the uninterrupted one would have.
+#pragma once
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "freeze/policy.h"
+#include "models/model.h"
+#include "train/config.h"
+
+namespace eg::train {
+
+class FreezeRun;  // train/freezing.h
+
+// One training batch's forward, as the loop needs it.
+struct StepOutput {
+  Tensor loss;          // scalar; the loop checks it is finite and calls backward on it
+  int64_t samples = 0;  // what the throughput counts: images, or target tokens
+  // What the freezing reference sees: the batch's input and, for two-input models such
+  // as a Transformer, the second one (freeze::StepInfo::x2).
+  Tensor input, input2;
+  Tensor captured;  // the output of the layer module the loop asked to capture, if any
+};
+
+// A split's figures by name ("loss", "accuracy", "bleu"); logged as "<split>_<name>".
+using Metrics = std::map<std::string, double>;
+
+enum class Split { valid, test };
+
+class Task {
+ public:
+  virtual ~Task() = default;
+
+  // ---- set-up: called once, before anything else, with the run's configuration.
+  virtual void setup(const TrainConfig& c) = 0;
+  virtual models::Model& model() = 0;
+  // Lines printed once the data and model are ready (sizes, vocabulary); may be empty.
+  virtual std::string description() const { return ""; }
+  // What the task resolved beside the options (an architecture, a tokenizer): written
+  // into config.json and checked on --resume to equal the checkpoint's.
+  virtual nlohmann::json resolved() const { return nlohmann::json::object(); }
+  // The generator of the task's randomness during training (dropout); its state is in
+  // every checkpoint. Image models draw from the default generator.
+  virtual Generator& generator() { return default_generator(); }
+  // The freezing policy's view of the model: how to build a reference, its input shape.
+  virtual void configure_freezing(freeze::PolicyConfig&) const {}
+  // Called once the loop's freezing state exists (the activation cache attaches here).
+  virtual void attach(FreezeRun&) {}
+  // Units of the throughput: "images" or "tokens" (logged as "<unit>_per_second").
+  virtual std::string unit() const { return "images"; }
+
+  // ---- training data. The batches of an epoch, from `first_batch` on.
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual void start_epoch(int64_t epoch, int64_t first_batch) = 0;
+  // Loads the next batch; false at the epoch's end.
+  virtual bool next_batch() = 0;
+  // The loaded batch's forward and loss, through the freezing state: the frozen prefix
+  // under no-grad (or from the activation cache), capturing layer module `capture`.
+  virtual StepOutput training_step(FreezeRun& freezing, int64_t capture) = 0;
+
+  // ---- evaluation (the model is put in eval mode by the loop and back after).
+  // The splits evaluated at every epoch's end; the first picks the best epoch. A test
+  // split left out here is evaluated once, at the end.
+  virtual std::vector<Split> epoch_splits() const = 0;
+  virtual Metrics evaluate(Split s) = 0;
+  // The metric that picks the best epoch, and whether higher is better.
+  virtual std::string selection_metric() const = 0;
+  virtual bool higher_is_better() const = 0;
+  // summary.json fields of the task's own (parameters, FLOPs, vocabulary).
+  virtual void summarize(nlohmann::json&) const {}
+};
+
+}  // namespace eg::train

@@ -1,0 +1,212 @@
+#include "train/translation_task.h"
+
+#include <cstdio>
+#include <unordered_map>
+
+#include "autograd/node.h"
+#include "core/parallel.h"
+#include "train/checkpoint.h"
+#include "train/freezing.h"
+
+namespace eg::train {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr double kLabelSmoothing = 0.1;  // training loss only; reported eval losses are plain NLL
+constexpr int64_t kEvalBatch = 64;
+// Greedy decoding stops at eos, or at 1.2 x the source length + 10 tokens. A trained model
+// emits eos long before; the bound caps the cost of an untrained one, which is quadratic in
+// the length because models::Transformer::greedy_decode recomputes the whole prefix per token.
+int64_t decode_limit(int64_t src_len) { return src_len + src_len / 5 + 10; }
+
+json arch_json(const models::TransformerConfig& a) {
+  return {{"vocab", a.vocab}, {"d_model", a.d_model}, {"heads", a.heads}, {"ffn", a.ffn},
+          {"enc_layers", a.enc_layers}, {"dec_layers", a.dec_layers}, {"max_len", a.max_len},
+          {"dropout", a.dropout}, {"pad_id", a.pad_id}, {"bos_id", a.bos_id}, {"eos_id", a.eos_id}};
+}
+
+std::vector<data::SentencePair> read_split(const std::string& dir, const std::string& name, int64_t limit) {
+  const std::string p = dir + "/" + name + ".tsv";
+  EG_CHECK(file_exists(p), "cannot open '", p, "': no such file. Run `tools/get-data datasets` for the English-",
+           "Spanish pairs (datasets/en-es), or pass --data-dir DIR holding train.tsv, valid.tsv and test.tsv");
+  auto pairs = data::read_tsv_pairs(p);
+  if (limit > 0 && limit < int64_t(pairs.size())) pairs.resize(size_t(limit));
+  return pairs;
+}
+
+TextSplit make_split(const std::vector<data::SentencePair>& pairs, const data::Tokenizer& tok, int64_t max_len,
+                     bool train) {
+  // Training drops pairs longer than max_len; evaluation cuts them, so every sentence counts.
+  auto t = std::make_shared<data::TokenizedPairs>(data::tokenize_pairs(pairs, tok, max_len, train));
+  EG_CHECK(t->size() > 0, "every sentence pair is longer than --max-len ", max_len, " tokens");
+  TextSplit s;
+  for (int64_t o : t->origin) s.refs.push_back(pairs[size_t(o)].tgt);
+  s.pairs = std::move(t);
+  return s;
+}
+
+// BLEU is computed on detokenised text (the tokenizer's decode), split into words at
+// spaces after ASCII punctuation is split off as words of its own (roughly sacreBLEU's
+// 13a tokenisation), case-sensitive. Unlike BLEU on SentencePiece pieces it does not
+// depend on the vocabulary, so runs with different --vocab-size compare.
+std::vector<std::string> bleu_words(const std::string& s) {
+  std::vector<std::string> w;
+  std::string cur;
+  auto flush = [&] {
+    if (!cur.empty()) w.push_back(cur);
+    cur.clear();
+  };
+  for (char ch : s) {
+    if (ch == ' ' || ch == '\t' || ch == '\n') {
+      flush();
+    } else if (std::string(".,;:!?\"()[]{}").find(ch) != std::string::npos) {
+      flush();
+      w.emplace_back(1, ch);
+    } else {
+      cur += ch;
+    }
+  }
+  flush();
+  return w;
+}
+
+double text_bleu(const std::vector<std::string>& hyps, const std::vector<std::string>& refs) {
+  std::unordered_map<std::string, int64_t> vocab;
+  auto ids = [&](const std::string& s) {
+    std::vector<int64_t> v;
+    for (auto& w : bleu_words(s)) v.push_back(vocab.emplace(w, int64_t(vocab.size())).first->second);
+    return v;
+  };
+  std::vector<std::vector<int64_t>> h, r;
+  for (size_t i = 0; i < hyps.size(); ++i) {
+    h.push_back(ids(hyps[i]));
+    r.push_back(ids(refs[i]));
+  }
+  return models::corpus_bleu(h, r);
+}
+
+}  // namespace
+
+std::string translation_data_dir(const std::string& d) {
+  const std::string dir = d.empty() ? "datasets/en-es" : d;
+  auto has = [](const std::string& p) { return file_exists(p + "/train.tsv"); };
+  return !has(dir) && has(dir + "/en-es") ? dir + "/en-es" : dir;
+}
+
+void TranslationTask::setup(const TrainConfig& c) {
+  c_ = c;
+  dev_ = Device::parse(c.device);
+  // ---- data and tokenizer
+  dir_ = translation_data_dir(c.data_dir);
+  auto train_pairs = read_split(dir_, "train", 0);
+  const std::string tp = data::tokenizer_path(dir_, c.vocab_size);
+  if (!file_exists(tp)) {
+    std::printf("training a SentencePiece tokenizer (%lld pieces, both languages) on %zu pairs -> %s\n",
+                (long long)c.vocab_size, train_pairs.size(), tp.c_str());
+    std::fflush(stdout);
+  }
+  tok_ = std::make_unique<data::Tokenizer>(
+      data::Tokenizer::load_or_train(train_pairs, tp, c.vocab_size, std::max(1, num_threads())));
+  if (c.train_limit > 0 && c.train_limit < int64_t(train_pairs.size())) train_pairs.resize(size_t(c.train_limit));
+  train_ = make_split(train_pairs, *tok_, c.max_len, true);
+  valid_ = make_split(read_split(dir_, "valid", c.test_limit), *tok_, c.max_len, false);
+  test_ = make_split(read_split(dir_, "test", c.test_limit), *tok_, c.max_len, false);
+
+  // ---- model
+  mc_ = arch_ ? *arch_ : models::transformer_preset(c.model, tok_->vocab_size());
+  const data::SpecialIds sp = tok_->special_ids();  // See Note [Special token ids]
+  mc_.vocab = tok_->vocab_size();
+  mc_.pad_id = sp.pad, mc_.bos_id = sp.bos, mc_.eos_id = sp.eos;
+  EG_CHECK(c.max_len <= mc_.max_len, "--max-len ", c.max_len, " exceeds the ", mc_.max_len, " positions of model ",
+           c.model);
+  // Dropout draws from the generator the model was built with (not the default one), so
+  // that generator lives as long as the model and its state is in every checkpoint.
+  gen_ = Generator(c.seed);
+  model_ = std::make_shared<models::Transformer>(mc_, gen_);
+  model_->to(dev_);
+
+  data::BatcherOptions bo;
+  bo.batch_size = c.batch_size;
+  bo.max_tokens = c.max_tokens;
+  bo.seed = c.seed;
+  bo.ids = sp;
+  batcher_ = std::make_unique<data::TranslationBatcher>(train_.pairs, bo);
+  steps_per_epoch_ = int64_t(batcher_->epoch_plan(0).size());
+}
+
+std::string TranslationTask::description() const {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s: %lld training pairs (%lld longer than --max-len %lld dropped), %lld valid, %lld test; "
+                "vocabulary %lld (%s); %s: %lld parameters, %lld batches per epoch",
+                c_.dataset.c_str(), (long long)train_.pairs->size(), (long long)train_.pairs->dropped,
+                (long long)c_.max_len, (long long)valid_.pairs->size(), (long long)test_.pairs->size(),
+                (long long)mc_.vocab, tok_->path().c_str(), c_.model.c_str(), (long long)model_->num_parameters(),
+                (long long)steps_per_epoch_);
+  return buf;
+}
+
+json TranslationTask::resolved() const { return {{"arch", arch_json(mc_)}}; }
+
+void TranslationTask::configure_freezing(freeze::PolicyConfig& pc) const {
+  // Note [Freezing a Transformer]: the reference is built with this run's architecture.
+  pc.model.vocab = mc_.vocab;
+  pc.make_model = [mc = mc_] {
+    Generator g(0);
+    return models::ModelPtr(std::make_shared<models::Transformer>(mc, g));
+  };
+}
+
+StepOutput TranslationTask::training_step(FreezeRun& fr, int64_t capture) {
+  StepOutput out;
+  Tensor logits = model_->forward_frozen(batch_.src.to(dev_), batch_.tgt_in.to(dev_), fr.frozen_layers(), capture,
+                                         &out.captured);
+  const int64_t n = batch_.tgt_out.numel();
+  out.loss = fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), batch_.tgt_out.reshape({n}).to(dev_),
+                               kLabelSmoothing, mc_.pad_id);
+  out.samples = batch_.tgt_tokens;  // target tokens, as fairseq's wps
+  out.input = batch_.src;
+  out.input2 = batch_.tgt_in;
+  return out;
+}
+
+Metrics TranslationTask::evaluate(Split s) { return evaluate_translation(*model_, s == Split::valid ? valid_ : test_, *tok_, dev_); }
+
+Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev) {
+  autograd::NoGradGuard ng;
+  const bool was_training = m.is_training();
+  m.eval();
+  data::BatcherOptions o;
+  o.batch_size = kEvalBatch;
+  o.shuffle = false;  // sorted by length: little padding, and decoding ends together
+  o.ids = tok.special_ids();
+  data::TranslationBatcher batcher(s.pairs, o);
+  batcher.start_epoch(0);
+  std::vector<std::string> hyps(s.refs.size());
+  double loss = 0;
+  int64_t tokens = 0;
+  data::TranslationBatch b;
+  while (batcher.next(b)) {
+    Tensor src = b.src.to(dev);
+    Tensor logits = m.forward(src, b.tgt_in.to(dev));
+    const int64_t n = b.tgt_out.numel();
+    loss += fn::cross_entropy(logits.reshape({n, logits.size(2)}), b.tgt_out.reshape({n}).to(dev), 0.0, o.ids.pad)
+                .item() *
+            double(b.tgt_tokens);
+    tokens += b.tgt_tokens;
+    auto out = m.greedy_decode(src, decode_limit(src.size(1)));
+    for (size_t r = 0; r < out.size(); ++r) hyps[size_t(b.ids[r])] = tok.decode(out[r]);
+  }
+  if (was_training) m.train();
+  return {{"loss", loss / double(std::max<int64_t>(tokens, 1))}, {"bleu", text_bleu(hyps, s.refs)}};
+}
+
+void TranslationTask::summarize(json& sj) const {
+  sj["parameters"] = model_->num_parameters();
+  sj["flops_per_token"] = model_->flops_per_sample();
+  sj["vocab_size"] = mc_.vocab;
+}
+
+}  // namespace eg::train

@@ -1,0 +1,68 @@
+// Translation as a task of the training loop (train/task.h): a Transformer trained on
+// sentence pairs (DIR/{train,valid,test}.tsv, "source<TAB>target"), tokenised by a
+// SentencePiece model kept beside the data (DIR/spm-<vocab>.model, trained on first
+// use), with label-smoothed cross-entropy; evaluation is the validation loss (per token,
+// unsmoothed), which picks the best epoch, and BLEU of greedy translations.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/text.h"
+#include "models/transformer.h"
+#include "train/task.h"
+
+namespace eg::train {
+
+// The directory a translation run reads: --data-dir, else datasets/en-es (where
+// `tools/get-data datasets` puts it). A directory holding en-es/train.tsv is also accepted.
+std::string translation_data_dir(const std::string& data_dir);
+
+// A split's token ids (batches, loss) and the reference text of each kept pair (BLEU).
+struct TextSplit {
+  std::shared_ptr<const data::TokenizedPairs> pairs;
+  std::vector<std::string> refs;
+};
+
+class TranslationTask : public Task {
+ public:
+  // `arch`, when given, replaces the preset named by --model (its vocabulary is set from
+  // the tokenizer): tests train small models this way.
+  explicit TranslationTask(std::optional<models::TransformerConfig> arch = std::nullopt) : arch_(std::move(arch)) {}
+  void setup(const TrainConfig& c) override;
+  models::Model& model() override { return *model_; }
+  std::string description() const override;
+  nlohmann::json resolved() const override;
+  Generator& generator() override { return gen_; }
+  void configure_freezing(freeze::PolicyConfig& pc) const override;
+  std::string unit() const override { return "tokens"; }
+  int64_t batches_per_epoch() const override { return steps_per_epoch_; }
+  void start_epoch(int64_t epoch, int64_t first_batch) override { batcher_->start_epoch(epoch, first_batch); }
+  bool next_batch() override { return batcher_->next(batch_); }
+  StepOutput training_step(FreezeRun& fr, int64_t capture) override;
+  std::vector<Split> epoch_splits() const override { return {Split::valid}; }
+  Metrics evaluate(Split s) override;
+  std::string selection_metric() const override { return "loss"; }
+  bool higher_is_better() const override { return false; }
+  void summarize(nlohmann::json& summary) const override;
+
+ private:
+  std::optional<models::TransformerConfig> arch_;
+  TrainConfig c_;
+  Device dev_;
+  std::string dir_;
+  std::unique_ptr<data::Tokenizer> tok_;
+  TextSplit train_, valid_, test_;
+  models::TransformerConfig mc_;
+  Generator gen_;
+  std::shared_ptr<models::Transformer> model_;
+  std::unique_ptr<data::TranslationBatcher> batcher_;
+  int64_t steps_per_epoch_ = 0;
+  data::TranslationBatch batch_;
+};
+
+// Teacher-forced loss per target token and BLEU of greedy translations of a split.
+Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev);
+
+}  // namespace eg::train
