@@ -42,6 +42,9 @@ Tensor mean(const Tensor& x);
 Tensor reshape(const Tensor& x, const Shape& shape);  // differentiable view
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);  // 2-D or batched 3-D
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);  // x [..., K] -> [..., N]
+// Index of the largest value of each row (last dim), s64 [...]: the first on ties, a NaN
+// never wins (ops::argmax_rows). Not differentiable.
+Tensor argmax(const Tensor& x);
 Tensor softmax(const Tensor& x);      // last dim
 Tensor log_softmax(const Tensor& x);  // last dim
 // Mean cross-entropy over rows not equal to ignore_index: logits [N, C], target s64 [N].

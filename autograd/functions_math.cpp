@@ -148,6 +148,16 @@ Tensor sum(const Tensor& x) {
   return sum(x, all, false);
 }
 
+Tensor argmax(const Tensor& x) {
+  EG_CHECK(x.dim() >= 1 && x.size(-1) > 0, "argmax: needs a tensor with a non-empty last dimension, got ",
+           shape_str(x.shape()));
+  Shape s = x.shape();
+  s.pop_back();
+  Tensor idx = Tensor::empty(s, DType::s64, x.device());
+  ops::call(ops::argmax_rows, x, idx);
+  return idx;
+}
+
 Tensor mean(const Tensor& x, std::vector<int> dims, bool keepdim) {
   int64_t n = 1;
   for (int d : dims) n *= x.size(d);

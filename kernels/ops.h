@@ -175,6 +175,10 @@ using SpGram = void(const Tensor& x, Tensor& g);
 using SpLoss = void(const Tensor& ga, const Tensor& gb, Tensor& out);
 // Converting copy between dtypes (f32 <-> f64/bf16/f16, u8/s8 -> f32), same shape.
 using Cast = void(const Tensor& x, Tensor& y);
+// Index of the largest value of each row (last dim): x [..., C] (f32, f64 on ref) ->
+// idx s64 [...]. The first maximum on ties, as torch.argmax; a NaN never wins (a row of
+// NaNs gives 0). Classification accuracy and greedy decoding.
+using ArgmaxRows = void(const Tensor& x, Tensor& idx);
 
 // ---------------------------------------------------------------- registry
 template <class Fn>
@@ -202,7 +206,8 @@ struct Op {
   X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)                    \
   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd)            \
   X(sgd_step, SgdStep) X(adamw_step, AdamWStep) X(sum_squares, SumSquares) \
-  X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)
+  X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)   \
+  X(argmax_rows, ArgmaxRows)
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
 EG_OP_LIST(EG_DECLARE_OP)

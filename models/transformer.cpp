@@ -204,15 +204,13 @@ std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, 
     std::vector<int64_t> flat;
     for (auto& s : seq) flat.insert(flat.end(), s.begin(), s.end());
     Tensor tgt = Tensor::from_vector(flat, {b, t + 1}, src.device());
-    std::vector<float> logits = decode(memory, src_mask, tgt).to_vector<float>();
+    // The argmax of every position (on the logits' device), of which the last is used.
+    const std::vector<int64_t> best = fn::argmax(decode(memory, src_mask, tgt)).to_vector<int64_t>();
     bool all = true;
     for (int64_t i = 0; i < b; ++i) {
       int64_t next = cfg_.pad_id;
       if (!done[size_t(i)]) {
-        const float* row = logits.data() + (i * (t + 1) + t) * cfg_.vocab;
-        next = 0;
-        for (int64_t v = 1; v < cfg_.vocab; ++v)
-          if (row[v] > row[next]) next = v;
+        next = best[size_t(i * (t + 1) + t)];
         if (next == cfg_.eos_id) done[size_t(i)] = true;
       }
       seq[size_t(i)].push_back(next);

@@ -67,11 +67,16 @@ done
 kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 [ -f "$work/killed/summary.json" ] && fail "the run finished before it could be killed"
-"$egeria" "${args[@]}" --out "$work/killed" --resume >/dev/null || fail "resume failed"
+out=$("$egeria" "${args[@]}" --out "$work/killed" --resume) || fail "resume failed"
+grep -q "^resuming .*(step [1-9][0-9]*)" <<<"$out" || fail "the second run did not resume: $out"
 cmp "$work/full/model.safetensors" "$work/killed/model.safetensors" || fail "resumed weights differ from the uninterrupted run"
 ok
 
 # --- --config replays a run from its config.json; flags given beside it override it
+out=$("$egeria" train --config "$work/full/config.json" 2>&1) && fail "--config without --out accepted"
+grep -q -- "needs its own --out" <<<"$out" || fail "--config without --out message: $out"
+[ -f "$work/full/model.safetensors" ] || fail "--config without --out touched the run it names"
+ok
 "$egeria" train --config "$work/full/config.json" --out "$work/replay" >/dev/null || fail "--config run failed"
 cmp "$work/full/model.safetensors" "$work/replay/model.safetensors" || fail "--config did not reproduce the run"
 grep -q '"out": "'"$work/replay"'"' "$work/replay/config.json" || fail "--out beside --config was not taken"

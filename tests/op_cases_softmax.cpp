@@ -1,4 +1,6 @@
-// Op cases: softmax, log-softmax and cross-entropy.
+// Op cases: softmax, log-softmax, cross-entropy and the argmax of rows.
+#include <cmath>
+
 #include "tests/op_cases.h"
 
 namespace eg::testing {
@@ -53,6 +55,32 @@ void add_ce(std::vector<OpCase>& v, const std::string& variant, int64_t n, int64
   v.push_back(c);
 }
 
+// Rows of Gaussian logits (no ties), one with NaNs: the NaN never wins, and a row of
+// NaNs gives 0. Indices must match exactly.
+void add_argmax(std::vector<OpCase>& v, const std::string& variant, int64_t n, int64_t k, bool big) {
+  OpCase c;
+  c.name = "argmax_rows/" + variant;
+  c.make_inputs = [n, k](DType dt) {
+    Tensor x = randn({n, k}, dt, 54, 2.0);
+    for (int64_t i = 0; i < k && n > 2; i += 2) {
+      if (dt == DType::f64) x.data<double>()[k + i] = NAN, x.data<double>()[2 * k + i / 2] = NAN;
+      else x.data<float>()[k + i] = NAN, x.data<float>()[2 * k + i / 2] = NAN;
+    }
+    return Tensors{x};
+  };
+  c.forward = [n](ops::Backend b, const Tensors& in) {
+    Tensor idx = empty_on(in[0], {n}, DType::s64);
+    ops::run(ops::argmax_rows, b, in[0], idx);
+    return Tensors{idx};
+  };
+  c.uses = {uses(ops::argmax_rows)};
+  c.fwd_tol = {1e-9, 0};  // an index off by one is a failure
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(n * k) * 4;
+  v.push_back(c);
+}
+
 RegisterCases reg([](std::vector<OpCase>& v) {
   for (bool log : {false, true}) {
     add_softmax(v, log, "small", {3, 4, 7}, false);
@@ -62,6 +90,8 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_ce(v, "smoothed_ignored", 6, 5, 0.1, true, false);
   add_ce(v, "imagenet_128x1000", 128, 1000, 0.1, false, true);
   add_ce(v, "vocab_2048x8000", 2048, 8000, 0.1, false, true);
+  add_argmax(v, "small", 5, 7, false);
+  add_argmax(v, "vocab_2048x8000", 2048, 8000, true);
 });
 
 }  // namespace

@@ -48,13 +48,8 @@ TEST(FashionMnist, SmallCnnReaches85PercentAfterOneEpochOn10k) {
   autograd::NoGradGuard ng;
   int64_t correct = 0;
   for (int64_t b = 0; b < test.size(); b += 1000) {
-    auto logits = model(xt.slice(b, b + 1000)).to_vector<float>();
-    for (int64_t i = 0; i < 1000; ++i) {
-      int64_t best = 0;
-      for (int64_t c = 1; c < 10; ++c)
-        if (logits[size_t(i * 10 + c)] > logits[size_t(i * 10 + best)]) best = c;
-      correct += best == test.labels.data<int64_t>()[b + i];
-    }
+    const std::vector<int64_t> pred = fn::argmax(model(xt.slice(b, b + 1000))).to_vector<int64_t>();
+    for (int64_t i = 0; i < 1000; ++i) correct += pred[size_t(i)] == test.labels.data<int64_t>()[b + i];
   }
   double acc = double(correct) / double(test.size());
   RecordProperty("test_accuracy", std::to_string(acc));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/functions.h"
 #include "tests/op_cases.h"
 
 namespace eg::testing {
@@ -134,10 +135,27 @@ INSTANTIATE_TEST_SUITE_P(Ops, Parity, ::testing::ValuesIn(parity_params()),
 INSTANTIATE_TEST_SUITE_P(Ops, Gradcheck, ::testing::ValuesIn(gradcheck_params()),
                          [](const ::testing::TestParamInfo<size_t>& p) { return case_id(op_cases()[p.param]); });
 
+// The ground truth itself: the first maximum on ties, a NaN never wins, a row of NaNs
+// gives 0; the same through fn::argmax on the fast CPU path.
+TEST(Argmax, FirstMaximumAndNaNsAsTorch) {
+  const float nan = NAN;
+  Tensor x = Tensor::from_vector<float>({1, 3, 3, 2, nan, 1, 5, nan, nan, nan, nan, nan, -1, -1, -2, -3}, {4, 4});
+  const std::vector<int64_t> want = {1, 2, 0, 0};
+  for (auto b : {ops::Backend::ref, ops::Backend::cpu}) {
+    Tensor idx = Tensor::empty({4}, DType::s64);
+    ops::run(ops::argmax_rows, b, x, idx);
+    EXPECT_EQ(idx.to_vector<int64_t>(), want) << ops::backend_name(b);
+  }
+  EXPECT_EQ(fn::argmax(x.reshape({2, 2, 4})).shape(), (Shape{2, 2}));
+  EXPECT_EQ(fn::argmax(x).to_vector<int64_t>(), want);
+  EXPECT_THROW(fn::argmax(Tensor::empty({3, 0})), Error);
+}
+
 TEST(OpTable, EveryOpHasParityAndGradcheckCases) {
   // Every op in kernels/ops.h is called by at least one case (parity on every
   // backend it has), and by a gradchecked case unless it has no derivative.
-  const std::vector<std::string> no_derivative = {"sgd_step", "adamw_step", "sum_squares", "cast", "sp_gram", "sp_loss"};
+  const std::vector<std::string> no_derivative = {"sgd_step", "adamw_step", "sum_squares", "cast", "sp_gram", "sp_loss",
+                                                "argmax_rows"};
   std::string missing, unchecked;
 #define EG_CHECK_CASE(name, Fn)                                                          \
   {                                                                                      \

@@ -54,11 +54,11 @@ int64_t step_lines(const std::string& metrics) {
   return n;
 }
 
-// Starts tests/fit_main.cpp on a config.json, its output to DIR/log.txt.
-pid_t spawn(const std::string& config, const std::string& dir, bool resume) {
+// Starts tests/fit_main.cpp on a config.json, its output to DIR/log-<n>.txt.
+pid_t spawn(const std::string& config, const std::string& dir, bool resume, int n = 0) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    const int fd = ::open((dir + "/log.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    const int fd = ::open((dir + "/log-" + std::to_string(n) + ".txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     ::execl(EG_FIT_PATH, "eg_fit", config.c_str(), resume ? "--resume" : nullptr, nullptr);
@@ -85,26 +85,29 @@ std::string write_config(const train::TrainConfig& c, const std::string& path, c
 // it to the end. Returns the number of steps each killed process had logged.
 std::vector<int64_t> run_killed(const std::string& config, const std::string& out, const std::vector<int64_t>& kills) {
   std::vector<int64_t> seen;
-  bool resume = false;
+  int n = 0;
   for (int64_t k : kills) {
-    const pid_t pid = spawn(config, out, resume);
+    const pid_t pid = spawn(config, out, n > 0, n);
+    ++n;
     int status = 0;
     for (;;) {
+      if (step_lines(out + "/metrics.jsonl") >= k) break;
       if (::waitpid(pid, &status, WNOHANG) == pid) {
         ADD_FAILURE() << "the run ended (status " << status << ") before it logged " << k << " steps; see " << out
-                      << "/log.txt";
+                      << "/log-" << n - 1 << ".txt";
         return seen;
       }
-      if (step_lines(out + "/metrics.jsonl") >= k) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
     EXPECT_TRUE(WIFSIGNALED(status));
     seen.push_back(step_lines(out + "/metrics.jsonl"));
-    resume = true;
   }
-  EXPECT_EQ(wait_exit(spawn(config, out, true)), 0) << "see " << out << "/log.txt";
+  EXPECT_EQ(wait_exit(spawn(config, out, true, n)), 0) << "see " << out << "/log-" << n << ".txt";
+  // The last process resumed (had it started over, the files would match all the same).
+  const std::string log = eg::testing::slurp(out + "/log-" + std::to_string(n) + ".txt");
+  EXPECT_NE(log.find("resuming " + out + "/checkpoint.safetensors from epoch"), std::string::npos) << log;
   return seen;
 }
 
@@ -122,14 +125,16 @@ void expect_same_run(const std::string& a, const std::string& b) {
 // The freezing log up to the step the last kill came at: bootstrapping ended, 5+
 // readings and a freeze, so the kills fell across every kind of freezing state.
 void expect_freezing_before(const std::string& dir, int64_t step) {
-  int64_t ends = 0, evaluations = 0, freezes = 0;
+  int64_t ends = 0, evaluations = 0, freezes = 0, checks_after = 0;
   for (auto& j : jsonl(dir + "/freeze.jsonl")) {
     if (j["step"].get<int64_t>() > step) break;
     ends += j["type"] == "refresh" && ends == 0;  // the reference is first built when bootstrapping ends
+    checks_after += j["type"] == "bootstrap" && ends > 0;
     evaluations += j["type"] == "evaluation";
     freezes += j["type"] == "freeze";
   }
   EXPECT_EQ(ends, 1) << "bootstrapping did not end before step " << step;
+  EXPECT_EQ(checks_after, 0) << "bootstrapping checks after the reference was built";
   EXPECT_GE(evaluations, 5);
   EXPECT_GE(freezes, 1);
 }
@@ -166,7 +171,7 @@ train::TrainConfig translation_run(const std::string& data, const std::string& o
   c.vocab_size = 48;
   c.max_len = 32;
   c.batch_size = 32;  // 10 batches an epoch
-  c.epochs = 3;
+  c.epochs = 5;  // the last kill at step 25 leaves 25 steps to spare
   c.lr = 5e-3;
   c.warmup_steps = 10;
   c.threads = 2;
@@ -179,7 +184,7 @@ train::TrainConfig translation_run(const std::string& data, const std::string& o
   c.freeze_interval = 1;
   c.freeze_bootstrap_interval = -1;
   c.freeze_window = 2;
-  c.freeze_tolerance = 0.5;  // the first unit freezes at step 13 of 30
+  c.freeze_tolerance = 0.5;  // the first unit freezes at step 13
   return c;
 }
 
@@ -191,7 +196,7 @@ const json kTinyArch = {{"d_model", 32}, {"heads", 2}, {"ffn", 64}, {"enc_layers
 TEST(Run, ImageRunKilledAnywhereAndResumedLeavesTheUninterruptedRunsFiles) {
   const std::string full = tmpdir("img_full"), killed = tmpdir("img_killed");
   ASSERT_EQ(wait_exit(spawn(write_config(image_run(full), full + "/run.json"), full, false)), 0);
-  const auto seen = run_killed(write_config(image_run(killed), killed + "/run.json"), killed, {3, 9, 14, 22, 27, 38});
+  const auto seen = run_killed(write_config(image_run(killed), killed + "/run.json"), killed, {3, 9, 14, 22, 27, 31});
   ASSERT_EQ(seen.size(), 6u);
   expect_same_run(full, killed);
   expect_freezing_before(full, seen.back());
@@ -219,10 +224,11 @@ TEST(Run, ResumeRefusesAChangedLearningRateForEitherTask) {
   for (bool translation : {false, true}) {
     auto c = translation ? translation_run(data, tmpdir("lr_tr")) : image_run(tmpdir("lr_img"));
     c.freeze = "none";
-    c.checkpoint_every = 1;
-    c.stop_after_steps = 2;
+    c.checkpoint_every = 2;
+    c.stop_after_steps = 3;  // the log one step past the checkpoint
     auto run = [&] { return translation ? train::run_translation(c, &arch) : train::run_training(c); };
     EXPECT_FALSE(run().completed);
+    const std::string log = eg::testing::slurp(c.out + "/metrics.jsonl");
     c.resume = true;
     const double lr = c.lr;
     c.lr = lr * 2;
@@ -234,9 +240,12 @@ TEST(Run, ResumeRefusesAChangedLearningRateForEitherTask) {
       EXPECT_NE(m.find("--lr"), std::string::npos) << m;
       EXPECT_NE(m.find(json(lr).dump()), std::string::npos) << m;
     }
+    EXPECT_EQ(eg::testing::slurp(c.out + "/metrics.jsonl"), log) << "a refused resume left the logs as they were";
     c.lr = lr;
     c.log_every = 3;
+    c.stop_after_steps = 2;
     EXPECT_FALSE(run().completed) << "resumed, and stopped again after 2 steps";
+    EXPECT_EQ(jsonl(c.out + "/metrics.jsonl").size(), 2u + 1u) << "cut to the checkpoint's 2 lines; step 3 logged anew";
   }
 }
 
@@ -248,9 +257,32 @@ TEST(Run, EpochsGrowOnResumeOnlyWhereTheLearningRateSoFarStays) {
   ASSERT_TRUE(train::run_training(c).completed);
   c.resume = true;
   c.epochs = 2;
+  ::testing::internal::CaptureStdout();
   auto s = train::run_training(c);
+  const std::string out = ::testing::internal::GetCapturedStdout();
   ASSERT_TRUE(s.completed);
   EXPECT_EQ(s.steps, 32);
+  EXPECT_NE(out.find("from epoch 2, batch 0 (step 16)"), std::string::npos) << out;
+  EXPECT_EQ(jsonl(c.out + "/metrics.jsonl").size(), 16u + 2u + 16u) << "the steps and epochs of both, once";
+  c.epochs = 1;
+  try {
+    train::run_training(c);
+    ADD_FAILURE() << "shrank a run below the steps it has taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than --epochs 1 holds"), std::string::npos) << e.what();
+  }
+  auto frozen = image_run(tmpdir("extend_freezing"));
+  frozen.epochs = 1;
+  frozen.lr_schedule = train::Schedule::constant;
+  ASSERT_TRUE(train::run_training(frozen).completed);
+  frozen.resume = true;
+  frozen.epochs = 2;
+  try {
+    train::run_training(frozen);
+    ADD_FAILURE() << "extended a freezing run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot change its length"), std::string::npos) << e.what();
+  }
   c = image_run(tmpdir("extend_step"));
   c.freeze = "none";
   c.milestones = {};  // half and three quarters of --epochs: the past depends on the length

@@ -151,6 +151,11 @@ int main(int argc, char** argv) {
           given.insert(o->flag);
         }
       eg::train::apply_model_defaults(c, given);
+      bool out_given = false;
+      for (auto& [o, x] : train_options) out_given |= o->key == "out" && x->count() > 0;
+      if (!config_file.empty() && !out_given && !c.resume)
+        throw eg::Error("--config '" + config_file + "' names the run directory '" + c.out + "'; a new run from it " +
+                        "needs its own --out (or --resume to continue that run)");
       auto s = eg::train::run_training(c);
       if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());
       if (s.completed && s.tokens_per_second > 0)

@@ -106,10 +106,18 @@ bool Checkpoints::any() const { return file_exists(newest_path()) || !numbered()
 void Checkpoints::start_fresh() {
   for (auto& l : logs_) std::ofstream(out_ + "/" + l, std::ios::trunc);
   for (auto& [step, p] : numbered()) std::remove(p.c_str());
+  for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.safetensors", "summary.json"})
+    std::remove((out_ + "/" + f).c_str());
   last_step_ = -1;
 }
 
-Checkpoint Checkpoints::resume() {
+void Checkpoints::cut_logs(const Checkpoint& ck) {
+  const json lengths = ck.state.value("log_bytes", json::object());
+  for (auto& l : logs_)
+    if (lengths.contains(l)) truncate_log(out_ + "/" + l, lengths[l].get<int64_t>());
+}
+
+Checkpoint Checkpoints::load() {
   std::vector<std::string> paths;
   if (file_exists(newest_path())) paths.push_back(newest_path());
   for (auto& [step, p] : numbered()) paths.push_back(p);
@@ -125,9 +133,6 @@ Checkpoint Checkpoints::resume() {
       continue;
     }
     if (i > 0) std::printf("--resume: resuming from the older checkpoint '%s'\n", paths[i].c_str());
-    const json lengths = c.state.value("log_bytes", json::object());
-    for (auto& l : logs_)
-      if (lengths.contains(l)) truncate_log(out_ + "/" + l, lengths[l].get<int64_t>());
     last_step_ = i == 0 && paths[0] == newest_path() ? c.state.value("step", int64_t(-1)) : -1;
     return c;
   }

@@ -38,12 +38,16 @@ class Checkpoints {
 
   std::string newest_path() const { return out_ + "/checkpoint.safetensors"; }
   bool any() const;  // is there a checkpoint to resume from?
-  // A fresh run: empties the logs and removes checkpoints a previous run left.
+  // A fresh run: empties the logs and removes what a previous run in the directory left
+  // (checkpoints, best.safetensors, model.safetensors, summary.json), so that none of it
+  // is taken for this run's.
   void start_fresh();
   // Loads the newest readable checkpoint, saying so when it falls back past one that
-  // cannot be read (throws with every reason when none can), and cuts the logs back
-  // to the lengths it recorded.
-  Checkpoint resume();
+  // cannot be read (throws with every reason when none can). The logs are left as they
+  // are until cut_logs(), once the resume has been checked.
+  Checkpoint load();
+  // Cuts the logs back to the lengths `ck` recorded (Note [Logs on resume]).
+  void cut_logs(const Checkpoint& ck);
   // Writes a checkpoint of step `step` atomically, the logs' lengths added to `state`;
   // the previous one is kept as checkpoint-<step>.safetensors while fewer than `keep`.
   void save(const TensorMap& tensors, nlohmann::json state, const nlohmann::json& config, int64_t step);

@@ -164,8 +164,15 @@ void check_resume(const TrainConfig& c, const json& saved, int64_t spe, int64_t 
   const json now = to_json(c);
   for (auto& o : options()) {
     if (o.group == OptionGroup::hidden || !now.contains(o.key)) continue;
-    const json was = saved.contains(o.key) ? saved[o.key] : legacy.value(o.key, json());
-    if (was.is_null() || was == now[o.key]) continue;
+    json was = saved.contains(o.key) ? saved[o.key] : legacy.value(o.key, json());
+    if (was.is_null()) continue;
+    try {  // in today's form: an alias ("multistep") or an older spelling compares as its value
+      TrainConfig as_saved;
+      o.set(as_saved, was);
+      was = o.get(as_saved);
+    } catch (const Error&) {
+    }
+    if (was == now[o.key]) continue;
     if (o.on_resume == OnResume::warn) {
       std::printf("warning: --resume with %s %s (the checkpoint's run used %s): results are no longer bit-identical "
                   "to an uninterrupted run\n",
@@ -174,7 +181,14 @@ void check_resume(const TrainConfig& c, const json& saved, int64_t spe, int64_t 
     }
     if (o.on_resume == OnResume::free) continue;
     if (o.key == "epochs") {
-      // Extension: the run so far must be the one the new length would have trained.
+      // Extension: the run so far must be the one the new length would have trained. A
+      // freezing policy derives its schedule from the run's length (the default n and
+      // bootstrapping span, static's epoch, FreezeOut's times, the final LR phase).
+      EG_CHECK(c.freeze == "none", "--resume: '", ckpt, "' was trained with --epochs ", shown(was),
+               "; a run with --freeze ", c.freeze, " cannot change its length, as the policy's decisions so far ",
+               "depend on it");
+      EG_CHECK(c.epochs * spe >= resume_step, "--resume: '", ckpt, "' has trained ", resume_step, " steps, more than ",
+               "--epochs ", c.epochs, " holds (", c.epochs * spe, ")");
       TrainConfig before = c;
       before.epochs = was.get<int64_t>();
       auto a = make_schedule(before, spe), b = make_schedule(c, spe);

@@ -1,5 +1,5 @@
 // A training run's configuration: typed values, and the one table of options that
-// drives the command line (train/cli.h), config.json (both ways) and the check a
+// drives the command line (tools/egeria.cpp), config.json (both ways) and the check a
 // resumed run makes against its checkpoint. Every option a user can give is a row of
 // that table (train/options.cpp); values are parsed and validated there, once, so
 // nothing below train/ reads a flag's text.
@@ -161,8 +161,9 @@ nlohmann::json to_json(const TrainConfig& c);
 TrainConfig from_json(const nlohmann::json& j, TrainConfig base = {}, const std::set<std::string>& extra = {});
 
 // The check `--resume` makes: each fixed option equal to the checkpoint's config (an
-// error names the option and both values), `--epochs` changed only when the LR of every
-// step up to `resume_step` is unchanged, and a warning for each `warn` option changed.
+// error names the option and both values), `--epochs` changed only without a freezing
+// policy and when the LR of every step up to `resume_step` is unchanged, and a warning
+// for each `warn` option changed.
 void check_resume(const TrainConfig& c, const nlohmann::json& saved, int64_t steps_per_epoch, int64_t resume_step,
                   const std::string& ckpt);
 

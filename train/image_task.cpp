@@ -119,12 +119,8 @@ Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std
   while (l.next(b)) {
     Tensor logits = m.forward(b.x.to(dev));
     loss += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
-    const std::vector<float> lv = logits.to_vector<float>();
-    const int64_t k = logits.size(1);
-    for (int64_t i = 0; i < b.y.numel(); ++i) {
-      const float* row = lv.data() + i * k;
-      correct += int64_t(std::max_element(row, row + k) - row) == b.y.data<int64_t>()[i];
-    }
+    const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
+    for (int64_t i = 0; i < b.y.numel(); ++i) correct += pred[size_t(i)] == b.y.data<int64_t>()[i];
   }
   if (was_training) m.train();
   return {{"accuracy", double(correct) / double(d.size())}, {"loss", loss / double(d.size())}};

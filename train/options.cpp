@@ -137,8 +137,8 @@ std::vector<Option> make_options() {
   t.push_back(text("--out", "out", G::run, Free, "output directory", &TrainConfig::out, "DIR"));
   t.push_back(text("--device", "device", G::run, F, "cpu or cuda[:N]", &TrainConfig::device, "cpu|cuda:N"));
   t.push_back(number("--epochs", "epochs", G::run, F,
-                     "epochs to train; on --resume it may grow when the LR of every step already taken stays the same "
-                     "(constant or inverse-sqrt schedules, explicit --milestones)",
+                     "epochs to train; on --resume without freezing it may grow when the LR of every step already "
+                     "taken stays the same (constant or inverse-sqrt schedules, explicit --milestones)",
                      &TrainConfig::epochs));
   t.push_back(number("--seed", "seed", G::run, F, "seed of the initialisation, shuffling and augmentation",
                      &TrainConfig::seed));
@@ -266,13 +266,11 @@ std::vector<Option> make_options() {
                    "over its iterations with the previous check's: auto (an epoch, or a tenth of a shorter run, and at "
                    "least n), n (every n iterations, the paper) or a number",
                    "auto|n|N");
-    o.get = [](const TrainConfig& c) {
-      return c.freeze_bootstrap_interval == 0 ? json("auto")
-                                              : c.freeze_bootstrap_interval < 0 ? json("n") : json(c.freeze_bootstrap_interval);
-    };
+    // config.json keeps TrainConfig's number (0: auto, -1: n), as runs before the table did.
+    o.get = [](const TrainConfig& c) { return json(c.freeze_bootstrap_interval); };
     o.set = [](TrainConfig& c, const json& j) {
-      if (j == "auto") return void(c.freeze_bootstrap_interval = 0);
-      if (j == "n") return void(c.freeze_bootstrap_interval = -1);
+      if (j == "auto" || j == 0) return void(c.freeze_bootstrap_interval = 0);
+      if (j == "n" || j == -1) return void(c.freeze_bootstrap_interval = -1);
       int64_t v = 0;
       try {
         v = to_number<int64_t>("--freeze-bootstrap-interval", j);

@@ -117,7 +117,7 @@ Summary fit(Task& task, const TrainConfig& given) {
                 {"epoch_loss_sum", 0.0}, {"epoch_loss_n", 0}, {"best_epoch", 0}, {"best", json::object()},
                 {"last", json::object()}, {"time_to_target", -1.0}};
   if (c.resume && ckpts.any()) {
-    Checkpoint ck = ckpts.resume();  // the logs are cut back to this checkpoint (Note [Logs on resume])
+    Checkpoint ck = ckpts.load();
     check_resume(c, ck.config, spe, ck.state.value("step", int64_t(0)), ck.path);
     const json resolved = task.resolved();
     for (auto& [k, v] : resolved.items())
@@ -133,6 +133,7 @@ Summary fit(Task& task, const TrainConfig& given) {
     fr.load(ck.tensors, ck.state, ck.path);
     task.generator().set_state(ck.state.at("rng_seed"), ck.state.at("rng_offset"));
     state.update(ck.state);
+    ckpts.cut_logs(ck);  // checked and loaded: now the logs go back to this checkpoint
     std::printf("resuming %s from epoch %lld, batch %lld (step %lld)\n", ck.path.c_str(),
                 (long long)state["epoch"].get<int64_t>() + 1, (long long)state["batch"].get<int64_t>(),
                 (long long)state["step"].get<int64_t>());
@@ -239,6 +240,8 @@ Summary fit(Task& task, const TrainConfig& given) {
     line["train_seconds"] = train_secs;
     line[rate_key] = double(samples) / std::max(train_secs, 1e-9);
     const char* sel_split = split_name(splits.front());
+    EG_CHECK(by_split[sel_split].contains(task.selection_metric()), "the task's evaluation of the ", sel_split,
+             " split has no \"", task.selection_metric(), "\", the metric that picks its best epoch");
     const double m = by_split[sel_split][task.selection_metric()], best = metric(state["best"], sel_split,
                                                                                   task.selection_metric().c_str());
     if (state["best_epoch"] == 0 || (task.higher_is_better() ? m > best : m < best)) {
@@ -275,10 +278,13 @@ Summary fit(Task& task, const TrainConfig& given) {
   json sj = {{"model", c.model}, {"dataset", c.dataset}, {"epochs", c.epochs}, {"steps", step},
              {"train_seconds", train_secs}, {rate_key, double(samples) / std::max(train_secs, 1e-9)},
              {"best_selected_on", sel_split}, {"best_epoch", state["best_epoch"]}, {"freeze", c.freeze}};
-  for (auto& [k, v] : last["test"].items()) sj["final_test_" + k] = v;
-  for (auto& [k, v] : best[sel_split].items()) sj["best_" + sel_split + "_" + k] = v;
-  if (sel_split == "valid" && best.contains("test"))
-    for (auto& [k, v] : best["test"].items()) sj["test_" + k + "_at_best"] = v;
+  const json final_test = last.value("test", json::object()), best_sel = best.value(sel_split, json::object());
+  for (auto& [k, v] : final_test.items()) sj["final_test_" + k] = v;
+  for (auto& [k, v] : best_sel.items()) sj["best_" + sel_split + "_" + k] = v;
+  if (sel_split == "valid" && best.contains("test")) {
+    const json at_best = best["test"];
+    for (auto& [k, v] : at_best.items()) sj["test_" + k + "_at_best"] = v;
+  }
   const double ttt = state["time_to_target"];
   sj["time_to_target_seconds"] = ttt < 0 ? json(nullptr) : json(ttt);
   task.summarize(sj);

@@ -80,7 +80,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
   Checkpoints ckpts(out, 1, {});
   EG_CHECK(ckpts.any(), "cannot open '", ckpts.newest_path(), "': no checkpoint in '", out, "'");
-  const Checkpoint ck = ckpts.resume();
+  const Checkpoint ck = ckpts.load();
   const json& cfg = ck.config;
   if (is_translation_model(cfg.at("model"))) return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
   const std::string dataset = cfg.at("dataset");

@@ -55,13 +55,8 @@ int main(int argc, char** argv) try {
     autograd::NoGradGuard no_grad;
     for (int64_t b = 0; b < test.size(); b += 500) {
       int64_t e = std::min(test.size(), b + 500);
-      std::vector<float> logits = (*model)(xte.slice(b, e)).to_vector<float>();
-      for (int64_t i = 0; i < e - b; ++i) {
-        int64_t best = 0;
-        for (int64_t c = 1; c < 10; ++c)
-          if (logits[size_t(i * 10 + c)] > logits[size_t(i * 10 + best)]) best = c;
-        correct += best == test.labels.data<int64_t>()[b + i];
-      }
+      const std::vector<int64_t> pred = fn::argmax((*model)(xte.slice(b, e))).to_vector<int64_t>();
+      for (int64_t i = 0; i < e - b; ++i) correct += pred[size_t(i)] == test.labels.data<int64_t>()[b + i];
     }
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

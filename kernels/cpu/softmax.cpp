@@ -1,9 +1,11 @@
 // Softmax / log-softmax (last dim) and cross-entropy, fast CPU path: rows in
 // parallel, float math with a running max, vectorised exp/sum. f32.
 // Napkin math: 3 passes over each row, ~12 bytes/element; exp-bound for wide rows.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
 
 namespace eg::cpu {
 
@@ -108,6 +110,21 @@ void cross_entropy_bwd(const Tensor& dloss, const Tensor& logits, const Tensor& 
 #pragma omp simd
     for (int64_t k = 0; k < c; ++k) o[k] = g * (std::exp(row[k] - l) - smooth);
     o[tp[i]] -= g * hit;
+  }
+}
+
+void argmax_rows(const Tensor& x, Tensor& idx) {
+  if (x.dtype() != DType::f32) return ref::argmax_rows(x, idx);
+  const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+  const float* xp = x.data<float>();
+  int64_t* out = idx.data<int64_t>();
+#pragma omp parallel for schedule(static) if (x.numel() > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = xp + r * d;
+    int64_t best = -1;
+    for (int64_t i = 0; i < d; ++i)
+      if (!std::isnan(in[i]) && (best < 0 || in[i] > in[best])) best = i;
+    out[r] = std::max<int64_t>(best, 0);
   }
 }
 

@@ -1,5 +1,5 @@
 // Softmax / log-softmax over the last dim, cross-entropy (label smoothing, ignore
-// index) and layer norm on CUDA, f32. One block per row with block reductions; the
+// index), layer norm and the argmax of rows on CUDA, f32. One block per row with block reductions; the
 // layer-norm parameter gradients are column sums, one thread per column.
 // Napkin math: softmax reads the row 3x (L1/L2-resident for rows <= ~8K floats).
 #include "kernels/cuda/common.cuh"
@@ -121,10 +121,46 @@ __global__ void layernorm_dparam_kernel(const float* dy, const float* x, const f
     if (db) db[i] = sb;
   }
 }
+// (value, index) pairs: the larger value wins, the smaller index on ties; NaN never wins.
+__device__ __forceinline__ void better_of(float& v, int64_t& i, float v2, int64_t i2) {
+  if (!isnan(v2) && (isnan(v) || v2 > v || (v2 == v && i2 < i))) v = v2, i = i2;
+}
+// One block per row: each thread scans a strided slice, then warps and the block reduce.
+// Napkin math: one read of the row, 4 bytes/element; bandwidth-bound.
+__global__ void argmax_rows_kernel(const float* x, int64_t* idx, int64_t rows, int64_t d) {
+  __shared__ float shv[32];
+  __shared__ int64_t shi[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* in = x + r * d;
+    float v = NAN;
+    int64_t i = d;
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) better_of(v, i, in[k], k);
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+      const int64_t i2 = __shfl_xor_sync(0xffffffffu, i, o);
+      better_of(v, i, v2, i2);
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) shv[threadIdx.x >> 5] = v, shi[threadIdx.x >> 5] = i;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < int(blockDim.x >> 5); ++w) better_of(v, i, shv[w], shi[w]);
+      idx[r] = i < d ? i : 0;  // a row of NaNs
+    }
+  }
+}
 unsigned rows_grid(int64_t rows) { return unsigned(std::max<int64_t>(1, std::min<int64_t>(rows, 65535))); }
 }  // namespace
 
 // ---- launchers
+void argmax_rows(const Tensor& x, Tensor& idx) {
+  require_f32(x, "argmax_rows");
+  const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+  if (!rows) return;
+  argmax_rows_kernel<<<rows_grid(rows), kThreads, 0, stream()>>>(x.data<float>(), idx.data<int64_t>(), rows, d);
+  cuda::after_launch("argmax_rows");
+}
+
 void softmax_fwd(const Tensor& x, Tensor& y, bool log) {
   require_f32(x, "softmax");
   const int64_t d = x.size(-1), rows = x.numel() / std::max<int64_t>(d, 1);

@@ -1,5 +1,6 @@
-// Softmax, log-softmax (last dim) and cross-entropy with label smoothing and an
-// ignored index, reference. f32 and f64; accumulation in double.
+// Softmax, log-softmax (last dim), cross-entropy with label smoothing and an ignored
+// index, and the argmax of rows, reference. f32 and f64; accumulation in double.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ref/ref.h"
@@ -102,6 +103,22 @@ void cross_entropy_bwd(const Tensor& dloss, const Tensor& logits, const Tensor& 
                        const ops::CrossEntropyParams& p) {
   if (logits.dtype() == DType::f64) ce_bwd_t<double>(dloss, logits, target, lse, dl, p);
   else ce_bwd_t<float>(dloss, logits, target, lse, dl, p);
+}
+
+template <class T>
+void argmax_rows_t(const Tensor& x, Tensor& idx) {
+  const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* in = x.data<T>() + r * d;
+    int64_t best = -1;
+    for (int64_t i = 0; i < d; ++i)
+      if (!std::isnan(in[i]) && (best < 0 || in[i] > in[best])) best = i;
+    idx.data<int64_t>()[r] = std::max<int64_t>(best, 0);
+  }
+}
+void argmax_rows(const Tensor& x, Tensor& idx) {
+  if (x.dtype() == DType::f64) argmax_rows_t<double>(x, idx);
+  else argmax_rows_t<float>(x, idx);
 }
 
 }  // namespace eg::ref
