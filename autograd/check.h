@@ -19,8 +19,8 @@ inline void check_same(const Tensor& a, const Tensor& b, const char* fn, const c
            a.device().str());
 }
 inline void check_float(const Tensor& t, const char* fn, const char* what) {
-  EG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, fn, ": ", what,
-           " must be f32 or f64, got ", dtype_name(t.dtype()));
+  EG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, fn, ": ", what, " must be f32 or f64, got ",
+           dtype_name(t.dtype()));
 }
 inline Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 inline Tensor empty_as(const Tensor& t, const Shape& s) { return Tensor::empty(s, t.dtype(), t.device()); }

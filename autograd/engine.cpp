@@ -20,8 +20,7 @@ uint64_t next_sequence_nr() {
 
 // a + b without touching either (they may be aliased elsewhere).
 Tensor add_grads(const Tensor& a, const Tensor& b) {
-  EG_CHECK(a.shape() == b.shape(), "gradient shapes disagree: ", shape_str(a.shape()), " vs ",
-           shape_str(b.shape()));
+  EG_CHECK(a.shape() == b.shape(), "gradient shapes disagree: ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
   Tensor r = Tensor::empty(a.shape(), a.dtype(), a.device());
   ops::call(ops::binary_fwd, ops::Binary::add, a, b, r);  // one pass (a clone and an axpy took two)
   return r;
@@ -35,8 +34,8 @@ Tensors AccumulateGrad::apply(Tensors grads) {
   auto v = var.lock();
   if (!v || !grads[0].defined()) return {};
   Tensor g = grads[0];
-  EG_CHECK(g.shape() == v->shape, "gradient of shape ", shape_str(g.shape()),
-           " for a parameter of shape ", shape_str(v->shape));
+  EG_CHECK(g.shape() == v->shape, "gradient of shape ", shape_str(g.shape()), " for a parameter of shape ",
+           shape_str(v->shape));
   if (v->grad) {
     Tensor acc(v->grad);
     ops::call(ops::axpy, g, acc, 1.0);
@@ -132,12 +131,11 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   std::vector<std::shared_ptr<Node>> leaf_roots;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
-    EG_CHECK(r.requires_grad(), "backward() on a tensor that does not require grad (",
-             r.str(), "): nothing in its history has requires_grad=true, or it was computed under NoGradGuard");
+    EG_CHECK(r.requires_grad(), "backward() on a tensor that does not require grad (", r.str(),
+             "): nothing in its history has requires_grad=true, or it was computed under NoGradGuard");
     Tensor g = i < grads.size() && grads[i].defined() ? grads[i] : Tensor();
     if (!g.defined()) {
-      EG_CHECK(r.numel() == 1, "backward() without a gradient needs a scalar, got shape ",
-               shape_str(r.shape()));
+      EG_CHECK(r.numel() == 1, "backward() without a gradient needs a scalar, got shape ", shape_str(r.shape()));
       g = Tensor::ones(r.shape(), r.dtype(), r.device());
     }
     std::shared_ptr<Node> fn = r.grad_fn();

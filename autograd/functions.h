@@ -18,9 +18,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::C
 // relu(batch_norm(x)), and one activation fewer kept for the backward).
 // residual (shaped like x): [relu](batch_norm(x) + residual), a residual block's end
 // in one pass each way instead of three (add, ReLU and the batch norm's own).
-Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean,
-                  Tensor running_var, bool training, double momentum, double eps, bool relu = false,
-                  const Tensor& residual = Tensor());
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean, Tensor running_var,
+                  bool training, double momentum, double eps, bool relu = false, const Tensor& residual = Tensor());
 Tensor activation(const Tensor& x, ops::Act act);
 inline Tensor relu(const Tensor& x) { return activation(x, ops::Act::relu); }
 inline Tensor relu6(const Tensor& x) { return activation(x, ops::Act::relu6); }
@@ -45,7 +44,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);  // x [...,
 // Index of the largest value of each row (last dim), s64 [...]: the first on ties, a NaN
 // never wins (ops::argmax_rows). Not differentiable.
 Tensor argmax(const Tensor& x);
-Tensor softmax(const Tensor& x);      // last dim
+Tensor softmax(const Tensor& x);  // last dim
 Tensor log_softmax(const Tensor& x);  // last dim
 // Mean cross-entropy over rows not equal to ignore_index: logits [N, C], target s64 [N].
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
@@ -54,7 +53,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, doub
 Tensor embedding(const Tensor& ids, const Tensor& table);
 // Identity unless training and p > 0; draws counters from `gen`.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& key_padding_mask, bool causal, double scale = 0.0);
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                                    bool causal, double scale = 0.0);
 
 }  // namespace eg::fn

@@ -22,8 +22,8 @@ Shape broadcast_shape(const Shape& a, const Shape& b, const char* fn) {
   size_t rank = std::max(a.size(), b.size());
   Shape pa = pad_left(a, rank), pb = pad_left(b, rank), c(rank);
   for (size_t i = 0; i < rank; ++i) {
-    EG_CHECK(pa[i] == pb[i] || pa[i] == 1 || pb[i] == 1, fn, ": shapes ", shape_str(a), " and ",
-             shape_str(b), " cannot be broadcast together (dimension ", i, ")");
+    EG_CHECK(pa[i] == pb[i] || pa[i] == 1 || pb[i] == 1, fn, ": shapes ", shape_str(a), " and ", shape_str(b),
+             " cannot be broadcast together (dimension ", i, ")");
     c[i] = pa[i] == 1 ? pb[i] : pa[i];
   }
   return c;
@@ -51,43 +51,43 @@ Tensor binary(ops::Binary op, const Tensor& a, const Tensor& b, const char* name
   if (op == ops::Binary::div) saved = {bp, c.detach()};
   autograd::record_function(name, {a, b}, {&c}, saved,
                             [op, as = a.shape(), bs = b.shape()](const Tensors& g, const Tensors& s, const Node& n) {
-                              Tensor da, db;
-                              const Tensor& gc = g[0];
-                              auto times = [&](ops::Binary k, const Tensor& x, const Tensor& y) {
-                                Tensor t = empty_like(gc);
-                                ops::call(ops::binary_fwd, k, x, y, t);
-                                return t;
-                              };
-                              switch (op) {
-                                case ops::Binary::add:
-                                case ops::Binary::sub:
-                                  if (n.needs_input_grad(0)) da = reduce_to(gc, as);
-                                  if (n.needs_input_grad(1)) {
-                                    db = reduce_to(gc, bs);
-                                    if (op == ops::Binary::sub) {
-                                      Tensor neg = empty_like(db);
-                                      ops::call(ops::scale, db, neg, -1.0);
-                                      db = neg;
-                                    }
-                                  }
-                                  break;
-                                case ops::Binary::mul:
-                                  if (n.needs_input_grad(0)) da = reduce_to(times(ops::Binary::mul, gc, s[1]), as);
-                                  if (n.needs_input_grad(1)) db = reduce_to(times(ops::Binary::mul, gc, s[0]), bs);
-                                  break;
-                                case ops::Binary::div:  // c = a / b: da = g / b, db = -g c / b
-                                  if (n.needs_input_grad(0)) da = reduce_to(times(ops::Binary::div, gc, s[0]), as);
-                                  if (n.needs_input_grad(1)) {
-                                    Tensor t = times(ops::Binary::div, times(ops::Binary::mul, gc, s[1]), s[0]);
-                                    Tensor r = reduce_to(t, bs);
-                                    Tensor neg = empty_like(r);
-                                    ops::call(ops::scale, r, neg, -1.0);
-                                    db = neg;
-                                  }
-                                  break;
-                              }
-                              return Tensors{da, db};
-                            });
+    Tensor da, db;
+    const Tensor& gc = g[0];
+    auto times = [&](ops::Binary k, const Tensor& x, const Tensor& y) {
+      Tensor t = empty_like(gc);
+      ops::call(ops::binary_fwd, k, x, y, t);
+      return t;
+    };
+    switch (op) {
+      case ops::Binary::add:
+      case ops::Binary::sub:
+        if (n.needs_input_grad(0)) da = reduce_to(gc, as);
+        if (n.needs_input_grad(1)) {
+          db = reduce_to(gc, bs);
+          if (op == ops::Binary::sub) {
+            Tensor neg = empty_like(db);
+            ops::call(ops::scale, db, neg, -1.0);
+            db = neg;
+          }
+        }
+        break;
+      case ops::Binary::mul:
+        if (n.needs_input_grad(0)) da = reduce_to(times(ops::Binary::mul, gc, s[1]), as);
+        if (n.needs_input_grad(1)) db = reduce_to(times(ops::Binary::mul, gc, s[0]), bs);
+        break;
+      case ops::Binary::div:  // c = a / b: da = g / b, db = -g c / b
+        if (n.needs_input_grad(0)) da = reduce_to(times(ops::Binary::div, gc, s[0]), as);
+        if (n.needs_input_grad(1)) {
+          Tensor t = times(ops::Binary::div, times(ops::Binary::mul, gc, s[1]), s[0]);
+          Tensor r = reduce_to(t, bs);
+          Tensor neg = empty_like(r);
+          ops::call(ops::scale, r, neg, -1.0);
+          db = neg;
+        }
+        break;
+    }
+    return Tensors{da, db};
+  });
   return c;
 }
 
@@ -113,9 +113,9 @@ Tensor scale(const Tensor& x, double alpha) {
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor y = x.detach().reshape(shape);
-  autograd::record_function("ReshapeBackward", {x}, {&y}, {}, [xs = x.shape()](const Tensors& g, const Tensors&, const Node&) {
-    return Tensors{g[0].reshape(xs)};
-  });
+  autograd::record_function(
+      "ReshapeBackward", {x}, {&y}, {},
+      [xs = x.shape()](const Tensors& g, const Tensors&, const Node&) { return Tensors{g[0].reshape(xs)}; });
   return y;
 }
 
@@ -134,7 +134,8 @@ Tensor sum(const Tensor& x, std::vector<int> dims, bool keepdim) {
   Tensor yk = empty_as(x, keep);
   ops::call(ops::sum_to, x, yk);
   Tensor y = yk.reshape(out.empty() ? Shape{1} : out);
-  autograd::record_function("SumBackward", {x}, {&y}, {}, [xs = x.shape(), keep](const Tensors& g, const Tensors&, const Node&) {
+  autograd::record_function("SumBackward", {x}, {&y}, {},
+                            [xs = x.shape(), keep](const Tensors& g, const Tensors&, const Node&) {
     Tensor dx = empty_as(g[0], xs);
     ops::call(ops::broadcast_to, g[0].reshape(keep), dx);
     return Tensors{dx};
@@ -171,17 +172,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   check_float(a, "matmul", "first operand");
   check_same(a, b, "matmul", "second operand");
   EG_CHECK((a.dim() == 2 && b.dim() == 2) || (a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0)),
-           "matmul: operands must both be 2-D, or 3-D with the same batch size; got ", shape_str(a.shape()),
-           " and ", shape_str(b.shape()));
+           "matmul: operands must both be 2-D, or 3-D with the same batch size; got ", shape_str(a.shape()), " and ",
+           shape_str(b.shape()));
   const int r = a.dim();
   int64_t m = ta ? a.size(r - 1) : a.size(r - 2), k = ta ? a.size(r - 2) : a.size(r - 1);
   int64_t kb = tb ? b.size(r - 1) : b.size(r - 2), n = tb ? b.size(r - 2) : b.size(r - 1);
-  EG_CHECK(k == kb, "matmul: inner dimensions differ (", k, " vs ", kb, ") for ", shape_str(a.shape()),
-           " and ", shape_str(b.shape()));
+  EG_CHECK(k == kb, "matmul: inner dimensions differ (", k, " vs ", kb, ") for ", shape_str(a.shape()), " and ",
+           shape_str(b.shape()));
   Shape cs = r == 2 ? Shape{m, n} : Shape{a.size(0), m, n};
   Tensor c = empty_as(a, cs);
   ops::call(ops::gemm, a, b, c, ta, tb, 1.0, 0.0);
-  autograd::record_function("MatmulBackward", {a, b}, {&c}, {a, b}, [ta, tb](const Tensors& g, const Tensors& s, const Node& nd) {
+  autograd::record_function("MatmulBackward", {a, b}, {&c}, {a, b},
+                            [ta, tb](const Tensors& g, const Tensors& s, const Node& nd) {
     Tensor da, db;
     if (nd.needs_input_grad(0)) {
       da = empty_like(s[0]);
@@ -206,24 +208,24 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_same(x, bias, "linear", "bias");
   EG_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input's last dimension is ", x.size(-1),
            " but the layer expects ", w.size(1), " features (input ", shape_str(x.shape()), ")");
-  if (bias.defined())
-    EG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "linear: bias must be [", w.size(0), "]");
+  if (bias.defined()) EG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "linear: bias must be [", w.size(0), "]");
   Tensor x2 = x.detach().reshape({-1, w.size(1)});
   Tensor y2 = empty_as(x, {x2.size(0), w.size(0)});
   ops::call(ops::linear_fwd, x2, w, bias, y2);
   Shape ys = x.shape();
   ys.back() = w.size(0);
   Tensor y = y2.reshape(ys);
-  autograd::record_function("LinearBackward", {x, w, bias}, {&y}, {x2, w},
-                            [xs = x.shape(), has_bias = bias.defined()](const Tensors& g, const Tensors& s, const Node& n) {
-                              Tensor g2 = g[0].reshape({-1, s[1].size(0)});
-                              Tensor dx, dw, db;
-                              if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-                              if (n.needs_input_grad(1)) dw = empty_like(s[1]);
-                              if (has_bias && n.needs_input_grad(2)) db = empty_as(s[1], {s[1].size(0)});
-                              ops::call(ops::linear_bwd, g2, s[0], s[1], dx, dw, db);
-                              return Tensors{dx.defined() ? dx.reshape(xs) : dx, dw, db};
-                            });
+  autograd::record_function(
+      "LinearBackward", {x, w, bias}, {&y}, {x2, w},
+      [xs = x.shape(), has_bias = bias.defined()](const Tensors& g, const Tensors& s, const Node& n) {
+    Tensor g2 = g[0].reshape({-1, s[1].size(0)});
+    Tensor dx, dw, db;
+    if (n.needs_input_grad(0)) dx = empty_like(s[0]);
+    if (n.needs_input_grad(1)) dw = empty_like(s[1]);
+    if (has_bias && n.needs_input_grad(2)) db = empty_as(s[1], {s[1].size(0)});
+    ops::call(ops::linear_bwd, g2, s[0], s[1], dx, dw, db);
+    return Tensors{dx.defined() ? dx.reshape(xs) : dx, dw, db};
+      });
   return y;
 }
 

@@ -17,35 +17,33 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::C
   check_same(x, w, "conv2d", "weight");
   check_same(x, bias, "conv2d", "bias");
   EG_CHECK(p.groups >= 1 && x.size(1) == w.size(1) * p.groups, "conv2d: input has ", x.size(1),
-           " channels but the weight expects ", w.size(1) * p.groups, " (", w.size(1), " per group x ",
-           p.groups, " groups)");
-  EG_CHECK(w.size(0) % p.groups == 0, "conv2d: ", w.size(0), " output channels do not split into ",
-           p.groups, " groups");
+           " channels but the weight expects ", w.size(1) * p.groups, " (", w.size(1), " per group x ", p.groups,
+           " groups)");
+  EG_CHECK(w.size(0) % p.groups == 0, "conv2d: ", w.size(0), " output channels do not split into ", p.groups,
+           " groups");
   if (bias.defined())
-    EG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "conv2d: bias must be [", w.size(0),
-             "], got ", shape_str(bias.shape()));
+    EG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "conv2d: bias must be [", w.size(0), "], got ",
+             shape_str(bias.shape()));
   Tensor y = empty_as(x, ops::conv2d_out_shape(x.shape(), w.shape(), p));
   ops::call(ops::conv2d_fwd, x, w, bias, y, p);
   autograd::record_function("Conv2dBackward", {x, w, bias}, {&y}, {x, w},
                             [p, has_bias = bias.defined()](const Tensors& g, const Tensors& s, const Node& n) {
-                              Tensor dx, dw, db;
-                              if (n.needs_input_grad(0)) {
-                                dx = empty_like(s[0]);
-                                ops::call(ops::conv2d_bwd_data, g[0], s[1], dx, p);
-                              }
-                              // See Note [Frozen layers skip weight gradients] in layers/module.h.
-                              if (n.needs_input_grad(1)) dw = empty_like(s[1]);
-                              if (has_bias && n.needs_input_grad(2)) db = empty_as(s[1], {s[1].size(0)});
-                              if (dw.defined() || db.defined())
-                                ops::call(ops::conv2d_bwd_weight, g[0], s[0], dw, db, p);
-                              return Tensors{dx, dw, db};
-                            });
+    Tensor dx, dw, db;
+    if (n.needs_input_grad(0)) {
+      dx = empty_like(s[0]);
+      ops::call(ops::conv2d_bwd_data, g[0], s[1], dx, p);
+    }
+    // See Note [Frozen layers skip weight gradients] in layers/module.h.
+    if (n.needs_input_grad(1)) dw = empty_like(s[1]);
+    if (has_bias && n.needs_input_grad(2)) db = empty_as(s[1], {s[1].size(0)});
+    if (dw.defined() || db.defined()) ops::call(ops::conv2d_bwd_weight, g[0], s[0], dw, db, p);
+    return Tensors{dx, dw, db};
+  });
   return y;
 }
 
-Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean,
-                  Tensor running_var, bool training, double momentum, double eps, bool relu,
-                  const Tensor& residual) {
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean, Tensor running_var,
+                  bool training, double momentum, double eps, bool relu, const Tensor& residual) {
   check_dim(x, 4, "batch_norm", "input");
   check_float(x, "batch_norm", "input");
   const int64_t c = x.size(1);
@@ -67,8 +65,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
              shape_str(x.shape()));
     mean = empty_as(x, {c});
     invstd = empty_as(x, {c});
-    ops::call(ops::batchnorm_fwd_train, x, gamma, beta, y, mean, invstd, running_mean, running_var,
-              momentum, eps, relu, residual);
+    ops::call(ops::batchnorm_fwd_train, x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps, relu,
+              residual);
   } else {
     ops::call(ops::batchnorm_fwd_infer, x, gamma, beta, running_mean, running_var, y, eps, relu, residual);
     if (autograd::needs_record({x, gamma, beta})) {
@@ -89,19 +87,18 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
                                         : (relu ? "BatchNormReluBackward" : "BatchNormBackward");
   autograd::record_function(name, inputs, {&y}, {x, gamma, mean, invstd, relu ? y.detach() : Tensor()},
                             [training](const Tensors& g, const Tensors& s, const Node& n) {
-                              Tensor dx, dg, db, dr;
-                              if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-                              if (n.needs_input_grad(1)) dg = empty_like(s[1]);
-                              if (n.needs_input_grad(2)) db = empty_like(s[1]);
-                              // The residual's gradient: dy itself without the ReLU,
-                              // the masked dy (written by the kernel) with it.
-                              const bool res = n.needs_input_grad(3);  // false without a residual
-                              if (res && s[4].defined()) dr = empty_like(g[0]);
-                              ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training,
-                                        s[4], dr);
-                              if (res && !s[4].defined()) dr = g[0];
-                              return res ? Tensors{dx, dg, db, dr} : Tensors{dx, dg, db};
-                            });
+    Tensor dx, dg, db, dr;
+    if (n.needs_input_grad(0)) dx = empty_like(s[0]);
+    if (n.needs_input_grad(1)) dg = empty_like(s[1]);
+    if (n.needs_input_grad(2)) db = empty_like(s[1]);
+    // The residual's gradient: dy itself without the ReLU,
+    // the masked dy (written by the kernel) with it.
+    const bool res = n.needs_input_grad(3);  // false without a residual
+    if (res && s[4].defined()) dr = empty_like(g[0]);
+    ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training, s[4], dr);
+    if (res && !s[4].defined()) dr = g[0];
+    return res ? Tensors{dx, dg, db, dr} : Tensors{dx, dg, db};
+  });
   return y;
 }
 
@@ -112,17 +109,18 @@ Tensor activation(const Tensor& x, ops::Act act) {
   ops::call(ops::act_fwd, act, x, y);
   autograd::record_function("ActivationBackward", {x}, {&y}, {x},
                             [act](const Tensors& g, const Tensors& s, const Node&) {
-                              Tensor dx = empty_like(s[0]);
-                              ops::call(ops::act_bwd, act, g[0], s[0], dx);
-                              return Tensors{dx};
-                            });
+    Tensor dx = empty_like(s[0]);
+    ops::call(ops::act_bwd, act, g[0], s[0], dx);
+    return Tensors{dx};
+  });
   return y;
 }
 
 Tensor pool2d(const Tensor& x, const ops::Pool2dParams& p) {
   check_dim(x, 4, "pool2d", "input");
   check_float(x, "pool2d", "input");
-  EG_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0, "pool2d: kernel and stride must be positive");
+  EG_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0,
+           "pool2d: kernel and stride must be positive");
   EG_CHECK(p.pad_h * 2 <= p.kernel_h && p.pad_w * 2 <= p.kernel_w, "pool2d: padding must be at most half the kernel");
   Shape os = ops::pool2d_out_shape(x.shape(), p);
   EG_CHECK(os[2] > 0 && os[3] > 0, "pool2d: input ", shape_str(x.shape()), " is smaller than the kernel");
@@ -131,10 +129,10 @@ Tensor pool2d(const Tensor& x, const ops::Pool2dParams& p) {
   ops::call(ops::pool2d_fwd, x, y, idx, p);
   autograd::record_function("Pool2dBackward", {x}, {&y}, {idx},
                             [p, xs = x.shape()](const Tensors& g, const Tensors& s, const Node&) {
-                              Tensor dx = empty_as(g[0], xs);
-                              ops::call(ops::pool2d_bwd, g[0], s[0], dx, p);
-                              return Tensors{dx};
-                            });
+    Tensor dx = empty_as(g[0], xs);
+    ops::call(ops::pool2d_bwd, g[0], s[0], dx, p);
+    return Tensors{dx};
+  });
   return y;
 }
 
@@ -145,10 +143,10 @@ Tensor global_avg_pool(const Tensor& x) {
   ops::call(ops::global_avgpool_fwd, x, y);
   autograd::record_function("GlobalAvgPoolBackward", {x}, {&y}, {},
                             [xs = x.shape()](const Tensors& g, const Tensors&, const Node&) {
-                              Tensor dx = empty_as(g[0], xs);
-                              ops::call(ops::global_avgpool_bwd, g[0], dx);
-                              return Tensors{dx};
-                            });
+    Tensor dx = empty_as(g[0], xs);
+    ops::call(ops::global_avgpool_bwd, g[0], dx);
+    return Tensors{dx};
+  });
   return y;
 }
 

@@ -18,10 +18,10 @@ Tensor softmax_impl(const Tensor& x, bool log) {
   ops::call(ops::softmax_fwd, x, y, log);
   autograd::record_function(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x}, {&y}, {y.detach()},
                             [log](const Tensors& g, const Tensors& s, const Node&) {
-                              Tensor dx = empty_like(s[0]);
-                              ops::call(ops::softmax_bwd, g[0], s[0], dx, log);
-                              return Tensors{dx};
-                            });
+    Tensor dx = empty_like(s[0]);
+    ops::call(ops::softmax_bwd, g[0], s[0], dx, log);
+    return Tensors{dx};
+  });
   return y;
 }
 }  // namespace
@@ -35,26 +35,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double ls, int6
   check_dim(target, 1, "cross_entropy", "target");
   EG_CHECK(target.dtype() == DType::s64, "cross_entropy: target must be s64 class indices, got ",
            dtype_name(target.dtype()));
-  EG_CHECK(target.size(0) == logits.size(0), "cross_entropy: ", logits.size(0), " rows of logits but ",
-           target.size(0), " targets");
+  EG_CHECK(target.size(0) == logits.size(0), "cross_entropy: ", logits.size(0), " rows of logits but ", target.size(0),
+           " targets");
   EG_CHECK(ls >= 0 && ls < 1, "cross_entropy: label_smoothing must be in [0, 1), got ", ls);
   EG_CHECK(target.device() == logits.device(), "cross_entropy: target is on ", target.device().str(),
            " but logits are on ", logits.device().str());
   if (target.device().is_cpu()) {
     const int64_t* t = target.data<int64_t>();
     for (int64_t i = 0; i < target.numel(); ++i)
-      EG_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < logits.size(1)), "cross_entropy: target ", t[i],
-               " at row ", i, " is not a class index in [0, ", logits.size(1), ")");
+      EG_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < logits.size(1)), "cross_entropy: target ", t[i], " at row ",
+               i, " is not a class index in [0, ", logits.size(1), ")");
   }
   ops::CrossEntropyParams p{ls, ignore_index};
   Tensor loss = empty_as(logits, {1}), lse = empty_as(logits, {logits.size(0)});
   ops::call(ops::cross_entropy_fwd, logits, target, loss, lse, p);
   autograd::record_function("CrossEntropyBackward", {logits}, {&loss}, {logits.detach(), target, lse},
                             [p](const Tensors& g, const Tensors& s, const Node&) {
-                              Tensor dl = empty_like(s[0]);
-                              ops::call(ops::cross_entropy_bwd, g[0], s[0], s[1], s[2], dl, p);
-                              return Tensors{dl};
-                            });
+    Tensor dl = empty_like(s[0]);
+    ops::call(ops::cross_entropy_bwd, g[0], s[0], s[1], s[2], dl, p);
+    return Tensors{dl};
+  });
   return loss;
 }
 
@@ -72,14 +72,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, doub
   ops::call(ops::layernorm_fwd, x2, gamma, beta, y2, mean, rstd, eps);
   autograd::record_function("LayerNormBackward", {x, gamma, beta}, {&y}, {x2, gamma, mean, rstd},
                             [xs = x.shape()](const Tensors& g, const Tensors& s, const Node& n) {
-                              Tensor dx, dg, db;
-                              if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-                              if (n.needs_input_grad(1)) dg = empty_like(s[1]);
-                              if (n.needs_input_grad(2)) db = empty_like(s[1]);
-                              ops::call(ops::layernorm_bwd, g[0].reshape(s[0].shape()), s[0], s[1], s[2], s[3], dx,
-                                        dg, db);
-                              return Tensors{dx.defined() ? dx.reshape(xs) : dx, dg, db};
-                            });
+    Tensor dx, dg, db;
+    if (n.needs_input_grad(0)) dx = empty_like(s[0]);
+    if (n.needs_input_grad(1)) dg = empty_like(s[1]);
+    if (n.needs_input_grad(2)) db = empty_like(s[1]);
+    ops::call(ops::layernorm_bwd, g[0].reshape(s[0].shape()), s[0], s[1], s[2], s[3], dx, dg, db);
+    return Tensors{dx.defined() ? dx.reshape(xs) : dx, dg, db};
+  });
   return y;
 }
 
@@ -101,10 +100,10 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
   ops::call(ops::embedding_fwd, ids, table, y);
   autograd::record_function("EmbeddingBackward", {ids, table}, {&y}, {ids, table.detach()},
                             [](const Tensors& g, const Tensors& s, const Node&) {
-                              Tensor dt = empty_like(s[1]);
-                              ops::call(ops::embedding_bwd, g[0], s[0], dt);
-                              return Tensors{Tensor(), dt};
-                            });
+    Tensor dt = empty_like(s[1]);
+    ops::call(ops::embedding_bwd, g[0], s[0], dt);
+    return Tensors{Tensor(), dt};
+  });
   return y;
 }
 
@@ -123,8 +122,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   return y;
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    bool causal, double scale) {
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                                    double scale) {
   check_dim(q, 4, "attention", "query");
   check_dim(k, 4, "attention", "key");
   check_dim(v, 4, "attention", "value");
@@ -133,9 +132,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   check_same(q, v, "attention", "value");
   EG_CHECK(k.shape() == v.shape(), "attention: key ", shape_str(k.shape()), " and value ", shape_str(v.shape()),
            " differ");
-  EG_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3),
-           "attention: query ", shape_str(q.shape()), " does not match key ", shape_str(k.shape()),
-           " in batch, heads or head size");
+  EG_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3), "attention: query ",
+           shape_str(q.shape()), " does not match key ", shape_str(k.shape()), " in batch, heads or head size");
   EG_CHECK(!causal || q.size(2) == k.size(2), "attention: a causal mask needs equal query and key lengths");
   if (mask.defined())
     EG_CHECK(mask.dtype() == DType::u8 && mask.dim() == 2 && mask.size(0) == q.size(0) && mask.size(1) == k.size(2),
@@ -146,11 +144,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   ops::call(ops::attention_fwd, q, k, v, mask, out, lse, p);
   autograd::record_function("AttentionBackward", {q, k, v}, {&out}, {q, k, v, mask, out.detach(), lse},
                             [p](const Tensors& g, const Tensors& s, const Node& n) {
-                              Tensor dq = empty_like(s[0]), dk = empty_like(s[1]), dv = empty_like(s[2]);
-                              ops::call(ops::attention_bwd, g[0], s[0], s[1], s[2], s[3], s[4], s[5], dq, dk, dv, p);
-                              return Tensors{n.needs_input_grad(0) ? dq : Tensor(), n.needs_input_grad(1) ? dk : Tensor(),
-                                             n.needs_input_grad(2) ? dv : Tensor()};
-                            });
+    Tensor dq = empty_like(s[0]), dk = empty_like(s[1]), dv = empty_like(s[2]);
+    ops::call(ops::attention_bwd, g[0], s[0], s[1], s[2], s[3], s[4], s[5], dq, dk, dv, p);
+    return Tensors{n.needs_input_grad(0) ? dq : Tensor(), n.needs_input_grad(1) ? dk : Tensor(),
+                   n.needs_input_grad(2) ? dv : Tensor()};
+  });
   return out;
 }
 

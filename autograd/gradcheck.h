@@ -12,7 +12,7 @@ namespace eg::autograd {
 
 struct GradcheckResult {
   bool ok = true;
-  double worst = 0;    // largest |analytic - numeric| / (atol + rtol |numeric|)
+  double worst = 0;  // largest |analytic - numeric| / (atol + rtol |numeric|)
   std::string detail;  // where the worst element is
 };
 

@@ -103,9 +103,10 @@ void register_all() {
     const int64_t units = freeze::make_partition(*models::build_model(mc, g), freeze::PartitionMode::automatic).size();
     for (bool cached : {false, true})
       for (int64_t k = cached ? 1 : 0; k < units; ++k)
-        benchmark::RegisterBenchmark((std::string(cached ? "TrainStepFrozenCached/" : "TrainStepFrozen/") + name +
-                                      "/k:" + std::to_string(k)).c_str(),
-                                     BM_TrainStepFrozen, name, k, cached)
+        benchmark::RegisterBenchmark(
+            (std::string(cached ? "TrainStepFrozenCached/" : "TrainStepFrozen/") + name + "/k:" + std::to_string(k))
+                .c_str(),
+            BM_TrainStepFrozen, name, k, cached)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
   }

@@ -146,42 +146,57 @@ void BM_ReferenceTransformer(benchmark::State& st, const char* precision) {
 
 int main(int argc, char** argv) {
   for (const Layer& l : kLayers) {
-    benchmark::RegisterBenchmark((std::string("conv_int8/") + l.name).c_str(), BM_ConvInt8, l, false)->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark((std::string("conv_f32/") + l.name).c_str(), BM_ConvF32, l)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("conv_int8/") + l.name).c_str(), BM_ConvInt8, l, false)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("conv_f32/") + l.name).c_str(), BM_ConvF32, l)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   }
   benchmark::RegisterBenchmark("conv_int8_ref/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16}, true)
-      ->Unit(benchmark::kMillisecond)->UseRealTime();
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("conv_int8/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16}, false)
-      ->Unit(benchmark::kMillisecond)->UseRealTime();
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   for (const char* model : {"resnet20", "resnet56"})
     for (const char* prec : {"int8", "int8-dynamic", "fp32"})
-      benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model, prec)
-          ->Unit(benchmark::kMillisecond)->UseRealTime();
+      benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model,
+                                   prec)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   for (const char* model : {"resnet20", "resnet56"}) {
     Generator g(3);
     // Every unit but the first (whose input is the images) and the head (never evaluated).
-    const int64_t units = freeze::make_partition(*models::build_model(fashion_config(model), g), freeze::PartitionMode::automatic).size();
+    const int64_t units =
+        freeze::make_partition(*models::build_model(fashion_config(model), g), freeze::PartitionMode::automatic).size();
     for (int64_t u = 1; u + 1 < units; ++u)
       for (bool unit_scope : {false, true})
         benchmark::RegisterBenchmark((std::string("reference_reading/") + model + "_b128/unit" + std::to_string(u) +
-                                      (unit_scope ? "/unit_scope" : "/network_scope")).c_str(),
+                                      (unit_scope ? "/unit_scope" : "/network_scope"))
+                                         .c_str(),
                                      BM_ReferenceUnit, model, u, unit_scope)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   }
   for (const char* prec : {"int8", "fp32"})
     benchmark::RegisterBenchmark((std::string("reference/transformer-tiny_b64x32/") + prec).c_str(),
                                  BM_ReferenceTransformer, prec)
-        ->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   if (cuda_available()) {
     for (const Layer& l : kLayers)
       for (DType t : {DType::f16, DType::f32})
-        benchmark::RegisterBenchmark((std::string("conv_gpu_") + dtype_name(t) + "/" + l.name).c_str(), BM_ConvGpu, l, t)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+        benchmark::RegisterBenchmark((std::string("conv_gpu_") + dtype_name(t) + "/" + l.name).c_str(), BM_ConvGpu, l,
+                                     t)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
     for (const char* model : {"resnet20", "resnet56"})
       for (const char* prec : {"fp16-gpu", "fp32-gpu"})
-        benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference,
-                                     model, prec)
-            ->Unit(benchmark::kMillisecond)->UseRealTime();
+        benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model,
+                                     prec)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

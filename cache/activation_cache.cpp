@@ -95,8 +95,8 @@ void ActivationCache::map(int64_t entry_floats) {
     stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, bytes);
     return;
   }
-  EG_CHECK(::ftruncate(fd_, 0) == 0 && ::ftruncate(fd_, bytes) == 0, "activation cache: cannot size its file in '", dir_,
-           "' to ", gib, " GiB: ", std::strerror(errno));
+  EG_CHECK(::ftruncate(fd_, 0) == 0 && ::ftruncate(fd_, bytes) == 0, "activation cache: cannot size its file in '",
+           dir_, "' to ", gib, " GiB: ", std::strerror(errno));
   // Reserve the blocks now: writing through a mapping to a full disk would be a
   // SIGBUS in the middle of training instead of this error.
   const int rc = ::posix_fallocate(fd_, 0, bytes);
@@ -108,7 +108,8 @@ void ActivationCache::map(int64_t entry_floats) {
              ". Free space there, point --freeze-cache-dir at a larger disk, or use --freeze-cache off");
   }
   void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  EG_CHECK(p != MAP_FAILED, "activation cache: cannot map its ", gib, " GiB file in '", dir_, "': ", std::strerror(errno));
+  EG_CHECK(p != MAP_FAILED, "activation cache: cannot map its ", gib, " GiB file in '", dir_,
+           "': ", std::strerror(errno));
   base_ = static_cast<float*>(p);
   stats_.bytes_reserved = bytes;
   stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, bytes);
@@ -132,7 +133,8 @@ bool ActivationCache::contains(const std::vector<int64_t>& ids) const {
 std::vector<int64_t> ActivationCache::missing(const std::vector<int64_t>& ids) const {
   std::vector<int64_t> pos;
   for (size_t i = 0; i < ids.size(); ++i)
-    if (key_ < 0 || !base_ || ids[i] < 0 || ids[i] >= num_samples_ || !valid_[size_t(ids[i])]) pos.push_back(int64_t(i));
+    if (key_ < 0 || !base_ || ids[i] < 0 || ids[i] >= num_samples_ || !valid_[size_t(ids[i])])
+      pos.push_back(int64_t(i));
   return pos;
 }
 

@@ -39,13 +39,13 @@ enum class Tier { automatic, memory, disk };
 
 struct CacheStats {
   int64_t served = 0, stored = 0;  // samples gathered / stored
-  int64_t prefetched = 0;                     // gathers done in the background ahead of use
-  int64_t resets = 0;                         // times every entry was dropped
-  int64_t entries = 0;                        // valid entries now
-  int64_t bytes_reserved = 0;                 // size of the store now
-  int64_t peak_bytes_reserved = 0;            // the largest it has been
-  bool on_disk = false;                       // where the store is now
-  bool ever_on_disk = false;                  // whether it has been in the file
+  int64_t prefetched = 0;  // gathers done in the background ahead of use
+  int64_t resets = 0;  // times every entry was dropped
+  int64_t entries = 0;  // valid entries now
+  int64_t bytes_reserved = 0;  // size of the store now
+  int64_t peak_bytes_reserved = 0;  // the largest it has been
+  bool on_disk = false;  // where the store is now
+  bool ever_on_disk = false;  // whether it has been in the file
 };
 
 class ActivationCache {

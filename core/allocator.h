@@ -8,11 +8,11 @@
 namespace eg {
 
 struct AllocatorStats {
-  size_t allocated = 0;       // bytes handed out and not yet returned
-  size_t reserved = 0;        // bytes held from the system (allocated + cached)
+  size_t allocated = 0;  // bytes handed out and not yet returned
+  size_t reserved = 0;  // bytes held from the system (allocated + cached)
   size_t peak_allocated = 0;  // high-water mark of `allocated`
-  uint64_t system_allocs = 0; // calls that reached the system allocator
-  uint64_t cache_hits = 0;    // requests served from the cache
+  uint64_t system_allocs = 0;  // calls that reached the system allocator
+  uint64_t cache_hits = 0;  // requests served from the cache
 };
 
 class Allocator {

@@ -47,8 +47,7 @@ class CpuCachingAllocator final : public Allocator {
         empty_cache_locked();
         p = std::aligned_alloc(64, sz);
       }
-      EG_CHECK(p, "out of host memory allocating ", nbytes, " bytes (", stats_.allocated,
-               " bytes in use)");
+      EG_CHECK(p, "out of host memory allocating ", nbytes, " bytes (", stats_.allocated, " bytes in use)");
       stats_.reserved += sz;
       ++stats_.system_allocs;
     }

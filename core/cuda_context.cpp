@@ -112,8 +112,8 @@ void memcpy(void* dst, Device dd, const void* src, Device sd, size_t n) {
   const int dev = dd.is_cuda() ? dd.index : sd.index;
   set_device(dev);
   cudaStream_t st = current_stream(dev);
-  cudaMemcpyKind kind = dd.is_cuda() ? (sd.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                                     : cudaMemcpyDeviceToHost;
+  cudaMemcpyKind kind =
+      dd.is_cuda() ? (sd.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice) : cudaMemcpyDeviceToHost;
   EG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, kind, st));
   // The host may read (D2H) or free/reuse (H2D from pageable memory) its buffer as
   // soon as we return.

@@ -21,7 +21,7 @@ cudnnHandle_t cudnn_handle();
 void set_device(int device);
 void memcpy(void* dst, Device dd, const void* src, Device sd, size_t n);
 void memset_zero(void* p, size_t n, Device d);
-void synchronize();              // current stream; for tests, tools and D2H reads
+void synchronize();  // current stream; for tests, tools and D2H reads
 void after_launch(const char* what);  // checks the launch; syncs when EG_SYNC_DEBUG=1
 
 }  // namespace eg::cuda

@@ -91,9 +91,7 @@ void Tensor::zero_() {
 }
 
 #ifndef EG_WITH_CUDA
-Allocator& cuda_allocator(int) {
-  EG_THROW("this build of egeria has no CUDA support; rebuild with -DEG_CUDA=ON");
-}
+Allocator& cuda_allocator(int) { EG_THROW("this build of egeria has no CUDA support; rebuild with -DEG_CUDA=ON"); }
 #endif
 
 }  // namespace eg

@@ -45,8 +45,7 @@ const char* dtype_name(DType t) {
 }
 
 DType parse_dtype(const std::string& n) {
-  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::s8, DType::u8,
-                  DType::s32, DType::s64})
+  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::s8, DType::u8, DType::s32, DType::s64})
     if (n == dtype_name(t)) return t;
   EG_THROW("unknown dtype '", n, "' (expected f32, f64, bf16, f16, s8, u8, s32 or s64)");
 }
@@ -60,7 +59,10 @@ float f16_to_float(f16_t v) {
       u = sign;
     } else {  // subnormal: renormalise
       exp = 127 - 15 + 1;
-      while (!(man & 0x400u)) { man <<= 1; --exp; }
+      while (!(man & 0x400u)) {
+        man <<= 1;
+        --exp;
+      }
       u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
     }
   } else if (exp == 31) {

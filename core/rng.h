@@ -14,7 +14,9 @@
 
 namespace eg {
 
-struct Philox4 { uint32_t x[4]; };
+struct Philox4 {
+  uint32_t x[4];
+};
 
 EG_HOST_DEVICE Philox4 philox4x32(uint64_t seed, uint64_t counter) {
   uint32_t c0 = uint32_t(counter), c1 = uint32_t(counter >> 32), c2 = 0, c3 = 0;
@@ -54,7 +56,10 @@ class Generator {
   explicit Generator(uint64_t seed = 0, uint64_t offset = 0) : seed_(seed), offset_(offset) {}
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
-  void set_state(uint64_t seed, uint64_t offset) { seed_ = seed; offset_ = offset; }
+  void set_state(uint64_t seed, uint64_t offset) {
+    seed_ = seed;
+    offset_ = offset;
+  }
   uint64_t reserve(uint64_t n) {
     uint64_t o = offset_;
     offset_ += n;

@@ -39,8 +39,7 @@ Storage::~Storage() {
 int64_t Tensor::size(int d) const {
   int n = dim();
   if (d < 0) d += n;
-  EG_CHECK(d >= 0 && d < n, "dimension ", d, " out of range for a tensor of shape ",
-           shape_str(shape()));
+  EG_CHECK(d >= 0 && d < n, "dimension ", d, " out of range for a tensor of shape ", shape_str(shape()));
   return shape()[size_t(d)];
 }
 
@@ -103,22 +102,36 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 1.0, dtype, device);
-}
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 
 namespace {
 template <class F>
 void fill_host(void* p, DType t, int64_t n, F value_at) {
   switch (t) {
-    case DType::f32: for (int64_t i = 0; i < n; ++i) static_cast<float*>(p)[i] = float(value_at(i)); break;
-    case DType::f64: for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] = value_at(i); break;
-    case DType::bf16: for (int64_t i = 0; i < n; ++i) static_cast<bf16_t*>(p)[i] = float_to_bf16(float(value_at(i))); break;
-    case DType::f16: for (int64_t i = 0; i < n; ++i) static_cast<f16_t*>(p)[i] = float_to_f16(float(value_at(i))); break;
-    case DType::s8: for (int64_t i = 0; i < n; ++i) static_cast<int8_t*>(p)[i] = int8_t(value_at(i)); break;
-    case DType::u8: for (int64_t i = 0; i < n; ++i) static_cast<uint8_t*>(p)[i] = uint8_t(value_at(i)); break;
-    case DType::s32: for (int64_t i = 0; i < n; ++i) static_cast<int32_t*>(p)[i] = int32_t(value_at(i)); break;
-    case DType::s64: for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(p)[i] = int64_t(value_at(i)); break;
+    case DType::f32:
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(p)[i] = float(value_at(i));
+      break;
+    case DType::f64:
+      for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] = value_at(i);
+      break;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) static_cast<bf16_t*>(p)[i] = float_to_bf16(float(value_at(i)));
+      break;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) static_cast<f16_t*>(p)[i] = float_to_f16(float(value_at(i)));
+      break;
+    case DType::s8:
+      for (int64_t i = 0; i < n; ++i) static_cast<int8_t*>(p)[i] = int8_t(value_at(i));
+      break;
+    case DType::u8:
+      for (int64_t i = 0; i < n; ++i) static_cast<uint8_t*>(p)[i] = uint8_t(value_at(i));
+      break;
+    case DType::s32:
+      for (int64_t i = 0; i < n; ++i) static_cast<int32_t*>(p)[i] = int32_t(value_at(i));
+      break;
+    case DType::s64:
+      for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(p)[i] = int64_t(value_at(i));
+      break;
   }
 }
 double read_host(const void* p, DType t, int64_t i) {
@@ -153,22 +166,19 @@ Tensor Tensor::arange(int64_t n, DType dtype, Device device) {
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
   uint64_t seed = gen.seed(), off = gen.reserve(uint64_t(shape_numel(shape)));
-  return make_host_then_move(shape, dtype, device,
-                             [=](int64_t i) { return philox_normal(seed, off, uint64_t(i)); });
+  return make_host_then_move(shape, dtype, device, [=](int64_t i) { return philox_normal(seed, off, uint64_t(i)); });
 }
 
-Tensor Tensor::uniform(const Shape& shape, double lo, double hi, Generator& gen, DType dtype,
-                       Device device) {
+Tensor Tensor::uniform(const Shape& shape, double lo, double hi, Generator& gen, DType dtype, Device device) {
   uint64_t seed = gen.seed(), off = gen.reserve(uint64_t(shape_numel(shape)));
-  return make_host_then_move(shape, dtype, device, [=](int64_t i) {
-    return lo + (hi - lo) * double(philox_uniform(seed, off, uint64_t(i)));
-  });
+  return make_host_then_move(
+      shape, dtype, device, [=](int64_t i) { return lo + (hi - lo) * double(philox_uniform(seed, off, uint64_t(i))); });
 }
 
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, Device device) {
-  EG_CHECK(int64_t(v.size()) == shape_numel(shape), "from_vector: ", v.size(),
-           " values do not fill shape ", shape_str(shape));
+  EG_CHECK(int64_t(v.size()) == shape_numel(shape), "from_vector: ", v.size(), " values do not fill shape ",
+           shape_str(shape));
   Tensor t = empty(shape, dtype_v<T>, Device::cpu());
   if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
   return t.to(device);
@@ -184,8 +194,8 @@ std::vector<T> Tensor::to_vector() const {
   return v;
 }
 
-#define EG_INSTANTIATE(T)                                                                  \
-  template Tensor Tensor::from_vector<T>(const std::vector<T>&, const Shape&, Device);   \
+#define EG_INSTANTIATE(T)                                                              \
+  template Tensor Tensor::from_vector<T>(const std::vector<T>&, const Shape&, Device); \
   template std::vector<T> Tensor::to_vector<T>() const;
 EG_INSTANTIATE(float)
 EG_INSTANTIATE(double)
@@ -215,12 +225,11 @@ Tensor Tensor::reshape(Shape s) const {
     }
   }
   if (infer >= 0) {
-    EG_CHECK(known > 0 && numel() % known == 0, "reshape: cannot view ", shape_str(shape()),
-             " as ", shape_str(s));
+    EG_CHECK(known > 0 && numel() % known == 0, "reshape: cannot view ", shape_str(shape()), " as ", shape_str(s));
     s[size_t(infer)] = numel() / known;
   }
-  EG_CHECK(shape_numel(s) == numel(), "reshape: cannot view ", shape_str(shape()), " (", numel(),
-           " elements) as ", shape_str(s));
+  EG_CHECK(shape_numel(s) == numel(), "reshape: cannot view ", shape_str(shape()), " (", numel(), " elements) as ",
+           shape_str(s));
   // A blocked tensor is reshaped as a plain copy (Note [Blocked activations]): only
   // kernels ever write blocked tensors, so no caller relies on the view aliasing it.
   if (is_blocked() && s != shape()) return to_plain().reshape(s);
@@ -240,8 +249,7 @@ Tensor Tensor::flatten(int start_dim) const {
 
 Tensor Tensor::slice(int64_t b, int64_t e) const {
   EG_CHECK(dim() >= 1, "slice: tensor has no dimension 0");
-  EG_CHECK(0 <= b && b <= e && e <= shape()[0], "slice [", b, ", ", e, ") out of range for ",
-           shape_str(shape()));
+  EG_CHECK(0 <= b && b <= e && e <= shape()[0], "slice [", b, ", ", e, ") out of range for ", shape_str(shape()));
   Tensor v = detach();
   v.impl().shape[0] = e - b;
   v.impl().offset += size_t(b) * (nbytes() / size_t(std::max<int64_t>(shape()[0], 1)));
@@ -284,10 +292,9 @@ Tensor Tensor::to(DType t) const {
 }
 
 void Tensor::copy_(const Tensor& src) {
-  EG_CHECK(src.numel() == numel(), "copy_: source has ", src.numel(), " elements, destination ",
-           numel());
-  EG_CHECK(src.dtype() == dtype(), "copy_: source is ", dtype_name(src.dtype()),
-           ", destination is ", dtype_name(dtype()));
+  EG_CHECK(src.numel() == numel(), "copy_: source has ", src.numel(), " elements, destination ", numel());
+  EG_CHECK(src.dtype() == dtype(), "copy_: source is ", dtype_name(src.dtype()), ", destination is ",
+           dtype_name(dtype()));
   if (src.format() != format()) {  // Note [Blocked activations]
     copy_(src.to(device()).to_format(format()));
     return;

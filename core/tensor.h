@@ -16,7 +16,9 @@
 
 namespace eg {
 
-namespace autograd { struct Node; }
+namespace autograd {
+struct Node;
+}
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
@@ -74,15 +76,13 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
-                     Device device = Device::cpu());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
   template <class T>
   static Tensor from_vector(const std::vector<T>& v, const Shape& shape, Device device = Device::cpu());
   // Counter-based random numbers: identical for a given (seed, offset) on CPU and GPU.
-  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32,
-                      Device device = Device::cpu());
-  static Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen,
-                        DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, Device device = Device::cpu());
+  static Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen, DType dtype = DType::f32,
+                        Device device = Device::cpu());
   static Tensor arange(int64_t n, DType dtype = DType::s64, Device device = Device::cpu());
 
   // ---- properties
@@ -104,16 +104,14 @@ class Tensor {
   }
   template <class T>
   T* data() const {
-    EG_CHECK(dtype() == dtype_v<T>, "tensor holds ", dtype_name(dtype()), " but was read as ",
-             dtype_name(dtype_v<T>));
+    EG_CHECK(dtype() == dtype_v<T>, "tensor holds ", dtype_name(dtype()), " but was read as ", dtype_name(dtype_v<T>));
     return static_cast<T*>(raw());
   }
   // The buffer in whatever format it is in (format-aware kernels only).
   void* raw_any() const { return static_cast<char*>(impl().storage->data) + impl().offset; }
   template <class T>
   T* data_any() const {
-    EG_CHECK(dtype() == dtype_v<T>, "tensor holds ", dtype_name(dtype()), " but was read as ",
-             dtype_name(dtype_v<T>));
+    EG_CHECK(dtype() == dtype_v<T>, "tensor holds ", dtype_name(dtype()), " but was read as ", dtype_name(dtype_v<T>));
     return static_cast<T*>(raw_any());
   }
 
@@ -125,22 +123,23 @@ class Tensor {
   // Declares how a kernel laid out the output it is about to write (the tensor's data
   // is not touched: only for outputs that will be overwritten whole).
   void set_format(Format f) const;
-  Tensor to_plain() const;            // this tensor when plain, else a plain copy
-  Tensor to_format(Format f) const;   // this tensor when already in f, else a copy
+  Tensor to_plain() const;  // this tensor when plain, else a plain copy
+  Tensor to_format(Format f) const;  // this tensor when already in f, else a copy
 
   // ---- views and copies
   // Views carry no autograd history (use fn::reshape to differentiate through one).
   Tensor reshape(Shape shape) const;  // view; one dim may be -1
   Tensor flatten(int start_dim = 1) const;
   Tensor slice(int64_t begin, int64_t end) const;  // view of rows [begin, end) of dim 0
-  Tensor to(Device device) const;                  // copy (or this tensor when already there)
-  Tensor to(DType dtype) const;                    // converting copy (or this tensor)
+  Tensor to(Device device) const;  // copy (or this tensor when already there)
+  Tensor to(DType dtype) const;  // converting copy (or this tensor)
   Tensor clone() const;
   Tensor detach() const;  // shares storage, no autograd history
   void copy_(const Tensor& src);  // same numel and dtype; any devices
   void zero_();
-  template <class T> std::vector<T> to_vector() const;  // copies to host
-  double item() const;                                  // single-element tensor as double
+  template <class T>
+  std::vector<T> to_vector() const;  // copies to host
+  double item() const;  // single-element tensor as double
   bool same_storage(const Tensor& o) const { return impl().storage == o.impl().storage; }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 

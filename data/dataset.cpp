@@ -27,8 +27,7 @@ ImageDataset load_cifar(const std::string& dir, bool train, int classes) {
   if (classes == 10) {
     if (train)
       for (int i = 1; i <= 5; ++i) files.push_back(dir + "/data_batch_" + std::to_string(i) + ".bin");
-    else
-      files.push_back(dir + "/test_batch.bin");
+    else files.push_back(dir + "/test_batch.bin");
   } else {
     files.push_back(dir + (train ? "/train.bin" : "/test.bin"));
   }
@@ -38,7 +37,8 @@ ImageDataset load_cifar(const std::string& dir, bool train, int classes) {
   for (auto& f : files) {
     parts.push_back(read_file(f));
     EG_CHECK(parts.back().size() % rec == 0 && !parts.back().empty(), "'", f, "' is not a CIFAR-", classes,
-             " binary batch: ", parts.back().size(), " bytes is not a multiple of the ", rec, "-byte record (truncated?)");
+             " binary batch: ", parts.back().size(), " bytes is not a multiple of the ", rec,
+             "-byte record (truncated?)");
     n += int64_t(parts.back().size() / rec);
   }
   ImageDataset d;
@@ -91,12 +91,15 @@ Normalization default_normalization(const std::string& ds) {
   return n;
 }
 
-std::vector<std::string> image_dataset_names() { return {"fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic"}; }
+std::vector<std::string> image_dataset_names() {
+  return {"fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic"};
+}
 
 ImageDataset load_image_dataset(const DatasetSpec& spec, bool train) {
   ImageDataset d;
   if (spec.name == "fashion-mnist" || spec.name == "mnist") {
-    std::string dir = spec.dir.empty() ? (spec.name == "fashion-mnist" ? "/usr/share/datasets/fashion-mnist" : "") : spec.dir;
+    std::string dir =
+        spec.dir.empty() ? (spec.name == "fashion-mnist" ? "/usr/share/datasets/fashion-mnist" : "") : spec.dir;
     EG_CHECK(!dir.empty(), "dataset mnist needs --data-dir");
     d = load_mnist_split(dir, train ? "train" : "t10k");
   } else if (spec.name == "cifar10" || spec.name == "cifar100") {
@@ -117,13 +120,15 @@ ImageDataset load_image_dataset(const DatasetSpec& spec, bool train) {
   return d;
 }
 
-void augment_into(const ImageDataset& d, int64_t id, const AugmentOptions& o, uint64_t seed, int64_t epoch, float* out) {
+void augment_into(const ImageDataset& d, int64_t id, const AugmentOptions& o, uint64_t seed, int64_t epoch,
+                  float* out) {
   const int64_t c = d.images.size(1), h = d.images.size(2), w = d.images.size(3);
   const uint8_t* src = d.images.data<uint8_t>() + id * c * h * w;
   // One Philox block per (epoch, id): dy, dx and flip.
   Philox4 r = philox4x32(seed ^ 0x9E3779B97F4A7C15ull, (uint64_t(epoch) << 40) ^ uint64_t(id));
   const int64_t p = o.crop_padding;
-  const int64_t dy = p ? int64_t(r.x[0] % uint32_t(2 * p + 1)) - p : 0, dx = p ? int64_t(r.x[1] % uint32_t(2 * p + 1)) - p : 0;
+  const int64_t dy = p ? int64_t(r.x[0] % uint32_t(2 * p + 1)) - p : 0,
+                dx = p ? int64_t(r.x[1] % uint32_t(2 * p + 1)) - p : 0;
   const bool flip = o.hflip && (r.x[2] & 1u);
   for (int64_t ch = 0; ch < c; ++ch) {
     const float scale = 1.f / (255.f * o.norm.std[std::min<int64_t>(ch, 2)]);

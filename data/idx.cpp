@@ -51,7 +51,8 @@ Tensor read_idx(const std::string& path) {
   std::vector<uint8_t> b = read_all(path);
   EG_CHECK(b.size() >= 4, "'", path, "' is too short to be an IDX file (", b.size(), " bytes)");
   EG_CHECK(b[0] == 0 && b[1] == 0, "'", path, "' is not an IDX file (bad magic number)");
-  EG_CHECK(b[2] == 0x08, "'", path, "' holds IDX type 0x", std::hex, int(b[2]), " but only unsigned bytes (0x08) are supported");
+  EG_CHECK(b[2] == 0x08, "'", path, "' holds IDX type 0x", std::hex, int(b[2]),
+           " but only unsigned bytes (0x08) are supported");
   const int nd = b[3];
   EG_CHECK(nd >= 1 && nd <= 4, "'", path, "' declares ", nd, " dimensions (expected 1 to 4)");
   EG_CHECK(b.size() >= size_t(4 + 4 * nd), "'", path, "' is truncated inside its header");

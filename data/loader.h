@@ -17,10 +17,10 @@
 namespace eg::data {
 
 struct Batch {
-  Tensor x;                  // f32 [B, C, H, W]
-  Tensor y;                  // s64 [B]
+  Tensor x;  // f32 [B, C, H, W]
+  Tensor y;  // s64 [B]
   std::vector<int64_t> ids;  // sample ids, in batch order
-  int64_t index = 0;         // batch index within the epoch
+  int64_t index = 0;  // batch index within the epoch
 };
 
 struct LoaderOptions {

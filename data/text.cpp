@@ -116,17 +116,16 @@ Tokenizer Tokenizer::train(const std::vector<SentencePair>& pairs, const std::st
   const SpecialIds s;  // See Note [Special token ids]
   // Unigram LM (Kudo 2018) over raw text: no pre-tokenisation, so decoding restores the
   // exact spacing. hard_vocab_limit=false lets a small corpus have fewer pieces.
-  const std::unordered_map<std::string, std::string> args = {
-      {"model_type", "unigram"},
-      {"vocab_size", std::to_string(vocab)},
-      {"character_coverage", "1.0"},
-      {"hard_vocab_limit", "false"},
-      {"pad_id", std::to_string(s.pad)},
-      {"bos_id", std::to_string(s.bos)},
-      {"eos_id", std::to_string(s.eos)},
-      {"unk_id", std::to_string(s.unk)},
-      {"num_threads", std::to_string(std::max(1, threads))},
-      {"minloglevel", "2"}};
+  const std::unordered_map<std::string, std::string> args = {{"model_type", "unigram"},
+                                                             {"vocab_size", std::to_string(vocab)},
+                                                             {"character_coverage", "1.0"},
+                                                             {"hard_vocab_limit", "false"},
+                                                             {"pad_id", std::to_string(s.pad)},
+                                                             {"bos_id", std::to_string(s.bos)},
+                                                             {"eos_id", std::to_string(s.eos)},
+                                                             {"unk_id", std::to_string(s.unk)},
+                                                             {"num_threads", std::to_string(std::max(1, threads))},
+                                                             {"minloglevel", "2"}};
   PairSentences it(pairs);
   std::string model;
   auto st = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
@@ -249,8 +248,8 @@ std::vector<std::vector<int64_t>> TranslationBatcher::epoch_plan(int64_t epoch) 
     int64_t longest = 0;
     for (auto it = b; it != e; ++it) {
       const int64_t l = std::max(longest, len(*it));
-      const bool full = opt_.max_tokens > 0 ? int64_t(cur.size() + 1) * l > opt_.max_tokens
-                                            : int64_t(cur.size()) == opt_.batch_size;
+      const bool full =
+          opt_.max_tokens > 0 ? int64_t(cur.size() + 1) * l > opt_.max_tokens : int64_t(cur.size()) == opt_.batch_size;
       if (full && !cur.empty()) {
         plan.push_back(std::move(cur));
         cur.clear();
@@ -267,8 +266,8 @@ std::vector<std::vector<int64_t>> TranslationBatcher::epoch_plan(int64_t epoch) 
 
 void TranslationBatcher::start_epoch(int64_t epoch, int64_t start_batch) {
   plan_ = epoch_plan(epoch);
-  EG_CHECK(start_batch >= 0 && start_batch <= int64_t(plan_.size()), "translation batcher: cannot start epoch ",
-           epoch, " at batch ", start_batch, " of ", plan_.size());
+  EG_CHECK(start_batch >= 0 && start_batch <= int64_t(plan_.size()), "translation batcher: cannot start epoch ", epoch,
+           " at batch ", start_batch, " of ", plan_.size());
   next_ = start_batch;
 }
 

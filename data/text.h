@@ -47,7 +47,7 @@ class Tokenizer {
                                  int64_t vocab_size, int threads = 1);
 
   std::vector<int64_t> encode(const std::string& text) const;  // no bos/eos
-  std::string decode(const std::vector<int64_t>& ids) const;   // special ids are skipped
+  std::string decode(const std::vector<int64_t>& ids) const;  // special ids are skipped
   std::vector<std::string> pieces(const std::vector<int64_t>& ids) const;
   int64_t vocab_size() const;
   SpecialIds special_ids() const { return {}; }  // See Note [Special token ids]
@@ -76,19 +76,19 @@ TokenizedPairs tokenize_pairs(const std::vector<SentencePair>& pairs, const Toke
                               bool drop_long);
 
 struct TranslationBatch {
-  Tensor src;                // s64 [B, S]: source ids + eos, padded with pad
-  Tensor tgt_in;             // s64 [B, T]: bos + target ids, padded
-  Tensor tgt_out;            // s64 [B, T]: target ids + eos, padded
+  Tensor src;  // s64 [B, S]: source ids + eos, padded with pad
+  Tensor tgt_in;  // s64 [B, T]: bos + target ids, padded
+  Tensor tgt_out;  // s64 [B, T]: target ids + eos, padded
   std::vector<int64_t> ids;  // pair indices (into TokenizedPairs), in batch order
-  int64_t index = 0;         // batch index within the epoch
+  int64_t index = 0;  // batch index within the epoch
   int64_t src_tokens = 0, tgt_tokens = 0;  // non-pad positions of src and tgt_out
 };
 
 struct BatcherOptions {
-  int64_t batch_size = 64;     // sentences per batch, when max_tokens is 0
-  int64_t max_tokens = 0;      // > 0: as many pairs as fit B * (longest side + 1) <= max_tokens
+  int64_t batch_size = 64;  // sentences per batch, when max_tokens is 0
+  int64_t max_tokens = 0;  // > 0: as many pairs as fit B * (longest side + 1) <= max_tokens
   int64_t pool_batches = 100;  // length-sorting window, in batches
-  bool shuffle = true;         // false: corpus order, sorted by length (evaluation)
+  bool shuffle = true;  // false: corpus order, sorted by length (evaluation)
   uint64_t seed = 0;
   SpecialIds ids;
 };

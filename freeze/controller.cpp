@@ -111,7 +111,7 @@ bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x,
   Input in{step, module, x, x2, Tensor(), begin, snapshot_, Tensor(), false};
   if (unit_input.defined())  // a GPU reference takes it where it is; a CPU one needs a copy
     in.unit_input = unit_input.is_cuda() && !quant::reference_on_gpu(opt_.precision) ? unit_input.to(Device::cpu())
-                                                                                      : unit_input.detach();
+                                                                                     : unit_input.detach();
   if (train_out.is_cuda()) {
     in.train = sp_gram(train_out).to(Device::cpu());  // only b x b leaves the GPU
     in.train_is_gram = true;

@@ -72,10 +72,10 @@ using Snapshot = std::map<std::string, Tensor>;
 
 struct ControllerOptions {
   std::string precision = "int8";  // quant::reference_precisions()
-  Device gpu = Device::cuda(0);     // the training GPU, for a "-gpu" reference
+  Device gpu = Device::cuda(0);  // the training GPU, for a "-gpu" reference
   bool synchronous = false;
-  int threads = 1;   // OpenMP threads of each background thread
-  int nice = 10;     // added scheduling niceness of the background threads (Linux)
+  int threads = 1;  // OpenMP threads of each background thread
+  int nice = 10;  // added scheduling niceness of the background threads (Linux)
   int capacity = 2;  // queue capacity, in evaluations
   // int8: convolution inputs calibrated on this many batches (0: per batch; Note [Static activation scales]).
   int64_t calibration_batches = quant::kCalibrationBatches;

@@ -71,7 +71,8 @@ std::vector<std::pair<int64_t, int64_t>> chunk(const std::vector<Layer>& L, int6
   return out;
 }
 
-std::string unit_name(const std::vector<Layer>& L, int64_t b, int64_t e, const std::map<std::string, int64_t>& stage_size) {
+std::string unit_name(const std::vector<Layer>& L, int64_t b, int64_t e,
+                      const std::map<std::string, int64_t>& stage_size) {
   // Whole stages: their names joined ("stem+layer1", "layer2").
   std::string joined;
   int64_t covered = 0;
@@ -184,8 +185,8 @@ std::vector<std::pair<int64_t, int64_t>> regex_cuts(const models::Model& m, cons
     if (!matched[i]) key[i] = std::string(1, '\x01') + L[i].name;  // unmatched: a unit of its own
   }
   EG_CHECK(any, "--freeze-module-regex '", re_text, "' matches none of the model's parameter names (they look like '",
-           L[0].name, ".", mods[0].second->named_parameters().empty() ? "weight" : mods[0].second->named_parameters()[0].first,
-           "')");
+           L[0].name, ".",
+           mods[0].second->named_parameters().empty() ? "weight" : mods[0].second->named_parameters()[0].first, "')");
   std::vector<std::pair<int64_t, int64_t>> cuts;
   std::map<std::string, bool> seen;
   for (size_t i = 0; i < L.size(); ++i) {

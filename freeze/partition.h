@@ -38,8 +38,8 @@
 namespace eg::freeze {
 
 struct FreezeUnit {
-  std::string name;              // "layer3.0-2", "layer1", "head"
-  int64_t begin = 0, end = 0;    // layer modules [begin, end)
+  std::string name;  // "layer3.0-2", "layer1", "head"
+  int64_t begin = 0, end = 0;  // layer modules [begin, end)
   int64_t params = 0;
 };
 

@@ -92,7 +92,8 @@ class StaticPolicy : public FreezePolicy {
 // FreezeOut's schedule: module i stops training at fraction t_i of the run.
 class FreezeOutPolicy : public FreezePolicy {
  public:
-  FreezeOutPolicy(const PolicyConfig& c, int64_t modules) : total_(c.total_steps), modules_(modules), t0_(c.freezeout_t0) {
+  FreezeOutPolicy(const PolicyConfig& c, int64_t modules)
+      : total_(c.total_steps), modules_(modules), t0_(c.freezeout_t0) {
     EG_CHECK(t0_ > 0 && t0_ <= 1, "--freezeout-t0 must be in (0, 1], got ", t0_);
   }
   void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model&) override {
@@ -125,10 +126,9 @@ class AutoFreezePolicy : public FreezePolicy {
       // AutoFreeze compares gradient norms between evaluations far apart: by default once
       // an epoch. (At Egeria's n, a few steps, "at or below the median change" is close
       // to a coin flip, and every module froze within an epoch.)
-      : n_(c.tracker.interval > 0 ? c.tracker.interval
-           : c.steps_per_epoch > 0
-               ? c.steps_per_epoch
-               : default_interval(std::max<int64_t>(1, c.total_steps), modules, c.tracker.window)),
+      : n_(c.tracker.interval > 0  ? c.tracker.interval
+           : c.steps_per_epoch > 0 ? c.steps_per_epoch
+                                   : default_interval(std::max<int64_t>(1, c.total_steps), modules, c.tracker.window)),
         pct_(c.autofreeze_percentile),
         modules_(modules),
         partition_(c.partition),
@@ -162,7 +162,7 @@ class AutoFreezePolicy : public FreezePolicy {
     std::vector<double> sorted = change;
     std::sort(sorted.begin(), sorted.end());
     const double cut = sorted[size_t(std::floor(pct_ / 100.0 * double(sorted.size() - 1)))];
-    json e = {{"type", "evaluation"}, {"step", s.step}, {"module", prefix_}, {"grad_norm_change", front_change},
+    json e = {{"type", "evaluation"},  {"step", s.step}, {"module", prefix_}, {"grad_norm_change", front_change},
               {"percentile_cut", cut}, {"lr", s.lr}};
     log_.push_back(e);
     if (front_change <= cut) {
@@ -195,8 +195,7 @@ std::shared_ptr<const Snapshot> take_snapshot(const models::Model& m) {
 
 class EgeriaPolicy : public FreezePolicy {
  public:
-  EgeriaPolicy(const PolicyConfig& c, int64_t modules)
-      : c_(c), tracker_(modules, with_interval(c, modules)) {
+  EgeriaPolicy(const PolicyConfig& c, int64_t modules) : c_(c), tracker_(modules, with_interval(c, modules)) {
     ControllerOptions o;
     o.precision = c.reference;
     if (c.device.is_cuda()) o.gpu = c.device;
@@ -239,10 +238,8 @@ class EgeriaPolicy : public FreezePolicy {
         ctl_->drain();
         act_on(ctl_->poll(), s, m);
         const int64_t front_layer = c_.partition.last_layer(tracker_.front());
-        if (captured_layer == front_layer)
-          submit(s, x, captured);
-        else
-          ++stale_results_;  // the front moved on while this step ran: its output is no reading
+        if (captured_layer == front_layer) submit(s, x, captured);
+        else ++stale_results_;  // the front moved on while this step ran: its output is no reading
       }
       tracker_.check_lr(s.step, s.lr);
     }
@@ -255,9 +252,14 @@ class EgeriaPolicy : public FreezePolicy {
     ctl_->drain();
     json pending = json::array();
     for (auto& r : ctl_->pending()) pending.push_back({r.step, r.module, r.plasticity});
-    return {{"tracker", tracker_.state()}, {"loss_sum", loss_sum_}, {"loss_n", loss_n_},
-            {"interval", n()}, {"bootstrap_interval", bootstrap_n()}, {"pending", pending},
-            {"stale_results", stale_results_}, {"reference_calibration", calibration_json()}};
+    return {{"tracker", tracker_.state()},
+            {"loss_sum", loss_sum_},
+            {"loss_n", loss_n_},
+            {"interval", n()},
+            {"bootstrap_interval", bootstrap_n()},
+            {"pending", pending},
+            {"stale_results", stale_results_},
+            {"reference_calibration", calibration_json()}};
   }
   void load_state(const json& j) override {
     tracker_.load_state(j.at("tracker"));
@@ -282,14 +284,21 @@ class EgeriaPolicy : public FreezePolicy {
     ctl_->restore_calibration(snapshot_, std::exchange(restored_calibration_, {}));
   }
   json stats() const override {
-    json j = {{"evaluations_completed", ctl_->completed()}, {"evaluations_dropped", ctl_->dropped()},
-            {"stale_results", stale_results_}, {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
-            {"evaluation_wait_seconds", ctl_->wait_seconds()}, {"apply", c_.apply_on_arrival ? "arrival" : "next"},
-            {"snapshot_seconds", snapshot_seconds_}, {"interval", n()}, {"bootstrap_interval", bootstrap_n()},
-            {"window", tracker_.window()},
-            {"reference", c_.reference}, {"unit_scope_submissions", unit_scope_submissions_},
-            {"reference_max_cpu_load", ctl_->max_cpu_load()}, {"reference_deferred", ctl_->deferred()},
-            {"reference_deferred_seconds", ctl_->deferred_seconds()}};
+    json j = {{"evaluations_completed", ctl_->completed()},
+              {"evaluations_dropped", ctl_->dropped()},
+              {"stale_results", stale_results_},
+              {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
+              {"evaluation_wait_seconds", ctl_->wait_seconds()},
+              {"apply", c_.apply_on_arrival ? "arrival" : "next"},
+              {"snapshot_seconds", snapshot_seconds_},
+              {"interval", n()},
+              {"bootstrap_interval", bootstrap_n()},
+              {"window", tracker_.window()},
+              {"reference", c_.reference},
+              {"unit_scope_submissions", unit_scope_submissions_},
+              {"reference_max_cpu_load", ctl_->max_cpu_load()},
+              {"reference_deferred", ctl_->deferred()},
+              {"reference_deferred_seconds", ctl_->deferred_seconds()}};
     if (const std::string e = ctl_->first_error(); !e.empty()) j["first_evaluation_error"] = e;
     return j;
   }
@@ -300,7 +309,8 @@ class EgeriaPolicy : public FreezePolicy {
     if (o.interval <= 0) o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window);
     if (o.bootstrap_interval < 0) o.bootstrap_interval = o.interval;  // the paper's: every n
     if (o.bootstrap_interval == 0)
-      o.bootstrap_interval = default_bootstrap_interval(std::max<int64_t>(1, c.total_steps), c.steps_per_epoch, o.interval);
+      o.bootstrap_interval =
+          default_bootstrap_interval(std::max<int64_t>(1, c.total_steps), c.steps_per_epoch, o.interval);
     return o;
   }
   int64_t n() const { return tracker_.options().interval; }
@@ -313,8 +323,7 @@ class EgeriaPolicy : public FreezePolicy {
     const FreezeUnit& u = c_.partition.units().at(size_t(tracker_.front()));
     if (s.unit_input.defined() && u.begin > 0)
       unit_scope_submissions_ += ctl_->submit(s.step, u.end - 1, x, captured, s.x2, s.unit_input, u.begin);
-    else
-      ctl_->submit(s.step, u.end - 1, x, captured, s.x2);
+    else ctl_->submit(s.step, u.end - 1, x, captured, s.x2);
   }
   void act_on(const std::vector<PlasticityController::Result>& results, const StepInfo& s, models::Model& m) {
     for (auto& r : results) {

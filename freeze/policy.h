@@ -43,7 +43,7 @@ struct PolicyConfig {
   std::string reference = "int8";  // quant::reference_precisions()
   // int8: convolution inputs calibrated on this many batches (0: per batch; Note [Static activation scales]).
   int64_t reference_calibration = quant::kCalibrationBatches;
-  Device device = Device::cpu();   // the training device (a "-gpu" reference runs there)
+  Device device = Device::cpu();  // the training device (a "-gpu" reference runs there)
   bool synchronous = false;  // egeria: evaluate inline (deterministic; tests)
   // egeria, evaluated in the background: act on an evaluation's result as soon as it
   // arrives (the paper; the step it lands on depends on timing, so two runs with the same
@@ -66,10 +66,10 @@ struct PolicyConfig {
 };
 
 struct StepInfo {
-  int64_t step = 0;   // the step just taken (1-based count of optimizer steps)
+  int64_t step = 0;  // the step just taken (1-based count of optimizer steps)
   int64_t epoch = 0;  // 0-based
   double lr = 0, loss = 0;
-  Tensor x2;          // Transformers: the batch's target input ids (x holds the source's)
+  Tensor x2;  // Transformers: the batch's target input ids (x holds the source's)
   // egeria, --freeze-reference-scope unit: the training model's input to the captured
   // unit (the output of the layer module before it), for the reference to start from.
   Tensor unit_input;

@@ -152,7 +152,8 @@ Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
   e.loss = loss;
   e.prev_loss = prev_loss_;
   events_.push_back(e);
-  const bool ends = prev_loss_ > 0 && std::isfinite(loss) && std::abs(loss - prev_loss_) / prev_loss_ < opt_.bootstrap_change;
+  const bool ends =
+      prev_loss_ > 0 && std::isfinite(loss) && std::abs(loss - prev_loss_) / prev_loss_ < opt_.bootstrap_change;
   prev_loss_ = loss;
   if (!ends) return Decision::none;
   bootstrapping_ = false;
@@ -266,12 +267,23 @@ std::vector<Event> FreezeTracker::take_events() {
 json FreezeTracker::state() const {
   json kept = json::array();
   for (auto& k : kept_) kept.push_back({{"first", k.first}, {"peak", k.peak}, {"lr", k.lr}});
-  return {{"bootstrapping", bootstrapping_}, {"prev_loss", prev_loss_}, {"front", front_}, {"window", window_},
-          {"counter", counter_}, {"evals_since_refresh", evals_since_refresh_},
-          {"lr_at_front_freeze", lr_at_front_freeze_}, {"raw", raw_}, {"smoothed", smoothed_},
-          {"first_slopes", first_slopes_}, {"peak_slope", peak_slope_}, {"last_phase", last_phase_},
-          {"tolerance_lr", tolerance_lr_}, {"kept", kept}, {"num_modules", num_modules_},
-          {"peak_lr", peak_lr_}, {"first_phase_over", first_phase_over_}};
+  return {{"bootstrapping", bootstrapping_},
+          {"prev_loss", prev_loss_},
+          {"front", front_},
+          {"window", window_},
+          {"counter", counter_},
+          {"evals_since_refresh", evals_since_refresh_},
+          {"lr_at_front_freeze", lr_at_front_freeze_},
+          {"raw", raw_},
+          {"smoothed", smoothed_},
+          {"first_slopes", first_slopes_},
+          {"peak_slope", peak_slope_},
+          {"last_phase", last_phase_},
+          {"tolerance_lr", tolerance_lr_},
+          {"kept", kept},
+          {"num_modules", num_modules_},
+          {"peak_lr", peak_lr_},
+          {"first_phase_over", first_phase_over_}};
 }
 
 void FreezeTracker::load_state(const json& s) {
@@ -289,7 +301,7 @@ void FreezeTracker::load_state(const json& s) {
   first_slopes_ = s.at("first_slopes").get<std::vector<double>>();
   peak_slope_ = s.value("peak_slope", 0.0);  // absent in checkpoints from before the option
   last_phase_ = s.value("last_phase", false);  // likewise
-  tolerance_lr_ = s.value("tolerance_lr", 0.0);   // likewise (remeasure: unused)
+  tolerance_lr_ = s.value("tolerance_lr", 0.0);  // likewise (remeasure: unused)
   // Likewise: a checkpoint from before --freeze-first-phase, resumed with it off, holds
   // nothing it had frozen (its peak LR is then the largest seen from the resume on).
   peak_lr_ = s.value("peak_lr", 0.0);
@@ -300,7 +312,8 @@ void FreezeTracker::load_state(const json& s) {
     EG_CHECK(k.size() == kept_.size(), "the checkpoint's freezing state keeps tolerances for ", k.size(),
              " modules, this model has ", num_modules_);
     for (size_t i = 0; i < kept_.size(); ++i)
-      kept_[i] = {k[i].at("first").get<std::vector<double>>(), k[i].at("peak").get<double>(), k[i].at("lr").get<double>()};
+      kept_[i] = {k[i].at("first").get<std::vector<double>>(), k[i].at("peak").get<double>(),
+                  k[i].at("lr").get<double>()};
   }
 }
 

@@ -84,25 +84,25 @@ namespace eg::freeze {
 enum class RefreezeTolerance { remeasure, keep, scaled };
 
 struct TrackerOptions {
-  int64_t interval = 0;           // n: iterations between evaluations (0: derive, see default_interval)
+  int64_t interval = 0;  // n: iterations between evaluations (0: derive, see default_interval)
   // Iterations between the bootstrapping stage's loss checks (0: derive, see
   // default_bootstrap_interval; -1: n, the paper).
   int64_t bootstrap_interval = 0;
-  int64_t window = 10;            // W: stale readings to freeze; moving-average and fit window
-  int64_t min_window = 1;         // halving W after an unfreeze stops here (1: the paper)
-  double tolerance_coef = 0.2;    // T = coef x the largest |slope| of a module's first 3 fits
+  int64_t window = 10;  // W: stale readings to freeze; moving-average and fit window
+  int64_t min_window = 1;  // halving W after an unfreeze stops here (1: the paper)
+  double tolerance_coef = 0.2;  // T = coef x the largest |slope| of a module's first 3 fits
   bool tolerance_from_peak = false;  // ... or of all its fits so far (Note [Egeria's freezing decisions])
   // The T a module refreezes with after an unfreeze (Note [Egeria's freezing decisions]).
   RefreezeTolerance refreeze_tolerance = RefreezeTolerance::remeasure;
-  double bootstrap_change = 0.10; // bootstrapping ends when the loss changes by less than this
-  double unfreeze_lr_factor = 10; // unfreeze all when the LR has fallen by this factor
+  double bootstrap_change = 0.10;  // bootstrapping ends when the loss changes by less than this
+  double unfreeze_lr_factor = 10;  // unfreeze all when the LR has fallen by this factor
   // The LR of the run's last step (< 0: unknown). With freeze_last_phase false, the
   // last phase of the schedule (LR below unfreeze_lr_factor x final_lr) trains whole.
   double final_lr = -1;
   bool freeze_last_phase = true;  // true: the paper
   bool freeze_first_phase = true;  // false: hold freezes until the LR falls 10x below its peak
   bool unfreeze_on_lr_fall = true;  // false: an LR fall never unfreezes (custom_unfreeze still may)
-  int64_t refresh_every = 0;      // evaluations between reference refreshes (0: W)
+  int64_t refresh_every = 0;  // evaluations between reference refreshes (0: W)
 };
 
 // The paper's guideline (§4.2.2): n = total / (2W) / modules / 1.75, covering
@@ -217,13 +217,13 @@ class FreezeTracker {
   double prev_loss_ = -1;
   int64_t front_ = 0, window_, counter_ = 0, evals_since_refresh_ = 0;
   double lr_at_front_freeze_ = 0;  // 0: nothing frozen since the last unfreeze
-  bool last_phase_ = false;        // the LR has reached the last phase (freeze_last_phase off)
-  double peak_lr_ = 0;             // the largest LR seen
+  bool last_phase_ = false;  // the LR has reached the last phase (freeze_last_phase off)
+  double peak_lr_ = 0;  // the largest LR seen
   bool first_phase_over_ = false;  // the LR has fallen unfreeze_lr_factor x below peak_lr_
-  std::vector<double> raw_, smoothed_;   // the front module's readings since the last refresh
-  std::vector<double> first_slopes_;     // the front module's first 3 fits
-  double peak_slope_ = 0;                // the front module's largest |slope| so far
-  double tolerance_lr_ = 0;              // the LR of the front module's third fit
+  std::vector<double> raw_, smoothed_;  // the front module's readings since the last refresh
+  std::vector<double> first_slopes_;  // the front module's first 3 fits
+  double peak_slope_ = 0;  // the front module's largest |slope| so far
+  double tolerance_lr_ = 0;  // the LR of the front module's third fit
   // Each module's first 3 fits, peak and their LR, kept across unfreezes (keep, scaled).
   struct Kept {
     std::vector<double> first;

@@ -72,13 +72,11 @@ using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tens
 // MobileNet's building block; fusing saves a pass over the activation each way).
 // residual (undefined: none), shaped like x: y = [max](batch_norm(x) + residual, [0]),
 // the end of a residual block in one pass instead of three.
-using BatchNormFwdTrain = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
-                               Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
-                               Tensor& running_var, double momentum, double eps, bool relu,
-                               const Tensor& residual);
-using BatchNormFwdInfer = void(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               const Tensor& running_mean, const Tensor& running_var, Tensor& y, double eps,
-                               bool relu, const Tensor& residual);
+using BatchNormFwdTrain = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
+                               Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
+                               double eps, bool relu, const Tensor& residual);
+using BatchNormFwdInfer = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                               const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual);
 // training=true: batch statistics (mean/invstd are the saved ones, dx includes the
 // statistics' gradient). training=false: mean/invstd are constants (from running stats).
 // relu_y: the output of a forward with relu (undefined otherwise): the gradient flows
@@ -102,8 +100,7 @@ using GlobalAvgPoolBwd = void(const Tensor& dy, Tensor& dx);
 
 // c = alpha * op(a) @ op(b) + beta * c; a, b, c 2-D, or 3-D with the same batch size
 // (batched matmul). op(t) = t^T over the last two dims when trans is set.
-using Gemm = void(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b,
-                  double alpha, double beta);
+using Gemm = void(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, double alpha, double beta);
 // Linear: x [M, K], w [N, K], bias [N] (may be undefined) -> y [M, N] = x w^T + b.
 using LinearFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
 using LinearBwd = void(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
@@ -127,12 +124,12 @@ using SoftmaxBwd = void(const Tensor& dy, const Tensor& y, Tensor& dx, bool log)
 // loss [1]; lse [N] saved log-sum-exp. Backward scales by dloss [1].
 using CrossEntropyFwd = void(const Tensor& logits, const Tensor& target, Tensor& loss, Tensor& lse,
                              const CrossEntropyParams& p);
-using CrossEntropyBwd = void(const Tensor& dloss, const Tensor& logits, const Tensor& target,
-                             const Tensor& lse, Tensor& dlogits, const CrossEntropyParams& p);
+using CrossEntropyBwd = void(const Tensor& dloss, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                             Tensor& dlogits, const CrossEntropyParams& p);
 
 // Layer norm over the last dim D: x [M, D], gamma/beta [D]; mean/rstd [M] saved.
-using LayerNormFwd = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
-                          Tensor& mean, Tensor& rstd, double eps);
+using LayerNormFwd = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
+                          Tensor& rstd, double eps);
 using LayerNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
@@ -152,8 +149,8 @@ using DropoutBwd = void(const Tensor& dy, const Tensor& mask, Tensor& dx, double
 using AttentionFwd = void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                           Tensor& out, Tensor& lse, const AttentionParams& p);
 using AttentionBwd = void(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& key_padding_mask, const Tensor& out, const Tensor& lse,
-                          Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+                          const Tensor& key_padding_mask, const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk,
+                          Tensor& dv, const AttentionParams& p);
 
 // Fused optimizer updates over flat tensors (a gradient bucket or one parameter).
 // SGD, PyTorch semantics: g += wd p; buf = first ? g : momentum buf + (1-dampening) g;
@@ -190,24 +187,22 @@ struct Op {
   bool has(Backend b) const { return impl[int(b)] != nullptr; }
 };
 
-#define EG_OP_LIST(X)                                                      \
-  X(conv2d_fwd, Conv2dFwd) X(conv2d_bwd_data, Conv2dBwdData)               \
-  X(conv2d_bwd_weight, Conv2dBwdWeight) X(batchnorm_fwd_train, BatchNormFwdTrain) \
-  X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd) \
-  X(act_fwd, ActFwd) X(act_bwd, ActBwd) X(pool2d_fwd, Pool2dFwd)           \
-  X(pool2d_bwd, Pool2dBwd) X(global_avgpool_fwd, GlobalAvgPoolFwd)         \
-  X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm)                    \
-  X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd) X(binary_fwd, BinaryFwd) \
-  X(scale, Scale) X(axpy, Axpy) X(sum_to, SumTo) X(broadcast_to, BroadcastTo) \
-  X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd)                    \
-  X(cross_entropy_fwd, CrossEntropyFwd) X(cross_entropy_bwd, CrossEntropyBwd) \
-  X(layernorm_fwd, LayerNormFwd) X(layernorm_bwd, LayerNormBwd)            \
-  X(embedding_fwd, EmbeddingFwd) X(embedding_bwd, EmbeddingBwd)            \
-  X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)                    \
-  X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd)            \
-  X(sgd_step, SgdStep) X(adamw_step, AdamWStep) X(sum_squares, SumSquares) \
-  X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)   \
-  X(argmax_rows, ArgmaxRows)
+#define EG_OP_LIST(X)                                                                                                  \
+  X(conv2d_fwd, Conv2dFwd)                                                                                             \
+  X(conv2d_bwd_data, Conv2dBwdData)                                                                                    \
+  X(conv2d_bwd_weight, Conv2dBwdWeight) X(batchnorm_fwd_train, BatchNormFwdTrain)                                      \
+      X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd) X(act_fwd, ActFwd) X(act_bwd, ActBwd)   \
+          X(pool2d_fwd, Pool2dFwd) X(pool2d_bwd, Pool2dBwd) X(global_avgpool_fwd, GlobalAvgPoolFwd)                    \
+              X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm) X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd)  \
+                  X(binary_fwd, BinaryFwd) X(scale, Scale) X(axpy, Axpy) X(sum_to, SumTo) X(broadcast_to, BroadcastTo) \
+                      X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd) X(cross_entropy_fwd, CrossEntropyFwd)      \
+                          X(cross_entropy_bwd, CrossEntropyBwd) X(layernorm_fwd, LayerNormFwd)                         \
+                              X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd)                            \
+                                  X(embedding_bwd, EmbeddingBwd) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd) \
+                                      X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd)                    \
+                                          X(sgd_step, SgdStep) X(adamw_step, AdamWStep) X(sum_squares, SumSquares)     \
+                                              X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)    \
+                                                  X(argmax_rows, ArgmaxRows)
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
 EG_OP_LIST(EG_DECLARE_OP)
@@ -225,13 +220,17 @@ namespace detail {
 // plain copies; a blocked output or in-out tensor is a bug in the kernel that chose it.
 inline bool blocked(const Tensor& t) { return t.is_blocked(); }
 template <class T>
-bool blocked(const T&) { return false; }
+bool blocked(const T&) {
+  return false;
+}
 inline Tensor plain_arg(const Tensor& t) { return t.to_plain(); }
 inline Tensor plain_arg(Tensor&& t) { return t.to_plain(); }
 inline Tensor plain_arg(const Tensor&& t) { return t.to_plain(); }  // else the template below wins
 Tensor& plain_arg(Tensor& t);
 template <class T>
-T&& plain_arg(T&& x) { return std::forward<T>(x); }
+T&& plain_arg(T&& x) {
+  return std::forward<T>(x);
+}
 
 template <class T, class... R>
 const Tensor& first_tensor(const T& t, const R&... r) {
@@ -248,10 +247,8 @@ const Tensor& first_tensor(const T& t, const R&... r) {
 template <class Fn, class... A>
 void run(const Op<Fn>& op, Backend b, A&&... a) {
   EG_CHECK(op.has(b), "op ", op.name, " has no ", backend_name(b), " implementation");
-  if ((b == Backend::cpu && op.cpu_any_format) || !(detail::blocked(a) || ...))
-    op.impl[int(b)](std::forward<A>(a)...);
-  else
-    op.impl[int(b)](detail::plain_arg(std::forward<A>(a))...);
+  if ((b == Backend::cpu && op.cpu_any_format) || !(detail::blocked(a) || ...)) op.impl[int(b)](std::forward<A>(a)...);
+  else op.impl[int(b)](detail::plain_arg(std::forward<A>(a))...);
 }
 
 // Runs the op on the backend chosen for its first tensor argument.

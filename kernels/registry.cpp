@@ -18,13 +18,10 @@ namespace eg::ops {
 
 // The ops whose cpu implementation takes nChw16c tensors (Note [Blocked activations]):
 // the convolutions that produce them and the ops that sit between convolutions.
-constexpr bool same(const char* a, const char* b) {
-  return *a == *b && (*a == 0 || same(a + 1, b + 1));
-}
+constexpr bool same(const char* a, const char* b) { return *a == *b && (*a == 0 || same(a + 1, b + 1)); }
 constexpr bool cpu_any_format(const char* n) {
   for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train",
-                         "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale",
-                         "axpy"})
+                         "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy"})
     if (same(n, op)) return true;
   return false;
 }

@@ -8,8 +8,8 @@ Tensor swap12(const Tensor& x) {
   const Shape& s = x.shape();
   Tensor y = Tensor::empty({s[0], s[2], s[1], s[3]}, x.dtype(), x.device());
   ops::call(ops::swap12, x, y);
-  autograd::record_function("Swap12Backward", {x}, {&y}, {}, [xs = s](const autograd::Tensors& g, const autograd::Tensors&,
-                                                                       const autograd::Node&) {
+  autograd::record_function("Swap12Backward", {x}, {&y}, {},
+                            [xs = s](const autograd::Tensors& g, const autograd::Tensors&, const autograd::Node&) {
     Tensor dx = Tensor::empty(xs, g[0].dtype(), g[0].device());
     ops::call(ops::swap12, g[0], dx);
     return autograd::Tensors{dx};

@@ -7,8 +7,7 @@ namespace eg::nn {
 
 class MultiHeadAttention : public Module {
  public:
-  MultiHeadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0.0,
-                     Generator& g = default_generator());
+  MultiHeadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0.0, Generator& g = default_generator());
   // query [B, T, E], key/value [B, S, E]; key_padding_mask u8 [B, S] (1 = padding) or
   // undefined; causal masks future keys (T == S).
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = Tensor(),

@@ -10,9 +10,8 @@ Tensor uniform_init(const Shape& s, double bound, Generator& g) { return Tensor:
 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, Conv2dOptions o, Generator& g)
     : in_channels(in), out_channels(out), kernel_size(k) {
-  EG_CHECK(in > 0 && out > 0 && k > 0 && o.groups > 0 && in % o.groups == 0 && out % o.groups == 0,
-           "Conv2d(", in, ", ", out, ", kernel ", k, ", groups ", o.groups,
-           "): channel counts must be positive and divisible by groups");
+  EG_CHECK(in > 0 && out > 0 && k > 0 && o.groups > 0 && in % o.groups == 0 && out % o.groups == 0, "Conv2d(", in, ", ",
+           out, ", kernel ", k, ", groups ", o.groups, "): channel counts must be positive and divisible by groups");
   params = {o.stride, o.stride, o.padding, o.padding, o.dilation, o.dilation, o.groups};
   double fan_in = double(in / o.groups * k * k);
   weight = register_parameter("weight", uniform_init({out, in / o.groups, k, k}, 1.0 / std::sqrt(fan_in), g));
@@ -42,8 +41,8 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps(eps), mom
 Tensor BatchNorm2d::forward(const Tensor& x) { return forward(x, false); }
 
 Tensor BatchNorm2d::forward(const Tensor& x, bool relu, const Tensor& residual) {
-  EG_CHECK(x.dim() == 4 && x.size(1) == weight.size(0), "BatchNorm2d(", weight.size(0),
-           "): expected input [N, ", weight.size(0), ", H, W], got ", shape_str(x.shape()));
+  EG_CHECK(x.dim() == 4 && x.size(1) == weight.size(0), "BatchNorm2d(", weight.size(0), "): expected input [N, ",
+           weight.size(0), ", H, W], got ", shape_str(x.shape()));
   if (folded) {
     const Tensor h = residual.defined() ? fn::add(x, residual) : x;
     return relu ? fn::relu(h) : h;

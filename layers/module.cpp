@@ -2,9 +2,7 @@
 
 namespace eg::nn {
 
-Tensor Module::forward(const Tensor&) {
-  EG_THROW(type_name(), " has no single-input forward");
-}
+Tensor Module::forward(const Tensor&) { EG_THROW(type_name(), " has no single-input forward"); }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor t) {
   if (is_floating(t.dtype())) t.set_requires_grad(true);
@@ -93,8 +91,8 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& sd, bool stric
       EG_CHECK(!strict, "load_state_dict: missing key '", n, "'");
       continue;
     }
-    EG_CHECK(it->second.shape() == t.shape(), "load_state_dict: '", n, "' has shape ",
-             shape_str(it->second.shape()), " but this model expects ", shape_str(t.shape()));
+    EG_CHECK(it->second.shape() == t.shape(), "load_state_dict: '", n, "' has shape ", shape_str(it->second.shape()),
+             " but this model expects ", shape_str(t.shape()));
     Tensor src = it->second.dtype() == t.dtype() ? it->second : it->second.to(t.dtype());
     Tensor dst = t;
     dst.copy_(src);

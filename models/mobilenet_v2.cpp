@@ -54,7 +54,7 @@ class InvertedResidual : public nn::Module {
 MobileNetV2::MobileNetV2(int64_t classes, int64_t in_ch, int64_t image, double width, bool small, Generator& g) {
   EG_CHECK(width > 0, "MobileNetV2: width multiplier must be positive, got ", width);
   // expansion t, output channels c, repeats n, first stride s
-  const int64_t cfg[7][4] = {{1, 16, 1, 1}, {6, 24, 2, 2}, {6, 32, 3, 2}, {6, 64, 4, 2},
+  const int64_t cfg[7][4] = {{1, 16, 1, 1}, {6, 24, 2, 2},  {6, 32, 3, 2}, {6, 64, 4, 2},
                              {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
   int64_t h = image;
   int64_t c = make_divisible(32 * width);
@@ -65,7 +65,8 @@ MobileNetV2::MobileNetV2(int64_t classes, int64_t in_ch, int64_t image, double w
     for (int64_t i = 0; i < cfg[st][2]; ++i) {
       int64_t stride = i == 0 ? cfg[st][3] : 1;
       if (small && st == 1 && i == 0) stride = 1;
-      add_unit("block" + std::to_string(idx++), std::make_shared<InvertedResidual>(c, out, stride, cfg[st][0], g, h, flops_));
+      add_unit("block" + std::to_string(idx++),
+               std::make_shared<InvertedResidual>(c, out, stride, cfg[st][0], g, h, flops_));
       c = out;
     }
   }

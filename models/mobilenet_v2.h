@@ -12,7 +12,8 @@ namespace eg::models {
 
 class MobileNetV2 : public Model {
  public:
-  MobileNetV2(int64_t num_classes, int64_t in_channels, int64_t image_size, double width, bool small_input, Generator& g);
+  MobileNetV2(int64_t num_classes, int64_t in_channels, int64_t image_size, double width, bool small_input,
+              Generator& g);
   Tensor forward(const Tensor& x) override;
   std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const override { return units_; }
   double flops_per_sample() const override { return flops_; }

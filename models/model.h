@@ -37,13 +37,13 @@ class Model : public nn::Module {
 using ModelPtr = std::shared_ptr<Model>;
 
 struct ModelConfig {
-  std::string name;          // "resnet56", "resnet50", "mobilenetv2", "transformer-tiny", ...
+  std::string name;  // "resnet56", "resnet50", "mobilenetv2", "transformer-tiny", ...
   int64_t num_classes = 10;  // vision
   int64_t in_channels = 3;
-  int64_t image_size = 32;   // vision input H = W
-  bool small_input = true;   // ImageNet-style nets: 3x3 stride-1 stem, no max pool
-  double width = 1.0;        // MobileNetV2 width multiplier
-  int64_t vocab = 8000;      // Transformers: shared source/target vocabulary
+  int64_t image_size = 32;  // vision input H = W
+  bool small_input = true;  // ImageNet-style nets: 3x3 stride-1 stem, no max pool
+  double width = 1.0;  // MobileNetV2 width multiplier
+  int64_t vocab = 8000;  // Transformers: shared source/target vocabulary
 };
 
 // Builds a model by name; throws eg::Error listing the known names.

@@ -180,8 +180,9 @@ std::shared_ptr<ResNet> ResNet::imagenet(int depth, int64_t classes, int64_t in_
   for (int st = 0; st < 4; ++st)
     for (int b = 0; b < cnt[st]; ++b) {
       int64_t stride = (st > 0 && b == 0) ? 2 : 1;
-      nn::ModulePtr blk = bottleneck ? nn::ModulePtr(std::make_shared<Bottleneck>(s.c, widths[st], stride, g, s, r->flops_))
-                                     : nn::ModulePtr(std::make_shared<BasicBlock>(s.c, widths[st], stride, false, g, s, r->flops_));
+      nn::ModulePtr blk =
+          bottleneck ? nn::ModulePtr(std::make_shared<Bottleneck>(s.c, widths[st], stride, g, s, r->flops_))
+                     : nn::ModulePtr(std::make_shared<BasicBlock>(s.c, widths[st], stride, false, g, s, r->flops_));
       r->add_unit("layer" + std::to_string(st + 1) + "." + std::to_string(b), blk);
     }
   r->add_unit("head", head(s.c, classes, g, r->flops_));

@@ -43,8 +43,10 @@ class EncoderLayer : public nn::Module {
 class DecoderLayer : public nn::Module {
  public:
   DecoderLayer(const TransformerConfig& c, Generator& g) {
-    self_attn = register_module("self_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout, g));
-    cross_attn = register_module("cross_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout, g));
+    self_attn =
+        register_module("self_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout, g));
+    cross_attn =
+        register_module("cross_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout, g));
     ffn = register_module("ffn", std::make_shared<FeedForward>(c.d_model, c.ffn, c.dropout, g));
     ln1 = register_module("norm1", std::make_shared<nn::LayerNorm>(c.d_model));
     ln2 = register_module("norm2", std::make_shared<nn::LayerNorm>(c.d_model));
@@ -168,9 +170,8 @@ Tensor Transformer::forward_frozen(const Tensor& src, const Tensor& tgt_in, int6
   const Tensor memory = h;
   h = maybe_no_grad(frozen > ne, [&] { return embed(tgt_in); });
   for (int64_t j = 0; j < nd; ++j) {
-    h = maybe_no_grad(ne + j < frozen, [&] {
-      return static_cast<DecoderLayer&>(*dec_[size_t(j)]).run(h, memory, src_mask, tgt_mask);
-    });
+    h = maybe_no_grad(ne + j < frozen,
+                      [&] { return static_cast<DecoderLayer&>(*dec_[size_t(j)]).run(h, memory, src_mask, tgt_mask); });
     keep(ne + j, h);
   }
   return fn::linear(h, embedding_->weight, Tensor());
@@ -244,7 +245,8 @@ double corpus_bleu(const std::vector<std::vector<int64_t>>& hyps, const std::vec
     ref_len += double(r.size());
     for (size_t n = 1; n <= 4; ++n) {
       std::map<std::vector<int64_t>, int> rc;
-      for (size_t i = 0; i + n <= r.size(); ++i) ++rc[std::vector<int64_t>(r.begin() + long(i), r.begin() + long(i + n))];
+      for (size_t i = 0; i + n <= r.size(); ++i)
+        ++rc[std::vector<int64_t>(r.begin() + long(i), r.begin() + long(i + n))];
       for (size_t i = 0; i + n <= h.size(); ++i) {
         auto it = rc.find(std::vector<int64_t>(h.begin() + long(i), h.begin() + long(i + n)));
         if (it != rc.end() && it->second > 0) {

@@ -7,7 +7,8 @@ bool GradBuckets::sync(const std::vector<Tensor>& params) {
   for (size_t i = 0; i < params.size(); ++i) active[i] = params[i].requires_grad();
   bool views_intact = true;  // every member's .grad is still its view (nobody replaced it)
   for (auto& b : buckets_)
-    for (size_t i : b.members) views_intact = views_intact && params[i].grad().defined() && params[i].grad().same_storage(b.flat);
+    for (size_t i : b.members)
+      views_intact = views_intact && params[i].grad().defined() && params[i].grad().same_storage(b.flat);
   if (active == active_ && views_intact && !buckets_.empty()) return false;
 
   std::vector<GradBucket> next;

@@ -25,7 +25,7 @@
 namespace eg::optim {
 
 struct GradBucket {
-  Tensor flat;                  // 1-D, every member's gradient back to back
+  Tensor flat;  // 1-D, every member's gradient back to back
   std::vector<size_t> members;  // indices into the parameter list
 };
 
@@ -38,7 +38,7 @@ class GradBuckets {
   bool sync(const std::vector<Tensor>& params);
   void zero();  // one fill per bucket
   const std::vector<GradBucket>& buckets() const { return buckets_; }
-  size_t bytes() const;          // gradient memory in buckets
+  size_t bytes() const;  // gradient memory in buckets
   int64_t rebuilds() const { return rebuilds_; }
 
  private:

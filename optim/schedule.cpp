@@ -48,8 +48,8 @@ std::unique_ptr<LrSchedule> multistep_lr(double base, std::vector<int64_t> ms, d
   EG_CHECK(std::is_sorted(ms.begin(), ms.end()), "multistep schedule: milestones must be ascending");
   return make(
       [=](int64_t s) {
-        auto n = std::upper_bound(ms.begin(), ms.end(), s) - ms.begin();
-        return base * std::pow(gamma, double(n));
+    auto n = std::upper_bound(ms.begin(), ms.end(), s) - ms.begin();
+    return base * std::pow(gamma, double(n));
       },
       "multistep");
 }
@@ -59,8 +59,8 @@ std::unique_ptr<LrSchedule> cosine_lr(double base, int64_t total, double min_lr)
   EG_CHECK(total > 0, "cosine schedule: total steps must be positive, got ", total);
   return make(
       [=](int64_t s) {
-        if (s >= total) return min_lr;
-        return min_lr + (base - min_lr) * 0.5 * (1 + std::cos(M_PI * double(s) / double(total)));
+    if (s >= total) return min_lr;
+    return min_lr + (base - min_lr) * 0.5 * (1 + std::cos(M_PI * double(s) / double(total)));
       },
       "cosine");
 }
@@ -71,8 +71,8 @@ std::unique_ptr<LrSchedule> linear_warmup(std::unique_ptr<LrSchedule> after, int
   std::string d = "linear warmup + " + a->describe();
   return make(
       [a, warmup](int64_t s) {
-        double target = a->lr_at(s);
-        return s < warmup ? target * double(s + 1) / double(warmup) : target;
+    double target = a->lr_at(s);
+    return s < warmup ? target * double(s + 1) / double(warmup) : target;
       },
       d);
 }
@@ -82,8 +82,8 @@ std::unique_ptr<LrSchedule> inverse_sqrt_lr(double base, int64_t warmup) {
   EG_CHECK(warmup > 0, "inverse square root schedule: warmup must be positive, got ", warmup);
   return make(
       [=](int64_t s) {
-        double t = double(s + 1), w = double(warmup);
-        return base * std::sqrt(w) * std::min(1.0 / std::sqrt(t), t * std::pow(w, -1.5));
+    double t = double(s + 1), w = double(warmup);
+    return base * std::sqrt(w) * std::min(1.0 / std::sqrt(t), t * std::pow(w, -1.5));
       },
       "inverse sqrt");
 }
@@ -91,9 +91,8 @@ std::unique_ptr<LrSchedule> inverse_sqrt_lr(double base, int64_t warmup) {
 std::unique_ptr<LrSchedule> linear_decay_lr(double base, int64_t total, double end) {
   check_base(base);
   EG_CHECK(total > 0, "linear decay schedule: total steps must be positive, got ", total);
-  return make(
-      [=](int64_t s) { return s >= total ? end : base + (end - base) * double(s) / double(total); },
-      "linear decay");
+  return make([=](int64_t s) { return s >= total ? end : base + (end - base) * double(s) / double(total); },
+              "linear decay");
 }
 
 }  // namespace eg::optim

@@ -97,7 +97,8 @@ ActQuant ActObserver::quant(const Tensor& x) {
   if (!calibrated()) {
     const ActRange r = act_range(x);
     if (r.lo == 0.f && r.hi == 0.f) return act_quant_from(range_);  // all zeros: no range to learn, not counted
-    range_ = range_.batches == 0 ? r : ActRange{std::min(range_.lo, r.lo), std::max(range_.hi, r.hi), range_.batches + 1};
+    range_ =
+        range_.batches == 0 ? r : ActRange{std::min(range_.lo, r.lo), std::max(range_.hi, r.hi), range_.batches + 1};
   }
   return act_quant_from(range_);
 }
@@ -117,9 +118,9 @@ ActQuant ActObserver::quant(const Tensor& x) {
 struct ConvInt8::Prim {
   dnnl::convolution_forward conv;
   dnnl::reorder quant;  // x (f32, its layout) -> src (u8/s8, the convolution's layout), times s_x
-  dnnl::reorder out;    // dst -> y, when the convolution does not write y's layout
+  dnnl::reorder out;  // dst -> y, when the convolution does not write y's layout
   bool has_out = false;
-  memory weights;       // in the primitive's preferred layout
+  memory weights;  // in the primitive's preferred layout
   memory::desc x_md, src_md, dst_md, y_md;
   bool y_blocked = false;
 };
@@ -203,11 +204,11 @@ Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
       memory::dims wd = g > 1 ? memory::dims{g, k / g, wshape_[1], wshape_[2], wshape_[3]} : onednn::dims(wshape_);
       const int64_t pr_h = (ys[2] - 1) * p_.stride_h + (wshape_[2] - 1) * p_.dil_h + 1 - xs[2] - p_.pad_h;
       const int64_t pr_w = (ys[3] - 1) * p_.stride_w + (wshape_[3] - 1) * p_.dil_w + 1 - xs[3] - p_.pad_w;
-      dnnl::convolution_forward::desc d(
-          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-          memory::desc(onednn::dims(xs), q.is_unsigned ? dt::u8 : dt::s8, tag::any), memory::desc(wd, dt::s8, tag::any),
-          memory::desc({k}, dt::f32, tag::x), memory::desc(onednn::dims(ys), dt::f32, tag::any),
-          {p_.stride_h, p_.stride_w}, {p_.dil_h - 1, p_.dil_w - 1}, {p_.pad_h, p_.pad_w}, {pr_h, pr_w});
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                        memory::desc(onednn::dims(xs), q.is_unsigned ? dt::u8 : dt::s8, tag::any),
+                                        memory::desc(wd, dt::s8, tag::any), memory::desc({k}, dt::f32, tag::x),
+                                        memory::desc(onednn::dims(ys), dt::f32, tag::any), {p_.stride_h, p_.stride_w},
+                                        {p_.dil_h - 1, p_.dil_w - 1}, {p_.pad_h, p_.pad_w}, {pr_h, pr_w});
       // The dequantisation scale can change from batch to batch, and oneDNN 2.6's int8
       // convolutions take no runtime output scales: a per-channel binary multiply
       // post-op (a runtime argument) applies it instead.
@@ -246,7 +247,8 @@ Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
   EG_DNNL_TRY("running the int8 convolution", {
     dnnl::engine& eng = onednn::engine();
     memory xm = onednn::wrap(x, pr.x_md), sm(pr.src_md, eng, xq.raw()), dm(pr.dst_md, eng, dst.raw_any());
-    memory in_sc({{1}, dt::f32, tag::x}, eng, &in_scale), out_sc({{1, k, 1, 1}, dt::f32, tag::nchw}, eng, scales.data());
+    memory in_sc({{1}, dt::f32, tag::x}, eng, &in_scale),
+        out_sc({{1, k, 1, 1}, dt::f32, tag::nchw}, eng, scales.data());
     memory bm({{k}, dt::f32, tag::x}, eng, bias.data());
     pr.quant.execute(onednn::stream(), {{DNNL_ARG_FROM, xm}, {DNNL_ARG_TO, sm}, {DNNL_ARG_ATTR_OUTPUT_SCALES, in_sc}});
     pr.conv.execute(onednn::stream(), {{DNNL_ARG_SRC, sm},
@@ -320,7 +322,8 @@ Tensor LinearInt8::forward_ref(const Tensor& x, const ActQuant& q) const {
     for (int64_t o = 0; o < n_; ++o) {
       int32_t acc = 0;
       for (int64_t c = 0; c < k_; ++c) {
-        const int32_t a = q.is_unsigned ? int32_t(xq.data<uint8_t>()[i * k_ + c]) : int32_t(xq.data<int8_t>()[i * k_ + c]);
+        const int32_t a =
+            q.is_unsigned ? int32_t(xq.data<uint8_t>()[i * k_ + c]) : int32_t(xq.data<int8_t>()[i * k_ + c]);
         acc += a * int32_t(wq[o * k_ + c]);
       }
       yp[i * n_ + o] = float(acc) * (1.f / (q.scale * w_scale_[size_t(o)])) + bias_[size_t(o)];

@@ -45,8 +45,8 @@ struct ActRange {
   float lo = 0.f, hi = 0.f;  // lo <= 0 <= hi
   int64_t batches = 0;
 };
-ActRange act_range(const Tensor& x);          // of one tensor (f32, CPU; NaN/Inf rejected)
-ActQuant act_quant_from(const ActRange& r);   // u8 when lo >= 0, else s8; max(|lo|, hi) maps to the top
+ActRange act_range(const Tensor& x);  // of one tensor (f32, CPU; NaN/Inf rejected)
+ActQuant act_quant_from(const ActRange& r);  // u8 when lo >= 0, else s8; max(|lo|, hi) maps to the top
 
 // The input quantisation of one layer (Note [Static activation scales]): the first
 // `calibration_batches` inputs widen the range (an all-zero input does not count), later
@@ -74,12 +74,12 @@ class ConvInt8 {
 
   // x [N, C, H, W] f32 on the CPU (plain or nChw16c) -> y [N, K, P, Q] f32 (nChw16c
   // when K % 16 == 0; Note [Blocked activations]). One caller at a time.
-  Tensor forward(const Tensor& x) const;                        // oneDNN int8
-  Tensor forward_ref(const Tensor& x) const;                    // plain loops
-  Tensor forward(const Tensor& x, const ActQuant& q) const;     // with a given input quantisation
+  Tensor forward(const Tensor& x) const;  // oneDNN int8
+  Tensor forward_ref(const Tensor& x) const;  // plain loops
+  Tensor forward(const Tensor& x, const ActQuant& q) const;  // with a given input quantisation
   Tensor forward_ref(const Tensor& x, const ActQuant& q) const;
 
-  const Tensor& weight_q() const { return wq_; }                 // s8 [K, C/groups, R, S]
+  const Tensor& weight_q() const { return wq_; }  // s8 [K, C/groups, R, S]
   const std::vector<float>& weight_scale() const { return w_scale_; }
 
  private:

@@ -193,7 +193,6 @@ int64_t fold_batchnorm(nn::Module& m) {
   return folded;
 }
 
-
 ModelFactory model_factory(const models::ModelConfig& mc) {
   return [mc] {
     Generator g(0);

@@ -84,8 +84,8 @@ Compare compare(const Tensor& got, const Tensor& ref, const Tolerance& tol) {
   }
   if (worst >= 0) {
     std::ostringstream os;
-    os << "worst at flat index " << worst << ": got " << gp[worst] << ", ref " << rp[worst]
-       << " (atol " << tol.atol << ", rtol " << tol.rtol << ")";
+    os << "worst at flat index " << worst << ": got " << gp[worst] << ", ref " << rp[worst] << " (atol " << tol.atol
+       << ", rtol " << tol.rtol << ")";
     c.detail = os.str();
   }
   return c;

@@ -41,10 +41,10 @@ struct OpCase {
   std::vector<int> diff_outputs = {0};  // outputs that carry gradient (dout given for these)
   Tolerance fwd_tol, bwd_tol{1e-4, 1e-3};
   Tolerance grad_tol{1e-6, 1e-4};  // gradcheck, f64
-  bool gradcheck = true;           // small cases only: gradcheck costs 2 forwards per element
-  bool bench = false;              // realistic sizes: benchmarked
-  double flops = 0;                // per forward (+ backward when bench_backward) call
-  double bytes = 0;                // memory traffic, for bandwidth-bound ops
+  bool gradcheck = true;  // small cases only: gradcheck costs 2 forwards per element
+  bool bench = false;  // realistic sizes: benchmarked
+  double flops = 0;  // per forward (+ backward when bench_backward) call
+  double bytes = 0;  // memory traffic, for bandwidth-bound ops
   bool bench_backward = false;
 
   bool supports(ops::Backend b) const;

@@ -28,8 +28,8 @@ void add_act(std::vector<OpCase>& v, const char* name, ops::Act act, Shape shape
 }
 
 RegisterCases reg([](std::vector<OpCase>& v) {
-  for (auto [name, act] : {std::pair{"relu", ops::Act::relu}, std::pair{"relu6", ops::Act::relu6},
-                           std::pair{"gelu", ops::Act::gelu}}) {
+  for (auto [name, act] :
+       {std::pair{"relu", ops::Act::relu}, std::pair{"relu6", ops::Act::relu6}, std::pair{"gelu", ops::Act::gelu}}) {
     add_act(v, name, act, {2, 3, 5, 7}, false);
     add_act(v, name, act, {128, 16, 32, 32}, true);
   }

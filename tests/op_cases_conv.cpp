@@ -42,8 +42,7 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
     ops::run(ops::conv2d_fwd, b, in[0], in[1], in[2], y, p);
     return Tensors{y};
   };
-  c.backward = [p = s.p, want_dw = s.want_dw](ops::Backend b, const Tensors& in, const Tensors&,
-                                               const Tensors& dout) {
+  c.backward = [p = s.p, want_dw = s.want_dw](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
     Tensor dx = empty_like(in[0]), dw, db;
     ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p);
     if (want_dw) dw = empty_like(in[1]);

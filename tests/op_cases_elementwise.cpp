@@ -42,7 +42,8 @@ void add_binary(std::vector<OpCase>& v, ops::Binary op, const std::string& varia
       return r;
     };
     Tensor ga = dout[0], gb = dout[0];
-    if (op == ops::Binary::mul) ga = times(ops::Binary::mul, dout[0], in[1]), gb = times(ops::Binary::mul, dout[0], in[0]);
+    if (op == ops::Binary::mul)
+      ga = times(ops::Binary::mul, dout[0], in[1]), gb = times(ops::Binary::mul, dout[0], in[0]);
     if (op == ops::Binary::div) {
       ga = times(ops::Binary::div, dout[0], in[1]);
       gb = times(ops::Binary::div, times(ops::Binary::mul, dout[0], out[0]), in[1]);

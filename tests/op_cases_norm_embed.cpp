@@ -11,7 +11,8 @@ void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m
     return Tensors{randn({m, d}, dt, 61, 2.0), uniform({d}, dt, 62, 0.5, 1.5), randn({d}, dt, 63)};
   };
   c.forward = [m](ops::Backend b, const Tensors& in) {
-    Tensor y = empty_like(in[0]), mean = empty_on(in[0], {m}, in[0].dtype()), rstd = empty_on(in[0], {m}, in[0].dtype());
+    Tensor y = empty_like(in[0]), mean = empty_on(in[0], {m}, in[0].dtype()),
+           rstd = empty_on(in[0], {m}, in[0].dtype());
     ops::run(ops::layernorm_fwd, b, in[0], in[1], in[2], y, mean, rstd, 1e-5);
     return Tensors{y, mean, rstd};
   };

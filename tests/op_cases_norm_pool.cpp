@@ -55,8 +55,8 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
     if (want_dx) dx = empty_like(in[0]);
     if (want_affine) dg = empty_like(in[1]), db = empty_like(in[2]);
     if (residual) dr = empty_like(in[0]);
-    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true,
-             relu ? out[0] : Tensor(), dr);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true, relu ? out[0] : Tensor(),
+             dr);
     return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_train), uses(ops::batchnorm_bwd)};
@@ -96,8 +96,8 @@ void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, b
     Tensor invstd = var.to(in[0].dtype()).to(in[0].device());
     Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]), dr;
     if (residual) dr = empty_like(in[0]);
-    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false,
-             relu ? out[0] : Tensor(), dr);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false, relu ? out[0] : Tensor(),
+             dr);
     return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_infer), uses(ops::batchnorm_bwd)};

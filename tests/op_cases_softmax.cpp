@@ -28,7 +28,8 @@ void add_softmax(std::vector<OpCase>& v, bool log, const std::string& variant, S
   v.push_back(c);
 }
 
-void add_ce(std::vector<OpCase>& v, const std::string& variant, int64_t n, int64_t k, double ls, bool ignore, bool big) {
+void add_ce(std::vector<OpCase>& v, const std::string& variant, int64_t n, int64_t k, double ls, bool ignore,
+            bool big) {
   OpCase c;
   c.name = "cross_entropy/" + variant;
   ops::CrossEntropyParams p{ls, -100};

@@ -93,8 +93,11 @@ TEST(Autograd, BackwardOnNonScalarNeedsAGradient) {
 
 TEST(Autograd, BroadcastingGradientsSumOverBroadcastDims) {
   Tensor a = param({2, 3}, 7), b = param({3}, 8);
-  auto r = autograd::gradcheck([](const std::vector<Tensor>& in) { return fn::div(fn::mul(fn::add(in[0], in[1]), in[1]), fn::add(in[1], in[1])); },
-                               {a, b});
+  auto r = autograd::gradcheck(
+      [](const std::vector<Tensor>& in) {
+    return fn::div(fn::mul(fn::add(in[0], in[1]), in[1]), fn::add(in[1], in[1]));
+      },
+      {a, b});
   EXPECT_TRUE(r.ok) << r.detail;
 }
 

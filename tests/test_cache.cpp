@@ -13,9 +13,9 @@
 #include "cache/activation_cache.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "tests/test_util.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
-#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -88,7 +88,8 @@ TEST_P(ActivationCacheTiers, StoresAndGathersBySampleId) {
   EXPECT_EQ(c.stats().bytes_reserved, 20 * 75 * 4);
 }
 
-INSTANTIATE_TEST_SUITE_P(MemoryAndDisk, ActivationCacheTiers, ::testing::Values(cache::Tier::memory, cache::Tier::disk));
+INSTANTIATE_TEST_SUITE_P(MemoryAndDisk, ActivationCacheTiers,
+                         ::testing::Values(cache::Tier::memory, cache::Tier::disk));
 
 TEST(ActivationCache, StoresBlockedAndPlainAlike) {
   cache::ActivationCache c(tmpdir("blocked"), 4);
@@ -183,7 +184,8 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
   c.resume = true;
   c.stop_after_steps = 0;
   ASSERT_TRUE(train::run_training(c).completed);
-  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(killed + "/summary.json"))["activation_cache"]["on_disk"].get<bool>());
+  EXPECT_TRUE(
+      nlohmann::json::parse(std::ifstream(killed + "/summary.json"))["activation_cache"]["on_disk"].get<bool>());
   EXPECT_FALSE(ac["on_disk"].get<bool>()) << "a few MB: in memory";
   auto wk = train::load_safetensors(killed + "/model.safetensors");
   for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wk.at(k).to_vector<float>()) << k;

@@ -14,8 +14,8 @@
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "quant/reference.h"
-#include "train/trainer.h"
 #include "tests/test_util.h"
+#include "train/trainer.h"
 
 using namespace eg;
 

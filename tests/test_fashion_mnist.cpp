@@ -23,8 +23,8 @@ TEST(FashionMnist, SmallCnnReaches85PercentAfterOneEpochOn10k) {
 
   Generator g(2024);
   nn::Conv2dOptions same{1, 1, 1, 1, false};
-  nn::Sequential model({std::make_shared<nn::Conv2d>(1, 32, 3, same, g), std::make_shared<nn::BatchNorm2d>(32), nn::ReLU(),
-                        nn::MaxPool2d(2, 2), std::make_shared<nn::Conv2d>(32, 64, 3, same, g),
+  nn::Sequential model({std::make_shared<nn::Conv2d>(1, 32, 3, same, g), std::make_shared<nn::BatchNorm2d>(32),
+                        nn::ReLU(), nn::MaxPool2d(2, 2), std::make_shared<nn::Conv2d>(32, 64, 3, same, g),
                         std::make_shared<nn::BatchNorm2d>(64), nn::ReLU(), nn::MaxPool2d(2, 2),
                         std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64 * 7 * 7, 10, true, g)});
   // One short epoch favours AdamW with a brief warmup and a cosine decay (the same

@@ -224,8 +224,8 @@ TEST(Tracker, WithUnfreezeNeverAnLrFallKeepsWhatFroze) {
 
 // --freeze-window-min: the halving stops at the floor, and a floor above W leaves W as is.
 TEST(Tracker, WindowHalvingStopsAtItsFloor) {
-  for (auto [window, floor, after1, after2] : {std::tuple{10, 5, 5, 5}, std::tuple{10, 4, 5, 4},
-                                               std::tuple{10, 1, 5, 2}, std::tuple{3, 5, 3, 3}}) {
+  for (auto [window, floor, after1, after2] :
+       {std::tuple{10, 5, 5, 5}, std::tuple{10, 4, 5, 4}, std::tuple{10, 1, 5, 2}, std::tuple{3, 5, 3, 3}}) {
     TrackerOptions o;
     o.window = window;
     o.min_window = floor;
@@ -488,9 +488,9 @@ TEST(Tracker, ASettledModuleFreezesWithPeakToleranceButNotWithTheFirstThree) {
   Generator g(11);
   Tensor noise = Tensor::randn({300}, g);
   auto p = [&](int i) {
-    if (i < 9) return 1.0 + 0.001 * (i % 2);                                // settled: first 3 fits ~0
+    if (i < 9) return 1.0 + 0.001 * (i % 2);  // settled: first 3 fits ~0
     if (i < 29) return 1.0 + 0.5 * std::sin(3.14159265 * (i - 9) / 20.0);  // one swing
-    return 1.0 + 0.02 * double(noise.data<float>()[i]);                    // noise, 25x under the swing
+    return 1.0 + 0.02 * double(noise.data<float>()[i]);  // noise, 25x under the swing
   };
   for (bool peak : {false, true}) {
     TrackerOptions o;
@@ -560,8 +560,9 @@ TEST(Tracker, RefreezingAfterAnLrDropUsesTheToleranceAsAsked) {
 }
 
 TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
-  for (auto [peak, mode] : {std::pair{false, RefreezeTolerance::remeasure}, std::pair{true, RefreezeTolerance::remeasure},
-                             std::pair{false, RefreezeTolerance::keep}, std::pair{true, RefreezeTolerance::scaled}}) {
+  for (auto [peak, mode] :
+       {std::pair{false, RefreezeTolerance::remeasure}, std::pair{true, RefreezeTolerance::remeasure},
+        std::pair{false, RefreezeTolerance::keep}, std::pair{true, RefreezeTolerance::scaled}}) {
     TrackerOptions o;
     o.window = 4;
     o.tolerance_from_peak = peak;

@@ -7,23 +7,23 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "autograd/node.h"
 #include "core/rng.h"
-#include "freeze/policy.h"
 #include "freeze/controller.h"
 #include "freeze/plasticity.h"
+#include "freeze/policy.h"
 #include "layers/layers.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "quant/reference.h"
+#include "tests/test_util.h"
 #include "train/freezing.h"
 #include "train/image_task.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
-#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -134,7 +134,8 @@ TEST(FreezeMechanics, UnfreezingKeepsTheFrozenParametersOptimizerState) {
   for (const char* which : {"sgd", "adamw"}) {
     auto m = small_resnet(2);
     std::unique_ptr<optim::Optimizer> opt;
-    if (std::string(which) == "sgd") opt = std::make_unique<optim::SGD>(m->parameters(), 0.05, optim::SgdOptions{0.9, 0, 5e-4, false});
+    if (std::string(which) == "sgd")
+      opt = std::make_unique<optim::SGD>(m->parameters(), 0.05, optim::SgdOptions{0.9, 0, 5e-4, false});
     else opt = std::make_unique<optim::AdamW>(m->parameters(), 1e-3, optim::AdamWOptions{});
     for (uint64_t s = 0; s < 3; ++s) step(*m, *opt, 0, s);
     auto state_before = opt->state_dict();
@@ -171,7 +172,8 @@ TEST(FreezeMechanics, UnfreezingResumesAsIfTheParameterHadNeverLeft) {
     Tensor p = Tensor::randn({300}, g).set_requires_grad(true), other = Tensor::randn({40}, g).set_requires_grad(true);
     Tensor twin = p.clone().set_requires_grad(true);
     auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
-      if (std::string(which) == "sgd") return std::make_unique<optim::SGD>(ps, 0.05, optim::SgdOptions{0.9, 0, 5e-4, true});
+      if (std::string(which) == "sgd")
+        return std::make_unique<optim::SGD>(ps, 0.05, optim::SgdOptions{0.9, 0, 5e-4, true});
       return std::make_unique<optim::AdamW>(ps, 1e-2, optim::AdamWOptions{0.9, 0.999, 1e-8, 0.05});
     };
     auto a = make({p, other}), b = make({twin});
@@ -468,8 +470,8 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   EXPECT_GT(freezes_before_drop, 0) << "nothing froze before the LR drop";
   EXPECT_EQ(unfreezes, 1) << "the LR drops 10x at epoch 3";
   auto sum = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
-  for (const char* k : {"frozen_fraction_final", "backward_flops_saved_fraction", "reference_overhead_fraction",
-                        "evaluations_dropped"})
+  for (const char* k :
+       {"frozen_fraction_final", "backward_flops_saved_fraction", "reference_overhead_fraction", "evaluations_dropped"})
     EXPECT_TRUE(sum.contains(k)) << k;
   EXPECT_GT(sum["backward_flops_saved_fraction"].get<double>(), 0.0);
   EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], 2);  // -1: every n
@@ -649,26 +651,29 @@ TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFro
 }
 
 TEST(FreezeTrainer, TheEndOfRunReportSaysWhatIsFrozenInTheSummarysFigures) {
-  nlohmann::json sum = {{"freeze", "egeria"},
-                        {"freeze_units", nlohmann::json::array({{{"name", "stem+layer1"}}, {{"name", "layer2"}},
-                                                               {{"name", "layer3"}}, {{"name", "head"}}})},
-                        {"frozen_modules_final", 2},
-                        {"frozen_fraction_final", 0.4567},
-                        {"backward_flops_saved_fraction", 0.123},
-                        {"reference_overhead_fraction", 0.0112},
-                        {"evaluations_dropped", 0},
-                        {"freeze_stats",
-                         {{"reference", "int8"}, {"reference_scope", "unit"}, {"interval", 16},
-                          {"evaluations_completed", 250}}}};
-  EXPECT_EQ(train::freeze_report(sum),
-            "freezing (egeria): frozen at the end: stem+layer1, layer2 (2 of 3 units, 45.7% of the parameters); "
-            "backward FLOPs saved over the run 12.3%; 250 plasticity evaluations, n = 16, 0 dropped; reference (int8, unit) "
-            "overhead 1.1%");
+  nlohmann::json sum = {
+      {"freeze", "egeria"},
+      {"freeze_units",
+       nlohmann::json::array(
+           {{{"name", "stem+layer1"}}, {{"name", "layer2"}}, {{"name", "layer3"}}, {{"name", "head"}}})},
+      {"frozen_modules_final", 2},
+      {"frozen_fraction_final", 0.4567},
+      {"backward_flops_saved_fraction", 0.123},
+      {"reference_overhead_fraction", 0.0112},
+      {"evaluations_dropped", 0},
+      {"freeze_stats",
+       {{"reference", "int8"}, {"reference_scope", "unit"}, {"interval", 16}, {"evaluations_completed", 250}}}};
+  EXPECT_EQ(
+      train::freeze_report(sum),
+      "freezing (egeria): frozen at the end: stem+layer1, layer2 (2 of 3 units, 45.7% of the parameters); "
+      "backward FLOPs saved over the run 12.3%; 250 plasticity evaluations, n = 16, 0 dropped; reference (int8, unit) "
+      "overhead 1.1%");
   sum["frozen_modules_final"] = 0;
   sum["freeze"] = "autofreeze";
   sum.erase("freeze_stats");
-  EXPECT_EQ(train::freeze_report(sum), "freezing (autofreeze): frozen at the end: nothing (0 of 3 units); "
-                                       "backward FLOPs saved over the run 12.3%");
+  EXPECT_EQ(train::freeze_report(sum),
+            "freezing (autofreeze): frozen at the end: nothing (0 of 3 units); "
+            "backward FLOPs saved over the run 12.3%");
   sum["freeze"] = "none";
   EXPECT_EQ(train::freeze_report(sum), "");
 }
@@ -877,13 +882,17 @@ TEST(FreezeTrainer, TheBootstrappingCheckSpansATenthOfAShortRun) {
 
 TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
   train::TrainConfig c;
-  for (auto [flag, text] : {std::pair{"--freeze", "egeria"}, {"--freeze-bootstrap-interval", "11"},
-                            {"--freeze-window", "7"}, {"--freeze-window-min", "3"}, {"--freeze-tolerance", "0.3"},
-                            {"--freeze-tolerance-from", "peak"}, {"--freeze-last-phase", "off"}})
+  for (auto [flag, text] : {std::pair{"--freeze", "egeria"},
+                            {"--freeze-bootstrap-interval", "11"},
+                            {"--freeze-window", "7"},
+                            {"--freeze-window-min", "3"},
+                            {"--freeze-tolerance", "0.3"},
+                            {"--freeze-tolerance-from", "peak"},
+                            {"--freeze-last-phase", "off"}})
     train::set_option(c, flag, text);
-  for (auto [name, want] : {std::pair{"remeasure", freeze::RefreezeTolerance::remeasure},
-                            std::pair{"keep", freeze::RefreezeTolerance::keep},
-                            std::pair{"scaled", freeze::RefreezeTolerance::scaled}}) {
+  for (auto [name, want] :
+       {std::pair{"remeasure", freeze::RefreezeTolerance::remeasure},
+        std::pair{"keep", freeze::RefreezeTolerance::keep}, std::pair{"scaled", freeze::RefreezeTolerance::scaled}}) {
     train::set_option(c, "--freeze-refreeze-tolerance", name);
     const freeze::PolicyConfig pc = train::policy_config(c);
     EXPECT_EQ(pc.tracker.refreeze_tolerance, want) << name;

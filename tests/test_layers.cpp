@@ -42,7 +42,8 @@ TEST(Layers, StateDictRoundTripAndMismatchErrors) {
   auto bad = sd;
   bad["0.weight"] = Tensor::zeros({2, 1, 5, 5});
   std::string msg = error_of([&] { b.load_state_dict(bad); });
-  EXPECT_NE(msg.find("'0.weight' has shape [2, 1, 5, 5] but this model expects [2, 1, 3, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'0.weight' has shape [2, 1, 5, 5] but this model expects [2, 1, 3, 3]"), std::string::npos)
+      << msg;
   bad = sd;
   bad.erase("1.bias");
   EXPECT_THROW(b.load_state_dict(bad), Error);
@@ -118,8 +119,9 @@ TEST(Layers, MultiHeadAttentionGradcheck) {
   }
   Tensor q = Tensor::randn({2, 3, 8}, g, DType::f64).set_requires_grad(true);
   Tensor mask = Tensor::from_vector<uint8_t>({0, 0, 1, 0, 0, 0}, {2, 3});
-  auto r = autograd::gradcheck([&](const std::vector<Tensor>& in) { return mha.forward(in[0], in[0], in[0], mask, false); },
-                               {q}, 1e-6, 1e-6, 1e-3);
+  auto r =
+      autograd::gradcheck([&](const std::vector<Tensor>& in) { return mha.forward(in[0], in[0], in[0], mask, false); },
+                          {q}, 1e-6, 1e-6, 1e-3);
   EXPECT_TRUE(r.ok) << r.detail;
   Tensor out = mha.forward(q, q, q, Tensor(), true);
   EXPECT_EQ(out.shape(), (Shape{2, 3, 8}));

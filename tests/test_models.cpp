@@ -109,7 +109,8 @@ TEST(Models, TransformerFreezesFrontToBackWithoutBackwardThroughTheFrozenPart) {
   EXPECT_EQ(layers[2].first, "decoder.0");
   EXPECT_EQ(layers[4].first, "embedding");
   std::vector<int64_t> sv = {5, 6, 7, 8, 0, 9, 10, 11, 3, 4, 5, 0};  // 0: padding
-  Tensor src = Tensor::from_vector(sv, {2, 6}), tgt = Tensor::from_vector(std::vector<int64_t>{1, 5, 6, 7, 1, 8, 9, 0}, {2, 4});
+  Tensor src = Tensor::from_vector(sv, {2, 6}),
+         tgt = Tensor::from_vector(std::vector<int64_t>{1, 5, 6, 7, 1, 8, 9, 0}, {2, 4});
   Tensor full = m.forward(src, tgt);
   // Nothing frozen: the same logits; every layer's capture equals layer_output.
   for (int64_t l = 0; l < 4; ++l) {
@@ -122,7 +123,8 @@ TEST(Models, TransformerFreezesFrontToBackWithoutBackwardThroughTheFrozenPart) {
   // The encoder frozen: same values, a smaller graph, no gradient for the encoder, and
   // the embedding still trains (target side and output projection).
   auto loss_of = [&](const Tensor& logits) {
-    return fn::cross_entropy(fn::reshape(logits, {8, 50}), Tensor::from_vector(std::vector<int64_t>{5, 6, 7, 2, 8, 9, 2, 0}, {8}));
+    return fn::cross_entropy(fn::reshape(logits, {8, 50}),
+                             Tensor::from_vector(std::vector<int64_t>{5, 6, 7, 2, 8, 9, 2, 0}, {8}));
   };
   const size_t nodes_full = autograd::graph_size(loss_of(full));
   for (int64_t k = 1; k <= 2; ++k) {
@@ -187,11 +189,17 @@ TEST(Models, EveryBuiltInModelFitsAFixedBatch) {
       }
       Tensor s = Tensor::from_vector(src, {2, 6}), ti = Tensor::from_vector(tin, {2, 6}),
              to = Tensor::from_vector(tout, {12});
-      expect_fits(name, [&] { return fn::cross_entropy(fn::reshape(t->forward(s, ti), {12, 50}), to); }, *m, 0.05);
+      expect_fits(
+          name,
+          [&] {
+        return fn::cross_entropy(fn::reshape(t->forward(s, ti), {12, 50}), to);
+          },
+          *m, 0.05);
     } else {
       Tensor x = Tensor::randn({8, 3, 16, 16}, g);  // small images keep the deep nets cheap
       Tensor y = Tensor::from_vector(std::vector<int64_t>{1, 7, 3, 0, 5, 2, 9, 4}, {8});
-      expect_fits(name, [&] { return fn::cross_entropy(m->forward(x), y); }, *m, 0.01);
+      expect_fits(
+          name, [&] { return fn::cross_entropy(m->forward(x), y); }, *m, 0.01);
     }
   }
 }

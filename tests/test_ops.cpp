@@ -15,7 +15,9 @@ struct Param {
   size_t index;
   ops::Backend backend;
 };
-void PrintTo(const Param& p, std::ostream* os) { *os << op_cases()[p.index].name << " on " << ops::backend_name(p.backend); }
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << op_cases()[p.index].name << " on " << ops::backend_name(p.backend);
+}
 
 std::string case_id(const OpCase& c) {
   std::string s = c.name;
@@ -32,8 +34,7 @@ Tensors to_device(const Tensors& v, Device d) {
 
 Tensors make_douts(const OpCase& c, const Tensors& out, uint64_t seed) {
   Tensors d(out.size());
-  for (int k : c.diff_outputs)
-    d[size_t(k)] = randn(out[size_t(k)].shape(), out[size_t(k)].dtype(), seed + uint64_t(k));
+  for (int k : c.diff_outputs) d[size_t(k)] = randn(out[size_t(k)].shape(), out[size_t(k)].dtype(), seed + uint64_t(k));
   return d;
 }
 
@@ -106,8 +107,7 @@ TEST_P(Gradcheck, RefBackwardMatchesFiniteDifferences) {
       numeric.data<double>()[e] = (lp - lm) / (2 * h);
     }
     Compare cmp = compare(grads[j], numeric, c.grad_tol);
-    EXPECT_LE(cmp.worst_ratio, 1.0) << c.name << " d/d input " << j << ": analytic vs numeric, "
-                                    << cmp.detail;
+    EXPECT_LE(cmp.worst_ratio, 1.0) << c.name << " d/d input " << j << ": analytic vs numeric, " << cmp.detail;
     ++checked;
   }
   EXPECT_GT(checked, 0) << c.name << ": backward returned no gradient to check";
@@ -130,8 +130,8 @@ std::vector<size_t> gradcheck_params() {
 
 INSTANTIATE_TEST_SUITE_P(Ops, Parity, ::testing::ValuesIn(parity_params()),
                          [](const ::testing::TestParamInfo<Param>& p) {
-                           return case_id(op_cases()[p.param.index]) + "_" + ops::backend_name(p.param.backend);
-                         });
+  return case_id(op_cases()[p.param.index]) + "_" + ops::backend_name(p.param.backend);
+});
 INSTANTIATE_TEST_SUITE_P(Ops, Gradcheck, ::testing::ValuesIn(gradcheck_params()),
                          [](const ::testing::TestParamInfo<size_t>& p) { return case_id(op_cases()[p.param]); });
 
@@ -154,21 +154,21 @@ TEST(Argmax, FirstMaximumAndNaNsAsTorch) {
 TEST(OpTable, EveryOpHasParityAndGradcheckCases) {
   // Every op in kernels/ops.h is called by at least one case (parity on every
   // backend it has), and by a gradchecked case unless it has no derivative.
-  const std::vector<std::string> no_derivative = {"sgd_step", "adamw_step", "sum_squares", "cast", "sp_gram", "sp_loss",
-                                                "argmax_rows"};
+  const std::vector<std::string> no_derivative = {"sgd_step", "adamw_step", "sum_squares", "cast",
+                                                  "sp_gram",  "sp_loss",    "argmax_rows"};
   std::string missing, unchecked;
-#define EG_CHECK_CASE(name, Fn)                                                          \
-  {                                                                                      \
-    bool found = false, checked = false;                                                 \
-    for (auto& c : op_cases())                                                           \
-      for (auto& u : c.uses)                                                             \
-        if (std::string(u.op) == #name) {                                                \
-          found = true;                                                                  \
-          checked |= c.gradcheck && bool(c.backward);                                    \
-        }                                                                                \
-    if (!found) missing += #name " ";                                                    \
+#define EG_CHECK_CASE(name, Fn)                                                                        \
+  {                                                                                                    \
+    bool found = false, checked = false;                                                               \
+    for (auto& c : op_cases())                                                                         \
+      for (auto& u : c.uses)                                                                           \
+        if (std::string(u.op) == #name) {                                                              \
+          found = true;                                                                                \
+          checked |= c.gradcheck && bool(c.backward);                                                  \
+        }                                                                                              \
+    if (!found) missing += #name " ";                                                                  \
     bool exempt = std::find(no_derivative.begin(), no_derivative.end(), #name) != no_derivative.end(); \
-    if (found && !checked && !exempt) unchecked += #name " ";                            \
+    if (found && !checked && !exempt) unchecked += #name " ";                                          \
   }
   EG_OP_LIST(EG_CHECK_CASE)
 #undef EG_CHECK_CASE

@@ -12,7 +12,9 @@
 using namespace eg;
 
 namespace {
-Tensor param(std::vector<float> v) { return Tensor::from_vector<float>(v, {int64_t(v.size())}).set_requires_grad(true); }
+Tensor param(std::vector<float> v) {
+  return Tensor::from_vector<float>(v, {int64_t(v.size())}).set_requires_grad(true);
+}
 }  // namespace
 
 TEST(Optim, SgdMomentumNesterovWeightDecayMatchesPyTorchFormulas) {
@@ -156,8 +158,7 @@ TEST(GradBuckets, ActiveGradientsLiveInAFewFlatBuffersRebuiltOnFreeze) {
   EXPECT_EQ(gb.bytes(), grad_bytes(m->parameters(), true));
   EXPECT_LT(gb.bytes(), grad_bytes(m->parameters(), false));
   for (auto& [n, mod] : m->layer_modules())
-    for (auto& p : mod->parameters())
-      EXPECT_EQ(p.grad().defined(), !mod->is_frozen()) << n;
+    for (auto& p : mod->parameters()) EXPECT_EQ(p.grad().defined(), !mod->is_frozen()) << n;
   // Unfreezing brings them back.
   freeze::apply_frozen_prefix(*m, 0);
   opt.zero_grad();

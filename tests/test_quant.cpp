@@ -162,7 +162,7 @@ TEST(QuantLinear, OneDnnMatchesThePlainLoopReferenceAndIsCloseToF32) {
     bool relu_input, bias;
   };
   const Case cases[] = {{"tokens_s8", {3, 7, 32}, 48, false, true},  // [B, T, K]: M = 21
-                        {"ffn2_u8", {20, 64}, 16, true, true},       // after a ReLU
+                        {"ffn2_u8", {20, 64}, 16, true, true},  // after a ReLU
                         {"one_row_s8", {1, 5}, 3, false, false}};
   for (const Case& c : cases) {
     Generator g(9);
@@ -254,8 +254,7 @@ TEST(QuantReference, BatchNormFoldingKeepsEveryModelsOutput) {
 // The fp16 GPU reference ("fp16-gpu": convolutions in f16) is held to the same bounds.
 // The int8 reference is held to them both with static scales, calibrated on three
 // other batches (the default), and with every batch's own (calibration 0).
-void expect_resnet_reference_agrees(const std::string& precision,
-                                    int64_t calibration = quant::kCalibrationBatches) {
+void expect_resnet_reference_agrees(const std::string& precision, int64_t calibration = quant::kCalibrationBatches) {
   Tensor x = images(64, 1, 28, 9);
   auto m = model_with_stats("resnet20", x, 21);
   const models::ModelConfig mc = config_for("resnet20", x);
@@ -295,8 +294,8 @@ void expect_resnet_reference_agrees(const std::string& precision,
     Tensor a32 = f32->activation(x, k), al = low->activation(x, k).to(Device::cpu()), am = moved->activation(x, k);
     const double err = freeze::sp_loss(al, a32), plasticity = freeze::sp_loss(am, a32);
     EXPECT_LT(err, 2e-6) << precision << " module " << k;
-    EXPECT_LT(err, 0.01 * plasticity) << "module " << k << ": " << precision << " error " << err
-                                      << " vs plasticity " << plasticity;
+    EXPECT_LT(err, 0.01 * plasticity) << "module " << k << ": " << precision << " error " << err << " vs plasticity "
+                                      << plasticity;
   }
 }
 
@@ -354,8 +353,8 @@ TEST(QuantReference, AUnitRunFromItsInputReadsWhatTheNetworkReads) {
         EXPECT_EQ(unit.to_vector<float>(), ref->activation(x, k).to_vector<float>())
             << ref->precision() << " modules " << begin << ".." << k;
       }
-      const double err = freeze::sp_loss(i8->activation_from(f32->activation(x, begin - 1), begin, k),
-                                         f32->activation(x, k));
+      const double err =
+          freeze::sp_loss(i8->activation_from(f32->activation(x, begin - 1), begin, k), f32->activation(x, k));
       EXPECT_LT(err, 2e-6) << "int8 modules " << begin << ".." << k << " from the fp32 input";
     }
   EXPECT_THROW(f32->activation_from(f32->activation(x, 2), 3, 2), Error);

@@ -8,16 +8,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fcntl.h>
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "models/transformer.h"
+#include "tests/test_util.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
-#include "tests/test_util.h"
 
 using namespace eg;
 using json = nlohmann::json;
@@ -39,7 +39,8 @@ std::vector<std::string> timeless(const std::string& path) {
   for (json j : jsonl(path)) {
     for (auto it = j.begin(); it != j.end();) {
       const std::string k = it.key();
-      const bool timed = k.size() > 8 && (k.rfind("_seconds") == k.size() - 8 || k.rfind("_per_second") == k.size() - 11);
+      const bool timed =
+          k.size() > 8 && (k.rfind("_seconds") == k.size() - 8 || k.rfind("_per_second") == k.size() - 11);
       it = timed ? j.erase(it) : std::next(it);
     }
     v.push_back(j.dump());
@@ -188,8 +189,8 @@ train::TrainConfig translation_run(const std::string& data, const std::string& o
   return c;
 }
 
-const json kTinyArch = {{"d_model", 32}, {"heads", 2}, {"ffn", 64}, {"enc_layers", 2}, {"dec_layers", 2},
-                        {"max_len", 64}, {"dropout", 0.1}};
+const json kTinyArch = {{"d_model", 32},   {"heads", 2},    {"ffn", 64},     {"enc_layers", 2},
+                        {"dec_layers", 2}, {"max_len", 64}, {"dropout", 0.1}};
 
 }  // namespace
 
@@ -207,8 +208,8 @@ TEST(Run, TranslationRunKilledAnywhereAndResumedLeavesTheUninterruptedRunsFiles)
   write_toy_corpus(data);
   const json arch = {{"arch", kTinyArch}};
   ASSERT_EQ(wait_exit(spawn(write_config(translation_run(data, full), full + "/run.json", arch), full, false)), 0);
-  const auto seen =
-      run_killed(write_config(translation_run(data, killed), killed + "/run.json", arch), killed, {3, 6, 11, 15, 19, 25});
+  const auto seen = run_killed(write_config(translation_run(data, killed), killed + "/run.json", arch), killed,
+                               {3, 6, 11, 15, 19, 25});
   ASSERT_EQ(seen.size(), 6u);
   expect_same_run(full, killed);
   expect_freezing_before(full, seen.back());

@@ -29,7 +29,8 @@ std::string error_of(const std::string& p) {
 // A toy English-Spanish corpus: word-for-word sentences from a small lexicon.
 std::vector<data::SentencePair> toy_pairs(int n, uint64_t seed) {
   const char* en[] = {"the", "cat", "dog", "sees", "eats", "big", "small", "red", "house", "water", "bread", "man"};
-  const char* es[] = {"el", "gato", "perro", "ve", "come", "grande", "pequeño", "rojo", "casa", "agua", "pan", "hombre"};
+  const char* es[] = {"el",      "gato", "perro", "ve",   "come", "grande",
+                      "pequeño", "rojo", "casa",  "agua", "pan",  "hombre"};
   std::vector<data::SentencePair> v;
   Generator g(seed);
   for (int i = 0; i < n; ++i) {

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/test_util.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
-#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -168,6 +168,7 @@ TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {
     train::run_training(c);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("was trained with --model resnet20, not resnet32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("was trained with --model resnet20, not resnet32"), std::string::npos)
+        << e.what();
   }
 }

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "models/transformer.h"
+#include "tests/test_util.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
-#include "tests/test_util.h"
 
 using namespace eg;
 

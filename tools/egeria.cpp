@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "core/device.h"
+#include "core/error.h"
 #include "data/dataset.h"
 #include "freeze/policy.h"
 #include "models/model.h"
@@ -22,8 +22,8 @@
 
 namespace {
 
-using eg::train::Option;
 using eg::train::OnResume;
+using eg::train::Option;
 
 std::string joined(const std::vector<std::string>& v, const char* sep) {
   std::string s;
@@ -54,7 +54,8 @@ std::string value_text(const Option& o) {
 
 // `egeria train`'s options, one per row of the option table (train/config.h), in its
 // groups; their text is parsed by the table after CLI11 has split the command line.
-std::vector<std::pair<const Option*, CLI::Option*>> add_train_options(CLI::App* train, std::vector<std::string>& texts) {
+std::vector<std::pair<const Option*, CLI::Option*>> add_train_options(CLI::App* train,
+                                                                      std::vector<std::string>& texts) {
   const eg::train::TrainConfig defaults;
   const auto& table = eg::train::options();
   texts.resize(table.size());
@@ -86,13 +87,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   auto* train = app.add_subcommand("train", "train a built-in model");
-  train->footer("Options whose defaults differ for Transformers (AdamW 0.9,0.98, lr 5e-4, inverse-sqrt with 1000 "
-                "or 4000 warmup steps, no weight decay, 64 sentences, dataset en-es) take those unless given.");
+  train->footer(
+      "Options whose defaults differ for Transformers (AdamW 0.9,0.98, lr 5e-4, inverse-sqrt with 1000 "
+      "or 4000 warmup steps, no weight decay, 64 sentences, dataset en-es) take those unless given.");
   std::vector<std::string> texts;
   const auto train_options = add_train_options(train, texts);
   std::string config_file;
-  train->add_option("--config", config_file,
-                    "start from a run's config.json (the options given here override it)")
+  train->add_option("--config", config_file, "start from a run's config.json (the options given here override it)")
       ->option_text("FILE")
       ->group("Run")
       ->check(CLI::ExistingFile);
@@ -159,28 +160,33 @@ int main(int argc, char** argv) {
       auto s = eg::train::run_training(c);
       if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());
       if (s.completed && s.tokens_per_second > 0)
-        std::printf("final test BLEU %.2f (best epoch %lld by validation loss: BLEU %.2f), %.1f s, %.0f tokens/s; "
-                    "summary in %s/summary.json\n",
-                    s.final_test_bleu, (long long)s.best_epoch, s.best_valid_bleu, s.train_seconds, s.tokens_per_second,
-                    c.out.c_str());
+        std::printf(
+            "final test BLEU %.2f (best epoch %lld by validation loss: BLEU %.2f), %.1f s, %.0f tokens/s; "
+            "summary in %s/summary.json\n",
+            s.final_test_bleu, (long long)s.best_epoch, s.best_valid_bleu, s.train_seconds, s.tokens_per_second,
+            c.out.c_str());
       else if (s.completed)
-        std::printf("final test accuracy %.2f%% (best epoch %lld: test accuracy %.2f%%), %.1f s, %.0f images/s; "
-                    "summary in %s/summary.json\n",
-                    100 * s.final_test_accuracy, (long long)s.best_epoch, 100 * s.best_test_accuracy, s.train_seconds,
-                    s.images_per_second, c.out.c_str());
+        std::printf(
+            "final test accuracy %.2f%% (best epoch %lld: test accuracy %.2f%%), %.1f s, %.0f images/s; "
+            "summary in %s/summary.json\n",
+            100 * s.final_test_accuracy, (long long)s.best_epoch, 100 * s.best_test_accuracy, s.train_seconds,
+            s.images_per_second, c.out.c_str());
     } else if (*eval) {
       auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration);
-      nlohmann::json j = r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
-                                       : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss},
-                                                        {"samples", r.samples}};
+      nlohmann::json j =
+          r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
+                        : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss}, {"samples", r.samples}};
       std::printf("%s\n", j.dump().c_str());
     } else if (*step) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
       auto r = eg::train::bench_step(bmodel, bbatch, bdevice, biters, bthreads);
-      std::printf("%s\n", nlohmann::json{{"model", bmodel}, {"batch_size", bbatch}, {"device", bdevice},
+      std::printf("%s\n", nlohmann::json{{"model", bmodel},
+                                         {"batch_size", bbatch},
+                                         {"device", bdevice},
                                          {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
                                          {"images_per_second", r.samples_per_second},
-                                         {"median_step_ms", r.median_step_ms}, {"iterations", r.iterations}}
+                                         {"median_step_ms", r.median_step_ms},
+                                         {"iterations", r.iterations}}
                               .dump()
                               .c_str());
     }

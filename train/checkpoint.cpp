@@ -51,9 +51,10 @@ void truncate_log(const std::string& path, int64_t bytes) {
   const int64_t size = file_size(path);
   if (size == bytes) return;
   if (size < bytes) {
-    std::printf("warning: '%s' is shorter (%lld bytes) than when the checkpoint was written (%lld); it was changed "
-                "since, and is continued as it is\n",
-                path.c_str(), (long long)std::max<int64_t>(size, 0), (long long)bytes);
+    std::printf(
+        "warning: '%s' is shorter (%lld bytes) than when the checkpoint was written (%lld); it was changed "
+        "since, and is continued as it is\n",
+        path.c_str(), (long long)std::max<int64_t>(size, 0), (long long)bytes);
     return;
   }
   std::ifstream f(path, std::ios::binary);
@@ -149,8 +150,8 @@ void Checkpoints::save(const TensorMap& tensors, json state, const json& config,
     // checkpoint.safetensors is complete at every moment (the new one replaces it by rename).
     const std::string kept = out_ + "/checkpoint-" + std::to_string(last_step_) + ".safetensors";
     std::remove(kept.c_str());
-    EG_CHECK(::link(newest.c_str(), kept.c_str()) == 0, "cannot keep the previous checkpoint as '", kept, "': ",
-             std::strerror(errno));
+    EG_CHECK(::link(newest.c_str(), kept.c_str()) == 0, "cannot keep the previous checkpoint as '", kept,
+             "': ", std::strerror(errno));
   }
   save_safetensors(newest, tensors, {{"state", state.dump()}, {"config", config.dump()}});
   last_step_ = step;

@@ -53,12 +53,14 @@ std::string joined(const std::vector<std::string>& v) {
   for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s;
 }
-bool member(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool member(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 }  // namespace
 
 void validate(const TrainConfig& c) {
-  EG_CHECK(member(models::model_names(), c.model), "--model: unknown model '", c.model, "' (known: ",
-           joined(models::model_names()), ")");
+  EG_CHECK(member(models::model_names(), c.model), "--model: unknown model '", c.model,
+           "' (known: ", joined(models::model_names()), ")");
   EG_CHECK(c.epochs > 0, "--epochs must be positive, got ", c.epochs);
   EG_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
   EG_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
@@ -85,8 +87,8 @@ void validate(const TrainConfig& c) {
   EG_CHECK(!c.out.empty(), "--out must name a directory");
   Device::parse(c.device);  // throws naming the device string
   // Freezing.
-  EG_CHECK(member(freeze::policy_names(), c.freeze), "--freeze: unknown policy '", c.freeze, "' (known: ",
-           joined(freeze::policy_names()), ")");
+  EG_CHECK(member(freeze::policy_names(), c.freeze), "--freeze: unknown policy '", c.freeze,
+           "' (known: ", joined(freeze::policy_names()), ")");
   EG_CHECK(c.freeze_interval >= 0, "--freeze-interval must be non-negative, got ", c.freeze_interval);
   EG_CHECK(c.freeze_bootstrap_interval >= -1,
            "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got ",
@@ -104,25 +106,30 @@ void validate(const TrainConfig& c) {
            "its own scales), got ", c.freeze_reference_calibration);
   EG_CHECK(c.freeze_reference_max_load == 0 || (c.freeze_reference_max_load > 0 && c.freeze_reference_max_load <= 100),
            "--freeze-reference-max-load must be auto or a percentage of the machine's CPU, a number in (0, 100] "
-           "without %, got ", c.freeze_reference_max_load);
+           "without %, got ",
+           c.freeze_reference_max_load);
   if (c.freeze == "egeria")
     EG_CHECK(!quant::reference_on_gpu(c.freeze_reference) || Device::parse(c.device).is_cuda(), "--freeze-reference ",
-             c.freeze_reference, " runs the reference model on the training GPU; it needs --device cuda[:N] (training on ",
-             c.device, ")");
+             c.freeze_reference,
+             " runs the reference model on the training GPU; it needs --device cuda[:N] (training on ", c.device, ")");
   if (c.freeze_cache) {
     // See Note [Activation cache validity].
     EG_CHECK(!is_translation_model(c.model), "--freeze-cache on caches image models' frozen prefix; ", c.model,
              " batches sentences of varying length, use --freeze-cache off");
     EG_CHECK(c.freeze != "none", "--freeze-cache on caches the frozen prefix; with --freeze none nothing freezes");
-    EG_CHECK(c.freeze_bn == FrozenBn::running, "--freeze-cache on needs --freeze-bn running: with batch statistics a "
+    EG_CHECK(c.freeze_bn == FrozenBn::running,
+             "--freeze-cache on needs --freeze-bn running: with batch statistics a "
              "frozen sample's output depends on the rest of its batch, so a cached one would be wrong");
-    EG_CHECK(!c.augment || c.augment_mode == AugmentMode::sample, "--freeze-cache on needs --augment-mode sample (or "
+    EG_CHECK(!c.augment || c.augment_mode == AugmentMode::sample,
+             "--freeze-cache on needs --augment-mode sample (or "
              "--no-augment): with a new crop and flip every epoch no cached output is ever reused");
   }
   if (is_translation_model(c.model)) {
-    EG_CHECK(c.dataset == "en-es", "--model ", c.model, " trains on sentence pairs: use --dataset en-es (with --data-dir ",
+    EG_CHECK(c.dataset == "en-es", "--model ", c.model,
+             " trains on sentence pairs: use --dataset en-es (with --data-dir ",
              "pointing at a directory of train/valid/test.tsv), not '", c.dataset, "'");
-    EG_CHECK(c.vocab_size > 4, "--vocab-size must exceed the 4 special tokens (pad, bos, eos, unk), got ", c.vocab_size);
+    EG_CHECK(c.vocab_size > 4, "--vocab-size must exceed the 4 special tokens (pad, bos, eos, unk), got ",
+             c.vocab_size);
     EG_CHECK(c.max_len >= 2, "--max-len must be at least 2 tokens, got ", c.max_len);
     EG_CHECK(c.max_tokens >= 0, "--max-tokens must be non-negative, got ", c.max_tokens);
     EG_CHECK(c.target_accuracy == 0, "--target-accuracy applies to image models; translation runs report BLEU");
@@ -174,9 +181,10 @@ void check_resume(const TrainConfig& c, const json& saved, int64_t spe, int64_t 
     }
     if (was == now[o.key]) continue;
     if (o.on_resume == OnResume::warn) {
-      std::printf("warning: --resume with %s %s (the checkpoint's run used %s): results are no longer bit-identical "
-                  "to an uninterrupted run\n",
-                  o.flag.c_str(), shown(now[o.key]).c_str(), shown(was).c_str());
+      std::printf(
+          "warning: --resume with %s %s (the checkpoint's run used %s): results are no longer bit-identical "
+          "to an uninterrupted run\n",
+          o.flag.c_str(), shown(now[o.key]).c_str(), shown(was).c_str());
       continue;
     }
     if (o.on_resume == OnResume::free) continue;
@@ -195,15 +203,59 @@ void check_resume(const TrainConfig& c, const json& saved, int64_t spe, int64_t 
       int64_t differs = -1;
       for (int64_t s = 0; s <= resume_step && differs < 0; ++s)
         if (a->lr_at(s) != b->lr_at(s)) differs = s;
-      EG_CHECK(differs < 0, "--resume: '", ckpt, "' was trained with --epochs ", shown(was), "; --epochs ",
-               c.epochs, " would change the learning rate of step ", differs, " (", a->lr_at(differs), " -> ",
-               b->lr_at(differs), "), which the run has already taken. Only a schedule whose past does not depend on ",
+      EG_CHECK(differs < 0, "--resume: '", ckpt, "' was trained with --epochs ", shown(was), "; --epochs ", c.epochs,
+               " would change the learning rate of step ", differs, " (", a->lr_at(differs), " -> ", b->lr_at(differs),
+               "), which the run has already taken. Only a schedule whose past does not depend on ",
                "the run's length can be extended (constant, inverse-sqrt, or step with explicit --milestones)");
       continue;
     }
     EG_THROW("--resume: '", ckpt, "' was trained with ", o.flag, " ", shown(was), ", not ", shown(now[o.key]),
              "; pass ", o.flag, " ", shown(was), " to continue that run, or choose another --out for a new one");
   }
+}
+
+// ---- the option table's uses (the table itself: train/options.cpp)
+
+const char* group_title(OptionGroup g) {
+  switch (g) {
+    case OptionGroup::run: return "Run";
+    case OptionGroup::data: return "Data";
+    case OptionGroup::optimisation: return "Optimisation";
+    case OptionGroup::freezing: return "Layer freezing";
+    case OptionGroup::reference: return "Reference model (egeria)";
+    case OptionGroup::cache: return "Activation cache";
+    case OptionGroup::translation: return "Translation";
+    case OptionGroup::hidden: return "";
+  }
+  return "";
+}
+
+const Option& option(const std::string& name) {
+  for (auto& o : options())
+    if (o.flag == name || o.key == name) return o;
+  EG_THROW("unknown option '", name, "'");
+}
+
+void set_option(TrainConfig& c, const std::string& flag, const std::string& text) { option(flag).set(c, json(text)); }
+
+json to_json(const TrainConfig& c) {
+  json j = json::object();
+  for (auto& o : options())
+    if (o.group != OptionGroup::hidden && o.key != "resume") j[o.key] = o.get(c);
+  return j;
+}
+
+TrainConfig from_json(const json& j, TrainConfig c, const std::set<std::string>& extra) {
+  EG_CHECK(j.is_object(), "a configuration must be a JSON object, got ", j.dump().substr(0, 80));
+  for (auto& [k, v] : j.items()) {
+    if (extra.count(k)) continue;
+    const Option* o = nullptr;
+    for (auto& x : options())
+      if (x.key == k) o = &x;
+    EG_CHECK(o != nullptr, "unknown option \"", k, "\" in the configuration");
+    o->set(c, v);
+  }
+  return c;
 }
 
 }  // namespace eg::train

@@ -23,14 +23,14 @@ namespace eg::train {
 
 enum class OptimizerKind { sgd, adamw };
 enum class Schedule { step, cosine, constant, inverse_sqrt, linear };
-enum class AugmentMode { epoch, sample };       // a new crop/flip every epoch, or one per sample
+enum class AugmentMode { epoch, sample };  // a new crop/flip every epoch, or one per sample
 using FreezeUnits = freeze::PartitionMode;
 enum class ToleranceFrom { first3, peak };
 enum class Unfreeze { lr, never };
-enum class FrozenBn { batch, running };         // Note [Frozen BatchNorm semantics]
+enum class FrozenBn { batch, running };  // Note [Frozen BatchNorm semantics]
 enum class FreezeApply { next, arrival };
-enum class ReferenceScope { unit, network };    // Note [The reference's scope]
-enum class Winograd { process, on, off };       // process: leave EG_CPU_WINOGRAD's choice
+enum class ReferenceScope { unit, network };  // Note [The reference's scope]
+enum class Winograd { process, on, off };  // process: leave EG_CPU_WINOGRAD's choice
 
 struct TrainConfig {
   // ---- run
@@ -43,7 +43,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only
   int64_t keep_checkpoints = 1;  // the newest N checkpoints are kept (checkpoint-<step>)
   int64_t log_every = 50;
-  double target_accuracy = 0;    // 0..1 or 0..100; time_to_target_seconds reports when reached
+  double target_accuracy = 0;  // 0..1 or 0..100; time_to_target_seconds reports when reached
   int64_t stop_after_steps = 0;  // testing: end this invocation after N steps (as if killed)
   // ---- data
   std::string dataset = "fashion-mnist", data_dir;
@@ -66,17 +66,17 @@ struct TrainConfig {
   std::string freeze = "none";
   FreezeUnits freeze_modules = FreezeUnits::automatic;
   std::string freeze_module_regex;  // non-empty: units by parameter name
-  int64_t freeze_interval = 0;      // egeria/autofreeze n (0: the paper's guideline)
+  int64_t freeze_interval = 0;  // egeria/autofreeze n (0: the paper's guideline)
   // egeria: steps between bootstrapping checks (0: an epoch or a tenth of a shorter run,
   // at least n; -1: n, the paper; Note [The bootstrapping check's span] in freeze/tracker.h)
   int64_t freeze_bootstrap_interval = 0;
-  int64_t freeze_window = 10;     // egeria W
+  int64_t freeze_window = 10;  // egeria W
   int64_t freeze_window_min = 1;  // W halves after an unfreeze down to this (1: the paper)
   double freeze_tolerance = 0.2;  // T = this x the largest of a module's first 3 slopes
   ToleranceFrom freeze_tolerance_from = ToleranceFrom::first3;
   freeze::RefreezeTolerance freeze_refreeze_tolerance = freeze::RefreezeTolerance::remeasure;
   FrozenBn freeze_bn = FrozenBn::batch;
-  bool freeze_last_phase = true;   // false: the schedule's last LR phase trains whole
+  bool freeze_last_phase = true;  // false: the schedule's last LR phase trains whole
   bool freeze_first_phase = true;  // false: freezes held until the LR first falls 10x
   Unfreeze freeze_unfreeze = Unfreeze::lr;
   // egeria, for embedders with cyclic LR schedules: called at every step while a unit is
@@ -104,7 +104,7 @@ struct TrainConfig {
   // augment_mode sample (or no augmentation).
   bool freeze_cache = false;
   std::string freeze_cache_dir;  // set: its entries go to a file there; empty: in memory when
-                                 // they take at most half the available memory, else in --out
+      // they take at most half the available memory, else in --out
   // ---- translation (Transformers): shared SentencePiece vocabulary, tokens per side
   // (longer training pairs are dropped), and batching by a token budget when > 0.
   int64_t vocab_size = 8000, max_len = 128, max_tokens = 0;
@@ -137,7 +137,7 @@ enum class OnResume { fixed, free, warn };
 
 struct Option {
   std::string flag;  // "--lr"
-  std::string key;   // "lr" in config.json
+  std::string key;  // "lr" in config.json
   OptionGroup group;
   OnResume on_resume;
   std::string help;

@@ -181,9 +181,9 @@ void FreezeRun::save(std::map<std::string, Tensor>& tensors, json& state) const 
 
 void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& saved, const std::string& ckpt) {
   if (saved.contains("freeze_units"))
-    EG_CHECK(saved["freeze_units"] == json(part_.names()), "--resume: '", ckpt, "' was trained with the freezing units ",
-             saved["freeze_units"].dump(), ", this run makes ", json(part_.names()).dump(),
-             "; use the same --freeze-modules / --freeze-module-regex");
+    EG_CHECK(saved["freeze_units"] == json(part_.names()), "--resume: '", ckpt,
+             "' was trained with the freezing units ", saved["freeze_units"].dump(), ", this run makes ",
+             json(part_.names()).dump(), "; use the same --freeze-modules / --freeze-module-regex");
   std::map<std::string, Tensor> fs;
   for (auto& [k, t] : tensors)
     if (k.rfind("freeze/", 0) == 0) fs[k.substr(7)] = t;
@@ -220,7 +220,8 @@ std::string freeze_report(const json& sj) {
   r += buf;
   const json st = sj.value("freeze_stats", json::object());
   if (st.contains("reference")) {
-    std::snprintf(buf, sizeof buf, "; %lld plasticity evaluations, n = %lld, %lld dropped; reference (%s, %s) overhead %.1f%%",
+    std::snprintf(buf, sizeof buf,
+                  "; %lld plasticity evaluations, n = %lld, %lld dropped; reference (%s, %s) overhead %.1f%%",
                   (long long)st.value("evaluations_completed", int64_t(0)), (long long)st.value("interval", int64_t(0)),
                   (long long)sj.value("evaluations_dropped", int64_t(0)), st.value("reference", "?").c_str(),
                   st.value("reference_scope", "?").c_str(), 100 * sj.value("reference_overhead_fraction", 0.0));
@@ -246,12 +247,16 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
     const auto& cs = cache_->stats();
     // Forward FLOPs of the frozen prefix skipped thanks to the cache, as a share of the
     // steps' forward FLOPs (this invocation's steps: the cache does not survive a resume).
-    sj["activation_cache"] = {{"hit_samples", hit_samples_}, {"miss_samples", miss_samples_},
-                              {"whole_batches_from_cache", hit_batches_}, {"prefetched_batches", cs.prefetched},
-                              {"resets", cs.resets},
-                              {"bytes_reserved", cs.bytes_reserved}, {"peak_bytes_reserved", cs.peak_bytes_reserved},
-                              {"on_disk", cs.ever_on_disk},
-                              {"forward_flops_saved_fraction", steps_ > 0 ? fwd_flops_saved_sum_ / double(steps_) : 0.0}};
+    sj["activation_cache"] = {
+        {"hit_samples", hit_samples_},
+        {"miss_samples", miss_samples_},
+        {"whole_batches_from_cache", hit_batches_},
+        {"prefetched_batches", cs.prefetched},
+        {"resets", cs.resets},
+        {"bytes_reserved", cs.bytes_reserved},
+        {"peak_bytes_reserved", cs.peak_bytes_reserved},
+        {"on_disk", cs.ever_on_disk},
+        {"forward_flops_saved_fraction", steps_ > 0 ? fwd_flops_saved_sum_ / double(steps_) : 0.0}};
   }
 }
 

@@ -74,7 +74,7 @@ class FreezeRun {
   std::unique_ptr<cache::ActivationCache> cache_;
   bool unit_scope_ = false;
   Tensor unit_input_;  // the captured unit's input, from forward() to after_step()
-  int64_t generation_ = 0;        // bumped whenever the frozen set changes: the cache's key
+  int64_t generation_ = 0;  // bumped whenever the frozen set changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
 };

@@ -12,7 +12,8 @@ namespace eg::train {
 
 int64_t num_classes(const std::string& dataset) { return dataset == "cifar100" ? 100 : 10; }
 
-std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageDataset& d, double fraction, uint64_t seed) {
+std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageDataset& d, double fraction,
+                                                           uint64_t seed) {
   const int64_t n = d.size(), k = std::clamp<int64_t>(int64_t(std::llround(double(n) * fraction)), 1, n - 1);
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
@@ -82,7 +83,8 @@ void ImageTask::configure_freezing(freeze::PolicyConfig& pc) const {
 
 void ImageTask::attach(FreezeRun& fr) {
   if (c_.freeze_cache)
-    fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir, train_->size(), !c_.freeze_cache_dir.empty());
+    fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir, train_->size(),
+                 !c_.freeze_cache_dir.empty());
 }
 
 StepOutput ImageTask::training_step(FreezeRun& fr, int64_t capture) {
@@ -100,7 +102,9 @@ std::vector<Split> ImageTask::epoch_splits() const {
   return {Split::test};
 }
 
-Metrics ImageTask::evaluate(Split s) { return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_); }
+Metrics ImageTask::evaluate(Split s) {
+  return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_);
+}
 
 Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev) {
   autograd::NoGradGuard ng;

@@ -20,8 +20,9 @@ T to_number(const std::string& flag, const json& j) {
   if (j.is_number()) {
     if constexpr (std::is_integral_v<T>)
       EG_CHECK(j.is_number_integer() || j.is_number_unsigned(), flag, " must be a whole number, got ", j.dump());
-    if constexpr (std::is_unsigned_v<T>) EG_CHECK(!(j.is_number_integer() && j.get<int64_t>() < 0), flag,
-                                                  " must be a non-negative whole number, got ", j.dump());
+    if constexpr (std::is_unsigned_v<T>)
+      EG_CHECK(!(j.is_number_integer() && j.get<int64_t>() < 0), flag, " must be a non-negative whole number, got ",
+               j.dump());
     return j.get<T>();
   }
   EG_CHECK(j.is_string(), flag, " must be a number, got ", j.dump());
@@ -42,9 +43,10 @@ T to_number(const std::string& flag, const json& j) {
   } catch (const std::exception&) {
     used = 0;
   }
-  EG_CHECK(used == s.size() && !s.empty(), flag, " must be ", std::is_floating_point_v<T> ? "a number" : "a whole number",
-           ", got '", s, "'");
-  if constexpr (std::is_floating_point_v<T>) EG_CHECK(std::isfinite(v), flag, " must be a finite number, got '", s, "'");
+  EG_CHECK(used == s.size() && !s.empty(), flag, " must be ",
+           std::is_floating_point_v<T> ? "a number" : "a whole number", ", got '", s, "'");
+  if constexpr (std::is_floating_point_v<T>)
+    EG_CHECK(std::isfinite(v), flag, " must be a finite number, got '", s, "'");
   return v;
 }
 
@@ -67,7 +69,8 @@ std::string names_text(const Names<E>& names, const char* sep) {
 
 Option row(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, std::string value_text) {
   Option o;
-  o.flag = flag, o.key = key, o.group = g, o.on_resume = r, o.help = std::move(help), o.value_text = std::move(value_text);
+  o.flag = flag, o.key = key, o.group = g, o.on_resume = r, o.help = std::move(help),
+  o.value_text = std::move(value_text);
   return o;
 }
 
@@ -107,7 +110,8 @@ Option choice(const char* flag, const char* key, OptionGroup g, OnResume r, std:
     if (j.is_string())
       for (auto& [n, v] : names)
         if (n == j.get<std::string>()) return void(c.*m = v);
-    EG_THROW(f, " must be ", names_text(names, " or "), ", got ", j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
+    EG_THROW(f, " must be ", names_text(names, " or "), ", got ",
+             j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
   };
   return o;
 }
@@ -164,8 +168,8 @@ std::vector<Option> make_options() {
   t.push_back(number("--stop-after-steps", "stop_after_steps", G::hidden, Free,
                      "testing: end this invocation after N steps, as if killed", &TrainConfig::stop_after_steps));
   // ---- data
-  t.push_back(text("--dataset", "dataset", G::data, F, "the dataset (translation: en-es)", &TrainConfig::dataset,
-                   "NAME"));
+  t.push_back(
+      text("--dataset", "dataset", G::data, F, "the dataset (translation: en-es)", &TrainConfig::dataset, "NAME"));
   t.push_back(text("--data-dir", "data_dir", G::data, Free,
                    "dataset directory (fashion-mnist defaults to Debian's package, en-es to datasets/en-es)",
                    &TrainConfig::data_dir, "DIR"));
@@ -177,13 +181,13 @@ std::vector<Option> make_options() {
                      "hold out this fraction of the training images (seeded) as a validation split; the best epoch "
                      "and best.safetensors are then chosen on it (0: none, the best is selected on test)",
                      &TrainConfig::val_fraction));
-  t.push_back(flag_switch("--no-augment", "augment", G::data, F, "no random crop and flip", &TrainConfig::augment,
-                          false));
+  t.push_back(
+      flag_switch("--no-augment", "augment", G::data, F, "no random crop and flip", &TrainConfig::augment, false));
   t.push_back(choice("--augment-mode", "augment_mode", G::data, F,
                      "epoch: a new random crop and flip for every sample every epoch; sample: one per sample for the "
                      "whole run (stateless, as --freeze-cache on needs)",
-                     &TrainConfig::augment_mode, Names<AugmentMode>{{"epoch", AugmentMode::epoch},
-                                                                    {"sample", AugmentMode::sample}}));
+                     &TrainConfig::augment_mode,
+                     Names<AugmentMode>{{"epoch", AugmentMode::epoch}, {"sample", AugmentMode::sample}}));
   t.push_back(number("--workers", "workers", G::data, Free, "data loader threads", &TrainConfig::workers));
   // ---- optimisation
   t.push_back(number("--batch-size", "batch_size", G::optimisation, F, "samples (sentences) per step",
@@ -192,8 +196,8 @@ std::vector<Option> make_options() {
                      Names<OptimizerKind>{{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}));
   t.push_back(number("--lr", "lr", G::optimisation, F, "base learning rate", &TrainConfig::lr));
   t.push_back(number("--momentum", "momentum", G::optimisation, F, "SGD momentum", &TrainConfig::momentum));
-  t.push_back(flag_switch("--nesterov", "nesterov", G::optimisation, F, "SGD with Nesterov momentum",
-                          &TrainConfig::nesterov));
+  t.push_back(
+      flag_switch("--nesterov", "nesterov", G::optimisation, F, "SGD with Nesterov momentum", &TrainConfig::nesterov));
   t.push_back(number("--weight-decay", "weight_decay", G::optimisation, F, "weight decay", &TrainConfig::weight_decay));
   {
     Option o = row("--adam-betas", "adam_betas", G::optimisation, F, "AdamW beta1,beta2", "B1,B2");
@@ -214,9 +218,12 @@ std::vector<Option> make_options() {
   }
   t.push_back(choice("--lr-schedule", "lr_schedule", G::optimisation, F, "the learning-rate schedule",
                      &TrainConfig::lr_schedule,
-                     Names<Schedule>{{"step", Schedule::step}, {"multistep", Schedule::step},
-                                     {"cosine", Schedule::cosine}, {"constant", Schedule::constant},
-                                     {"inverse-sqrt", Schedule::inverse_sqrt}, {"linear", Schedule::linear}}));
+                     Names<Schedule>{{"step", Schedule::step},
+                                     {"multistep", Schedule::step},
+                                     {"cosine", Schedule::cosine},
+                                     {"constant", Schedule::constant},
+                                     {"inverse-sqrt", Schedule::inverse_sqrt},
+                                     {"linear", Schedule::linear}}));
   {
     Option o = row("--milestones", "milestones", G::optimisation, F,
                    "epochs at which step multiplies the LR by --gamma (default: half and three quarters of --epochs, "
@@ -309,15 +316,17 @@ std::vector<Option> make_options() {
                      "egeria: lr (the paper) unfreezes every module when the LR has fallen 10x since the front one "
                      "froze; never keeps what froze frozen to the end, as AutoFreeze",
                      &TrainConfig::freeze_unfreeze, Names<Unfreeze>{{"lr", Unfreeze::lr}, {"never", Unfreeze::never}}));
-  t.push_back(choice("--freeze-last-phase", "freeze_last_phase", G::freezing, F,
-                     "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR within "
-                     "10x of its final value) whole, unfreezing what is frozen when it begins",
-                     &TrainConfig::freeze_last_phase, kOnOff));
-  t.push_back(choice("--freeze-bn", "freeze_bn", G::freezing, F,
-                     "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
-                     "or normalise with their running statistics (running: a fixed function, as the activation cache "
-                     "needs)",
-                     &TrainConfig::freeze_bn, Names<FrozenBn>{{"batch", FrozenBn::batch}, {"running", FrozenBn::running}}));
+  t.push_back(
+      choice("--freeze-last-phase", "freeze_last_phase", G::freezing, F,
+             "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR within "
+             "10x of its final value) whole, unfreezing what is frozen when it begins",
+             &TrainConfig::freeze_last_phase, kOnOff));
+  t.push_back(
+      choice("--freeze-bn", "freeze_bn", G::freezing, F,
+             "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
+             "or normalise with their running statistics (running: a fixed function, as the activation cache "
+             "needs)",
+             &TrainConfig::freeze_bn, Names<FrozenBn>{{"batch", FrozenBn::batch}, {"running", FrozenBn::running}}));
   t.push_back(flag_switch("--freeze-sync", "freeze_sync", G::freezing, F,
                           "egeria: evaluate plasticity inline (deterministic, slower)", &TrainConfig::freeze_sync));
   t.push_back(choice("--freeze-apply", "freeze_apply", G::freezing, F,
@@ -337,9 +346,10 @@ std::vector<Option> make_options() {
   t.push_back(number("--autofreeze-percentile", "autofreeze_percentile", G::freezing, F,
                      "autofreeze: gradient-change percentile", &TrainConfig::autofreeze_percentile));
   // ---- reference model
-  t.push_back(text("--freeze-reference", "freeze_reference", G::reference, F,
-                   "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU",
-                   &TrainConfig::freeze_reference, "PRECISION"));
+  t.push_back(
+      text("--freeze-reference", "freeze_reference", G::reference, F,
+           "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU",
+           &TrainConfig::freeze_reference, "PRECISION"));
   t.push_back(number("--freeze-reference-calibration", "freeze_reference_calibration", G::reference, F,
                      "egeria, int8 reference: calibrate each convolution's input scale on this many batches after "
                      "every refresh of the reference, then keep it (static quantisation, the paper); 0: every batch "
@@ -394,51 +404,9 @@ std::vector<Option> make_options() {
 
 }  // namespace
 
-const char* group_title(OptionGroup g) {
-  switch (g) {
-    case OptionGroup::run: return "Run";
-    case OptionGroup::data: return "Data";
-    case OptionGroup::optimisation: return "Optimisation";
-    case OptionGroup::freezing: return "Layer freezing";
-    case OptionGroup::reference: return "Reference model (egeria)";
-    case OptionGroup::cache: return "Activation cache";
-    case OptionGroup::translation: return "Translation";
-    case OptionGroup::hidden: return "";
-  }
-  return "";
-}
-
 const std::vector<Option>& options() {
   static const std::vector<Option> table = make_options();
   return table;
-}
-
-const Option& option(const std::string& name) {
-  for (auto& o : options())
-    if (o.flag == name || o.key == name) return o;
-  EG_THROW("unknown option '", name, "'");
-}
-
-void set_option(TrainConfig& c, const std::string& flag, const std::string& text) { option(flag).set(c, json(text)); }
-
-json to_json(const TrainConfig& c) {
-  json j = json::object();
-  for (auto& o : options())
-    if (o.group != OptionGroup::hidden && o.key != "resume") j[o.key] = o.get(c);
-  return j;
-}
-
-TrainConfig from_json(const json& j, TrainConfig c, const std::set<std::string>& extra) {
-  EG_CHECK(j.is_object(), "a configuration must be a JSON object, got ", j.dump().substr(0, 80));
-  for (auto& [k, v] : j.items()) {
-    if (extra.count(k)) continue;
-    const Option* o = nullptr;
-    for (auto& x : options())
-      if (x.key == k) o = &x;
-    EG_CHECK(o != nullptr, "unknown option \"", k, "\" in the configuration");
-    o->set(c, v);
-  }
-  return c;
 }
 
 }  // namespace eg::train

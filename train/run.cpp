@@ -35,7 +35,8 @@ const char* split_name(Split s) { return s == Split::valid ? "valid" : "test"; }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, models::Model& m) {
   if (c.optimizer == OptimizerKind::sgd)
-    return std::make_unique<optim::SGD>(m.parameters(), c.lr, optim::SgdOptions{c.momentum, 0.0, c.weight_decay, c.nesterov});
+    return std::make_unique<optim::SGD>(m.parameters(), c.lr,
+                                        optim::SgdOptions{c.momentum, 0.0, c.weight_decay, c.nesterov});
   return std::make_unique<optim::AdamW>(m.parameters(), c.lr,
                                         optim::AdamWOptions{c.adam_beta1, c.adam_beta2, 1e-8, c.weight_decay});
 }
@@ -83,8 +84,9 @@ Summary fit(Task& task, const TrainConfig& given) {
   // ---- the process: device, threads, convolution algorithms (config.json records them)
   const Device dev = Device::parse(c.device);
   if (dev.is_cuda())
-    EG_CHECK(cuda_available(), "--device ", c.device, ": ",
-             built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
+    EG_CHECK(
+        cuda_available(), "--device ", c.device, ": ",
+        built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
   set_num_threads(c.threads);
   c.threads = num_threads();
   if (c.cpu_winograd != Winograd::process) set_cpu_winograd(c.cpu_winograd == Winograd::on);
@@ -113,9 +115,17 @@ Summary fit(Task& task, const TrainConfig& given) {
   pc.tracker.final_lr = sched->lr_at(std::max<int64_t>(total_steps - 1, 0));
   FreezeRun fr(c, model, pc, c.out);
   task.attach(fr);
-  json state = {{"epoch", 0}, {"batch", 0}, {"step", 0}, {"train_seconds", 0.0}, {"samples", 0},
-                {"epoch_loss_sum", 0.0}, {"epoch_loss_n", 0}, {"best_epoch", 0}, {"best", json::object()},
-                {"last", json::object()}, {"time_to_target", -1.0}};
+  json state = {{"epoch", 0},
+                {"batch", 0},
+                {"step", 0},
+                {"train_seconds", 0.0},
+                {"samples", 0},
+                {"epoch_loss_sum", 0.0},
+                {"epoch_loss_n", 0},
+                {"best_epoch", 0},
+                {"best", json::object()},
+                {"last", json::object()},
+                {"time_to_target", -1.0}};
   if (c.resume && ckpts.any()) {
     Checkpoint ck = ckpts.load();
     check_resume(c, ck.config, spe, ck.state.value("step", int64_t(0)), ck.path);
@@ -186,7 +196,8 @@ Summary fit(Task& task, const TrainConfig& given) {
       StepOutput out = task.training_step(fr, fr.capture_layer(step));
       const double lv = out.loss.item();
       if (!std::isfinite(lv)) {
-        append_json_line(metrics, {{"type", "error"}, {"step", step}, {"epoch", epoch + 1}, {"loss", std::to_string(lv)}});
+        append_json_line(metrics,
+                         {{"type", "error"}, {"step", step}, {"epoch", epoch + 1}, {"loss", std::to_string(lv)}});
         EG_THROW("the training loss became ", lv, " at step ", step, " (epoch ", epoch + 1, ", batch ", batch,
                  "); stopped without saving. The last good checkpoint is ",
                  ckpts.any() ? "'" + ckpts.newest_path() + "'" : std::string("absent (none was written yet)"),
@@ -196,8 +207,9 @@ Summary fit(Task& task, const TrainConfig& given) {
       out.loss.backward();
       const double grad_norm = c.grad_clip > 0 ? opt->clip_grad_norm(c.grad_clip) : NAN;
       if (c.grad_clip > 0 && !std::isfinite(grad_norm)) {
-        append_json_line(metrics, {{"type", "error"}, {"step", step}, {"epoch", epoch + 1},
-                                   {"grad_norm", std::to_string(grad_norm)}});
+        append_json_line(
+            metrics,
+            {{"type", "error"}, {"step", step}, {"epoch", epoch + 1}, {"grad_norm", std::to_string(grad_norm)}});
         EG_THROW("the gradient norm became ", grad_norm, " at step ", step, " (epoch ", epoch + 1,
                  "); stopped without saving. The last good checkpoint is ",
                  ckpts.any() ? "'" + ckpts.newest_path() + "'" : std::string("absent (none was written yet)"), ".");
@@ -210,8 +222,9 @@ Summary fit(Task& task, const TrainConfig& given) {
       train_secs += seconds_since(t0);
       const double rate = double(samples) / std::max(train_secs, 1e-9);
       if (step % c.log_every == 0) {
-        json j = {{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", lv}, {"lr", lr},
-                  {"train_seconds", train_secs}, {rate_key, rate}};
+        json j = {{"type", "step"}, {"step", step}, {"epoch", epoch + 1},
+                  {"loss", lv},     {"lr", lr},     {"train_seconds", train_secs},
+                  {rate_key, rate}};
         if (c.grad_clip > 0) j["grad_norm"] = grad_norm;
         j.update(fr.step_fields());
         append_json_line(metrics, j);
@@ -227,7 +240,9 @@ Summary fit(Task& task, const TrainConfig& given) {
     if (tty) std::printf("\n");
 
     // ---- the epoch's evaluation and the best epoch
-    json line = {{"type", "epoch"}, {"epoch", epoch + 1}, {"step", step},
+    json line = {{"type", "epoch"},
+                 {"epoch", epoch + 1},
+                 {"step", step},
                  {"train_loss", loss_n ? loss_sum / double(loss_n) : NAN}};
     json by_split = json::object();
     std::string shown;
@@ -242,8 +257,8 @@ Summary fit(Task& task, const TrainConfig& given) {
     const char* sel_split = split_name(splits.front());
     EG_CHECK(by_split[sel_split].contains(task.selection_metric()), "the task's evaluation of the ", sel_split,
              " split has no \"", task.selection_metric(), "\", the metric that picks its best epoch");
-    const double m = by_split[sel_split][task.selection_metric()], best = metric(state["best"], sel_split,
-                                                                                  task.selection_metric().c_str());
+    const double m = by_split[sel_split][task.selection_metric()],
+                 best = metric(state["best"], sel_split, task.selection_metric().c_str());
     if (state["best_epoch"] == 0 || (task.higher_is_better() ? m > best : m < best)) {
       state["best_epoch"] = epoch + 1;
       state["best"] = by_split;
@@ -255,10 +270,11 @@ Summary fit(Task& task, const TrainConfig& given) {
       state["time_to_target"] = train_secs;
     state["last"] = by_split;
     append_json_line(metrics, line);
-    const Metrics best_m = {{task.selection_metric(), metric(state["best"], sel_split, task.selection_metric().c_str())}};
+    const Metrics best_m = {
+        {task.selection_metric(), metric(state["best"], sel_split, task.selection_metric().c_str())}};
     std::printf("epoch %lld/%lld: %s  (best: epoch %lld, %s)  %s\n", (long long)epoch + 1, (long long)c.epochs,
-                shown.c_str(), (long long)state["best_epoch"].get<int64_t>(), metrics_text(splits.front(), best_m).c_str(),
-                human_time(train_secs).c_str());
+                shown.c_str(), (long long)state["best_epoch"].get<int64_t>(),
+                metrics_text(splits.front(), best_m).c_str(), human_time(train_secs).c_str());
     std::fflush(stdout);
     loss_sum = 0, loss_n = 0;
     save(epoch + 1, 0);
@@ -275,9 +291,15 @@ Summary fit(Task& task, const TrainConfig& given) {
   }
   const json best = state["best"];
   const std::string sel_split = split_name(splits.front());
-  json sj = {{"model", c.model}, {"dataset", c.dataset}, {"epochs", c.epochs}, {"steps", step},
-             {"train_seconds", train_secs}, {rate_key, double(samples) / std::max(train_secs, 1e-9)},
-             {"best_selected_on", sel_split}, {"best_epoch", state["best_epoch"]}, {"freeze", c.freeze}};
+  json sj = {{"model", c.model},
+             {"dataset", c.dataset},
+             {"epochs", c.epochs},
+             {"steps", step},
+             {"train_seconds", train_secs},
+             {rate_key, double(samples) / std::max(train_secs, 1e-9)},
+             {"best_selected_on", sel_split},
+             {"best_epoch", state["best_epoch"]},
+             {"freeze", c.freeze}};
   const json final_test = last.value("test", json::object()), best_sel = best.value(sel_split, json::object());
   for (auto& [k, v] : final_test.items()) sj["final_test_" + k] = v;
   for (auto& [k, v] : best_sel.items()) sj["best_" + sel_split + "_" + k] = v;

@@ -19,7 +19,7 @@ struct Summary {
   double best_test_accuracy = 0, best_valid_accuracy = 0, best_valid_loss = 0, best_valid_bleu = 0;
   double train_seconds = 0, images_per_second = 0, tokens_per_second = 0, time_to_target_seconds = -1;
   int64_t steps = 0;
-  bool completed = false;     // false when --stop-after-steps ended the invocation
+  bool completed = false;  // false when --stop-after-steps ended the invocation
   std::string freeze_report;  // one line on the freezing (train/freezing.h); empty for none
 };
 

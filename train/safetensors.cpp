@@ -51,8 +51,8 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
       int e = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      EG_THROW("writing '", path, "' failed after ", done, " of ", bytes.size(), " bytes: ",
-               n == 0 ? "no progress" : std::strerror(e), e == ENOSPC ? " (the disk is full)" : "",
+      EG_THROW("writing '", path, "' failed after ", done, " of ", bytes.size(),
+               " bytes: ", n == 0 ? "no progress" : std::strerror(e), e == ENOSPC ? " (the disk is full)" : "",
                "; the previous file, if any, is unchanged");
     }
     done += size_t(n);

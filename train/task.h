@@ -29,7 +29,7 @@ class FreezeRun;  // train/freezing.h
 
 // One training batch's forward, as the loop needs it.
 struct StepOutput {
-  Tensor loss;          // scalar; the loop checks it is finite and calls backward on it
+  Tensor loss;  // scalar; the loop checks it is finite and calls backward on it
   int64_t samples = 0;  // what the throughput counts: images, or target tokens
   // What the freezing reference sees: the batch's input and, for two-input models such
   // as a Transformer, the second one (freeze::StepInfo::x2).

@@ -82,10 +82,11 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   EG_CHECK(ckpts.any(), "cannot open '", ckpts.newest_path(), "': no checkpoint in '", out, "'");
   const Checkpoint ck = ckpts.load();
   const json& cfg = ck.config;
-  if (is_translation_model(cfg.at("model"))) return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
+  if (is_translation_model(cfg.at("model")))
+    return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
   const std::string dataset = cfg.at("dataset");
-  data::ImageDataset test = data::load_image_dataset(
-      {dataset, data_dir.empty() ? cfg.value("data_dir", "") : data_dir, test_limit}, false);
+  data::ImageDataset test =
+      data::load_image_dataset({dataset, data_dir.empty() ? cfg.value("data_dir", "") : data_dir, test_limit}, false);
   models::ModelConfig mc;
   mc.name = cfg.at("model");
   mc.in_channels = test.images.size(1);

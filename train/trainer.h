@@ -42,6 +42,7 @@ struct StepBench {
   double samples_per_second = 0, median_step_ms = 0;
   int iterations = 0;
 };
-StepBench bench_step(const std::string& model, int64_t batch_size, const std::string& device, int iterations, int threads);
+StepBench bench_step(const std::string& model, int64_t batch_size, const std::string& device, int iterations,
+                     int threads);
 
 }  // namespace eg::train

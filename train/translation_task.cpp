@@ -22,9 +22,9 @@ constexpr int64_t kEvalBatch = 64;
 int64_t decode_limit(int64_t src_len) { return src_len + src_len / 5 + 10; }
 
 json arch_json(const models::TransformerConfig& a) {
-  return {{"vocab", a.vocab}, {"d_model", a.d_model}, {"heads", a.heads}, {"ffn", a.ffn},
-          {"enc_layers", a.enc_layers}, {"dec_layers", a.dec_layers}, {"max_len", a.max_len},
-          {"dropout", a.dropout}, {"pad_id", a.pad_id}, {"bos_id", a.bos_id}, {"eos_id", a.eos_id}};
+  return {{"vocab", a.vocab},           {"d_model", a.d_model},       {"heads", a.heads},     {"ffn", a.ffn},
+          {"enc_layers", a.enc_layers}, {"dec_layers", a.dec_layers}, {"max_len", a.max_len}, {"dropout", a.dropout},
+          {"pad_id", a.pad_id},         {"bos_id", a.bos_id},         {"eos_id", a.eos_id}};
 }
 
 std::vector<data::SentencePair> read_split(const std::string& dir, const std::string& name, int64_t limit) {
@@ -161,8 +161,8 @@ void TranslationTask::configure_freezing(freeze::PolicyConfig& pc) const {
 
 StepOutput TranslationTask::training_step(FreezeRun& fr, int64_t capture) {
   StepOutput out;
-  Tensor logits = model_->forward_frozen(batch_.src.to(dev_), batch_.tgt_in.to(dev_), fr.frozen_layers(), capture,
-                                         &out.captured);
+  Tensor logits =
+      model_->forward_frozen(batch_.src.to(dev_), batch_.tgt_in.to(dev_), fr.frozen_layers(), capture, &out.captured);
   const int64_t n = batch_.tgt_out.numel();
   out.loss = fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), batch_.tgt_out.reshape({n}).to(dev_),
                                kLabelSmoothing, mc_.pad_id);
@@ -172,7 +172,9 @@ StepOutput TranslationTask::training_step(FreezeRun& fr, int64_t capture) {
   return out;
 }
 
-Metrics TranslationTask::evaluate(Split s) { return evaluate_translation(*model_, s == Split::valid ? valid_ : test_, *tok_, dev_); }
+Metrics TranslationTask::evaluate(Split s) {
+  return evaluate_translation(*model_, s == Split::valid ? valid_ : test_, *tok_, dev_);
+}
 
 Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev) {
   autograd::NoGradGuard ng;
@@ -192,9 +194,9 @@ Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const d
     Tensor src = b.src.to(dev);
     Tensor logits = m.forward(src, b.tgt_in.to(dev));
     const int64_t n = b.tgt_out.numel();
-    loss += fn::cross_entropy(logits.reshape({n, logits.size(2)}), b.tgt_out.reshape({n}).to(dev), 0.0, o.ids.pad)
-                .item() *
-            double(b.tgt_tokens);
+    loss +=
+        fn::cross_entropy(logits.reshape({n, logits.size(2)}), b.tgt_out.reshape({n}).to(dev), 0.0, o.ids.pad).item() *
+        double(b.tgt_tokens);
     tokens += b.tgt_tokens;
     auto out = m.greedy_decode(src, decode_limit(src.size(1)));
     for (size_t r = 0; r < out.size(); ++r) hyps[size_t(b.ids[r])] = tok.decode(out[r]);

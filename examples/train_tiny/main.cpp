@@ -23,11 +23,12 @@ int main(int argc, char** argv) try {
   Tensor xte = data::normalize_images(test.images, 0.2860, 0.3530);
 
   manual_seed(0);
-  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-      std::make_shared<nn::Conv2d>(1, 32, 3, nn::Conv2dOptions{1, 1, 1, 1, false}), std::make_shared<nn::BatchNorm2d>(32),
-      nn::ReLU(), nn::MaxPool2d(2, 2),
-      std::make_shared<nn::Conv2d>(32, 64, 3, nn::Conv2dOptions{1, 1, 1, 1, false}), std::make_shared<nn::BatchNorm2d>(64),
-      nn::ReLU(), nn::MaxPool2d(2, 2), std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64 * 7 * 7, 10)});
+  auto model = std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>{std::make_shared<nn::Conv2d>(1, 32, 3, nn::Conv2dOptions{1, 1, 1, 1, false}),
+                                 std::make_shared<nn::BatchNorm2d>(32), nn::ReLU(), nn::MaxPool2d(2, 2),
+                                 std::make_shared<nn::Conv2d>(32, 64, 3, nn::Conv2dOptions{1, 1, 1, 1, false}),
+                                 std::make_shared<nn::BatchNorm2d>(64), nn::ReLU(), nn::MaxPool2d(2, 2),
+                                 std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64 * 7 * 7, 10)});
   optim::AdamW opt(model->parameters(), 3e-3, {0.9, 0.999, 1e-8, 1e-4});
   nn::CrossEntropyLoss loss_fn;
   const int64_t bs = 32;

@@ -57,9 +57,9 @@ void affine_rows(const float* x, const float* r, float* y, const float* a, const
     }
 }
 template <int64_t Lanes>
-void affine_rows(const float* x, const float* r, float* y, const float* a, const float* b, int64_t rows,
-                 bool relu) {
-  if (relu) r ? affine_rows<true, true, Lanes>(x, r, y, a, b, rows) : affine_rows<true, false, Lanes>(x, r, y, a, b, rows);
+void affine_rows(const float* x, const float* r, float* y, const float* a, const float* b, int64_t rows, bool relu) {
+  if (relu)
+    r ? affine_rows<true, true, Lanes>(x, r, y, a, b, rows) : affine_rows<true, false, Lanes>(x, r, y, a, b, rows);
   else r ? affine_rows<false, true, Lanes>(x, r, y, a, b, rows) : affine_rows<false, false, Lanes>(x, r, y, a, b, rows);
 }
 
@@ -70,8 +70,7 @@ void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc,
 #pragma omp parallel for schedule(static) if (t.count() * t.L * kBlock > 32768)
   for (int64_t i = 0; i < t.count(); ++i) {
     const int64_t off = i * t.L * kBlock;
-    affine_rows<kBlock>(xp + off, rp ? rp + off : nullptr, yp + off, sc + t.channel0(i), sh + t.channel0(i), t.L,
-                        relu);
+    affine_rows<kBlock>(xp + off, rp ? rp + off : nullptr, yp + off, sc + t.channel0(i), sh + t.channel0(i), t.L, relu);
   }
 }
 
@@ -159,8 +158,8 @@ void tile_dx(const float* dr, const float* rr, const float* xr, const float* mu,
 
 // ry: the fused ReLU's output (nullptr: none); the gradient is dy where ry > 0.
 // dres (defined: wanted): the gradient of the forward's residual, that masked dy.
-void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip,
-                    Tensor& dx, float* dgp, float* dbp, bool training, const float* ryp, Tensor& dres) {
+void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip, Tensor& dx,
+                    float* dgp, float* dbp, bool training, const float* ryp, Tensor& dres) {
   const Tiles t = tiles_of(x);
   const float *dyp = dy.data_any<float>(), *xp = x.data_any<float>();
   float* drp = nullptr;
@@ -253,8 +252,8 @@ void row_dy_sums(const float* dy, const float* x, float mu, int64_t L, float& sd
 }  // namespace
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
-                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
-                         double eps, bool relu, const Tensor& residual_in) {
+                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
+                         bool relu, const Tensor& residual_in) {
   float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
   float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
   Tensor keep;  // the residual in x's layout
@@ -330,9 +329,8 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // dbeta = sum dy, dgamma = sum dy * xhat with xhat = (x - mean) * invstd;
 // training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
 // inference: dx = gamma * invstd * dy (the statistics are constants).
-void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                   const Tensor& relu_y, Tensor& dresidual) {
+void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
   if (x.is_blocked() || dy_in.is_blocked()) {
     Tensor kx, kdy, kry;
     const Tensor& xb = in_format(x, Format::nchw16c, kx);

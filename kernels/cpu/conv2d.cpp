@@ -192,7 +192,7 @@ bool winograd_wanted(const Shape& y, const Shape& w, const ops::Conv2dParams& p,
 // The forward primitive descriptor: the plan for the forward pass and the hint for
 // both backward passes (made with the backward pass's algorithm).
 dnnl::convolution_forward::primitive_desc fwd_pd(const Shape& x, const Shape& w, const Shape& y,
-                                                  const ops::Conv2dParams& p, bool bias, dnnl::algorithm alg) {
+                                                 const ops::Conv2dParams& p, bool bias, dnnl::algorithm alg) {
   const Geometry g = geometry(p);
   const memory::desc xm = any(onednn::dims(x)), wm = any(weight_dims(w, p.groups)), ym = any(onednn::dims(y));
   using Fwd = dnnl::convolution_forward;
@@ -220,13 +220,13 @@ const char* wino_key(bool winograd) { return winograd ? "|W" : ""; }
 // The primitive descriptors of the three passes, with the algorithm Note [Winograd
 // convolutions] chooses.
 dnnl::convolution_forward::primitive_desc fwd_plan_pd(const Shape& x, const Shape& w, const Shape& y,
-                                                       const ops::Conv2dParams& p, bool bias) {
+                                                      const ops::Conv2dParams& p, bool bias) {
   return with_algorithm(winograd_wanted(y, w, p, Pass::fwd),
                         [&](dnnl::algorithm a) { return fwd_pd(x, w, y, p, bias, a); });
 }
 
 dnnl::convolution_backward_data::primitive_desc bwd_data_pd(const Shape& dx, const Shape& w, const Shape& dy,
-                                                             const ops::Conv2dParams& p) {
+                                                            const ops::Conv2dParams& p) {
   const Geometry g = geometry(p);
   using Bwd = dnnl::convolution_backward_data;
   return with_algorithm(winograd_wanted(dy, w, p, Pass::bwd_data), [&](dnnl::algorithm a) {
@@ -321,8 +321,7 @@ void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const
 
 }  // namespace
 
-std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w,
-                                  const ops::Conv2dParams& p) {
+std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p) {
   const Shape y = ops::conv2d_out_shape(x, w, p);
   if (pass == "fwd") return fwd_plan_pd(x, w, y, p, false).impl_info_str();
   if (pass == "bwd_data") return bwd_data_pd(x, w, y, p).impl_info_str();

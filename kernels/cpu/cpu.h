@@ -18,6 +18,5 @@ inline const Tensor& in_format(const Tensor& t, Format f, Tensor& keep) {
 
 // The oneDNN implementation a convolution pass ("fwd", "bwd_data", "bwd_weight") runs
 // with, such as "jit_wino_4x3:avx512_core" (Note [Winograd convolutions]).
-std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w,
-                                  const ops::Conv2dParams& p);
+std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p);
 }  // namespace eg::cpu

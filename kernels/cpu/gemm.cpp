@@ -42,8 +42,8 @@ struct Matmul {
 const Matmul& matmul(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, bool bias, double alpha,
                      double beta) {
   char key[192];
-  std::snprintf(key, sizeof key, "mm:%lld:%lld:%lld:%lld:%d%d%d:%a:%a", (long long)batch, (long long)m,
-                (long long)n, (long long)k, int(ta), int(tb), int(bias), alpha, beta);
+  std::snprintf(key, sizeof key, "mm:%lld:%lld:%lld:%lld:%d%d%d:%a:%a", (long long)batch, (long long)m, (long long)n,
+                (long long)k, int(ta), int(tb), int(bias), alpha, beta);
   return onednn::cached<Matmul>(key, [&] {
     Matmul mm;
     mm.a = md(batch, m, k, ta);
@@ -58,11 +58,11 @@ const Matmul& matmul(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bo
     }
     if (bias) {
       mm.bias = memory::desc({1, n}, memory::data_type::f32, memory::dims{n, 1});
-      mm.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(mm.a, mm.b, mm.bias, mm.c), attr,
-                                                          onednn::engine()));
+      mm.prim = dnnl::matmul(
+          dnnl::matmul::primitive_desc(dnnl::matmul::desc(mm.a, mm.b, mm.bias, mm.c), attr, onednn::engine()));
     } else {
-      mm.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(mm.a, mm.b, mm.c), attr,
-                                                          onednn::engine()));
+      mm.prim =
+          dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(mm.a, mm.b, mm.c), attr, onednn::engine()));
     }
     return mm;
   });
@@ -75,8 +75,8 @@ struct Operands {
 
 // Builds (or finds) the primitive and runs it; oneDNN errors from either step are
 // rethrown as eg::Error naming the op.
-void run(const char* op, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, double alpha,
-         double beta, const Operands& x) {
+void run(const char* op, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, double alpha, double beta,
+         const Operands& x) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty product: c = alpha * bias + beta * c
     float* c = static_cast<float*>(x.c);

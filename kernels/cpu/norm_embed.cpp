@@ -13,7 +13,8 @@
 
 namespace eg::cpu {
 
-void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd, double eps) {
+void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd,
+                   double eps) {
   const int64_t d = x.size(-1), m = x.numel() / d;
   const float *xp = x.data<float>(), *gp = g.data<float>(), *bp = b.data<float>();
   float *yp = y.data<float>(), *mp = mean.data<float>(), *rp = rstd.data<float>();
@@ -36,8 +37,8 @@ void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y,
   }
 }
 
-void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                   Tensor& dg, Tensor& db) {
+void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
+                   Tensor& dx, Tensor& dg, Tensor& db) {
   const int64_t d = x.size(-1), m = x.numel() / d;
   const float *xp = x.data<float>(), *gy = dy.data<float>(), *gp = g.data<float>();
   const float *mp = mean.data<float>(), *rp = rstd.data<float>();

@@ -56,11 +56,11 @@ std::string key_of(const Shape& s);
 }  // namespace eg::onednn
 
 // Runs a oneDNN call and rethrows its dnnl::error as eg::Error naming what failed.
-#define EG_DNNL_TRY(what_, ...)                                                         \
-  do {                                                                                 \
-    try {                                                                              \
-      __VA_ARGS__;                                                                     \
-    } catch (const dnnl::error& e) {                                                   \
+#define EG_DNNL_TRY(what_, ...)                                                              \
+  do {                                                                                       \
+    try {                                                                                    \
+      __VA_ARGS__;                                                                           \
+    } catch (const dnnl::error& e) {                                                         \
       EG_THROW("oneDNN failed in ", what_, ": ", e.what(), " (status ", int(e.status), ")"); \
-    }                                                                                  \
+    }                                                                                        \
   } while (0)

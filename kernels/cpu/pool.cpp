@@ -32,8 +32,16 @@ struct MaxPlane {
   int64_t Hp, Wk;  // padded rows, floats per phase row
 
   MaxPlane(const Shape& x, const Shape& y, const ops::Pool2dParams& p)
-      : H(x[2]), W(x[3]), P(y[2]), Q(y[3]), kh(p.kernel_h), kw(p.kernel_w), sh(p.stride_h), sw(p.stride_w),
-        ph(p.pad_h), pw(p.pad_w) {
+      : H(x[2]),
+        W(x[3]),
+        P(y[2]),
+        Q(y[3]),
+        kh(p.kernel_h),
+        kw(p.kernel_w),
+        sh(p.stride_h),
+        sw(p.stride_w),
+        ph(p.pad_h),
+        pw(p.pad_w) {
     Hp = std::max(H + 2 * ph, (P - 1) * sh + kh);
     // Room for whole blocks of output columns (the extra lanes read -inf, unused).
     Wk = std::max((W + 2 * pw + sw - 1) / sw, q_blocks() * kLanes + (kw - 1) / sw + 1);
@@ -142,15 +150,17 @@ struct AvgGeometry {
   dnnl::algorithm alg;
 };
 AvgGeometry avg_geometry(const ops::Pool2dParams& p) {
-  return {{p.stride_h, p.stride_w}, {p.kernel_h, p.kernel_w}, {p.pad_h, p.pad_w},
+  return {{p.stride_h, p.stride_w},
+          {p.kernel_h, p.kernel_w},
+          {p.pad_h, p.pad_w},
           p.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
                               : dnnl::algorithm::pooling_avg_exclude_padding};
 }
 
 std::string avg_key(const char* kind, const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
   return std::string(kind) + "|" + onednn::key_of(x) + "|" + onednn::key_of(y) + "|" + std::to_string(p.kernel_h) +
-         "," + std::to_string(p.kernel_w) + "," + std::to_string(p.stride_h) + "," + std::to_string(p.stride_w) +
-         "," + std::to_string(p.pad_h) + "," + std::to_string(p.pad_w) + (p.count_include_pad ? "|incl" : "");
+         "," + std::to_string(p.kernel_w) + "," + std::to_string(p.stride_h) + "," + std::to_string(p.stride_w) + "," +
+         std::to_string(p.pad_h) + "," + std::to_string(p.pad_w) + (p.count_include_pad ? "|incl" : "");
 }
 
 dnnl::pooling_forward::primitive_desc avg_fwd_pd(const Shape& x, const Shape& y, const ops::Pool2dParams& p) {

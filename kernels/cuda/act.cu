@@ -38,7 +38,8 @@ void act_bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
   require_f32(x, "activation backward");
   const int64_t n = x.numel();
   if (!n) return;
-  act_bwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(a), dy.data<float>(), x.data<float>(), dx.data<float>(), n);
+  act_bwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(a), dy.data<float>(), x.data<float>(), dx.data<float>(),
+                                                           n);
   cuda::after_launch("act_bwd");
 }
 

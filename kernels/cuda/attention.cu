@@ -123,10 +123,10 @@ void attention_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   if (!rows) return;
   const size_t smem = 2 * size_t(g.s) * sizeof(float);
   EG_CHECK(smem <= 48 * 1024, "attention backward on CUDA supports up to 6144 keys, got ", g.s);
-  attn_bwd_kernel<<<unsigned(rows), 128, smem, stream()>>>(dout.data<float>(), q.data<float>(), k.data<float>(),
-                                                           v.data<float>(), mask.defined() ? mask.data<uint8_t>() : nullptr,
-                                                           out.data<float>(), lse.data<float>(), dq.data<float>(),
-                                                           dk.data<float>(), dv.data<float>(), g);
+  attn_bwd_kernel<<<unsigned(rows), 128, smem, stream()>>>(
+      dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
+      mask.defined() ? mask.data<uint8_t>() : nullptr, out.data<float>(), lse.data<float>(), dq.data<float>(),
+      dk.data<float>(), dv.data<float>(), g);
   cuda::after_launch("attention_bwd");
 }
 

@@ -31,8 +31,8 @@ struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
   explicit TensorDesc(const Shape& s, DType t = DType::f32) {
     EG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    EG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, cudnn_type(t), int(s[0]), int(s[1]), int(s[2]),
-                                              int(s[3])));
+    EG_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, cudnn_type(t), int(s[0]), int(s[1]), int(s[2]), int(s[3])));
   }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
 };
@@ -53,8 +53,9 @@ struct ConvDescs {
     EG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, int(p.groups)));
     // CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores on Ampere and newer; FMA_MATH
     // keeps IEEE f32 (see eg::set_allow_tf32). f16 data always may use tensor cores.
-    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(
-        conv, t == DType::f16 ? CUDNN_TENSOR_OP_MATH : allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, t == DType::f16 ? CUDNN_TENSOR_OP_MATH
+                                                     : allow_tf32()  ? CUDNN_DEFAULT_MATH
+                                                                     : CUDNN_FMA_MATH));
   }
   ~ConvDescs() {
     cudnnDestroyConvolutionDescriptor(conv);
@@ -95,7 +96,8 @@ using ConvKey = std::array<int64_t, 19>;
 template <class Perf>
 std::pair<decltype(Perf::algo), size_t> first_fitting(const Perf* perf, int found, const char* pass) {
   for (int i = 0; i < found; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) return {perf[i].algo, perf[i].memory};
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace)
+      return {perf[i].algo, perf[i].memory};
   EG_THROW("cuDNN found no ", pass, " convolution algorithm within a ", kMaxWorkspace >> 20, " MiB workspace");
 }
 
@@ -106,9 +108,9 @@ ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops
   static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
   int dev = 0;
   EG_CUDA_CHECK(cudaGetDevice(&dev));
-  const ConvKey key{dev,      allow_tf32(), cudnn_benchmark(), xs[0],    xs[1],    xs[2],
-                    xs[3],    ws[0],        ws[1],             ws[2],    ws[3],    p.stride_h,
-                    p.stride_w, p.pad_h,    p.pad_w,           p.dil_h,  p.dil_w,  p.groups, int64_t(t)};
+  const ConvKey key{
+      dev,   allow_tf32(), cudnn_benchmark(), xs[0],   xs[1],   xs[2],   xs[3],   ws[0],    ws[1],     ws[2],
+      ws[3], p.stride_h,   p.stride_w,        p.pad_h, p.pad_w, p.dil_h, p.dil_w, p.groups, int64_t(t)};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = plans[key];
   if (!slot) slot = std::make_unique<ConvPlan>(xs, ws, ys, p, t);
@@ -151,7 +153,8 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   EG_CHECK(t == DType::f32 || t == DType::f16, "conv2d on CUDA supports f32 and f16 tensors, got ", dtype_name(t));
   EG_CHECK(w.dtype() == t && y.dtype() == t && (!bias.defined() || bias.dtype() == t),
            "conv2d on CUDA: input, weight, bias and output must share one dtype, got ", dtype_name(t), ", ",
-           dtype_name(w.dtype()), ", ", bias.defined() ? dtype_name(bias.dtype()) : "none", ", ", dtype_name(y.dtype()));
+           dtype_name(w.dtype()), ", ", bias.defined() ? dtype_name(bias.dtype()) : "none", ", ",
+           dtype_name(y.dtype()));
   cudnnHandle_t h = cuda::cudnn_handle();
   ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p, t);
   if (!c.has_fwd) {
@@ -159,16 +162,15 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
     int found = 0;
     if (cudnn_benchmark())
       EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
-    else
-      EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
+    else EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
     c.fwd = first_fitting(perf, found, "forward").first;
     EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, c.fwd, &c.fwd_ws));
     c.has_fwd = true;
   }
   Tensor buf = workspace(c.fwd_ws, x.device());
   const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, c.d.x.d, x.raw(), c.d.w, w.raw(), c.d.conv, c.fwd, buf.raw(), c.fwd_ws,
-                                         &zero, c.d.y.d, y.raw()));
+  EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, c.d.x.d, x.raw(), c.d.w, w.raw(), c.d.conv, c.fwd, buf.raw(),
+                                         c.fwd_ws, &zero, c.d.y.d, y.raw()));
   if (bias.defined()) {
     TensorDesc bd({1, bias.numel(), 1, 1}, t);
     EG_CUDNN_CHECK(cudnnAddTensor(h, &one, bd.d, bias.raw(), &one, c.d.y.d, y.raw()));
@@ -185,16 +187,17 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
     if (cudnn_benchmark())
       EG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
     else
-      EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
+      EG_CUDNN_CHECK(
+          cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
     c.bwd_data = first_fitting(perf, found, "backward-data").first;
-    EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, c.bwd_data,
-                                                                &c.bwd_data_ws));
+    EG_CUDNN_CHECK(
+        cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, c.bwd_data, &c.bwd_data_ws));
     c.has_bwd_data = true;
   }
   Tensor buf = workspace(c.bwd_data_ws, dy.device());
   const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, c.d.w, w.raw(), c.d.y.d, dy.raw(), c.d.conv, c.bwd_data, buf.raw(),
-                                              c.bwd_data_ws, &zero, c.d.x.d, dx.raw()));
+  EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, c.d.w, w.raw(), c.d.y.d, dy.raw(), c.d.conv, c.bwd_data,
+                                              buf.raw(), c.bwd_data_ws, &zero, c.d.x.d, dx.raw()));
 }
 
 void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
@@ -260,8 +263,7 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 }
 
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y,
-                   Tensor& dresidual) {
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
   require_f32(x, "batch_norm backward");
   // The fused ReLU's mask as its own pass (cuDNN's fused BN-activation backward wants NHWC
   // half), written into the residual's gradient when that is wanted.
@@ -291,8 +293,8 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
   Tensor gg = dgamma.defined() ? dgamma : Tensor::empty({c}, DType::f32, x.device());
   Tensor gb = dbeta.defined() ? dbeta : Tensor::empty({c}, DType::f32, x.device());
   const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x.raw(), xd.d,
-                                                 dy.raw(), xd.d, gx.raw(), pd.d, gamma.raw(), gg.raw(), gb.raw(),
+  EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x.raw(),
+                                                 xd.d, dy.raw(), xd.d, gx.raw(), pd.d, gamma.raw(), gg.raw(), gb.raw(),
                                                  CUDNN_BN_MIN_EPSILON, mean.raw(), invstd.raw()));
 }
 

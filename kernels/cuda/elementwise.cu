@@ -15,12 +15,8 @@ __global__ void binary_kernel(int op, const float* a, const float* b, float* c, 
     c[i] = op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y;
   }
 }
-__global__ void scale_kernel(const float* x, float* y, float s, int64_t n) {
-  EG_CUDA_LOOP(i, n) y[i] = s * x[i];
-}
-__global__ void axpy_kernel(const float* x, float* y, float s, int64_t n) {
-  EG_CUDA_LOOP(i, n) y[i] += s * x[i];
-}
+__global__ void scale_kernel(const float* x, float* y, float s, int64_t n) { EG_CUDA_LOOP(i, n) y[i] = s * x[i]; }
+__global__ void axpy_kernel(const float* x, float* y, float s, int64_t n) { EG_CUDA_LOOP(i, n) y[i] += s * x[i]; }
 // y[j] = sum_r x[kept(j) + red(r)]
 __global__ void sum_to_kernel(const float* x, float* y, Dims kept, Dims red, int64_t ny, int64_t r) {
   for (int64_t j = blockIdx.x; j < ny; j += gridDim.x) {

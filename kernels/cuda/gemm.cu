@@ -28,8 +28,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
     EG_CHECK(b.dtype() == DType::f16 && (c.dtype() == DType::f32 || c.dtype() == DType::f16),
              "gemm on CUDA: an f16 a needs an f16 b and an f32 or f16 output, got ", dtype_name(b.dtype()), " and ",
              dtype_name(c.dtype()));
-  else
-    require_f32(a, "gemm");
+  else require_f32(a, "gemm");
   const int r = a.dim();
   const int64_t batch = r == 3 ? a.size(0) : 1;
   const int64_t m = c.size(r - 2), n = c.size(r - 1), k = ta ? a.size(r - 2) : a.size(r - 1);
@@ -53,8 +52,8 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
   }
   EG_CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
                                             int(m), int(k), &al, b.data<float>(), int(ldb), b.numel() / batch,
-                                            a.data<float>(), int(lda), a.numel() / batch, &be, c.data<float>(), int(ldc),
-                                            c.numel() / batch, int(batch)));
+                                            a.data<float>(), int(lda), a.numel() / batch, &be, c.data<float>(),
+                                            int(ldc), c.numel() / batch, int(batch)));
 }
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {

@@ -120,10 +120,8 @@ void cast(const Tensor& x, Tensor& y) {
     cast_kernel<<<g, kThreads, 0, s>>>(x.data<float>(), static_cast<__half*>(y.raw()), n);
   else if (a == DType::f16 && b == DType::f32)
     cast_kernel<<<g, kThreads, 0, s>>>(static_cast<const __half*>(x.raw()), y.data<float>(), n);
-  else if (a == DType::u8 && b == DType::f32)
-    cast_kernel<<<g, kThreads, 0, s>>>(x.data<uint8_t>(), y.data<float>(), n);
-  else
-    EG_THROW("cast from ", dtype_name(a), " to ", dtype_name(b), " is not supported on CUDA");
+  else if (a == DType::u8 && b == DType::f32) cast_kernel<<<g, kThreads, 0, s>>>(x.data<uint8_t>(), y.data<float>(), n);
+  else EG_THROW("cast from ", dtype_name(a), " to ", dtype_name(b), " is not supported on CUDA");
   cuda::after_launch("cast");
 }
 

@@ -7,8 +7,8 @@ namespace eg::cudak {
 
 // ---- kernels
 namespace {
-__global__ void sgd_kernel(float* p, const float* g, float* buf, float lr, float mom, float damp, float wd, bool nesterov,
-                           bool first, int64_t n) {
+__global__ void sgd_kernel(float* p, const float* g, float* buf, float lr, float mom, float damp, float wd,
+                           bool nesterov, bool first, int64_t n) {
   EG_CUDA_LOOP(i, n) {
     float d = g[i] + wd * p[i];
     if (mom != 0.f) {
@@ -37,10 +37,9 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const ops::SgdPara
   require_f32(param, "sgd_step");
   const int64_t n = param.numel();
   if (!n) return;
-  sgd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(param.data<float>(), grad.data<float>(),
-                                                       buf.defined() ? buf.data<float>() : nullptr, float(s.lr),
-                                                       float(s.momentum), float(s.dampening), float(s.weight_decay),
-                                                       s.nesterov, s.first_step, n);
+  sgd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(
+      param.data<float>(), grad.data<float>(), buf.defined() ? buf.data<float>() : nullptr, float(s.lr),
+      float(s.momentum), float(s.dampening), float(s.weight_decay), s.nesterov, s.first_step, n);
   cuda::after_launch("sgd_step");
 }
 
@@ -48,7 +47,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const o
   require_f32(param, "adamw_step");
   const int64_t n = param.numel();
   if (!n) return;
-  const float bc1 = float(1.0 - std::pow(a.beta1, double(a.step))), bc2 = float(1.0 - std::pow(a.beta2, double(a.step)));
+  const float bc1 = float(1.0 - std::pow(a.beta1, double(a.step))),
+              bc2 = float(1.0 - std::pow(a.beta2, double(a.step)));
   adamw_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(param.data<float>(), grad.data<float>(), m.data<float>(),
                                                          v.data<float>(), float(a.lr), float(a.beta1), float(a.beta2),
                                                          float(a.eps), float(a.weight_decay), bc1, bc2, n);

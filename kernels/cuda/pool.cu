@@ -88,7 +88,18 @@ __global__ void gap_bwd_kernel(const float* dy, float* dx, int64_t planes, int64
   EG_CUDA_LOOP(i, planes * hw) dx[i] = dy[i / hw] / float(hw);
 }
 PoolGeom geom(const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
-  return {x[0], x[1], x[2], x[3], y[2], y[3], p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+  return {x[0],
+          x[1],
+          x[2],
+          x[3],
+          y[2],
+          y[3],
+          p.kernel_h,
+          p.kernel_w,
+          p.stride_h,
+          p.stride_w,
+          p.pad_h,
+          p.pad_w,
           p.count_include_pad};
 }
 }  // namespace
@@ -102,8 +113,7 @@ void pool2d_fwd(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dPa
   if (p.kind == ops::PoolKind::max)
     maxpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(),
                                                                  indices.data<int32_t>(), g);
-  else
-    avgpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), g);
+  else avgpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), g);
   cuda::after_launch("pool2d_fwd");
 }
 
@@ -126,8 +136,8 @@ void global_avgpool_fwd(const Tensor& x, Tensor& y) {
   require_f32(x, "global_avg_pool");
   const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
   if (!planes) return;
-  gap_fwd_kernel<<<unsigned(std::min<int64_t>(planes, 65535)), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(),
-                                                                                       planes, hw);
+  gap_fwd_kernel<<<unsigned(std::min<int64_t>(planes, 65535)), kThreads, 0, stream()>>>(x.data<float>(),
+                                                                                        y.data<float>(), planes, hw);
   cuda::after_launch("global_avgpool_fwd");
 }
 

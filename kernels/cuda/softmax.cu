@@ -185,9 +185,9 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& target, Tensor& loss,
   // The per-row losses live in a scratch buffer from the caching allocator (freed
   // stream-ordered, so reuse by the next op on this stream is safe).
   Tensor rows = Tensor::empty({std::max<int64_t>(n, 1)}, DType::f32, logits.device());
-  ce_fwd_kernel<<<rows_grid(n), kThreads, 0, stream()>>>(logits.data<float>(), target.data<int64_t>(), lse.data<float>(),
-                                                         rows.data<float>(), n, c, float(p.label_smoothing),
-                                                         p.ignore_index);
+  ce_fwd_kernel<<<rows_grid(n), kThreads, 0, stream()>>>(logits.data<float>(), target.data<int64_t>(),
+                                                         lse.data<float>(), rows.data<float>(), n, c,
+                                                         float(p.label_smoothing), p.ignore_index);
   cuda::after_launch("cross_entropy_fwd");
   ce_reduce_kernel<<<1, 1024, 0, stream()>>>(rows.data<float>(), target.data<int64_t>(), loss.data<float>(), n,
                                              p.ignore_index);
@@ -205,18 +205,19 @@ void cross_entropy_bwd(const Tensor& dloss, const Tensor& logits, const Tensor& 
   cuda::after_launch("cross_entropy_bwd");
 }
 
-void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd, double eps) {
+void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd,
+                   double eps) {
   require_f32(x, "layer_norm");
   const int64_t d = x.size(-1), m = x.numel() / std::max<int64_t>(d, 1);
   if (!m) return;
   layernorm_kernel<<<rows_grid(m), kThreads, 0, stream()>>>(x.data<float>(), g.data<float>(), b.data<float>(),
-                                                            y.data<float>(), mean.data<float>(), rstd.data<float>(), m, d,
-                                                            float(eps));
+                                                            y.data<float>(), mean.data<float>(), rstd.data<float>(), m,
+                                                            d, float(eps));
   cuda::after_launch("layernorm_fwd");
 }
 
-void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                   Tensor& dg, Tensor& db) {
+void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
+                   Tensor& dx, Tensor& dg, Tensor& db) {
   require_f32(x, "layer_norm backward");
   const int64_t d = x.size(-1), m = x.numel() / std::max<int64_t>(d, 1);
   if (!m) return;

@@ -88,8 +88,8 @@ void sp_loss(const Tensor& ga, const Tensor& gb, Tensor& out) {
   const int64_t n = ga.numel(), b = ga.size(0);
   EG_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, sizeof(float), stream()));
   if (!n) return;
-  sq_dist_kernel<<<std::min(blocks_for(n), 1024u), kThreads, 0, stream()>>>(
-      ga.data<float>(), gb.data<float>(), out.data<float>(), n, 1.f / float(b * b));
+  sq_dist_kernel<<<std::min(blocks_for(n), 1024u), kThreads, 0, stream()>>>(ga.data<float>(), gb.data<float>(),
+                                                                            out.data<float>(), n, 1.f / float(b * b));
   cuda::after_launch("sp_loss");
 }
 

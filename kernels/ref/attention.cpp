@@ -31,9 +31,7 @@ Dims dims_of(const Tensor& q, const Tensor& k, const ops::AttentionParams& p) {
   return d;
 }
 
-bool visible(const uint8_t* pad, bool causal, int64_t t, int64_t s) {
-  return !(pad && pad[s]) && !(causal && s > t);
-}
+bool visible(const uint8_t* pad, bool causal, int64_t t, int64_t s) { return !(pad && pad[s]) && !(causal && s > t); }
 
 // Scores of query row t against every key of one (batch, head): scale * q_t . k_s.
 template <class T>
@@ -81,8 +79,8 @@ void fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, 
 // With P = softmax(scores) (recomputed from lse), dP = dO V^T, dS = P * (dP - rowsum(P * dP)):
 // dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
 template <class T>
-void bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-         const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, const ops::AttentionParams& p) {
+void bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& lse,
+         Tensor& dq, Tensor& dk, Tensor& dv, const ops::AttentionParams& p) {
   const Dims d = dims_of(q, k, p);
   std::vector<double> sc(static_cast<size_t>(d.s)), pr(sc), dp(sc);
   std::vector<double> dqa(static_cast<size_t>(d.t * d.d)), dka(static_cast<size_t>(d.s * d.d)), dva(dka);

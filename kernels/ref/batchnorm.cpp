@@ -76,8 +76,8 @@ void fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const T
 // training: dx = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M);
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 template <class T>
-void bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-         Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training) {
+void bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd, Tensor& dx,
+         Tensor& dgamma, Tensor& dbeta, bool training) {
   const Dims d = dims_of(x);
   const T *dyp = dy.data<T>(), *xp = x.data<T>(), *gp = gamma.data<T>();
   const T *mp = mean.data<T>(), *ip = invstd.data<T>();
@@ -140,12 +140,11 @@ Tensor relu_masked(const Tensor& dy, const Tensor& relu_y) {
 }  // namespace
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
-                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
-                         double eps, bool relu, const Tensor& residual) {
+                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
+                         bool relu, const Tensor& residual) {
   if (x.dtype() == DType::f64)
     fwd_train<double>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
-  else
-    fwd_train<float>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
+  else fwd_train<float>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
   if (residual.defined()) add_in_place(y, residual);
   if (relu) relu_in_place(y);
 }
@@ -158,9 +157,8 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
   if (relu) relu_in_place(y);
 }
 
-void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                   const Tensor& relu_y, Tensor& dresidual) {
+void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
   const Tensor dy = relu_y.defined() ? relu_masked(dy_in, relu_y) : dy_in;
   if (dresidual.defined()) dresidual.copy_(dy);
   if (x.dtype() == DType::f64) bwd<double>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);

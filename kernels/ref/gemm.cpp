@@ -42,8 +42,7 @@ void matmul(View<T> a, View<T> b, T* c, int64_t m, int64_t n, int64_t k, double 
       for (int64_t j = 0; j < n; ++j) acc[size_t(j)] += aik * bkk[j];
     }
     T* ci = c + i * n;
-    for (int64_t j = 0; j < n; ++j)
-      ci[j] = T(alpha * acc[size_t(j)] + (beta == 0.0 ? 0.0 : beta * double(ci[j])));
+    for (int64_t j = 0; j < n; ++j) ci[j] = T(alpha * acc[size_t(j)] + (beta == 0.0 ? 0.0 : beta * double(ci[j])));
   }
 }
 

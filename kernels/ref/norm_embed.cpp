@@ -108,12 +108,13 @@ double read_as_double(const Tensor& x, int64_t i) {
 
 }  // namespace
 
-void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd, double eps) {
+void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd,
+                   double eps) {
   if (x.dtype() == DType::f64) ln_fwd_t<double>(x, g, b, y, mean, rstd, eps);
   else ln_fwd_t<float>(x, g, b, y, mean, rstd, eps);
 }
-void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                   Tensor& dg, Tensor& db) {
+void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
+                   Tensor& dx, Tensor& dg, Tensor& db) {
   if (x.dtype() == DType::f64) ln_bwd_t<double>(dy, x, g, mean, rstd, dx, dg, db);
   else ln_bwd_t<float>(dy, x, g, mean, rstd, dx, dg, db);
 }
