@@ -15,6 +15,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "dist/communicator.h"
 #include "freeze/policy.h"
 #include "models/model.h"
 #include "quant/reference.h"
@@ -152,6 +153,12 @@ int main(int argc, char** argv) {
           given.insert(o->flag);
         }
       eg::train::apply_model_defaults(c, given);
+      // Started as several ranks (mpirun -np N), each would train its own copy into the
+      // same --out: refused until the loop trains data-parallel.
+      if (eg::dist::launched_by_mpi() && eg::dist::world().size() > 1)
+        throw eg::Error("egeria train was started as " + std::to_string(eg::dist::world().size()) +
+                        " processes (an MPI launcher), but it does not train data-parallel yet: each would train " +
+                        "its own copy into the same --out. Start one process");
       bool out_given = false;
       for (auto& [o, x] : train_options) out_given |= o->key == "out" && x->count() > 0;
       if (!config_file.empty() && !out_given && !c.resume)
@@ -190,11 +197,16 @@ int main(int argc, char** argv) {
                               .dump()
                               .c_str());
     }
-  } catch (const eg::Error& e) {
-    std::fprintf(stderr, "egeria: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "egeria: error: %s\n", e.what());
+    // Under a launcher each rank says who it is; the job's other ranks are not waited for.
+    std::string who;
+    try {
+      if (eg::dist::launched_by_mpi())
+        who = " (rank " + std::to_string(eg::dist::world().rank()) + " of " + std::to_string(eg::dist::world().size()) +
+              ")";
+    } catch (const std::exception&) {  // MPI itself failed: the message says so
+    }
+    std::fprintf(stderr, "egeria: error%s: %s\n", who.c_str(), e.what());
     return 1;
   }
   return 0;

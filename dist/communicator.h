@@ -1,0 +1,62 @@
+// Data-parallel training's one interface to the other processes (ranks): who this
+// process is, and the collectives the training loop needs. Three implementations:
+//   local  - world size 1, every collective the identity (a plain `egeria train`);
+//   MPI    - OpenMPI's MPI_COMM_WORLD, CPU tensors (dist/mpi.cpp), when a launcher
+//            (mpirun, srun) started the process;
+//   thread group - N ranks as threads of one process, for unit tests (a test double).
+// Every call is collective: all ranks make it, in the same order, with tensors of the
+// same shape and dtype. Failures throw eg::Error naming the call.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace eg::dist {
+
+enum class ReduceOp { sum, max, min };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // This rank's index among the ranks on its machine, and their number (one GPU each).
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
+  virtual std::string backend() const = 0;  // "local", "mpi", "threads"
+
+  // In place, over every rank's `t` (contiguous CPU f32, f64 or s64).
+  virtual void all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
+  // `t` becomes rank `root`'s.
+  virtual void broadcast(Tensor& t, int root) = 0;
+  virtual void barrier() = 0;
+  // Every rank's bytes, in rank order (small host data: decisions, layout hashes).
+  virtual std::vector<std::string> all_gather(const std::string& bytes) = 0;
+};
+
+// World size 1.
+std::unique_ptr<Communicator> make_local();
+
+// N ranks as threads of this process, sharing a rendezvous: make_thread_group(n)[r] is
+// rank r's communicator, to be used by one thread each.
+std::vector<std::unique_ptr<Communicator>> make_thread_group(int n);
+
+// True when an MPI launcher's environment is present (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+// PMIX_RANK, MPI_LOCALNRANKS): only then is MPI initialised, so a plain run never
+// calls MPI_Init (nor brings MPI's own allocations into a sanitizer build's tests).
+bool launched_by_mpi();
+
+// MPI_COMM_WORLD: initialises MPI (thread level MULTIPLE, errors returned, not fatal) on
+// first use, and finalises it at exit. Throws when this build or process has no MPI.
+std::unique_ptr<Communicator> make_mpi();
+
+// The process's communicator: MPI under a launcher, else local. Made on first use.
+Communicator& world();
+
+// Ends every rank of the job now (MPI_Abort under MPI; exit otherwise): a rank that
+// failed must not leave the others waiting in a collective.
+[[noreturn]] void abort_job(int code);
+
+}  // namespace eg::dist
