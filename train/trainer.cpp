@@ -29,14 +29,6 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
 
 namespace {
 
-models::TransformerConfig arch_from_json(const json& j) {
-  models::TransformerConfig a;
-  a.vocab = j.at("vocab"), a.d_model = j.at("d_model"), a.heads = j.at("heads"), a.ffn = j.at("ffn");
-  a.enc_layers = j.at("enc_layers"), a.dec_layers = j.at("dec_layers"), a.max_len = j.at("max_len");
-  a.dropout = j.at("dropout"), a.pad_id = j.at("pad_id"), a.bos_id = j.at("bos_id"), a.eos_id = j.at("eos_id");
-  return a;
-}
-
 TensorMap model_tensors(const TensorMap& all) {
   TensorMap ms;
   for (auto& [k, t] : all)
@@ -51,12 +43,7 @@ EvalResult evaluate_translation_checkpoint(const Checkpoint& ck, const std::stri
            "' has no Transformer architecture in its metadata");
   const std::string dir = translation_data_dir(data_dir.empty() ? cfg.value("data_dir", "") : data_dir);
   data::Tokenizer tok = data::Tokenizer::load(data::tokenizer_path(dir, cfg.at("vocab_size")));
-  std::vector<data::SentencePair> pairs = data::read_tsv_pairs(dir + "/test.tsv");
-  if (test_limit > 0 && test_limit < int64_t(pairs.size())) pairs.resize(size_t(test_limit));
-  auto t = std::make_shared<data::TokenizedPairs>(data::tokenize_pairs(pairs, tok, cfg.at("max_len"), false));
-  TextSplit test;
-  for (int64_t o : t->origin) test.refs.push_back(pairs[size_t(o)].tgt);
-  test.pairs = t;
+  const TextSplit test = read_text_split(dir, "test", test_limit, tok, cfg.at("max_len"), false);
   models::TransformerConfig mc = arch_from_json(cfg.at("arch"));
   EG_CHECK(mc.vocab == tok.vocab_size(), "tokenizer '", tok.path(), "' has ", tok.vocab_size(), " pieces, but '",
            ck.path, "' was trained with ", mc.vocab, " (was the tokenizer retrained?)");

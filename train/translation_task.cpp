@@ -21,12 +21,6 @@ constexpr int64_t kEvalBatch = 64;
 // the length because models::Transformer::greedy_decode recomputes the whole prefix per token.
 int64_t decode_limit(int64_t src_len) { return src_len + src_len / 5 + 10; }
 
-json arch_json(const models::TransformerConfig& a) {
-  return {{"vocab", a.vocab},           {"d_model", a.d_model},       {"heads", a.heads},     {"ffn", a.ffn},
-          {"enc_layers", a.enc_layers}, {"dec_layers", a.dec_layers}, {"max_len", a.max_len}, {"dropout", a.dropout},
-          {"pad_id", a.pad_id},         {"bos_id", a.bos_id},         {"eos_id", a.eos_id}};
-}
-
 std::vector<data::SentencePair> read_split(const std::string& dir, const std::string& name, int64_t limit) {
   const std::string p = dir + "/" + name + ".tsv";
   EG_CHECK(file_exists(p), "cannot open '", p, "': no such file. Run `tools/get-data datasets` for the English-",
@@ -89,6 +83,25 @@ double text_bleu(const std::vector<std::string>& hyps, const std::vector<std::st
 
 }  // namespace
 
+json arch_json(const models::TransformerConfig& a) {
+  return {{"vocab", a.vocab},           {"d_model", a.d_model},       {"heads", a.heads},     {"ffn", a.ffn},
+          {"enc_layers", a.enc_layers}, {"dec_layers", a.dec_layers}, {"max_len", a.max_len}, {"dropout", a.dropout},
+          {"pad_id", a.pad_id},         {"bos_id", a.bos_id},         {"eos_id", a.eos_id}};
+}
+
+models::TransformerConfig arch_from_json(const json& j) {
+  models::TransformerConfig a;
+  a.vocab = j.at("vocab"), a.d_model = j.at("d_model"), a.heads = j.at("heads"), a.ffn = j.at("ffn");
+  a.enc_layers = j.at("enc_layers"), a.dec_layers = j.at("dec_layers"), a.max_len = j.at("max_len");
+  a.dropout = j.at("dropout"), a.pad_id = j.at("pad_id"), a.bos_id = j.at("bos_id"), a.eos_id = j.at("eos_id");
+  return a;
+}
+
+TextSplit read_text_split(const std::string& dir, const std::string& name, int64_t limit, const data::Tokenizer& tok,
+                          int64_t max_len, bool train) {
+  return make_split(read_split(dir, name, limit), tok, max_len, train);
+}
+
 std::string translation_data_dir(const std::string& d) {
   const std::string dir = d.empty() ? "datasets/en-es" : d;
   auto has = [](const std::string& p) { return file_exists(p + "/train.tsv"); };
@@ -111,8 +124,8 @@ void TranslationTask::setup(const TrainConfig& c) {
       data::Tokenizer::load_or_train(train_pairs, tp, c.vocab_size, std::max(1, num_threads())));
   if (c.train_limit > 0 && c.train_limit < int64_t(train_pairs.size())) train_pairs.resize(size_t(c.train_limit));
   train_ = make_split(train_pairs, *tok_, c.max_len, true);
-  valid_ = make_split(read_split(dir_, "valid", c.test_limit), *tok_, c.max_len, false);
-  test_ = make_split(read_split(dir_, "test", c.test_limit), *tok_, c.max_len, false);
+  valid_ = read_text_split(dir_, "valid", c.test_limit, *tok_, c.max_len, false);
+  test_ = read_text_split(dir_, "test", c.test_limit, *tok_, c.max_len, false);
 
   // ---- model
   mc_ = arch_ ? *arch_ : models::transformer_preset(c.model, tok_->vocab_size());

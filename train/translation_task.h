@@ -25,6 +25,15 @@ struct TextSplit {
   std::vector<std::string> refs;
 };
 
+// DIR/<name>.tsv (its first `limit` pairs when > 0), tokenised: training drops pairs
+// longer than `max_len` tokens, evaluation cuts them, so every sentence counts.
+TextSplit read_text_split(const std::string& dir, const std::string& name, int64_t limit, const data::Tokenizer& tok,
+                          int64_t max_len, bool train);
+
+// A Transformer architecture in config.json's "arch" form, and back.
+nlohmann::json arch_json(const models::TransformerConfig& a);
+models::TransformerConfig arch_from_json(const nlohmann::json& j);
+
 class TranslationTask : public Task {
  public:
   // `arch`, when given, replaces the preset named by --model (its vocabulary is set from
