@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "autograd/node.h"
 #include "kernels/ops.h"
@@ -13,6 +14,7 @@ namespace eg::autograd {
 
 namespace {
 thread_local bool g_grad_enabled = true;
+thread_local GradReadyHook g_grad_ready;
 uint64_t next_sequence_nr() {
   static std::atomic<uint64_t> n{0};
   return n++;
@@ -28,6 +30,8 @@ Tensor add_grads(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
+GradReadyScope::GradReadyScope(GradReadyHook hook) : prev_(std::exchange(g_grad_ready, std::move(hook))) {}
+GradReadyScope::~GradReadyScope() { g_grad_ready = std::move(prev_); }
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
 
 Tensors AccumulateGrad::apply(Tensors grads) {
@@ -148,16 +152,28 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
     seed(fn.get(), nr, g);
     stack.push_back(fn.get());
   }
-  // Pass 1: count how many edges reach each node.
+  // Pass 1: count how many edges reach each node, and (for the gradient-ready hook) how
+  // many AccumulateGrad nodes each leaf has. See Note [Gradient-ready hook].
+  const GradReadyHook& hook = g_grad_ready;
+  std::unordered_map<const TensorImpl*, int> uses;
+  auto count_use = [&](Node* n) {
+    if (auto* a = dynamic_cast<AccumulateGrad*>(n))
+      if (auto v = a->var.lock()) ++uses[v.get()];
+  };
   std::unordered_set<Node*> seen(stack.begin(), stack.end());
-  std::vector<Node*> todo = stack;
+  if (hook)
+    for (Node* n : seen) count_use(n);
+  std::vector<Node*> todo(seen.begin(), seen.end());
   while (!todo.empty()) {
     Node* n = todo.back();
     todo.pop_back();
     for (auto& e : n->next) {
       if (!e.fn) continue;
       ++deps[e.fn.get()];
-      if (seen.insert(e.fn.get()).second) todo.push_back(e.fn.get());
+      if (seen.insert(e.fn.get()).second) {
+        todo.push_back(e.fn.get());
+        if (hook) count_use(e.fn.get());
+      }
     }
   }
   // Pass 2: run nodes whose dependencies are all satisfied, latest first.
@@ -173,6 +189,9 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
     in.resize(n->num_outputs);
     Tensors out = n->apply(std::move(in));
     if (!retain_graph) n->release();
+    if (hook)
+      if (auto* a = dynamic_cast<AccumulateGrad*>(n))
+        if (auto v = a->var.lock(); v && --uses[v.get()] == 0) hook(v.get());
     for (size_t i = 0; i < n->next.size(); ++i) {
       Edge& e = n->next[i];
       if (!e.fn) continue;

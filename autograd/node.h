@@ -48,8 +48,11 @@ struct Node {
 
 // Sink for a leaf tensor: accumulates into its .grad (in place when it exists, so a
 // gradient that lives in an optimizer bucket stays there).
+// It runs as soon as its gradient is complete, ahead of every other ready node (the
+// highest sequence number, as in PyTorch): a parameter's gradient is then final as early
+// as backward allows, which the overlapped gradient sync relies on (Note [Gradient-ready hook]).
 struct AccumulateGrad final : Node {
-  explicit AccumulateGrad(std::shared_ptr<TensorImpl> v) : var(std::move(v)) {}
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> v) : var(std::move(v)) { sequence_nr = UINT64_MAX; }
   Tensors apply(Tensors grads) override;
   std::string name() const override { return "AccumulateGrad"; }
   std::weak_ptr<TensorImpl> var;
@@ -103,6 +106,26 @@ std::shared_ptr<FunctionNode> record_function(const char* name, const Tensors& i
 // Runs the backward pass from `roots` with `grads` (undefined: ones, for a scalar
 // root). Iterative (no recursion), so a 1000-layer network cannot overflow the stack.
 void backward(const Tensors& roots, const Tensors& grads = {}, bool retain_graph = false);
+
+// Note [Gradient-ready hook]
+// Data-parallel training starts a bucket's all-reduce as soon as its last gradient is
+// complete (dist/grad_sync.h), so the engine says when a leaf's .grad is final in this
+// backward. A leaf used k times in the graph (a tied embedding: source, target and output
+// projection) has k AccumulateGrad nodes, one per use; the engine counts them in its
+// first pass and calls the hook after the last has run. A leaf the graph does not reach
+// (unused, or frozen) is never announced: the caller handles what was not. The hook runs
+// on the thread that called backward(), which installs it for its own backward passes.
+using GradReadyHook = std::function<void(const TensorImpl* leaf)>;
+class GradReadyScope {
+ public:
+  explicit GradReadyScope(GradReadyHook hook);
+  ~GradReadyScope();
+  GradReadyScope(const GradReadyScope&) = delete;
+  GradReadyScope& operator=(const GradReadyScope&) = delete;
+
+ private:
+  GradReadyHook prev_;
+};
 
 // Number of Nodes reachable from t's grad_fn (tests: a frozen prefix records none).
 size_t graph_size(const Tensor& t);

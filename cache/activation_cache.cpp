@@ -34,9 +34,10 @@ int64_t available_memory() {
 
 }  // namespace
 
-ActivationCache::ActivationCache(std::string dir, int64_t num_samples, Tier tier)
-    : dir_(std::move(dir)), tier_(tier), num_samples_(num_samples) {
+ActivationCache::ActivationCache(std::string dir, int64_t num_samples, Tier tier, int sharers)
+    : dir_(std::move(dir)), tier_(tier), num_samples_(num_samples), sharers_(sharers) {
   EG_CHECK(num_samples > 0, "activation cache: need at least one sample, got ", num_samples);
+  EG_CHECK(sharers >= 1, "activation cache: sharers must be at least 1, got ", sharers);
   std::string path = dir_ + "/.egeria-activation-cache-XXXXXX";
   std::vector<char> buf(path.begin(), path.end());
   buf.push_back('\0');
@@ -86,7 +87,7 @@ void ActivationCache::map(int64_t entry_floats) {
   entry_floats_ = entry_floats;
   const int64_t bytes = num_samples_ * entry_floats * int64_t(sizeof(float));
   const double gib = double(bytes) / double(1 << 30);
-  if (tier_ == Tier::memory || (tier_ == Tier::automatic && bytes <= available_memory() / 2)) {
+  if (tier_ == Tier::memory || (tier_ == Tier::automatic && bytes <= available_memory() / 2 / sharers_)) {
     void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     EG_CHECK(p != MAP_FAILED, "activation cache: cannot allocate ", gib, " GiB of memory: ", std::strerror(errno));
     ::madvise(p, size_t(bytes), MADV_HUGEPAGE);  // 2 MB pages: fewer faults while it fills

@@ -9,7 +9,8 @@
 // through a file mapping costs page writeback: measured on ResNet-20 / Fashion-MNIST
 // (3 GB of entries, 2 threads), the epoch that fills the cache ran at 4.9-9.8 s per 50
 // steps on disk and 3.5-5.2 s in memory, against 3.0 s for the epochs that read it. So Tier::automatic keeps the entries in memory when they
-// take at most half of the memory available at the time, and in the file otherwise;
+// take at most half of the memory available at the time (shared equally between the
+// data-parallel ranks on the machine), and in the file otherwise;
 // Tier::disk always uses the file.
 //
 // Note [Activation cache validity]
@@ -53,7 +54,9 @@ class ActivationCache {
   // `dir`: where the backing file is made (for the disk tier). It is unlinked as soon
   // as it is open, so it never outlives the process, whatever way the process ends.
   // Ids are in [0, num_samples).
-  ActivationCache(std::string dir, int64_t num_samples, Tier tier = Tier::automatic);
+  // `sharers`: processes on this machine keeping a cache each (data-parallel ranks), among
+  // which Tier::automatic divides the memory it may take.
+  ActivationCache(std::string dir, int64_t num_samples, Tier tier = Tier::automatic, int sharers = 1);
   ~ActivationCache();
   ActivationCache(const ActivationCache&) = delete;
   ActivationCache& operator=(const ActivationCache&) = delete;
@@ -96,6 +99,7 @@ class ActivationCache {
   std::string dir_;
   Tier tier_;
   int64_t num_samples_ = 0, key_ = -1;
+  int sharers_ = 1;
   int fd_ = -1;
   float* base_ = nullptr;
   int64_t entry_floats_ = 0;

@@ -1,5 +1,6 @@
 #include "data/loader.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace eg::data {
@@ -10,13 +11,24 @@ Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o) : data
   EG_CHECK(!o.drop_last || data_->size() >= o.batch_size, "loader: batch size ", o.batch_size,
            " is larger than the dataset (", data_->size(), " samples)");
   EG_CHECK(o.workers >= 1 && o.prefetch >= 1, "loader: need at least one worker and one batch of prefetch");
+  EG_CHECK(o.shards >= 1 && o.shard_rank >= 0 && o.shard_rank < o.shards, "loader: shard ", o.shard_rank, " of ",
+           o.shards);
+  EG_CHECK(!o.drop_last || data_->size() >= o.batch_size * o.shards, "loader: a global batch of ", o.batch_size, " x ",
+           o.shards, " ranks is larger than the dataset (", data_->size(), " samples)");
 }
 
 Loader::~Loader() { stop_workers(); }
 
 int64_t Loader::batches_per_epoch() const {
-  const int64_t n = data_->size(), b = opt_.batch_size;
+  const int64_t n = data_->size(), b = opt_.batch_size * opt_.shards;
   return opt_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+std::vector<int64_t> Loader::positions(int64_t index) const {
+  const int64_t g = opt_.batch_size * opt_.shards, b0 = index * g, b1 = std::min(data_->size(), b0 + g);
+  std::vector<int64_t> p;
+  for (int64_t i = b0 + opt_.shard_rank; i < b1; i += opt_.shards) p.push_back(i);
+  return p;
 }
 
 std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
@@ -57,7 +69,8 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
 }
 
 Batch Loader::build(int64_t index) const {
-  const int64_t b0 = index * opt_.batch_size, b1 = std::min(data_->size(), b0 + opt_.batch_size), n = b1 - b0;
+  const std::vector<int64_t> pos = positions(index);
+  const int64_t n = int64_t(pos.size());
   const int64_t c = data_->images.size(1), h = data_->images.size(2), w = data_->images.size(3);
   Batch b;
   b.index = index;
@@ -66,7 +79,7 @@ Batch Loader::build(int64_t index) const {
   AugmentOptions aug = opt_.aug;
   if (!opt_.augment) aug.crop_padding = 0, aug.hflip = false;
   for (int64_t i = 0; i < n; ++i) {
-    int64_t id = order_[size_t(b0 + i)];
+    int64_t id = order_[size_t(pos[size_t(i)])];
     b.ids.push_back(id);
     b.y.data<int64_t>()[i] = data_->labels.data<int64_t>()[id];
     augment_into(*data_, id, aug, opt_.seed, opt_.augment_per_sample ? 0 : epoch_, b.x.data<float>() + i * c * h * w);
@@ -111,9 +124,8 @@ bool Loader::next(Batch& b) {
 std::vector<int64_t> Loader::upcoming_ids(int64_t batches) const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<int64_t> v;
-  const int64_t b0 = consumed_ * opt_.batch_size;
-  const int64_t b1 = std::min<int64_t>(std::min(end_, consumed_ + batches) * opt_.batch_size, int64_t(order_.size()));
-  for (int64_t i = b0; i < b1; ++i) v.push_back(order_[size_t(i)]);
+  for (int64_t b = consumed_; b < std::min(end_, consumed_ + batches); ++b)
+    for (int64_t i : positions(b)) v.push_back(order_[size_t(i)]);
   return v;
 }
 

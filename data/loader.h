@@ -36,6 +36,11 @@ struct LoaderOptions {
   int workers = 1;
   int prefetch = 4;  // batches built ahead of the consumer
   uint64_t seed = 0;
+  // Data-parallel training: this rank's share of every global batch of
+  // batch_size x shards samples, the positions shard_rank, shard_rank + shards, ... of it
+  // (as PyTorch's DistributedSampler interleaves). The epoch's order and each sample's
+  // augmentation do not depend on the sharding.
+  int shard_rank = 0, shards = 1;
 };
 
 class Loader {
@@ -49,7 +54,9 @@ class Loader {
   void start_epoch(int64_t epoch, int64_t start_batch = 0);
   // The next batch of the epoch, or false at its end. Rethrows a worker's error.
   bool next(Batch& b);
-  int64_t batches_per_epoch() const;
+  int64_t batches_per_epoch() const;  // global batches
+  // The epoch-order positions of this rank's share of batch `index`.
+  std::vector<int64_t> positions(int64_t index) const;
   int64_t epoch() const { return epoch_; }
   int64_t next_batch_index() const { return consumed_; }
   // Sample ids of the next `batches` batches, in order (fewer at the epoch's end).

@@ -219,6 +219,8 @@ TranslationBatcher::TranslationBatcher(std::shared_ptr<const TokenizedPairs> dat
     : data_(std::move(data)), opt_(o) {
   EG_CHECK(data_ && data_->size() > 0, "translation batcher: no sentence pairs");
   EG_CHECK(o.batch_size > 0, "translation batcher: batch size must be positive, got ", o.batch_size);
+  EG_CHECK(o.shards >= 1 && o.shard_rank >= 0 && o.shard_rank < o.shards, "translation batcher: shard ", o.shard_rank,
+           " of ", o.shards);
   EG_CHECK(o.max_tokens >= 0 && o.pool_batches > 0, "translation batcher: bad max_tokens ", o.max_tokens,
            " or pool_batches ", o.pool_batches);
 }
@@ -232,15 +234,16 @@ std::vector<std::vector<int64_t>> TranslationBatcher::epoch_plan(int64_t epoch) 
   int64_t pool = d.size();  // evaluation: one pool, the whole set sorted by length
   if (opt_.shuffle) {
     shuffle_keyed(order, key);
-    int64_t per_batch = opt_.batch_size;
+    int64_t per_batch = opt_.batch_size * opt_.shards;
     if (opt_.max_tokens > 0) {
       int64_t total = 0;
       for (int64_t i = 0; i < d.size(); ++i) total += len(i);
-      per_batch = std::max<int64_t>(1, opt_.max_tokens / std::max<int64_t>(1, total / d.size()));
+      per_batch = std::max<int64_t>(1, opt_.max_tokens * opt_.shards / std::max<int64_t>(1, total / d.size()));
     }
     pool = opt_.pool_batches * per_batch;
   }
   std::vector<std::vector<int64_t>> plan;
+  const int64_t max_tokens = opt_.max_tokens * opt_.shards, batch_size = opt_.batch_size * opt_.shards;
   for (int64_t p0 = 0; p0 < d.size(); p0 += pool) {
     auto b = order.begin() + p0, e = order.begin() + std::min(d.size(), p0 + pool);
     std::stable_sort(b, e, [&](int64_t x, int64_t y) { return len(x) < len(y); });
@@ -248,8 +251,7 @@ std::vector<std::vector<int64_t>> TranslationBatcher::epoch_plan(int64_t epoch) 
     int64_t longest = 0;
     for (auto it = b; it != e; ++it) {
       const int64_t l = std::max(longest, len(*it));
-      const bool full =
-          opt_.max_tokens > 0 ? int64_t(cur.size() + 1) * l > opt_.max_tokens : int64_t(cur.size()) == opt_.batch_size;
+      const bool full = max_tokens > 0 ? int64_t(cur.size() + 1) * l > max_tokens : int64_t(cur.size()) == batch_size;
       if (full && !cur.empty()) {
         plan.push_back(std::move(cur));
         cur.clear();
@@ -273,7 +275,15 @@ void TranslationBatcher::start_epoch(int64_t epoch, int64_t start_batch) {
 
 bool TranslationBatcher::next(TranslationBatch& b) {
   if (next_ >= int64_t(plan_.size())) return false;
-  b = make_batch(plan_[size_t(next_)], next_);
+  const std::vector<int64_t>& all = plan_[size_t(next_)];
+  std::vector<int64_t> mine;
+  for (size_t i = size_t(opt_.shard_rank); i < all.size(); i += size_t(opt_.shards)) mine.push_back(all[i]);
+  if (mine.empty()) {
+    b = TranslationBatch();
+    b.index = next_;
+  } else {
+    b = make_batch(mine, next_);
+  }
   ++next_;
   return true;
 }

@@ -91,6 +91,12 @@ struct BatcherOptions {
   bool shuffle = true;  // false: corpus order, sorted by length (evaluation)
   uint64_t seed = 0;
   SpecialIds ids;
+  // Data-parallel training: batch_size and max_tokens are per rank, the epoch is planned
+  // in global batches of `shards` times them, and next() gives this rank the pairs
+  // shard_rank, shard_rank + shards, ... of each (similar lengths, as the batch is
+  // length-sorted). A share may be empty (a short last batch): next() then gives a batch
+  // without ids or tensors, and the rank still takes part in the step.
+  int shard_rank = 0, shards = 1;
 };
 
 // Note [Length-bucketed batch order]
@@ -107,7 +113,7 @@ class TranslationBatcher {
   std::vector<std::vector<int64_t>> epoch_plan(int64_t epoch) const;
   // Starts (or resumes) an epoch at batch `start_batch`.
   void start_epoch(int64_t epoch, int64_t start_batch = 0);
-  // The next batch of the epoch, or false at its end.
+  // This rank's share of the epoch's next batch, or false at its end.
   bool next(TranslationBatch& b);
   int64_t batches_in_epoch() const { return int64_t(plan_.size()); }
   TranslationBatch make_batch(const std::vector<int64_t>& pair_ids, int64_t index) const;

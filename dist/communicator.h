@@ -3,7 +3,8 @@
 //   local  - world size 1, every collective the identity (a plain `egeria train`);
 //   MPI    - OpenMPI's MPI_COMM_WORLD, CPU tensors (dist/mpi.cpp), when a launcher
 //            (mpirun, srun) started the process;
-//   thread group - N ranks as threads of one process, for unit tests (a test double).
+//   thread group - N ranks as threads of one process, for unit tests (a test double);
+//   NCCL   - CUDA tensors between GPU ranks, bootstrapped over MPI (dist/nccl.cpp).
 // Every call is collective: all ranks make it, in the same order, with tensors of the
 // same shape and dtype. Failures throw eg::Error naming the call.
 #pragma once
@@ -25,9 +26,14 @@ class Communicator {
   // This rank's index among the ranks on its machine, and their number (one GPU each).
   virtual int local_rank() const = 0;
   virtual int local_size() const = 0;
-  virtual std::string backend() const = 0;  // "local", "mpi", "threads"
+  virtual std::string backend() const = 0;  // "local", "mpi", "threads", "nccl"
+  // True when a collective on a device tensor only enqueues the work on the device,
+  // ordered after what the current stream has issued and before what it issues next
+  // (NCCL): the host need not wait, nor call it from a thread of its own.
+  virtual bool enqueues() const { return false; }
 
-  // In place, over every rank's `t` (contiguous CPU f32, f64 or s64).
+  // In place, over every rank's `t` (contiguous CPU f32, f64 or s64; with NCCL, CUDA
+  // tensors of this rank's GPU too).
   virtual void all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
   // `t` becomes rank `root`'s.
   virtual void broadcast(Tensor& t, int root) = 0;
@@ -51,6 +57,10 @@ bool launched_by_mpi();
 // MPI_COMM_WORLD: initialises MPI (thread level MULTIPLE, errors returned, not fatal) on
 // first use, and finalises it at exit. Throws when this build or process has no MPI.
 std::unique_ptr<Communicator> make_mpi();
+
+// CUDA tensors through NCCL on `device` (one GPU per rank), bootstrapped over `host`,
+// which also carries host data and CPU tensors. Throws in a build without CUDA.
+std::unique_ptr<Communicator> make_nccl(Communicator& host, Device device);
 
 // The process's communicator: MPI under a launcher, else local. Made on first use.
 Communicator& world();

@@ -236,13 +236,13 @@ double Transformer::flops_per_sample() const {
   return double(cfg_.enc_layers) * enc + double(cfg_.dec_layers) * dec + 2 * d * double(cfg_.vocab);
 }
 
-double corpus_bleu(const std::vector<std::vector<int64_t>>& hyps, const std::vector<std::vector<int64_t>>& refs) {
+BleuCounts bleu_counts(const std::vector<std::vector<int64_t>>& hyps, const std::vector<std::vector<int64_t>>& refs) {
   EG_CHECK(hyps.size() == refs.size(), "corpus_bleu: ", hyps.size(), " hypotheses for ", refs.size(), " references");
-  double match[4] = {0, 0, 0, 0}, total[4] = {0, 0, 0, 0}, hyp_len = 0, ref_len = 0;
+  BleuCounts c{};  // match[4], total[4], hyp_len, ref_len
   for (size_t s = 0; s < hyps.size(); ++s) {
     const auto &h = hyps[s], &r = refs[s];
-    hyp_len += double(h.size());
-    ref_len += double(r.size());
+    c[8] += double(h.size());
+    c[9] += double(r.size());
     for (size_t n = 1; n <= 4; ++n) {
       std::map<std::vector<int64_t>, int> rc;
       for (size_t i = 0; i + n <= r.size(); ++i)
@@ -251,20 +251,29 @@ double corpus_bleu(const std::vector<std::vector<int64_t>>& hyps, const std::vec
         auto it = rc.find(std::vector<int64_t>(h.begin() + long(i), h.begin() + long(i + n)));
         if (it != rc.end() && it->second > 0) {
           --it->second;
-          ++match[n - 1];
+          ++c[n - 1];
         }
-        ++total[n - 1];
+        ++c[n + 3];
       }
     }
   }
+  return c;
+}
+
+double bleu_from_counts(const BleuCounts& c) {
+  const double hyp_len = c[8], ref_len = c[9];
   if (hyp_len == 0) return 0;
   double log_p = 0;
   for (int n = 0; n < 4; ++n) {
-    if (match[n] == 0) return 0;
-    log_p += 0.25 * std::log(match[n] / total[n]);
+    if (c[size_t(n)] == 0) return 0;
+    log_p += 0.25 * std::log(c[size_t(n)] / c[size_t(n) + 4]);
   }
   double bp = hyp_len < ref_len ? std::exp(1 - ref_len / hyp_len) : 1.0;
   return 100.0 * bp * std::exp(log_p);
+}
+
+double corpus_bleu(const std::vector<std::vector<int64_t>>& hyps, const std::vector<std::vector<int64_t>>& refs) {
+  return bleu_from_counts(bleu_counts(hyps, refs));
 }
 
 }  // namespace eg::models

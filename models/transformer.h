@@ -16,6 +16,7 @@
 // it at all); keeping the embedding's gradient from the source side would need the
 // whole backward through the frozen encoder.
 #pragma once
+#include <array>
 #include "core/rng.h"
 #include "layers/attention.h"
 #include "models/model.h"
@@ -61,5 +62,11 @@ class Transformer : public Model {
 
 // Corpus BLEU-4 (Papineni et al.) with the brevity penalty, over token sequences; 0..100.
 double corpus_bleu(const std::vector<std::vector<int64_t>>& hyps, const std::vector<std::vector<int64_t>>& refs);
+// The same in two halves, so that shards of a corpus can be summed (data-parallel
+// evaluation): the counts are the clipped n-gram matches and n-gram totals for n = 1..4,
+// then the hypothesis and reference lengths; the counts of a corpus are the sums of its parts'.
+using BleuCounts = std::array<double, 10>;
+BleuCounts bleu_counts(const std::vector<std::vector<int64_t>>& hyps, const std::vector<std::vector<int64_t>>& refs);
+double bleu_from_counts(const BleuCounts& c);
 
 }  // namespace eg::models

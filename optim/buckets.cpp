@@ -14,13 +14,14 @@ bool GradBuckets::sync(const std::vector<Tensor>& params) {
   std::vector<GradBucket> next;
   size_t fill = 0;
   auto same_kind = [&](const Tensor& a, const Tensor& b) { return a.device() == b.device() && a.dtype() == b.dtype(); };
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = params.size(); i-- > 0;) {  // gradient-ready order
     if (!active[i]) {
       params[i].set_grad(Tensor());  // a frozen parameter owns no gradient memory
       continue;
     }
     const size_t nb = size_t(params[i].numel()) * dtype_size(params[i].dtype());
-    const bool fits = !next.empty() && same_kind(params[next.back().members.front()], params[i]) && fill + nb <= cap_;
+    const size_t cap = next.size() <= 1 ? first_cap_ : cap_;
+    const bool fits = !next.empty() && same_kind(params[next.back().members.front()], params[i]) && fill + nb <= cap;
     if (!fits) {
       next.push_back({});
       fill = 0;
@@ -46,6 +47,24 @@ bool GradBuckets::sync(const std::vector<Tensor>& params) {
   active_ = std::move(active);
   ++rebuilds_;
   return true;
+}
+
+void GradBuckets::set_caps(size_t cap_bytes, size_t first_cap_bytes) {
+  cap_ = cap_bytes, first_cap_ = first_cap_bytes;
+  buckets_.clear();  // rebuilt at the next sync()
+}
+
+uint64_t GradBuckets::layout_hash() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the members and sizes
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  for (auto& b : buckets_) {
+    mix(uint64_t(b.flat.numel()));
+    for (size_t m : b.members) mix(m);
+    mix(~uint64_t(0));
+  }
+  return h;
 }
 
 void GradBuckets::zero() {

@@ -32,6 +32,8 @@ class Optimizer {
   // scale per bucket. A NaN/Inf norm is returned and nothing scaled (callers stop).
   double clip_grad_norm(double max_norm);
   const GradBuckets& grad_buckets() const { return buckets_; }
+  // The buckets' caps in bytes (optim/buckets.h); the next zero_grad() rebuilds them.
+  void set_bucket_caps(size_t cap_bytes, size_t first_cap_bytes) { buckets_.set_caps(cap_bytes, first_cap_bytes); }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }

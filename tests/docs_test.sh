@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 docs=("$root/README.md" "$root"/docs/*.md)
 known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" bench step --help
           python3 "$root/bench/time_to_accuracy.py" --help; } 2>&1 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u)
-others="--help --prefix --install"  # cmake's, and every tool's
+others="--help --prefix --install --hostfile"  # cmake's, mpirun's, and every tool's
 passed=0 failed=0
 for flag in $(cat "${docs[@]}" | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u); do
   if grep -qx -- "$flag" <<<"$known" || [[ " $others " == *" $flag "* ]]; then

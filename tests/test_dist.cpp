@@ -2,9 +2,17 @@
 // checked under mpirun by tests/dist_check.cpp).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
+#include "autograd/functions.h"
+#include "autograd/node.h"
 #include "dist/communicator.h"
+#include "dist/grad_sync.h"
+#include "layers/layers.h"
+#include "optim/optimizer.h"
 
 using namespace eg;
 
@@ -67,5 +75,153 @@ TEST(Dist, ThreadGroupCollectivesAgreeOnEveryRank) {
     EXPECT_EQ(counts[size_t(r)], (std::vector<int64_t>{3, 30}));
     EXPECT_EQ(bcast[size_t(r)], (std::vector<float>{14.f}));
     EXPECT_EQ(gathered[size_t(r)], (std::vector<std::string>{"", "b", "cc"}));
+  }
+}
+
+// ---- the gradient-ready hook and the overlapped gradient sync (dist/grad_sync.h)
+
+namespace {
+
+double amax(const Tensor& t) {
+  double m = 0;
+  for (float v : t.to_vector<float>()) m = std::max(m, double(std::abs(v)));
+  return m;
+}
+
+// A leaf used three times (as a tied embedding is: source, target, output projection) is
+// announced once, after its last accumulation, with its whole gradient; a leaf the graph
+// does not reach is never announced.
+TEST(GradReadyHook, ALeafUsedSeveralTimesIsReadyAfterItsLastUse) {
+  Generator g(1);
+  Tensor w = Tensor::randn({4, 4}, g), unused = Tensor::randn({3}, g);
+  w.set_requires_grad(true);
+  unused.set_requires_grad(true);
+  Tensor x = Tensor::randn({2, 4}, g);
+  Tensor loss = fn::sum(fn::linear(fn::linear(fn::linear(x, w, Tensor()), w, Tensor()), w, Tensor()));
+  std::vector<const TensorImpl*> announced;
+  std::vector<Tensor> grad_then;
+  {
+    autograd::GradReadyScope scope([&](const TensorImpl* leaf) {
+      announced.push_back(leaf);
+      grad_then.push_back(w.grad().clone());
+    });
+    loss.backward();
+  }
+  ASSERT_EQ(announced.size(), 1u);
+  EXPECT_EQ(announced[0], w.impl_ptr().get());
+  EXPECT_EQ(grad_then[0].to_vector<float>(), w.grad().to_vector<float>()) << "announced before its last accumulation";
+  EXPECT_FALSE(unused.grad().defined());
+}
+
+// Counts the all-reduces handed to it and passes them on.
+struct Recorder final : dist::Communicator {
+  explicit Recorder(dist::Communicator& inner) : inner(inner) {}
+  int rank() const override { return inner.rank(); }
+  int size() const override { return inner.size(); }
+  int local_rank() const override { return inner.local_rank(); }
+  int local_size() const override { return inner.local_size(); }
+  std::string backend() const override { return "recorder"; }
+  void all_reduce(Tensor& t, dist::ReduceOp op) override {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      sizes.push_back(t.numel());
+    }
+    cv.notify_all();
+    inner.all_reduce(t, op);
+  }
+  void broadcast(Tensor& t, int root) override { inner.broadcast(t, root); }
+  void barrier() override { inner.barrier(); }
+  std::vector<std::string> all_gather(const std::string& b) override { return inner.all_gather(b); }
+  dist::Communicator& inner;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> sizes;
+};
+
+struct TwoLayers {
+  explicit TwoLayers(Generator& g) : first(32, 64, true, g), last(64, 16, true, g) {}
+  std::vector<Tensor> params() {
+    auto p = first.parameters(), q = last.parameters();
+    p.insert(p.end(), q.begin(), q.end());
+    return p;
+  }
+  nn::Linear first, last;
+};
+
+}  // namespace
+
+// The overlap: backward reaches the last layer first, and its bucket is handed to the
+// communicator while the first layer's gradients do not exist yet. A probe between the
+// layers, whose backward runs after the last layer's and before the first's, waits for
+// the hand-over and looks at the first layer's gradient.
+TEST(GradSync, TheLastLayersBucketIsAllReducedBeforeTheFirstLayersGradientExists) {
+  auto group = dist::make_thread_group(1);
+  Recorder rec(*group[0]);
+  Generator g(2);
+  TwoLayers m(g);
+  optim::SGD opt(m.params(), 0.1);
+  opt.set_bucket_caps(size_t(1) << 20, 64 * 16 * 4 + 16 * 4);  // the last layer's bucket, then the first's
+  opt.zero_grad();
+  ASSERT_EQ(opt.grad_buckets().buckets().size(), 2u);
+  const int64_t last_numel = 64 * 16 + 16;
+  ASSERT_EQ(opt.grad_buckets().buckets()[0].flat.numel(), last_numel);
+  bool handed_over = false;
+  double first_grad_then = -1;
+  Tensor h = fn::relu(m.first.forward(Tensor::randn({8, 32}, g)));
+  Tensor probed = Tensor::empty(h.shape());
+  {
+    probed.copy_(h);
+    autograd::record_function("probe", {h}, {&probed}, {},
+                              [&](const autograd::Tensors& go, const autograd::Tensors&, const autograd::Node&) {
+      std::unique_lock<std::mutex> l(rec.mu);
+      handed_over = rec.cv.wait_for(l, std::chrono::seconds(20), [&] { return !rec.sizes.empty(); });
+      first_grad_then = amax(m.first.weight.grad());
+      return autograd::Tensors{go[0]};
+    });
+  }
+  Tensor loss = fn::sum(m.last.forward(probed));
+  dist::GradSync sync(rec, true);
+  sync.begin(opt.grad_buckets(), opt.params());
+  sync.backward(loss);
+  sync.finish();
+  EXPECT_TRUE(handed_over) << "the last layer's bucket was not handed over during backward";
+  EXPECT_EQ(first_grad_then, 0.0) << "the first layer's gradient existed before the hand-over";
+  ASSERT_EQ(rec.sizes.size(), 2u);
+  EXPECT_EQ(rec.sizes[0], last_numel);
+  EXPECT_GT(amax(m.first.weight.grad()), 0.0);
+  EXPECT_EQ(sync.stats().buckets_launched_in_backward, 2);
+  EXPECT_EQ(sync.stats().last_step_bytes, int64_t(opt.grad_buckets().bytes()));
+}
+
+// Two ranks as threads, each with its own data: after the sync every rank holds the sum
+// of both ranks' gradients, the same with and without overlap.
+TEST(GradSync, EveryRankEndsWithTheSumOfTheRanksGradients) {
+  for (bool overlap : {true, false}) {
+    auto group = dist::make_thread_group(2);
+    std::vector<std::vector<float>> synced(2), local(2);
+    auto rank_main = [&](int r) {
+      Generator g(7);  // the same weights on both ranks
+      TwoLayers m(g);
+      optim::SGD opt(m.params(), 0.1);
+      opt.set_bucket_caps(4096, 1024);
+      Generator data(100 + uint64_t(r));
+      Tensor x = Tensor::randn({4, 32}, data);
+      auto loss = [&] { return fn::sum(m.last.forward(fn::relu(m.first.forward(x)))); };
+      opt.zero_grad();
+      loss().backward();
+      local[size_t(r)] = m.first.weight.grad().to_vector<float>();
+      opt.zero_grad();
+      dist::GradSync sync(*group[size_t(r)], overlap);
+      sync.begin(opt.grad_buckets(), opt.params());
+      sync.backward(loss());
+      sync.finish();
+      synced[size_t(r)] = m.first.weight.grad().to_vector<float>();
+    };
+    std::thread t1(rank_main, 1);
+    rank_main(0);
+    t1.join();
+    EXPECT_EQ(synced[0], synced[1]) << "overlap " << overlap;
+    for (size_t i = 0; i < synced[0].size(); ++i)
+      ASSERT_NEAR(synced[0][i], local[0][i] + local[1][i], 1e-5) << i << " overlap " << overlap;
   }
 }

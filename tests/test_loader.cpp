@@ -1,6 +1,7 @@
 // data/loader: deterministic order and augmentation, exact resumption, look-ahead ids.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -134,4 +135,37 @@ TEST(Loader, RejectsBadOptions) {
   EXPECT_THROW(data::Loader(d, o), Error);
   data::Loader l(d, opts());
   EXPECT_THROW(l.start_epoch(0, 11), Error);
+}
+
+// Data-parallel shares: rank r of 3 with batch 4 gets the positions r, r + 3, ... of each
+// global batch of 12 that one process with batch 12 loads, with the same augmentation.
+TEST(Loader, RanksTakeInterleavedSharesOfTheOneProcessBatches) {
+  auto one = opts();
+  one.batch_size = 12;
+  data::Loader whole(small_data(), one);
+  const auto all = epoch(whole, 1);
+  ASSERT_EQ(all.size(), 8u);  // 103 samples: 8 full global batches
+  for (int r = 0; r < 3; ++r) {
+    auto o = opts();
+    o.batch_size = 4;
+    o.shard_rank = r, o.shards = 3;
+    data::Loader l(small_data(), o);
+    EXPECT_EQ(l.batches_per_epoch(), 8);
+    const auto mine = epoch(l, 1);
+    ASSERT_EQ(mine.size(), all.size());
+    l.start_epoch(1);
+    EXPECT_EQ(l.upcoming_ids(1), mine[0].ids);
+    for (size_t k = 0; k < all.size(); ++k) {
+      ASSERT_EQ(mine[k].ids.size(), 4u);
+      const int64_t per = mine[k].x.numel() / 4;
+      for (size_t i = 0; i < 4; ++i) {
+        const size_t at = size_t(r) + 3 * i;
+        EXPECT_EQ(mine[k].ids[i], all[k].ids[at]);
+        EXPECT_EQ(mine[k].y.data<int64_t>()[i], all[k].y.data<int64_t>()[at]);
+        EXPECT_TRUE(std::equal(mine[k].x.data<float>() + int64_t(i) * per,
+                               mine[k].x.data<float>() + int64_t(i + 1) * per,
+                               all[k].x.data<float>() + int64_t(at) * per));
+      }
+    }
+  }
 }

@@ -135,21 +135,30 @@ TEST(GradBuckets, ActiveGradientsLiveInAFewFlatBuffersRebuiltOnFreeze) {
   opt.zero_grad();
   const auto& gb = opt.grad_buckets();
   EXPECT_EQ(gb.rebuilds(), 1);
-  EXPECT_EQ(gb.buckets().size(), 1u) << "ResNet-20's 1 MiB of gradients fit one 25 MiB bucket";
-  EXPECT_EQ(gb.bytes(), grad_bytes(m->parameters(), false));
-  for (auto& p : m->parameters()) {
-    ASSERT_TRUE(p.grad().defined());
-    EXPECT_TRUE(p.grad().same_storage(gb.buckets()[0].flat));
+  // Gradient-ready order (the last layer's parameters first), DDP's caps: ResNet-20's
+  // 1.09 MB of gradients make a first bucket of at most 1 MiB and one more.
+  const auto params = m->parameters();
+  ASSERT_EQ(gb.buckets().size(), 2u);
+  EXPECT_EQ(gb.buckets()[0].members.front(), params.size() - 1);
+  EXPECT_EQ(gb.buckets()[1].members.back(), 0u);
+  EXPECT_LE(gb.buckets()[0].flat.nbytes(), size_t(1) << 20);
+  EXPECT_EQ(gb.bytes(), grad_bytes(params, false));
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined());
+    const size_t b = i >= gb.buckets()[1].members.front() + 1 ? 0 : 1;
+    EXPECT_TRUE(params[i].grad().same_storage(gb.buckets()[b].flat)) << i;
   }
   // A training step accumulates into the views; the next zero_grad does not rebuild.
   Tensor x = Tensor::randn({4, 3, 16, 16}, g);
   Tensor loss = fn::cross_entropy(m->forward(x), Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4}));
   loss.backward();
   EXPECT_GT(amax(gb.buckets()[0].flat), 0.0);
+  EXPECT_GT(amax(gb.buckets()[1].flat), 0.0);
   opt.step();
   opt.zero_grad();
   EXPECT_EQ(gb.rebuilds(), 1);
   EXPECT_EQ(amax(gb.buckets()[0].flat), 0.0);
+  EXPECT_EQ(amax(gb.buckets()[1].flat), 0.0);
 
   // Freezing the front: the frozen parameters leave the buckets and own no gradient.
   freeze::apply_frozen_prefix(*m, 4);
@@ -178,14 +187,24 @@ TEST(GradBuckets, SplitAtTheCapAndByDtype) {
   d.set_requires_grad(true);
   ps.insert(ps.begin() + 2, d);
   ps[4].set_grad(Tensor::full({256}, 3.0));  // carried over into its view
-  optim::GradBuckets gb(2048);
+  optim::GradBuckets gb(2048, 2048);
   EXPECT_TRUE(gb.sync(ps));
   EXPECT_FALSE(gb.sync(ps));
-  // [p0 p1] [d] [p2 p3] [p4]: the cap holds two, the f64 one breaks the run.
+  // Gradient-ready order, the reverse of the list: [p4 p3] [p2] [d] [p1 p0]: the cap
+  // holds two, the f64 one breaks the run.
   ASSERT_EQ(gb.buckets().size(), 4u);
-  EXPECT_EQ(gb.buckets()[0].members, (std::vector<size_t>{0, 1}));
-  EXPECT_EQ(gb.buckets()[1].members, (std::vector<size_t>{2}));
-  EXPECT_EQ(gb.buckets()[2].members, (std::vector<size_t>{3, 4}));
+  EXPECT_EQ(gb.buckets()[0].members, (std::vector<size_t>{5, 4}));
+  EXPECT_EQ(gb.buckets()[1].members, (std::vector<size_t>{3}));
+  EXPECT_EQ(gb.buckets()[2].members, (std::vector<size_t>{2}));
+  EXPECT_EQ(gb.buckets()[3].members, (std::vector<size_t>{1, 0}));
+  // A smaller first bucket, so that the first all-reduce starts early: [p4] [p3 p2] [d] [p1 p0].
+  optim::GradBuckets small_first(4096, 1024);
+  small_first.sync(ps);
+  ASSERT_EQ(small_first.buckets().size(), 4u);
+  EXPECT_EQ(small_first.buckets()[0].members, (std::vector<size_t>{5}));
+  EXPECT_EQ(small_first.buckets()[1].members, (std::vector<size_t>{4, 3}));
+  EXPECT_NE(small_first.layout_hash(), gb.layout_hash());
+  gb.sync(ps);
   EXPECT_EQ(ps[4].grad().to_vector<float>(), std::vector<float>(256, 3.f));
   EXPECT_EQ(ps[2].grad().dtype(), DType::f64);
   gb.zero();

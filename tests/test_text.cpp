@@ -202,3 +202,58 @@ TEST(TextBatcher, BatchesArePaddedAndOrderIsAPureFunctionOfSeedAndEpoch) {
     EXPECT_LE(int64_t(batch.size() * (longest + 1)), 96);
   }
 }
+
+// Data-parallel shares: with --batch-size B on each of 3 ranks, the epoch is planned in
+// global batches of 3B, as one process with 3B plans it, and rank r gets the pairs r,
+// r + 3, ... of each; a share of a short last batch may be empty, and is then a batch
+// without ids or tensors.
+TEST(TextBatcher, RanksTakeInterleavedSharesOfTheOneProcessPlan) {
+  std::string d = tmpdir("shards");
+  auto pairs = toy_pairs(101, 3);
+  auto tok = data::Tokenizer::train(pairs, d + "/spm.model", 60);
+  auto tp = std::make_shared<data::TokenizedPairs>(data::tokenize_pairs(pairs, tok, 16, true));
+  data::BatcherOptions one;
+  one.batch_size = 30;
+  one.seed = 9;
+  const auto plan = data::TranslationBatcher(tp, one).epoch_plan(2);
+  ASSERT_EQ(plan.size(), 4u);  // 101 pairs: 30, 30, 30 and 11
+  bool some_empty = false;
+  for (int r = 0; r < 3; ++r) {
+    data::BatcherOptions o = one;
+    o.batch_size = 10;
+    o.shard_rank = r, o.shards = 3;
+    data::TranslationBatcher b(tp, o);
+    EXPECT_EQ(b.epoch_plan(2), plan);
+    b.start_epoch(2);
+    data::TranslationBatch tb;
+    for (size_t k = 0; k < plan.size(); ++k) {
+      ASSERT_TRUE(b.next(tb));
+      std::vector<int64_t> expect;
+      for (size_t i = size_t(r); i < plan[k].size(); i += 3) expect.push_back(plan[k][i]);
+      EXPECT_EQ(tb.ids, expect) << "rank " << r << " batch " << k;
+      EXPECT_EQ(tb.index, int64_t(k));
+      if (expect.empty()) {
+        some_empty = true;
+        EXPECT_FALSE(tb.src.defined());
+        EXPECT_EQ(tb.tgt_tokens, 0);
+      } else {
+        EXPECT_EQ(tb.src.size(0), int64_t(expect.size()));
+      }
+    }
+    EXPECT_FALSE(b.next(tb));
+  }
+  // The short batch's 11 pairs share out as 4, 4, 3: only a batch shorter than the ranks
+  // leaves one empty.
+  EXPECT_FALSE(some_empty);
+  data::BatcherOptions tiny = one;
+  tiny.batch_size = 1;
+  tiny.shards = 3, tiny.shard_rank = 2;
+  auto t2 = std::make_shared<data::TokenizedPairs>(*tp);
+  t2->src.resize(4), t2->tgt.resize(4), t2->origin.resize(4);  // 4 pairs: batches of 3 and 1
+  data::TranslationBatcher last(t2, tiny);
+  last.start_epoch(0);
+  data::TranslationBatch tb;
+  int empty = 0;
+  while (last.next(tb)) empty += tb.ids.empty();
+  EXPECT_EQ(empty, 1) << "rank 2's share of the 1-pair batch";
+}

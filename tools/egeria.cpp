@@ -116,23 +116,38 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
 
-  std::string bmodel = "resnet56", bdevice = "cpu";
-  int64_t bbatch = 128;
-  int biters = 10, bthreads = 0;
+  eg::train::StepBenchOptions bo;
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   auto* step = bench->add_subcommand("step", "training-step throughput (JSON line)");
-  step->add_option("--model", bmodel)->capture_default_str();
-  step->add_option("--batch-size", bbatch)->capture_default_str()->check(CLI::PositiveNumber);
-  step->add_option("--device", bdevice)->capture_default_str();
-  step->add_option("--iterations", biters)->capture_default_str()->check(CLI::PositiveNumber);
-  step->add_option("--threads", bthreads)->capture_default_str();
+  step->add_option("--model", bo.model)->capture_default_str();
+  step->add_option("--batch-size", bo.batch_size, "per rank under mpirun")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  step->add_option("--device", bo.device)->capture_default_str();
+  step->add_option("--iterations", bo.iterations)->capture_default_str()->check(CLI::PositiveNumber);
+  step->add_option("--threads", bo.threads)->capture_default_str();
+  step->add_option(
+          "--frozen-units", bo.frozen_units,
+          "freeze the first N freezing units (the paper's partition): out of backward and of the gradient sync")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  std::string boverlap = "on";
+  step->add_option("--grad-sync-overlap", boverlap, eg::train::option("--grad-sync-overlap").help)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
+  step->add_option("--bucket-cap-mb", bo.bucket_cap_mb, eg::train::option("--bucket-cap-mb").help)
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   std::string bwino;
   step->add_option("--cpu-winograd", bwino, eg::train::option("--cpu-winograd").help)
       ->check(CLI::IsMember({"on", "off"}));
 
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*eval && eg::dist::launched_by_mpi() && eg::dist::world().size() > 1)
+      throw eg::Error("egeria eval runs as one process; it was started as " + std::to_string(eg::dist::world().size()) +
+                      " (an MPI launcher)");
     if (*train) {
       eg::train::TrainConfig c;
       std::set<std::string> given;
@@ -153,18 +168,13 @@ int main(int argc, char** argv) {
           given.insert(o->flag);
         }
       eg::train::apply_model_defaults(c, given);
-      // Started as several ranks (mpirun -np N), each would train its own copy into the
-      // same --out: refused until the loop trains data-parallel.
-      if (eg::dist::launched_by_mpi() && eg::dist::world().size() > 1)
-        throw eg::Error("egeria train was started as " + std::to_string(eg::dist::world().size()) +
-                        " processes (an MPI launcher), but it does not train data-parallel yet: each would train " +
-                        "its own copy into the same --out. Start one process");
       bool out_given = false;
       for (auto& [o, x] : train_options) out_given |= o->key == "out" && x->count() > 0;
       if (!config_file.empty() && !out_given && !c.resume)
         throw eg::Error("--config '" + config_file + "' names the run directory '" + c.out + "'; a new run from it " +
                         "needs its own --out (or --resume to continue that run)");
       auto s = eg::train::run_training(c);
+      if (eg::dist::world().rank() != 0) return 0;  // rank 0 reports for the job
       if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());
       if (s.completed && s.tokens_per_second > 0)
         std::printf(
@@ -186,16 +196,28 @@ int main(int argc, char** argv) {
       std::printf("%s\n", j.dump().c_str());
     } else if (*step) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
-      auto r = eg::train::bench_step(bmodel, bbatch, bdevice, biters, bthreads);
-      std::printf("%s\n", nlohmann::json{{"model", bmodel},
-                                         {"batch_size", bbatch},
-                                         {"device", bdevice},
-                                         {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
-                                         {"images_per_second", r.samples_per_second},
-                                         {"median_step_ms", r.median_step_ms},
-                                         {"iterations", r.iterations}}
-                              .dump()
-                              .c_str());
+      bo.overlap = boverlap == "on";
+      eg::dist::Communicator& w = eg::dist::world();
+      auto r = eg::train::bench_step(bo, w);
+      nlohmann::json j = {{"model", bo.model},
+                          {"batch_size", bo.batch_size},
+                          {"device", bo.device},
+                          {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
+                          {"images_per_second", r.samples_per_second},
+                          {"median_step_ms", r.median_step_ms},
+                          {"iterations", r.iterations},
+                          {"frozen_units", r.frozen_units},
+                          {"frozen_parameters", r.frozen_parameters},
+                          {"parameters", r.parameters}};
+      if (r.world_size > 1) {
+        j["world_size"] = r.world_size;
+        j["global_batch_size"] = bo.batch_size * r.world_size;
+        j["grad_sync_overlap"] = bo.overlap;
+        j["gradient_sync_bytes_per_step"] = r.sync_bytes_per_step;
+        j["median_sync_wait_ms"] = r.median_sync_wait_ms;
+        j["median_allreduce_ms"] = r.median_comm_ms;
+      }
+      if (w.rank() == 0) std::printf("%s\n", j.dump().c_str());
     }
   } catch (const std::exception& e) {
     // Under a launcher each rank says who it is; the job's other ranks are not waited for.
@@ -207,6 +229,8 @@ int main(int argc, char** argv) {
     } catch (const std::exception&) {  // MPI itself failed: the message says so
     }
     std::fprintf(stderr, "egeria: error%s: %s\n", who.c_str(), e.what());
+    // The other ranks may be waiting for this one in a collective: end the whole job.
+    if (!who.empty() && eg::dist::world().size() > 1) eg::dist::abort_job(1);
     return 1;
   }
   return 0;

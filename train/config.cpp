@@ -63,6 +63,8 @@ void validate(const TrainConfig& c) {
            "' (known: ", joined(models::model_names()), ")");
   EG_CHECK(c.epochs > 0, "--epochs must be positive, got ", c.epochs);
   EG_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
+  EG_CHECK(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= 4096, "--bucket-cap-mb must be in (0, 4096] MiB, got ",
+           c.bucket_cap_mb);
   EG_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
   EG_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1), got ", c.momentum);
   EG_CHECK(c.weight_decay >= 0, "--weight-decay must be non-negative, got ", c.weight_decay);
@@ -221,6 +223,7 @@ const char* group_title(OptionGroup g) {
     case OptionGroup::run: return "Run";
     case OptionGroup::data: return "Data";
     case OptionGroup::optimisation: return "Optimisation";
+    case OptionGroup::parallel: return "Data-parallel training (under mpirun)";
     case OptionGroup::freezing: return "Layer freezing";
     case OptionGroup::reference: return "Reference model (egeria)";
     case OptionGroup::cache: return "Activation cache";

@@ -62,6 +62,9 @@ struct TrainConfig {
   std::vector<int64_t> milestones;  // epochs; default: 50% and 75% of the epochs, rounded down
   int64_t warmup_steps = 0;
   double grad_clip = 0;  // the gradients' global L2 norm clipped to this before each step (0: off)
+  // ---- data-parallel training (several ranks under an MPI launcher; train/run.h)
+  double bucket_cap_mb = 25;  // gradient buckets after the first (1 MiB), as PyTorch DDP
+  bool grad_sync_overlap = true;  // all-reduce each bucket as soon as its gradients are complete
   // ---- layer freezing (freeze/policy.h): none, static, freezeout, autofreeze, egeria
   std::string freeze = "none";
   FreezeUnits freeze_modules = FreezeUnits::automatic;
@@ -127,7 +130,7 @@ bool is_translation_model(const std::string& model);  // "transformer-*"
 void validate(const TrainConfig& c);
 
 // ---- the table of options
-enum class OptionGroup { run, data, optimisation, freezing, reference, cache, translation, hidden };
+enum class OptionGroup { run, data, optimisation, parallel, freezing, reference, cache, translation, hidden };
 const char* group_title(OptionGroup g);
 
 // What a resumed run may do with an option: `fixed` options change the result and must

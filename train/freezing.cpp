@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/ops.h"
 #include "layers/layers.h"
 #include "train/checkpoint.h"
 
@@ -25,6 +26,18 @@ double reference_max_cpu_load(const TrainConfig& c) {
   if (c.freeze_reference_max_load == 0)
     return Device::parse(c.device).is_cuda() && c.freeze_apply == FreezeApply::arrival ? 0.5 : 1.0;
   return c.freeze_reference_max_load / 100;
+}
+
+void average_running_stats(models::Model& m, dist::Communicator& comm) {
+  if (comm.size() == 1) return;
+  for (auto& [name, mod] : m.named_modules())
+    if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod))
+      for (Tensor* t : {&bn->running_mean, &bn->running_var}) {
+        Tensor h = t->device().is_cpu() ? *t : t->to(Device::cpu());
+        comm.all_reduce(h);
+        ops::call(ops::scale, h, h, 1.0 / comm.size());
+        if (!t->device().is_cpu()) t->copy_(h);
+      }
 }
 
 freeze::PolicyConfig policy_config(const TrainConfig& c) {
@@ -56,11 +69,17 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   return pc;
 }
 
-FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir)
-    : model_(model), metrics_(out_dir + "/metrics.jsonl"), log_(out_dir + "/freeze.jsonl") {
+FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
+                     dist::Communicator& comm)
+    : model_(model),
+      comm_(comm),
+      lead_(comm.rank() == 0),
+      metrics_(out_dir + "/metrics.jsonl"),
+      log_(out_dir + "/freeze.jsonl") {
   const auto layers = model.layer_modules();
   pc.partition = freeze::make_partition(model, c.freeze_modules, c.freeze_module_regex);
   part_ = pc.partition;
+  if (!lead_) pc.name = "none";  // See Note [Freezing across ranks]
   policy_ = freeze::make_policy(pc, int64_t(layers.size()));
   const std::vector<double> layer_flops = model.module_flops();
   const double params = double(model.num_parameters()), flops = std::max(model.flops_per_sample(), 1.0);
@@ -80,17 +99,17 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
 
 double FreezeRun::frozen_share(const std::vector<double>& share) const {
   double v = 0;
-  for (int64_t i = 0; i < policy_->frozen_prefix() && i < int64_t(share.size()); ++i) v += share[size_t(i)];
+  for (int64_t i = 0; i < frozen_ && i < int64_t(share.size()); ++i) v += share[size_t(i)];
   return v;
 }
 
 json FreezeRun::step_fields() const {
-  return {{"frozen_modules", policy_->frozen_prefix()}, {"active_param_fraction", 1 - frozen_share(unit_params_)}};
+  return {{"frozen_modules", frozen_}, {"active_param_fraction", 1 - frozen_share(unit_params_)}};
 }
 
 void FreezeRun::use_cache(const std::string& dir, int64_t train_samples, bool force_disk) {
-  cache_ = std::make_unique<cache::ActivationCache>(dir, train_samples,
-                                                    force_disk ? cache::Tier::disk : cache::Tier::automatic);
+  cache_ = std::make_unique<cache::ActivationCache>(
+      dir, train_samples, force_disk ? cache::Tier::disk : cache::Tier::automatic, comm_.local_size());
 }
 
 Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture,
@@ -150,24 +169,33 @@ void FreezeRun::prefetch(const std::vector<int64_t>& next_ids) {
 void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds) {
   flops_saved_sum_ += frozen_share(unit_flops_);
   const auto t0 = std::chrono::steady_clock::now();
-  if (unit_input_.defined()) {
+  if (lead_ && unit_input_.defined()) {
     freeze::StepInfo si = s;
     si.unit_input = std::exchange(unit_input_, Tensor());
     policy_->after_step(si, x, captured, model_);
-  } else {
+  } else if (lead_) {
     policy_->after_step(s, x, captured, model_);
   }
+  int64_t k = lead_ ? policy_->frozen_prefix() : frozen_;
+  if (comm_.size() > 1) {  // rank 0's decision, on every rank
+    Tensor t = Tensor::from_vector(std::vector<int64_t>{k}, {1});
+    comm_.broadcast(t, 0);
+    k = t.data<int64_t>()[0];
+  }
+  frozen_ = k;
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
     ++generation_;
+    if (comm_.size() > 1) average_running_stats(model_, comm_);
     if (cache_ && frozen_layers() == 0) cache_->release();  // unfrozen: its entries are dead weight
     json j = {{"type", "freeze"}, {"step", s.step}, {"epoch", s.epoch + 1}, {"train_seconds", train_seconds}};
     j.update(step_fields());
-    append(metrics_, j);
+    if (lead_) append(metrics_, j);
   }
-  for (auto& j : policy_->take_log()) {
-    j["epoch"] = s.epoch + 1;
-    append(log_, j);
-  }
+  if (lead_)
+    for (auto& j : policy_->take_log()) {
+      j["epoch"] = s.epoch + 1;
+      append(log_, j);
+    }
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -175,6 +203,7 @@ void FreezeRun::save(std::map<std::string, Tensor>& tensors, json& state) const 
   for (auto& [k, t] : policy_->state_tensors()) tensors["freeze/" + k] = t;
   state["freeze"] = policy_->state();
   state["freeze_units"] = part_.names();
+  state["frozen_units"] = frozen_;
   state["flops_saved_sum"] = flops_saved_sum_;
   state["freeze_seconds"] = seconds_;
 }
@@ -187,8 +216,13 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   std::map<std::string, Tensor> fs;
   for (auto& [k, t] : tensors)
     if (k.rfind("freeze/", 0) == 0) fs[k.substr(7)] = t;
-  if (saved.contains("freeze")) policy_->load_state(saved["freeze"]);
-  policy_->load_state_tensors(fs);
+  if (lead_) {
+    if (saved.contains("freeze")) policy_->load_state(saved["freeze"]);
+    policy_->load_state_tensors(fs);
+    frozen_ = policy_->frozen_prefix();
+  } else {
+    frozen_ = saved.value("frozen_units", int64_t(0));
+  }
   freeze::apply_frozen_prefix(model_, frozen_layers());
   ++generation_;  // the cache starts empty after a resume: its file went with the process
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
@@ -234,7 +268,7 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   json st = policy_->stats();
   const double bg = st.value("reference_cpu_seconds", 0.0) / double(std::max(1, num_threads()));
   sj["frozen_fraction_final"] = frozen_share(unit_params_);
-  sj["frozen_modules_final"] = policy_->frozen_prefix();
+  sj["frozen_modules_final"] = frozen_;
   sj["freeze_units"] = part_.to_json();
   sj["backward_flops_saved_fraction"] = steps > 0 ? flops_saved_sum_ / double(steps) : 0.0;
   // Training-thread time in the policy plus the background threads' CPU time spread

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cache/activation_cache.h"
+#include "dist/communicator.h"
 #include "freeze/policy.h"
 #include "train/config.h"
 
@@ -22,16 +23,26 @@ namespace eg::train {
 // and the reference's overhead. Empty for --freeze none.
 std::string freeze_report(const nlohmann::json& summary);
 
+// Note [Freezing across ranks]
+// In data-parallel training the policy (and Egeria's reference model) runs on rank 0
+// alone, the paper's single controller: it sees the global loss, and the gradients after
+// their all-reduce. After every step rank 0 broadcasts the number of frozen units, and
+// every rank applies it before the next forward, so all ranks freeze and unfreeze at the
+// same step and rebuild the same gradient buckets (the loop checks their layout before
+// each all-reduce). BatchNorm running statistics are averaged over the ranks whenever the
+// frozen set changes, since a frozen prefix may run on them (--freeze-bn running). Only
+// rank 0 writes the logs.
 class FreezeRun {
  public:
   // `model` is the training model; `pc` the policy's configuration (policy_config(c)
   // plus the model and run length). It appends to DIR/metrics.jsonl and DIR/freeze.jsonl.
-  FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir);
+  FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
+            dist::Communicator& comm);
 
   // Layer modules (not units) to run under no-grad now, and the one to capture before
-  // the forward of `step` (-1: none).
-  int64_t frozen_layers() const { return part_.layer_prefix(policy_->frozen_prefix()); }
-  int64_t capture_layer(int64_t step) const { return policy_->capture_module(step); }
+  // the forward of `step` (-1: none; the policy runs on rank 0 only).
+  int64_t frozen_layers() const { return part_.layer_prefix(frozen_); }
+  int64_t capture_layer(int64_t step) const { return lead_ ? policy_->capture_module(step) : -1; }
 
   // --freeze-cache on: keep the frozen prefix's outputs for the `train_samples` training
   // samples (image models; the trainer validated the configuration), in memory when
@@ -47,6 +58,7 @@ class FreezeRun {
 
   // After the optimizer step: accounting, the policy, its decision applied to the
   // model (a "freeze" line in metrics.jsonl when the frozen set changed) and its log.
+  // Collective: every rank calls it every step (Note [Freezing across ranks]).
   void after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds);
 
   // Fields for metrics.jsonl step lines: frozen units and active parameter share.
@@ -66,6 +78,9 @@ class FreezeRun {
   // that ends at layer module `capture` (-1: none, or the unit starts the network).
   int64_t unit_input_layer(int64_t capture) const;
   models::Model& model_;
+  dist::Communicator& comm_;
+  const bool lead_;  // rank 0: runs the policy and writes the logs
+  int64_t frozen_ = 0;  // units frozen now, as every rank agreed
   freeze::Partition part_;
   std::unique_ptr<freeze::FreezePolicy> policy_;
   std::vector<double> unit_params_, unit_flops_;  // shares of the model's parameters / forward FLOPs
@@ -78,6 +93,10 @@ class FreezeRun {
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
 };
+
+// Every rank's BatchNorm running statistics become their mean over the ranks (in place),
+// so that evaluation, checkpoints and a frozen prefix do not depend on the rank.
+void average_running_stats(models::Model& m, dist::Communicator& comm);
 
 // The PolicyConfig fields that come straight from the flags.
 freeze::PolicyConfig policy_config(const TrainConfig& c);

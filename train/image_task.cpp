@@ -40,8 +40,9 @@ std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageData
   return {take(0, size_t(k)), take(size_t(k), size_t(n))};
 }
 
-void ImageTask::setup(const TrainConfig& c) {
+void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   c_ = c;
+  comm_ = &comm;
   dev_ = Device::parse(c.device);
   auto train = data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true);
   if (c.val_fraction > 0) {
@@ -52,8 +53,10 @@ void ImageTask::setup(const TrainConfig& c) {
   }
   train_ = std::make_shared<data::ImageDataset>(std::move(train));
   test_ = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false));
-  EG_CHECK(train_->size() >= c.batch_size, "--batch-size ", c.batch_size, " is larger than the training set (",
-           train_->size(), " images", valid_ ? " after --val-fraction" : "", ")");
+  const int64_t global_batch = c.batch_size * comm.size();
+  EG_CHECK(train_->size() >= global_batch, "--batch-size ", c.batch_size,
+           comm.size() > 1 ? " x " + std::to_string(comm.size()) + " ranks" : std::string(),
+           " is larger than the training set (", train_->size(), " images", valid_ ? " after --val-fraction" : "", ")");
   models::ModelConfig mc;
   mc.name = c.model;
   mc.in_channels = train_->images.size(1);
@@ -72,6 +75,7 @@ void ImageTask::setup(const TrainConfig& c) {
   lo.aug.norm = data::default_normalization(c.dataset);
   lo.workers = c.workers;
   lo.seed = c.seed;
+  lo.shard_rank = comm.rank(), lo.shards = comm.size();
   loader_ = std::make_unique<data::Loader>(train_, lo);
 }
 
@@ -103,31 +107,44 @@ std::vector<Split> ImageTask::epoch_splits() const {
 }
 
 Metrics ImageTask::evaluate(Split s) {
-  return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_);
+  return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_, comm_);
 }
 
-Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev) {
+Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,
+                        dist::Communicator* comm) {
   autograd::NoGradGuard ng;
   const bool was_training = m.is_training();
   m.eval();
-  data::LoaderOptions o;
-  o.batch_size = 500;
-  o.shuffle = false;
-  o.drop_last = false;
-  o.aug.norm = data::default_normalization(dataset);
-  data::Loader l(std::make_shared<data::ImageDataset>(d), o);
-  l.start_epoch(0);
-  data::Batch b;
-  double loss = 0;
-  int64_t correct = 0;
-  while (l.next(b)) {
-    Tensor logits = m.forward(b.x.to(dev));
-    loss += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
-    const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
-    for (int64_t i = 0; i < b.y.numel(); ++i) correct += pred[size_t(i)] == b.y.data<int64_t>()[i];
+  // This rank's share: a contiguous range of the split.
+  const int64_t rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
+  const int64_t begin = d.size() * rank / ranks, end = d.size() * (rank + 1) / ranks;
+  double counts[2] = {0, 0};  // loss sum, correct
+  if (end > begin) {
+    data::LoaderOptions o;
+    o.batch_size = 500;
+    o.shuffle = false;
+    o.drop_last = false;
+    o.aug.norm = data::default_normalization(dataset);
+    auto share = ranks == 1 ? std::make_shared<data::ImageDataset>(d)
+                            : std::make_shared<data::ImageDataset>(
+                                  data::ImageDataset{d.images.slice(begin, end), d.labels.slice(begin, end)});
+    data::Loader l(share, o);
+    l.start_epoch(0);
+    data::Batch b;
+    while (l.next(b)) {
+      Tensor logits = m.forward(b.x.to(dev));
+      counts[0] += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
+      const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
+      for (int64_t i = 0; i < b.y.numel(); ++i) counts[1] += pred[size_t(i)] == b.y.data<int64_t>()[i];
+    }
+  }
+  if (ranks > 1) {
+    Tensor t = Tensor::from_vector(std::vector<double>(counts, counts + 2), {2});
+    comm->all_reduce(t);
+    counts[0] = t.data<double>()[0], counts[1] = t.data<double>()[1];
   }
   if (was_training) m.train();
-  return {{"accuracy", double(correct) / double(d.size())}, {"loss", loss / double(d.size())}};
+  return {{"accuracy", counts[1] / double(d.size())}, {"loss", counts[0] / double(d.size())}};
 }
 
 void ImageTask::summarize(nlohmann::json& sj) const {

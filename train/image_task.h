@@ -14,7 +14,7 @@ namespace eg::train {
 
 class ImageTask : public Task {
  public:
-  void setup(const TrainConfig& c) override;
+  void setup(const TrainConfig& c, dist::Communicator& comm) override;
   models::Model& model() override { return *model_; }
   void configure_freezing(freeze::PolicyConfig& pc) const override;
   void attach(FreezeRun& fr) override;
@@ -30,6 +30,7 @@ class ImageTask : public Task {
 
  private:
   TrainConfig c_;
+  dist::Communicator* comm_ = nullptr;
   Device dev_;
   std::shared_ptr<data::ImageDataset> train_, valid_, test_;
   models::ModelPtr model_;
@@ -39,8 +40,10 @@ class ImageTask : public Task {
 
 int64_t num_classes(const std::string& dataset);
 
-// Accuracy and mean cross-entropy of `m` on `d` (normalised as `dataset` is), in eval mode.
-Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev);
+// Accuracy and mean cross-entropy of `m` on `d` (normalised as `dataset` is), in eval mode;
+// with `comm`, each rank evaluates its share of `d` and the counts are summed.
+Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,
+                        dist::Communicator* comm = nullptr);
 
 // `fraction` of `d`'s samples, drawn by a seeded shuffle, and the rest: (held out, kept).
 std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageDataset& d, double fraction, uint64_t seed);

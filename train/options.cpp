@@ -190,7 +190,8 @@ std::vector<Option> make_options() {
                      Names<AugmentMode>{{"epoch", AugmentMode::epoch}, {"sample", AugmentMode::sample}}));
   t.push_back(number("--workers", "workers", G::data, Free, "data loader threads", &TrainConfig::workers));
   // ---- optimisation
-  t.push_back(number("--batch-size", "batch_size", G::optimisation, F, "samples (sentences) per step",
+  t.push_back(number("--batch-size", "batch_size", G::optimisation, F,
+                     "samples (sentences) per step on each rank; the global batch is this times the number of ranks",
                      &TrainConfig::batch_size));
   t.push_back(choice("--optimizer", "optimizer", G::optimisation, F, "the optimizer", &TrainConfig::optimizer,
                      Names<OptimizerKind>{{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}));
@@ -253,6 +254,14 @@ std::vector<Option> make_options() {
                      "clip the gradients' global L2 norm to X before each step (0: no clipping); step lines in "
                      "metrics.jsonl then log grad_norm, the norm before clipping",
                      &TrainConfig::grad_clip));
+  // ---- data-parallel training
+  t.push_back(number("--bucket-cap-mb", "bucket_cap_mb", G::parallel, OnResume::warn,
+                     "gradient buckets after the first (1 MiB) hold up to this many MiB; each is all-reduced as one",
+                     &TrainConfig::bucket_cap_mb));
+  t.push_back(choice("--grad-sync-overlap", "grad_sync_overlap", G::parallel, Free,
+                     "on: all-reduce each gradient bucket during backward, as soon as its gradients are complete; "
+                     "off: all of them after backward",
+                     &TrainConfig::grad_sync_overlap, kOnOff));
   // ---- freezing
   t.push_back(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", &TrainConfig::freeze, "POLICY"));
   t.push_back(choice("--freeze-modules", "freeze_modules", G::freezing, F,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dist/communicator.h"
 #include "train/config.h"
 #include "train/task.h"
 
@@ -23,11 +24,37 @@ struct Summary {
   std::string freeze_report;  // one line on the freezing (train/freezing.h); empty for none
 };
 
+// Note [Data-parallel training]
+// Under an MPI launcher (mpirun -np N egeria train ...) every rank runs fit() on the same
+// configuration and `comm` joins them; started plainly, comm is the local world of one.
+// - --batch-size is per rank; a global batch is N of them. Each epoch's order is a pure
+//   function of (seed, epoch) and each rank takes an interleaved share of every global
+//   batch (the tasks' loaders), so the global batches do not depend on N.
+// - Each step the ranks exchange their loss sums and sample (token) counts and a hash of
+//   their gradient buckets' layout, before backward: the loss is normalised by the global
+//   count (each rank's mean is scaled by its share of the count, and the gradients are
+//   summed), a NaN on any rank stops every rank at the same step, and ranks that would
+//   all-reduce different buckets stop with an error instead of hanging.
+// - The gradient buckets are all-reduced during backward (dist/grad_sync.h); frozen
+//   parameters are in no bucket and never sent. The freezing policy runs on rank 0 and
+//   its decision reaches every rank after every step (Note [Freezing across ranks]).
+// - BatchNorm keeps per-rank batch statistics, as PyTorch DDP; running statistics are
+//   averaged over the ranks before every evaluation and checkpoint. Evaluation is
+//   sharded and reduced from counts.
+// - Rank 0 alone writes the run's files. Every rank reads the checkpoint on --resume (so
+//   --out must be on storage every rank sees). A checkpoint records the world size and the
+//   global batch; a resume on another number of ranks keeps the global batch, adjusting
+//   --batch-size (refused when it does not divide).
+// - Each rank's dropout draws from a generator of its own; their states are in the
+//   checkpoint, so a resume on the same number of ranks is bit-identical on the CPU.
+
 // Trains `task` as `c` says, writing c.out's files: config.json, metrics.jsonl,
 // freeze.jsonl, checkpoint.safetensors (and checkpoint-<step>.safetensors with
 // --keep-checkpoints), best.safetensors (with a validation split), model.safetensors and
 // summary.json. Throws eg::Error on bad input or a non-finite loss, after which the last
-// good checkpoint is still in place.
+// good checkpoint is still in place. Trains on the process's ranks (dist::world()), or on
+// `comm`'s: see Note [Data-parallel training].
 Summary fit(Task& task, const TrainConfig& c);
+Summary fit(Task& task, const TrainConfig& c, dist::Communicator& comm);
 
 }  // namespace eg::train

@@ -19,6 +19,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "dist/communicator.h"
 #include "freeze/policy.h"
 #include "models/model.h"
 #include "train/config.h"
@@ -29,8 +30,10 @@ class FreezeRun;  // train/freezing.h
 
 // One training batch's forward, as the loop needs it.
 struct StepOutput {
-  Tensor loss;  // scalar; the loop checks it is finite and calls backward on it
-  int64_t samples = 0;  // what the throughput counts: images, or target tokens
+  // Scalar: the mean over the batch's `samples`. The loop checks it is finite and calls
+  // backward on it. Undefined when this rank's share of the global batch is empty.
+  Tensor loss;
+  int64_t samples = 0;  // what the loss is a mean over and the throughput counts: images, or target tokens
   // What the freezing reference sees: the batch's input and, for two-input models such
   // as a Transformer, the second one (freeze::StepInfo::x2).
   Tensor input, input2;
@@ -46,8 +49,12 @@ class Task {
  public:
   virtual ~Task() = default;
 
-  // ---- set-up: called once, before anything else, with the run's configuration.
-  virtual void setup(const TrainConfig& c) = 0;
+  // ---- set-up: called once, before anything else, with the run's configuration and the
+  // ranks it trains on (data parallelism: see Note [Data-parallel training] in train/run.h).
+  // --batch-size is per rank: a task loads this rank's share of each global batch, and
+  // evaluates its share of each split, reducing sums and counts over `comm`. Every call
+  // below is made on every rank, in the same order.
+  virtual void setup(const TrainConfig& c, dist::Communicator& comm) = 0;
   virtual models::Model& model() = 0;
   // Lines printed once the data and model are ready (sizes, vocabulary); may be empty.
   virtual std::string description() const { return ""; }
@@ -67,7 +74,7 @@ class Task {
   // ---- training data. The batches of an epoch, from `first_batch` on.
   virtual int64_t batches_per_epoch() const = 0;
   virtual void start_epoch(int64_t epoch, int64_t first_batch) = 0;
-  // Loads the next batch; false at the epoch's end.
+  // Loads this rank's share of the next batch; false at the epoch's end.
   virtual bool next_batch() = 0;
   // The loaded batch's forward and loss, through the freezing state: the frozen prefix
   // under no-grad (or from the activation cache), capturing layer module `capture`.
@@ -77,6 +84,7 @@ class Task {
   // The splits evaluated at every epoch's end; the first picks the best epoch. A test
   // split left out here is evaluated once, at the end.
   virtual std::vector<Split> epoch_splits() const = 0;
+  // The split's metrics over every rank (each evaluates its share).
   virtual Metrics evaluate(Split s) = 0;
   // The metric that picks the best epoch, and whether higher is better.
   virtual std::string selection_metric() const = 0;

@@ -4,7 +4,10 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "autograd/functions.h"
 #include "core/parallel.h"
+#include "dist/grad_sync.h"
+#include "freeze/partition.h"
 #include "optim/optimizer.h"
 #include "quant/reference.h"
 #include "train/checkpoint.h"
@@ -87,40 +90,81 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   return {e.at("accuracy"), e.at("loss"), test.size()};
 }
 
-StepBench bench_step(const std::string& model, int64_t bs, const std::string& device, int iters, int threads) {
+StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   using Clock = std::chrono::steady_clock;
-  EG_CHECK(bs > 0 && iters > 0, "bench step: batch size and iterations must be positive");
-  set_num_threads(threads);
-  Device dev = Device::parse(device);
+  EG_CHECK(o.batch_size > 0 && o.iterations > 0, "bench step: batch size and iterations must be positive");
+  set_num_threads(o.threads);
+  const int W = comm.size();
+  Device dev = Device::parse(W > 1 && o.device == "cuda" ? "cuda:" + std::to_string(comm.local_rank()) : o.device);
   models::ModelConfig mc;
-  mc.name = model;
-  mc.image_size = model == "resnet50" || model == "resnet18" ? 224 : 32;
+  mc.name = o.model;
+  mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
   mc.small_input = mc.image_size == 32;
-  mc.num_classes = model == "resnet50" || model == "resnet18" ? 1000 : 10;
+  mc.num_classes = o.model == "resnet50" || o.model == "resnet18" ? 1000 : 10;
   Generator g(0);
   auto m = models::build_model(mc, g);
   m->to(dev);
+  const freeze::Partition part = freeze::make_partition(*m, freeze::PartitionMode::automatic);
+  EG_CHECK(o.frozen_units >= 0 && o.frozen_units < int64_t(part.units().size()), "bench step: --frozen-units ",
+           o.frozen_units, " of ", o.model, "'s ", part.units().size(),
+           " freezing units (the last, the head, never freezes)");
+  const int64_t frozen_layers = part.layer_prefix(o.frozen_units);
+  freeze::apply_frozen_prefix(*m, frozen_layers);
   optim::SGD opt(m->parameters(), 0.01, {0.9, 0, 5e-4, false});
-  Tensor x = Tensor::randn({bs, 3, mc.image_size, mc.image_size}, g).to(dev);
-  std::vector<int64_t> labels(static_cast<size_t>(bs));
-  for (int64_t i = 0; i < bs; ++i) labels[size_t(i)] = i % mc.num_classes;
-  Tensor y = Tensor::from_vector(labels, {bs}, dev);
-  std::vector<double> ms;
+  opt.set_bucket_caps(size_t(o.bucket_cap_mb * double(1 << 20)),
+                      std::min(optim::kDefaultFirstBucketCap, size_t(o.bucket_cap_mb * double(1 << 20))));
+  Generator data(uint64_t(1 + comm.rank()));  // each rank its own batch
+  Tensor x = Tensor::randn({o.batch_size, 3, mc.image_size, mc.image_size}, data).to(dev);
+  std::vector<int64_t> labels(static_cast<size_t>(o.batch_size));
+  for (int64_t i = 0; i < o.batch_size; ++i) labels[size_t(i)] = (i + comm.rank()) % mc.num_classes;
+  Tensor y = Tensor::from_vector(labels, {o.batch_size}, dev);
+  std::unique_ptr<dist::Communicator> nccl;
+  if (W > 1 && dev.is_cuda()) nccl = dist::make_nccl(comm, dev);
+  std::unique_ptr<dist::GradSync> sync;
+  if (W > 1) sync = std::make_unique<dist::GradSync>(nccl ? *nccl : comm, o.overlap);
+  std::vector<double> ms, wait_ms, comm_ms;
   const int warmup = 3;
-  for (int i = 0; i < warmup + iters; ++i) {
-    auto t0 = Clock::now();
-    Tensor loss = fn::cross_entropy(m->forward(x), y);
+  for (int i = 0; i < warmup + o.iterations; ++i) {
+    comm.barrier();  // the ranks start each step together
+    const auto t0 = Clock::now();
+    Tensor loss = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, x, frozen_layers, -1, nullptr), y);
     opt.zero_grad();
-    loss.backward();
+    const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
+    if (sync) {
+      const double lv = loss.item();
+      const auto t = dist::agree_on_step(comm, lv * double(o.batch_size), double(o.batch_size),
+                                         opt.grad_buckets().layout_hash(), i);
+      sync->begin(opt.grad_buckets(), opt.params());
+      sync->backward(fn::scale(loss, double(o.batch_size) / t.count));
+      sync->finish();
+    } else {
+      loss.backward();
+    }
     opt.step();
     (void)loss.item();  // waits for the device
-    if (i >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (i < warmup) continue;
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (sync)
+      wait_ms.push_back(1000 * (sync->stats().wait_seconds - wait0)),
+          comm_ms.push_back(1000 * (sync->stats().comm_seconds - comm0));
   }
-  std::sort(ms.begin(), ms.end());
+  // Rank 0's step times; every rank's steps take as long, as each waits for the others.
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   StepBench r;
-  r.iterations = iters;
-  r.median_step_ms = ms[ms.size() / 2];
-  r.samples_per_second = double(bs) / (r.median_step_ms / 1000);
+  r.iterations = o.iterations;
+  r.world_size = W;
+  r.median_step_ms = median(ms);
+  r.samples_per_second = double(o.batch_size * W) / (r.median_step_ms / 1000);
+  r.frozen_units = o.frozen_units;
+  r.parameters = m->num_parameters();
+  for (auto& p : m->parameters()) r.frozen_parameters += p.requires_grad() ? 0 : p.numel();
+  r.sync_bytes_per_step = sync ? sync->stats().last_step_bytes : 0;
+  r.median_sync_wait_ms = median(wait_ms);
+  r.median_comm_ms = median(comm_ms);
   return r;
 }
 

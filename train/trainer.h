@@ -37,12 +37,27 @@ EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& da
                                const std::string& precision = "fp32",
                                int64_t calibration_batches = 3);  // quant::kCalibrationBatches
 
-// One training step's throughput (median over iterations after warm-up).
-struct StepBench {
-  double samples_per_second = 0, median_step_ms = 0;
-  int iterations = 0;
+// One training step's throughput (median over iterations after warm-up): forward,
+// backward and the optimizer on random data of the model's input size. On several ranks
+// (`comm`, under mpirun) it is the data-parallel step of train/run.cpp: the per-step
+// agreement, gradient buckets all-reduced during backward (or after it, `overlap` false),
+// with the first `frozen_units` freezing units frozen (out of backward and of the sync).
+struct StepBenchOptions {
+  std::string model = "resnet56", device = "cpu";
+  int64_t batch_size = 128;  // per rank
+  int iterations = 10, threads = 0;
+  bool overlap = true;
+  int64_t frozen_units = 0;
+  double bucket_cap_mb = 25;
 };
-StepBench bench_step(const std::string& model, int64_t batch_size, const std::string& device, int iterations,
-                     int threads);
+struct StepBench {
+  double samples_per_second = 0, median_step_ms = 0;  // samples of every rank
+  int iterations = 0, world_size = 1;
+  int64_t frozen_units = 0, frozen_parameters = 0, parameters = 0;
+  int64_t sync_bytes_per_step = 0;  // all-reduced by each rank
+  double median_sync_wait_ms = 0;  // after backward, waiting for the all-reduces
+  double median_comm_ms = 0;  // inside the all-reduces; what exceeds the wait was hidden behind backward
+};
+StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm);
 
 }  // namespace eg::train

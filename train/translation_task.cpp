@@ -66,7 +66,7 @@ std::vector<std::string> bleu_words(const std::string& s) {
   return w;
 }
 
-double text_bleu(const std::vector<std::string>& hyps, const std::vector<std::string>& refs) {
+models::BleuCounts text_bleu_counts(const std::vector<std::string>& hyps, const std::vector<std::string>& refs) {
   std::unordered_map<std::string, int64_t> vocab;
   auto ids = [&](const std::string& s) {
     std::vector<int64_t> v;
@@ -78,7 +78,7 @@ double text_bleu(const std::vector<std::string>& hyps, const std::vector<std::st
     h.push_back(ids(hyps[i]));
     r.push_back(ids(refs[i]));
   }
-  return models::corpus_bleu(h, r);
+  return models::bleu_counts(h, r);
 }
 
 }  // namespace
@@ -108,20 +108,26 @@ std::string translation_data_dir(const std::string& d) {
   return !has(dir) && has(dir + "/en-es") ? dir + "/en-es" : dir;
 }
 
-void TranslationTask::setup(const TrainConfig& c) {
+void TranslationTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   c_ = c;
+  comm_ = &comm;
   dev_ = Device::parse(c.device);
   // ---- data and tokenizer
   dir_ = translation_data_dir(c.data_dir);
   auto train_pairs = read_split(dir_, "train", 0);
   const std::string tp = data::tokenizer_path(dir_, c.vocab_size);
-  if (!file_exists(tp)) {
-    std::printf("training a SentencePiece tokenizer (%lld pieces, both languages) on %zu pairs -> %s\n",
-                (long long)c.vocab_size, train_pairs.size(), tp.c_str());
-    std::fflush(stdout);
+  // Rank 0 alone trains a missing tokenizer (written atomically); the others wait for it.
+  if (comm.rank() == 0) {
+    if (!file_exists(tp)) {
+      std::printf("training a SentencePiece tokenizer (%lld pieces, both languages) on %zu pairs -> %s\n",
+                  (long long)c.vocab_size, train_pairs.size(), tp.c_str());
+      std::fflush(stdout);
+    }
+    tok_ = std::make_unique<data::Tokenizer>(
+        data::Tokenizer::load_or_train(train_pairs, tp, c.vocab_size, std::max(1, num_threads())));
   }
-  tok_ = std::make_unique<data::Tokenizer>(
-      data::Tokenizer::load_or_train(train_pairs, tp, c.vocab_size, std::max(1, num_threads())));
+  comm.barrier();
+  if (comm.rank() != 0) tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::load(tp));
   if (c.train_limit > 0 && c.train_limit < int64_t(train_pairs.size())) train_pairs.resize(size_t(c.train_limit));
   train_ = make_split(train_pairs, *tok_, c.max_len, true);
   valid_ = read_text_split(dir_, "valid", c.test_limit, *tok_, c.max_len, false);
@@ -145,6 +151,7 @@ void TranslationTask::setup(const TrainConfig& c) {
   bo.max_tokens = c.max_tokens;
   bo.seed = c.seed;
   bo.ids = sp;
+  bo.shard_rank = comm.rank(), bo.shards = comm.size();
   batcher_ = std::make_unique<data::TranslationBatcher>(train_.pairs, bo);
   steps_per_epoch_ = int64_t(batcher_->epoch_plan(0).size());
 }
@@ -174,6 +181,7 @@ void TranslationTask::configure_freezing(freeze::PolicyConfig& pc) const {
 
 StepOutput TranslationTask::training_step(FreezeRun& fr, int64_t capture) {
   StepOutput out;
+  if (batch_.ids.empty()) return out;  // this rank's share of a short batch is empty
   Tensor logits =
       model_->forward_frozen(batch_.src.to(dev_), batch_.tgt_in.to(dev_), fr.frozen_layers(), capture, &out.captured);
   const int64_t n = batch_.tgt_out.numel();
@@ -186,10 +194,11 @@ StepOutput TranslationTask::training_step(FreezeRun& fr, int64_t capture) {
 }
 
 Metrics TranslationTask::evaluate(Split s) {
-  return evaluate_translation(*model_, s == Split::valid ? valid_ : test_, *tok_, dev_);
+  return evaluate_translation(*model_, s == Split::valid ? valid_ : test_, *tok_, dev_, comm_);
 }
 
-Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev) {
+Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev,
+                             dist::Communicator* comm) {
   autograd::NoGradGuard ng;
   const bool was_training = m.is_training();
   m.eval();
@@ -198,24 +207,37 @@ Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const d
   o.shuffle = false;  // sorted by length: little padding, and decoding ends together
   o.ids = tok.special_ids();
   data::TranslationBatcher batcher(s.pairs, o);
-  batcher.start_epoch(0);
-  std::vector<std::string> hyps(s.refs.size());
-  double loss = 0;
-  int64_t tokens = 0;
-  data::TranslationBatch b;
-  while (batcher.next(b)) {
+  const auto plan = batcher.epoch_plan(0);
+  const size_t rank = comm ? size_t(comm->rank()) : 0, ranks = comm ? size_t(comm->size()) : 1;
+  std::vector<std::string> hyps, refs;
+  double loss = 0, tokens = 0;
+  for (size_t k = rank; k < plan.size(); k += ranks) {  // this rank's share of the batches
+    const data::TranslationBatch b = batcher.make_batch(plan[k], int64_t(k));
     Tensor src = b.src.to(dev);
     Tensor logits = m.forward(src, b.tgt_in.to(dev));
     const int64_t n = b.tgt_out.numel();
     loss +=
         fn::cross_entropy(logits.reshape({n, logits.size(2)}), b.tgt_out.reshape({n}).to(dev), 0.0, o.ids.pad).item() *
         double(b.tgt_tokens);
-    tokens += b.tgt_tokens;
+    tokens += double(b.tgt_tokens);
     auto out = m.greedy_decode(src, decode_limit(src.size(1)));
-    for (size_t r = 0; r < out.size(); ++r) hyps[size_t(b.ids[r])] = tok.decode(out[r]);
+    for (size_t r = 0; r < out.size(); ++r) {
+      hyps.push_back(tok.decode(out[r]));
+      refs.push_back(s.refs[size_t(b.ids[r])]);
+    }
   }
+  const models::BleuCounts bc = text_bleu_counts(hyps, refs);
+  std::vector<double> counts(bc.begin(), bc.end());
+  counts.push_back(loss), counts.push_back(tokens);
+  if (ranks > 1) {
+    Tensor t = Tensor::from_vector(counts, {int64_t(counts.size())});
+    comm->all_reduce(t);
+    counts = t.to_vector<double>();
+  }
+  models::BleuCounts total;
+  std::copy_n(counts.begin(), total.size(), total.begin());
   if (was_training) m.train();
-  return {{"loss", loss / double(std::max<int64_t>(tokens, 1))}, {"bleu", text_bleu(hyps, s.refs)}};
+  return {{"loss", counts[10] / std::max(counts[11], 1.0)}, {"bleu", models::bleu_from_counts(total)}};
 }
 
 void TranslationTask::summarize(json& sj) const {

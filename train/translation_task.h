@@ -39,7 +39,7 @@ class TranslationTask : public Task {
   // `arch`, when given, replaces the preset named by --model (its vocabulary is set from
   // the tokenizer): tests train small models this way.
   explicit TranslationTask(std::optional<models::TransformerConfig> arch = std::nullopt) : arch_(std::move(arch)) {}
-  void setup(const TrainConfig& c) override;
+  void setup(const TrainConfig& c, dist::Communicator& comm) override;
   models::Model& model() override { return *model_; }
   std::string description() const override;
   nlohmann::json resolved() const override;
@@ -59,6 +59,7 @@ class TranslationTask : public Task {
  private:
   std::optional<models::TransformerConfig> arch_;
   TrainConfig c_;
+  dist::Communicator* comm_ = nullptr;
   Device dev_;
   std::string dir_;
   std::unique_ptr<data::Tokenizer> tok_;
@@ -71,7 +72,10 @@ class TranslationTask : public Task {
   data::TranslationBatch batch_;
 };
 
-// Teacher-forced loss per target token and BLEU of greedy translations of a split.
-Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev);
+// Teacher-forced loss per target token and BLEU of greedy translations of a split; with
+// `comm`, each rank evaluates its share of the batches and the token counts, loss sums and
+// BLEU's n-gram counts are summed.
+Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev,
+                             dist::Communicator* comm = nullptr);
 
 }  // namespace eg::train
