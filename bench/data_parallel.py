@@ -34,7 +34,7 @@ def egeria_step(args, ranks, threads, overlap="on", frozen=0, iterations=None):
     cmd = ([] if ranks == 1 else mpirun(ranks)) + [
         args.egeria, "bench", "step", "--model", args.model, "--batch-size", str(args.global_batch // ranks),
         "--threads", str(threads), "--iterations", str(iterations or args.iterations),
-        "--grad-sync-overlap", overlap, "--frozen-units", str(frozen)]
+        "--grad-sync-overlap", overlap, "--frozen-units", str(frozen), "--bucket-cap-mb", str(args.bucket_cap_mb)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
 
@@ -112,7 +112,9 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-bytes", action="store_true", help="only the throughput table")
     args = ap.parse_args()
     torch_ok = not args.no_torch
     if torch_ok:
@@ -130,7 +132,8 @@ def main():
         runs["after backward"].append(egeria_step(args, args.ranks, 1, "off"))
     med = lambda rs, k: statistics.median(r[k] for r in rs)
     print(f"{args.model}, global batch {args.global_batch}: 1 process x {args.ranks} threads against "
-          f"{args.ranks} ranks x 1 thread, {args.repeats} interleaved repeats (medians)")
+          f"{args.ranks} ranks x 1 thread, buckets of {args.bucket_cap_mb} MiB (the first 1 MiB at most), "
+          f"{args.repeats} interleaved repeats (medians)")
     print(f"{'':16} {'img/s':>8} {'step ms':>8} {'vs 1 proc':>9} {'wait ms':>8} {'allreduce ms':>12} {'hidden':>7}")
     for name, rs in runs.items():
         ratio = statistics.median(r["images_per_second"] / b["images_per_second"]
@@ -142,6 +145,8 @@ def main():
             line += f" {wait:8.2f} {comm:12.2f} {100 * hidden:6.0f}%"
         print(line)
 
+    if args.no_bytes:
+        return
     # 2. bytes per step with frozen units
     print("\nbytes all-reduced per step and rank, the first k freezing units frozen (--frozen-units k)")
     print(f"{'k':>2} {'frozen params':>13} {'egeria bytes':>12} {'drop':>9} {'= frozen x 4':>12}"

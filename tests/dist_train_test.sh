@@ -29,7 +29,7 @@ passed=$((passed + 1))
 # Rank 1 killed once the run has checkpointed (step 8 or later).
 timeout 300 "${mpirun[@]}" -np 2 "$egeria" "${run[@]}" --batch-size 32 --out "$work/killed" >"$work/killed.log" 2>&1 &
 job=$!
-for _ in $(seq 600); do
+for _ in $(seq 3000); do
   [ "$(cat "$work/killed/metrics.jsonl" 2>/dev/null | grep -c '"type":"step"')" -ge 10 ] && break
   sleep 0.05
 done
