@@ -5,7 +5,35 @@
 
 namespace eg::data {
 
-Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {
+namespace {
+
+// An in-memory image dataset, augmented as the loader's options say.
+class ImageSamples final : public SampleSource {
+ public:
+  ImageSamples(std::shared_ptr<const ImageDataset> d, const LoaderOptions& o) : d_(std::move(d)), aug_(o.aug) {
+    EG_CHECK(d_ && d_->size() > 0, "loader: the dataset is empty");
+    if (!o.augment) aug_.crop_padding = 0, aug_.hflip = false;
+    per_sample_ = o.augment_per_sample;
+  }
+  int64_t size() const override { return d_->size(); }
+  Shape sample_shape() const override { return {d_->images.size(1), d_->images.size(2), d_->images.size(3)}; }
+  int64_t label(int64_t id) const override { return d_->labels.data<int64_t>()[id]; }
+  void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const override {
+    augment_into(*d_, id, aug_, seed, per_sample_ ? 0 : epoch, out);
+  }
+
+ private:
+  std::shared_ptr<const ImageDataset> d_;
+  AugmentOptions aug_;
+  bool per_sample_ = false;
+};
+
+}  // namespace
+
+Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o)
+    : Loader(std::make_shared<ImageSamples>(std::move(data), o), o) {}
+
+Loader::Loader(std::shared_ptr<const SampleSource> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {
   EG_CHECK(data_ && data_->size() > 0, "loader: the dataset is empty");
   EG_CHECK(o.batch_size > 0, "loader: batch size must be positive, got ", o.batch_size);
   EG_CHECK(!o.drop_last || data_->size() >= o.batch_size, "loader: batch size ", o.batch_size,
@@ -71,18 +99,18 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
 Batch Loader::build(int64_t index) const {
   const std::vector<int64_t> pos = positions(index);
   const int64_t n = int64_t(pos.size());
-  const int64_t c = data_->images.size(1), h = data_->images.size(2), w = data_->images.size(3);
+  Shape shape = data_->sample_shape();
+  const int64_t per = shape[0] * shape[1] * shape[2];
+  shape.insert(shape.begin(), n);
   Batch b;
   b.index = index;
-  b.x = Tensor::empty({n, c, h, w});
+  b.x = Tensor::empty(shape);
   b.y = Tensor::empty({n}, DType::s64);
-  AugmentOptions aug = opt_.aug;
-  if (!opt_.augment) aug.crop_padding = 0, aug.hflip = false;
   for (int64_t i = 0; i < n; ++i) {
     int64_t id = order_[size_t(pos[size_t(i)])];
     b.ids.push_back(id);
-    b.y.data<int64_t>()[i] = data_->labels.data<int64_t>()[id];
-    augment_into(*data_, id, aug, opt_.seed, opt_.augment_per_sample ? 0 : epoch_, b.x.data<float>() + i * c * h * w);
+    b.y.data<int64_t>()[i] = data_->label(id);
+    data_->load(id, opt_.seed, epoch_, b.x.data<float>() + i * per);
   }
   return b;
 }

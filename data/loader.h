@@ -23,14 +23,29 @@ struct Batch {
   int64_t index = 0;  // batch index within the epoch
 };
 
+// What the loader draws samples from: an in-memory image dataset with its augmentation
+// (the Loader's ImageDataset constructor), image files (data/image_folder.h), or a
+// user's own data.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t size() const = 0;
+  virtual Shape sample_shape() const = 0;  // one sample's: [C, H, W]
+  virtual int64_t label(int64_t id) const = 0;
+  // Sample `id` as the network sees it, f32 [C, H, W] into `out`: a pure function of
+  // (seed, epoch, id), so that resumed, cached and data-parallel runs see the same
+  // samples. Called from the loader's worker threads at once.
+  virtual void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const = 0;
+};
+
 struct LoaderOptions {
   int64_t batch_size = 128;
   bool shuffle = true;
   bool drop_last = true;
   bool augment = false;
-  // The crop and flip of a sample: drawn anew every epoch (false), or once per sample
-  // for the whole run (true: a function of (seed, sample id), stateless as the
-  // activation cache needs; see Note [Activation cache validity]).
+  // In-memory datasets: the crop and flip of a sample drawn anew every epoch (false), or
+  // once per sample for the whole run (true: a function of (seed, sample id), stateless
+  // as the activation cache needs; see Note [Activation cache validity]).
   bool augment_per_sample = false;
   AugmentOptions aug;
   int workers = 1;
@@ -45,7 +60,8 @@ struct LoaderOptions {
 
 class Loader {
  public:
-  Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o);
+  Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o);  // augmented as `o` says
+  Loader(std::shared_ptr<const SampleSource> source, LoaderOptions o);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -69,7 +85,7 @@ class Loader {
   void worker_loop();
   Batch build(int64_t index) const;
 
-  std::shared_ptr<const ImageDataset> data_;
+  std::shared_ptr<const SampleSource> data_;
   LoaderOptions opt_;
   std::vector<int64_t> order_;
   int64_t epoch_ = 0, consumed_ = 0, issued_ = 0, end_ = 0;

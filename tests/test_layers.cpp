@@ -5,18 +5,12 @@
 #include "layers/attention.h"
 #include "layers/layers.h"
 #include "optim/optimizer.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using eg::testing::error_of;
 }  // namespace
 
 TEST(Layers, Conv2dNamesAShapeMismatch) {

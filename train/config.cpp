@@ -141,6 +141,15 @@ void validate(const TrainConfig& c) {
     EG_CHECK(c.dataset != "en-es", "--dataset en-es is English-Spanish sentence pairs: train it with --model ",
              "transformer-tiny or transformer-base, not ", c.model);
   }
+  EG_CHECK(c.image_size >= 0, "--image-size must be positive (or 0: the default), got ", c.image_size);
+  EG_CHECK(c.image_size == 0 || c.dataset == "imagefolder", "--image-size applies to --dataset imagefolder; ",
+           c.dataset, " has images of its own size");
+  if (c.dataset == "imagefolder") {
+    EG_CHECK(!c.data_dir.empty(), "--dataset imagefolder needs --data-dir DIR, holding DIR/train/<class>/* and ",
+             "DIR/val/<class>/* (the ImageNet layout)");
+    EG_CHECK(c.val_fraction == 0, "--val-fraction holds out images of an in-memory dataset; an image folder's ",
+             "val/ split is evaluated as its test split");
+  }
 }
 
 std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t spe) {

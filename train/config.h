@@ -50,6 +50,7 @@ struct TrainConfig {
   int64_t train_limit = 0, test_limit = 0;
   double val_fraction = 0;  // held out of the training set, seeded; the best epoch is chosen on it
   bool augment = true;
+  int64_t image_size = 0;  // image folders: the side of the crops trained on (0: 224)
   AugmentMode augment_mode = AugmentMode::epoch;
   int workers = 1;
   // ---- optimisation

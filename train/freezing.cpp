@@ -97,6 +97,13 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
       if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
 }
 
+int64_t FreezeRun::rank0s(int64_t k) const {
+  if (comm_.size() == 1) return k;
+  Tensor t = Tensor::from_vector(std::vector<int64_t>{k}, {1});
+  comm_.broadcast(t, 0);
+  return t.data<int64_t>()[0];
+}
+
 double FreezeRun::frozen_share(const std::vector<double>& share) const {
   double v = 0;
   for (int64_t i = 0; i < frozen_ && i < int64_t(share.size()); ++i) v += share[size_t(i)];
@@ -176,13 +183,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Ten
   } else if (lead_) {
     policy_->after_step(s, x, captured, model_);
   }
-  int64_t k = lead_ ? policy_->frozen_prefix() : frozen_;
-  if (comm_.size() > 1) {  // rank 0's decision, on every rank
-    Tensor t = Tensor::from_vector(std::vector<int64_t>{k}, {1});
-    comm_.broadcast(t, 0);
-    k = t.data<int64_t>()[0];
-  }
-  frozen_ = k;
+  frozen_ = rank0s(lead_ ? policy_->frozen_prefix() : frozen_);
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
     ++generation_;
     if (comm_.size() > 1) average_running_stats(model_, comm_);
@@ -203,7 +204,6 @@ void FreezeRun::save(std::map<std::string, Tensor>& tensors, json& state) const 
   for (auto& [k, t] : policy_->state_tensors()) tensors["freeze/" + k] = t;
   state["freeze"] = policy_->state();
   state["freeze_units"] = part_.names();
-  state["frozen_units"] = frozen_;
   state["flops_saved_sum"] = flops_saved_sum_;
   state["freeze_seconds"] = seconds_;
 }
@@ -220,9 +220,8 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
     if (saved.contains("freeze")) policy_->load_state(saved["freeze"]);
     policy_->load_state_tensors(fs);
     frozen_ = policy_->frozen_prefix();
-  } else {
-    frozen_ = saved.value("frozen_units", int64_t(0));
   }
+  frozen_ = rank0s(frozen_);  // the policy's state is rank 0's alone
   freeze::apply_frozen_prefix(model_, frozen_layers());
   ++generation_;  // the cache starts empty after a resume: its file went with the process
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);

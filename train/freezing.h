@@ -74,6 +74,7 @@ class FreezeRun {
 
  private:
   double frozen_share(const std::vector<double>& share) const;
+  int64_t rank0s(int64_t k) const;  // rank 0's k, on every rank (collective)
   // --freeze-reference-scope unit: the layer module whose output is the input of the unit
   // that ends at layer module `capture` (-1: none, or the unit starts the network).
   int64_t unit_input_layer(int64_t capture) const;

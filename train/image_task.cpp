@@ -44,6 +44,7 @@ void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   c_ = c;
   comm_ = &comm;
   dev_ = Device::parse(c.device);
+  if (c.dataset == "imagefolder") return setup_folder(c, comm);
   auto train = data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true);
   if (c.val_fraction > 0) {
     EG_CHECK(train.size() >= 2, "--val-fraction needs at least 2 training images, got ", train.size());
@@ -53,18 +54,7 @@ void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   }
   train_ = std::make_shared<data::ImageDataset>(std::move(train));
   test_ = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false));
-  const int64_t global_batch = c.batch_size * comm.size();
-  EG_CHECK(train_->size() >= global_batch, "--batch-size ", c.batch_size,
-           comm.size() > 1 ? " x " + std::to_string(comm.size()) + " ranks" : std::string(),
-           " is larger than the training set (", train_->size(), " images", valid_ ? " after --val-fraction" : "", ")");
-  models::ModelConfig mc;
-  mc.name = c.model;
-  mc.in_channels = train_->images.size(1);
-  mc.image_size = train_->images.size(2);
-  mc.num_classes = num_classes(c.dataset);
-  Generator g(c.seed);
-  model_ = models::build_model(mc, g);
-  model_->to(dev_);
+  build_model(train_->size(), valid_ ? " images after --val-fraction" : " images");
 
   data::LoaderOptions lo;
   lo.batch_size = c.batch_size;
@@ -79,16 +69,84 @@ void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   loader_ = std::make_unique<data::Loader>(train_, lo);
 }
 
+void ImageTask::setup_folder(const TrainConfig& c, dist::Communicator& comm) {
+  data::ImageFolder train = data::scan_image_folder(c.data_dir + "/train");
+  data::ImageFolder test = data::scan_image_folder(c.data_dir + "/val", &train.classes);
+  auto limit = [](data::ImageFolder& f, int64_t n) {
+    if (n <= 0 || n >= f.size()) return;
+    f.files.resize(size_t(n)), f.labels.resize(size_t(n));
+  };
+  limit(train, c.train_limit);
+  limit(test, c.test_limit);
+  data::FolderTransform t;
+  t.size = c.image_size > 0 ? c.image_size : 224;
+  t.train = c.augment;  // without augmentation training sees the evaluation's centre crops
+  t.same_every_epoch = c.augment_mode == AugmentMode::sample;
+  folder_train_ = std::make_shared<data::FolderSamples>(std::move(train), t);
+  t.train = false;
+  folder_test_ = std::make_shared<data::FolderSamples>(std::move(test), t);
+  build_model(folder_train_->size(), " images in " + c.data_dir + "/train");
+  data::LoaderOptions lo;
+  lo.batch_size = c.batch_size;
+  lo.workers = c.workers;
+  lo.seed = c.seed;
+  lo.shard_rank = comm.rank(), lo.shards = comm.size();
+  loader_ = std::make_unique<data::Loader>(folder_train_, lo);
+}
+
+void ImageTask::build_model(int64_t train_size, const std::string& what) {
+  EG_CHECK(train_size >= c_.batch_size * comm_->size(), "--batch-size ", c_.batch_size,
+           comm_->size() > 1 ? " x " + std::to_string(comm_->size()) + " ranks" : std::string(),
+           " is larger than the training set (", train_size, what, ")");
+  Generator g(c_.seed);
+  model_ = models::build_model(model_config(), g);
+  model_->to(dev_);
+}
+
+models::ModelConfig ImageTask::model_config() const {
+  models::ModelConfig mc;
+  mc.name = c_.model;
+  if (folder_train_) {
+    mc.in_channels = 3;
+    mc.image_size = folder_train_->sample_shape()[1];
+    mc.num_classes = int64_t(folder_train_->folder().classes.size());
+    mc.small_input = mc.image_size <= 64;  // the ImageNet stem (7x7 stride 2, max pool) for ImageNet-sized inputs
+  } else {
+    mc.in_channels = train_->images.size(1);
+    mc.image_size = train_->images.size(2);
+    mc.num_classes = num_classes(c_.dataset);
+  }
+  return mc;
+}
+
 void ImageTask::configure_freezing(freeze::PolicyConfig& pc) const {
-  pc.model.in_channels = train_->images.size(1);
-  pc.model.image_size = train_->images.size(2);
-  pc.model.num_classes = num_classes(c_.dataset);
+  const models::ModelConfig mc = model_config();
+  pc.model.in_channels = mc.in_channels;
+  pc.model.image_size = mc.image_size;
+  pc.model.num_classes = mc.num_classes;
+  pc.model.small_input = mc.small_input;
 }
 
 void ImageTask::attach(FreezeRun& fr) {
   if (c_.freeze_cache)
-    fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir, train_->size(),
-                 !c_.freeze_cache_dir.empty());
+    fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir,
+                 folder_train_ ? folder_train_->size() : train_->size(), !c_.freeze_cache_dir.empty());
+}
+
+nlohmann::json ImageTask::resolved() const {
+  if (!folder_train_) return nlohmann::json::object();
+  return {{"classes", folder_train_->folder().classes}};
+}
+
+std::string ImageTask::description() const {
+  if (!folder_train_) return "";
+  const data::ImageFolder &tr = folder_train_->folder(), &te = folder_test_->folder();
+  std::string d = c_.data_dir + ": " + std::to_string(tr.classes.size()) + " classes, " + std::to_string(tr.size()) +
+                  " training images, " + std::to_string(te.size()) + " in val/, " +
+                  std::to_string(c_.image_size > 0 ? c_.image_size : 224) + " pixels square";
+  if (tr.left_out + te.left_out > 0)
+    d += "; " + std::to_string(tr.left_out + te.left_out) + " files not named *.jpg, *.jpeg or *.png left out";
+  return d;
 }
 
 StepOutput ImageTask::training_step(FreezeRun& fr, int64_t capture) {
@@ -107,7 +165,40 @@ std::vector<Split> ImageTask::epoch_splits() const {
 }
 
 Metrics ImageTask::evaluate(Split s) {
+  if (folder_test_) return evaluate_samples(*model_, folder_test_, dev_, c_.workers, comm_);
   return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_, comm_);
+}
+
+Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
+                         dist::Communicator* comm) {
+  autograd::NoGradGuard ng;
+  const bool was_training = m.is_training();
+  m.eval();
+  data::LoaderOptions o;
+  o.batch_size = 100;  // per rank: each takes its share of every 100 x ranks
+  o.shuffle = false;
+  o.drop_last = false;
+  o.workers = std::max(1, workers);
+  if (comm) o.shard_rank = comm->rank(), o.shards = comm->size();
+  data::Loader l(std::move(s), o);
+  l.start_epoch(0);
+  data::Batch b;
+  double counts[3] = {0, 0, 0};  // loss sum, correct, samples
+  while (l.next(b)) {
+    if (b.ids.empty()) continue;  // this rank's share of a short last batch
+    Tensor logits = m.forward(b.x.to(dev));
+    counts[0] += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
+    const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
+    for (int64_t i = 0; i < b.y.numel(); ++i) counts[1] += pred[size_t(i)] == b.y.data<int64_t>()[i];
+    counts[2] += double(b.y.numel());
+  }
+  if (comm && comm->size() > 1) {
+    Tensor t = Tensor::from_vector(std::vector<double>(counts, counts + 3), {3});
+    comm->all_reduce(t);
+    for (int i = 0; i < 3; ++i) counts[i] = t.data<double>()[i];
+  }
+  if (was_training) m.train();
+  return {{"accuracy", counts[1] / std::max(counts[2], 1.0)}, {"loss", counts[0] / std::max(counts[2], 1.0)}};
 }
 
 Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,
@@ -148,6 +239,7 @@ Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std
 }
 
 void ImageTask::summarize(nlohmann::json& sj) const {
+  if (folder_train_) sj["classes"] = folder_train_->folder().classes.size();
   sj["parameters"] = model_->num_parameters();
   sj["flops_per_sample"] = model_->flops_per_sample();
 }

@@ -1,12 +1,14 @@
 // Image classification as a task of the training loop (train/task.h): the built-in
-// image models (ResNets, MobileNetV2) on an in-memory image dataset, cross-entropy,
-// accuracy and loss on the test split (and on a held-out validation split with
-// --val-fraction), with the activation cache of the frozen prefix.
+// image models (ResNets, MobileNetV2) on an in-memory image dataset or an ImageNet-style
+// image folder (decoded as it is loaded), cross-entropy, accuracy and loss on the test
+// split (and on a held-out validation split with --val-fraction), with the activation
+// cache of the frozen prefix.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "data/image_folder.h"
 #include "data/loader.h"
 #include "train/task.h"
 
@@ -27,18 +29,29 @@ class ImageTask : public Task {
   std::string selection_metric() const override { return "accuracy"; }
   bool higher_is_better() const override { return true; }
   void summarize(nlohmann::json& summary) const override;
+  nlohmann::json resolved() const override;
+  std::string description() const override;
 
  private:
+  void setup_folder(const TrainConfig& c, dist::Communicator& comm);
+  models::ModelConfig model_config() const;
+  void build_model(int64_t train_size, const std::string& what);  // checks the batch fits
   TrainConfig c_;
   dist::Communicator* comm_ = nullptr;
   Device dev_;
-  std::shared_ptr<data::ImageDataset> train_, valid_, test_;
+  std::shared_ptr<data::ImageDataset> train_, valid_, test_;  // in-memory datasets
+  std::shared_ptr<data::FolderSamples> folder_train_, folder_test_;  // --dataset imagefolder
   models::ModelPtr model_;
   std::unique_ptr<data::Loader> loader_;
   data::Batch batch_;
 };
 
 int64_t num_classes(const std::string& dataset);
+
+// Accuracy and mean cross-entropy of `m` on every sample of `s`, in eval mode; with
+// `comm`, each rank evaluates its share and the counts are summed.
+Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
+                         dist::Communicator* comm = nullptr);
 
 // Accuracy and mean cross-entropy of `m` on `d` (normalised as `dataset` is), in eval mode;
 // with `comm`, each rank evaluates its share of `d` and the counts are summed.

@@ -168,11 +168,17 @@ std::vector<Option> make_options() {
   t.push_back(number("--stop-after-steps", "stop_after_steps", G::hidden, Free,
                      "testing: end this invocation after N steps, as if killed", &TrainConfig::stop_after_steps));
   // ---- data
-  t.push_back(
-      text("--dataset", "dataset", G::data, F, "the dataset (translation: en-es)", &TrainConfig::dataset, "NAME"));
+  t.push_back(text("--dataset", "dataset", G::data, F,
+                   "the dataset: fashion-mnist, mnist, cifar10, cifar100, synthetic, imagefolder (--data-dir DIR with "
+                   "DIR/train/<class>/* and DIR/val/<class>/*, JPEG or PNG); translation: en-es",
+                   &TrainConfig::dataset, "NAME"));
   t.push_back(text("--data-dir", "data_dir", G::data, Free,
                    "dataset directory (fashion-mnist defaults to Debian's package, en-es to datasets/en-es)",
                    &TrainConfig::data_dir, "DIR"));
+  t.push_back(number("--image-size", "image_size", G::data, F,
+                     "--dataset imagefolder: the side of the square crops the network sees (0: 224); training "
+                     "takes a RandomResizedCrop of it, evaluation the centre of the image resized to size x 256/224",
+                     &TrainConfig::image_size));
   t.push_back(number("--train-limit", "train_limit", G::data, F, "use the first N training images (or sentence pairs)",
                      &TrainConfig::train_limit));
   t.push_back(number("--test-limit", "test_limit", G::data, F,

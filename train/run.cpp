@@ -154,7 +154,13 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
            W > 1 ? " x " + std::to_string(W) + " ranks" : std::string());
   auto sched = make_schedule(c, spe);
   const int64_t total_steps = c.epochs * spe;
-  json config = to_json(c);
+  // config.json and the resume check see --device as given, not the GPU each rank took.
+  auto as_recorded = [&] {
+    TrainConfig r = c;
+    r.device = given.device;
+    return r;
+  };
+  json config = to_json(as_recorded());
   config.update(task.resolved());
   if (const std::string d = task.description(); lead && !d.empty()) std::printf("%s\n", d.c_str());
   if (lead && W > 1)
@@ -188,7 +194,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
                 {"last", json::object()},
                 {"time_to_target", -1.0}};
   if (ck) {
-    check_resume(c, ck->config, spe, ck->state.value("step", int64_t(0)), ck->path);
+    check_resume(as_recorded(), ck->config, spe, ck->state.value("step", int64_t(0)), ck->path);
     const json resolved = task.resolved();
     for (auto& [k, v] : resolved.items())
       EG_CHECK(ck->config.value(k, json()) == v, "--resume: '", ck->path, "' holds a run whose ", k, " is ",

@@ -75,6 +75,29 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   if (is_translation_model(cfg.at("model")))
     return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
   const std::string dataset = cfg.at("dataset");
+  if (dataset == "imagefolder") {  // its val/ split, with the run's classes and crop size
+    const std::vector<std::string> classes = cfg.at("classes");
+    const std::string dir = data_dir.empty() ? cfg.value("data_dir", "") : data_dir;
+    data::ImageFolder val = data::scan_image_folder(dir + "/val", &classes);
+    if (test_limit > 0 && test_limit < val.size())
+      val.files.resize(size_t(test_limit)), val.labels.resize(size_t(test_limit));
+    data::FolderTransform t;
+    t.train = false;
+    t.size = cfg.value("image_size", int64_t(0)) > 0 ? cfg.value("image_size", int64_t(0)) : 224;
+    const int64_t n = val.size();
+    auto src = std::make_shared<data::FolderSamples>(std::move(val), t);
+    models::ModelConfig mc;
+    mc.name = cfg.at("model");
+    mc.image_size = t.size;
+    mc.small_input = t.size <= 64;
+    mc.num_classes = int64_t(classes.size());
+    Generator g(0);
+    auto m = models::build_model(mc, g);
+    m->load_state_dict(model_tensors(ck.tensors));
+    if (precision == "int8") quant::convert_to_int8(*m, calibration_batches);
+    Metrics e = evaluate_samples(*m, src, Device::cpu(), cfg.value("workers", 1));
+    return {e.at("accuracy"), e.at("loss"), n};
+  }
   data::ImageDataset test =
       data::load_image_dataset({dataset, data_dir.empty() ? cfg.value("data_dir", "") : data_dir, test_limit}, false);
   models::ModelConfig mc;

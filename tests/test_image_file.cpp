@@ -1,0 +1,274 @@
+// Image files (data/image_file.h): real JPEG and PNG files of every mode, written here
+// with libjpeg(-turbo) and libpng, decoded back as PIL would; the errors of bad files;
+// the antialiased bilinear resize.
+#include <gtest/gtest.h>
+// clang-format off
+#include <cstdio>  // jpeglib.h needs FILE first
+#include <jpeglib.h>
+// clang-format on
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/image_file.h"
+#include "tests/test_util.h"
+
+using namespace eg;
+
+namespace {
+
+// A smooth test pattern (JPEG keeps it within a few levels), c channels.
+std::vector<uint8_t> pattern(int w, int h, int c) {
+  std::vector<uint8_t> v(size_t(w * h * c));
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int k = 0; k < c; ++k) v[size_t((y * w + x) * c + k)] = uint8_t((x * 7 + y * 3 + k * 60) % 200 + 20);
+  return v;
+}
+
+std::string tj_jpeg(const std::vector<uint8_t>& px, int w, int h, int pf, int subsamp) {
+  tjhandle tj = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  EXPECT_EQ(tjCompress2(tj, px.data(), w, 0, h, pf, &out, &size, subsamp, 100, 0), 0) << tjGetErrorStr2(tj);
+  std::string s(reinterpret_cast<char*>(out), size);
+  tjFree(out);
+  tjDestroy(tj);
+  return s;
+}
+
+// A CMYK JPEG through libjpeg's own API, with or without Adobe's APP14 marker.
+std::string cmyk_jpeg(const std::vector<uint8_t>& px, int w, int h, bool adobe) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &out, &size);
+  c.image_width = JDIMENSION(w), c.image_height = JDIMENSION(h);
+  c.input_components = 4;
+  c.in_color_space = JCS_CMYK;
+  jpeg_set_defaults(&c);
+  jpeg_set_colorspace(&c, JCS_CMYK);
+  jpeg_set_quality(&c, 100, TRUE);
+  for (int i = 0; i < 4; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
+  c.write_Adobe_marker = adobe ? TRUE : FALSE;
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(px.data() + size_t(c.next_scanline) * size_t(w) * 4);
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::string s(reinterpret_cast<char*>(out), size);
+  std::free(out);
+  return s;
+}
+
+// A PNG of the given libpng colour type and bit depth; `samples` holds one value per
+// channel per pixel (16-bit ones big-endian, as PNG stores them, two bytes each).
+std::string png_file(const std::string& path, int w, int h, int color, int depth, const std::vector<uint8_t>& samples,
+                     const std::vector<png_color>& palette = {}, const std::vector<uint8_t>& trns = {}) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_init_io(png, f);
+  png_set_IHDR(png, info, png_uint_32(w), png_uint_32(h), depth, color, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  if (!palette.empty()) png_set_PLTE(png, info, palette.data(), int(palette.size()));
+  if (!trns.empty()) png_set_tRNS(png, info, trns.data(), int(trns.size()), nullptr);
+  png_write_info(png, info);
+  const size_t row = samples.size() / size_t(h);
+  for (int y = 0; y < h; ++y) png_write_row(png, samples.data() + size_t(y) * row);
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  std::fclose(f);
+  return data::read_file(path);
+}
+
+int max_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size()) return 1000;
+  int m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(int(a[i]) - int(b[i])));
+  return m;
+}
+
+// PIL's CMYK to RGB: (255 - k) - (255 - k) * c / 255, rounded.
+std::vector<uint8_t> cmyk_to_rgb(const std::vector<uint8_t>& cmyk, bool invert) {
+  std::vector<uint8_t> rgb;
+  for (size_t i = 0; i < cmyk.size(); i += 4) {
+    auto v = [&](size_t k) { return invert ? 255 - int(cmyk[i + k]) : int(cmyk[i + k]); };
+    const int nk = 255 - v(3);
+    for (size_t k = 0; k < 3; ++k) rgb.push_back(uint8_t(nk - int(std::lround(v(k) * nk / 255.0))));
+  }
+  return rgb;
+}
+
+std::string error_of(const std::string& bytes, const std::string& path, int reduce = 1) {
+  try {
+    data::decode_image(bytes, path, reduce);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(ImageFile, JpegsOfEveryModeDecodeToRgbAsPilDoes) {
+  const int w = 40, h = 24;
+  // RGB, 4:4:4 at quality 100: within a few levels of what was written.
+  const auto rgb = pattern(w, h, 3);
+  const std::string jpg = tj_jpeg(rgb, w, h, TJPF_RGB, TJSAMP_444);
+  ASSERT_EQ(data::image_format(jpg), data::ImageFormat::jpeg);
+  auto img = data::decode_image(jpg, "rgb.jpg");
+  EXPECT_EQ(img.width, w);
+  EXPECT_EQ(img.height, h);
+  EXPECT_LE(max_diff(img.pixels, rgb), 3);
+  const auto size = data::image_size(jpg, "rgb.jpg");
+  EXPECT_EQ(size.width, w);
+  EXPECT_EQ(size.height, h);
+  // Grey: the value in all three channels.
+  const auto grey = pattern(w, h, 1);
+  img = data::decode_image(tj_jpeg(grey, w, h, TJPF_GRAY, TJSAMP_GRAY), "grey.jpg");
+  std::vector<uint8_t> grey3;
+  for (uint8_t g : grey) grey3.insert(grey3.end(), {g, g, g});
+  EXPECT_LE(max_diff(img.pixels, grey3), 2);
+  for (size_t i = 0; i < img.pixels.size(); i += 3) {
+    ASSERT_EQ(img.pixels[i], img.pixels[i + 1]);
+    ASSERT_EQ(img.pixels[i], img.pixels[i + 2]);
+  }
+  // CMYK, plain and with Adobe's marker (whose samples PIL reads inverted).
+  const auto cmyk = pattern(w, h, 4);
+  for (bool adobe : {false, true}) {
+    img = data::decode_image(cmyk_jpeg(cmyk, w, h, adobe), "cmyk.jpg");
+    EXPECT_LE(max_diff(img.pixels, cmyk_to_rgb(cmyk, adobe)), 4) << "adobe " << adobe;
+  }
+  // Scaled decoding: each side 1/k, rounded up.
+  for (int k : {2, 4, 8}) {
+    img = data::decode_image(jpg, "rgb.jpg", k);
+    EXPECT_EQ(img.width, (w + k - 1) / k);
+    EXPECT_EQ(img.height, (h + k - 1) / k);
+  }
+}
+
+TEST(ImageFile, PngsOfEveryModeDecodeToRgbAsPilDoes) {
+  const std::string d = eg::testing::fresh_dir("png_modes");
+  const int w = 7, h = 5;
+  const auto rgb = pattern(w, h, 3), grey = pattern(w, h, 1);
+  auto decode = [&](const std::string& bytes) { return data::decode_image(bytes, "x.png").pixels; };
+  std::vector<uint8_t> grey3;
+  for (uint8_t g : grey) grey3.insert(grey3.end(), {g, g, g});
+  EXPECT_EQ(decode(png_file(d + "/rgb.png", w, h, PNG_COLOR_TYPE_RGB, 8, rgb)), rgb);
+  EXPECT_EQ(decode(png_file(d + "/grey.png", w, h, PNG_COLOR_TYPE_GRAY, 8, grey)), grey3);
+  // Alpha dropped: RGBA keeps its RGB, grey+alpha its grey.
+  std::vector<uint8_t> rgba, ga;
+  for (size_t i = 0; i < grey.size(); ++i) {
+    rgba.insert(rgba.end(), {rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], uint8_t(i * 9)});
+    ga.insert(ga.end(), {grey[i], uint8_t(255 - i)});
+  }
+  EXPECT_EQ(decode(png_file(d + "/rgba.png", w, h, PNG_COLOR_TYPE_RGBA, 8, rgba)), rgb);
+  EXPECT_EQ(decode(png_file(d + "/ga.png", w, h, PNG_COLOR_TYPE_GRAY_ALPHA, 8, ga)), grey3);
+  // 16-bit: the high byte, so a 16-bit file equals its 8-bit version.
+  std::vector<uint8_t> rgb16, grey16;
+  for (uint8_t v : rgb) rgb16.insert(rgb16.end(), {v, uint8_t(v ^ 0x5A)});  // any low byte
+  for (uint8_t v : grey) grey16.insert(grey16.end(), {v, 0xFF});
+  EXPECT_EQ(decode(png_file(d + "/rgb16.png", w, h, PNG_COLOR_TYPE_RGB, 16, rgb16)), rgb);
+  EXPECT_EQ(decode(png_file(d + "/grey16.png", w, h, PNG_COLOR_TYPE_GRAY, 16, grey16)), grey3);
+  // Palette, with a transparency entry PIL's convert("RGB") ignores.
+  std::vector<png_color> pal = {{10, 20, 30}, {200, 100, 0}, {0, 255, 128}};
+  std::vector<uint8_t> idx, expect;
+  for (int i = 0; i < w * h; ++i) {
+    idx.push_back(uint8_t(i % 3));
+    expect.insert(expect.end(), {pal[size_t(i % 3)].red, pal[size_t(i % 3)].green, pal[size_t(i % 3)].blue});
+  }
+  EXPECT_EQ(decode(png_file(d + "/pal.png", w, h, PNG_COLOR_TYPE_PALETTE, 8, idx, pal, {0, 128, 255})), expect);
+  // 1-bit grey: 0 and 255. Rows are packed, 8 pixels a byte, most significant bit first.
+  std::vector<uint8_t> bits, expect1;
+  for (int y = 0; y < h; ++y) {
+    uint8_t byte = 0;
+    for (int x = 0; x < w; ++x) {
+      const bool on = (x + y) % 2 == 0;
+      byte = uint8_t(byte | (on ? 0x80 >> x : 0));
+      expect1.insert(expect1.end(), 3, on ? 255 : 0);
+    }
+    bits.push_back(byte);
+  }
+  EXPECT_EQ(decode(png_file(d + "/bits.png", w, h, PNG_COLOR_TYPE_GRAY, 1, bits)), expect1);
+}
+
+TEST(ImageFile, BadFilesAreNamedErrors) {
+  const std::string d = eg::testing::fresh_dir("bad_images");
+  const int w = 64, h = 48;
+  const std::string jpg = tj_jpeg(pattern(w, h, 3), w, h, TJPF_RGB, TJSAMP_420);
+  // Truncated: PIL's "image file is truncated".
+  std::string e = error_of(jpg.substr(0, jpg.size() / 2), "cut.jpg");
+  EXPECT_NE(e.find("'cut.jpg' is truncated"), std::string::npos) << e;
+  // A text file named .jpg.
+  e = error_of("<!DOCTYPE html>\n", "page.jpg");
+  EXPECT_NE(e.find("'page.jpg' is neither a JPEG nor a PNG file: it starts with 3c 21 44 4f"), std::string::npos) << e;
+  e = error_of("", "empty.jpg");
+  EXPECT_NE(e.find("nothing (the file is empty)"), std::string::npos) << e;
+  // A PNG named .JPEG (ImageNet has one) decodes by its content.
+  const auto rgb = pattern(5, 4, 3);
+  const std::string png = png_file(d + "/n02105855_2933.JPEG", 5, 4, PNG_COLOR_TYPE_RGB, 8, rgb);
+  EXPECT_EQ(data::decode_image(png, d + "/n02105855_2933.JPEG").pixels, rgb);
+  // A truncated PNG, and a PNG whose data is damaged: libpng's error, through no C++ frame.
+  e = error_of(png.substr(0, png.size() - 20), "cut.png");
+  EXPECT_NE(e.find("'cut.png' cannot be decoded as a PNG"), std::string::npos) << e;
+  std::string bad = png;
+  bad[40] = char(bad[40] ^ 0x55);
+  e = error_of(bad, "damaged.png");
+  EXPECT_NE(e.find("'damaged.png' cannot be decoded as a PNG"), std::string::npos) << e;
+  // An absurd size is refused before decoding (a PNG header claiming 100000 x 100000).
+  std::string huge = png;
+  for (int at : {16, 20})
+    huge[size_t(at)] = 0, huge[size_t(at) + 1] = char(0x01), huge[size_t(at) + 2] = char(0x86),
+    huge[size_t(at) + 3] = char(0xA0);
+  e = error_of(huge, "bomb.png");
+  EXPECT_NE(e.find("'bomb.png': 100000x100000 is 10000000000 pixels, more than"), std::string::npos) << e;
+  try {
+    data::read_file(d + "/missing.jpg");
+    ADD_FAILURE();
+  } catch (const Error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("missing.jpg"), std::string::npos);
+  }
+}
+
+TEST(ImageFile, ResizeIsAntialiasedBilinear) {
+  data::RgbImage img;
+  img.width = 8, img.height = 4;
+  // A one-pixel checkerboard: shrunk by 2 with antialiasing, every pixel away from the
+  // left and right edges is the mean (a point-sampling resize would keep one colour).
+  for (int y = 0; y < 4; ++y)
+    for (int x = 0; x < 8; ++x) img.pixels.insert(img.pixels.end(), 3, (x + y) % 2 ? 200 : 0);
+  auto half = data::resize(img, {0, 0, 8, 4}, 4, 2);
+  for (int y = 0; y < 2; ++y)
+    for (int x = 1; x < 3; ++x) EXPECT_EQ(half.pixels[size_t((y * 4 + x) * 3)], 100) << x << "," << y;
+  // The same size: unchanged. A box: only its pixels are read.
+  EXPECT_EQ(data::resize(img, {0, 0, 8, 4}, 8, 4).pixels, img.pixels);
+  auto one = data::resize(img, {1, 0, 1, 1}, 3, 3);
+  for (uint8_t v : one.pixels) EXPECT_EQ(v, 200);
+  // Enlarging a ramp by 2: bilinear interpolation between the samples' centres.
+  data::RgbImage ramp;
+  ramp.width = 2, ramp.height = 1;
+  ramp.pixels = {0, 0, 0, 100, 100, 100};
+  auto up = data::resize(ramp, {0, 0, 2, 1}, 4, 1);
+  EXPECT_EQ(up.pixels[0], 0);  // at 0.25: clamped to the first centre
+  EXPECT_EQ(up.pixels[3], 25);  // at 0.75
+  EXPECT_EQ(up.pixels[6], 75);
+  EXPECT_EQ(up.pixels[9], 100);
+  try {
+    data::resize(img, {4, 0, 8, 4}, 2, 2);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside a 8x4 image"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,221 @@
+// ImageNet-style image folders (data/image_folder.h): scanning, named errors, the
+// torchvision transforms as pure functions of (seed, epoch, id), and loading through
+// the loader's workers.
+#include <gtest/gtest.h>
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/image_folder.h"
+#include "tests/test_util.h"
+#include "train/trainer.h"
+
+using namespace eg;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A w x h image of one colour, as a JPEG or a PNG file.
+void write_image(const std::string& path, int w, int h, uint8_t r, uint8_t g, uint8_t b, bool jpeg) {
+  std::vector<uint8_t> px;
+  for (int i = 0; i < w * h; ++i) px.insert(px.end(), {r, g, b});
+  if (jpeg) {
+    tjhandle tj = tjInitCompress();
+    unsigned char* out = nullptr;
+    unsigned long size = 0;
+    ASSERT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_444, 95, 0), 0);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<char*>(out), std::streamsize(size));
+    tjFree(out);
+    tjDestroy(tj);
+    return;
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_init_io(png, f);
+  png_set_IHDR(png, info, png_uint_32(w), png_uint_32(h), 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  for (int y = 0; y < h; ++y) png_write_row(png, px.data() + size_t(y) * size_t(w) * 3);
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  std::fclose(f);
+}
+
+// DIR/{train,val}/{cat,dog}: cats red, dogs blue; sizes vary; JPEGs and PNGs mixed.
+std::string small_folder(const std::string& name) {
+  const std::string d = eg::testing::fresh_dir(name);
+  for (const char* split : {"train", "val"})
+    for (const char* cls : {"dog", "cat"}) {
+      fs::create_directories(d + "/" + split + "/" + cls);
+      const bool cat = cls[0] == 'c';
+      for (int i = 0; i < 3; ++i)
+        write_image(d + "/" + split + "/" + cls + "/" + std::to_string(i) + (i == 2 ? ".PNG" : ".jpg"), 40 + 8 * i,
+                    30 + 4 * i, cat ? 220 : 20, 40, cat ? 20 : 220, i != 2);
+    }
+  std::ofstream(d + "/train/cat/README.txt") << "not an image\n";
+  return d;
+}
+
+using eg::testing::error_of;
+
+}  // namespace
+
+TEST(ImageFolder, ClassesAreSortedFolderNamesAndFilesTheirImages) {
+  const std::string d = small_folder("folder_scan");
+  const auto train = data::scan_image_folder(d + "/train");
+  EXPECT_EQ(train.classes, (std::vector<std::string>{"cat", "dog"}));
+  ASSERT_EQ(train.size(), 6);
+  EXPECT_EQ(train.labels, (std::vector<int64_t>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(fs::path(train.files[0]).filename(), "0.jpg");
+  EXPECT_EQ(fs::path(train.files[2]).filename(), "2.PNG");
+  EXPECT_EQ(train.left_out, 1) << "README.txt";
+  // val takes the training split's classes: a class it lacks keeps its label.
+  fs::remove_all(d + "/val/cat");
+  const auto val = data::scan_image_folder(d + "/val", &train.classes);
+  EXPECT_EQ(val.classes, train.classes);
+  EXPECT_EQ(val.labels, (std::vector<int64_t>{1, 1, 1}));
+
+  fs::create_directories(d + "/val/wolf");
+  write_image(d + "/val/wolf/0.jpg", 8, 8, 0, 0, 0, true);
+  std::string e = error_of([&] { data::scan_image_folder(d + "/val", &train.classes); });
+  EXPECT_NE(e.find("has a class 'wolf' that the training split does not have"), std::string::npos) << e;
+  fs::create_directories(d + "/train/empty");
+  e = error_of([&] { data::scan_image_folder(d + "/train"); });
+  EXPECT_NE(e.find("class folder '" + d + "/train/empty' holds no images"), std::string::npos) << e;
+  e = error_of([&] { data::scan_image_folder(d + "/nowhere"); });
+  EXPECT_NE(e.find("image folder '" + d + "/nowhere' is not a directory"), std::string::npos) << e;
+  const std::string flat = eg::testing::fresh_dir("folder_flat");
+  write_image(flat + "/0.jpg", 8, 8, 0, 0, 0, true);
+  e = error_of([&] { data::scan_image_folder(flat); });
+  EXPECT_NE(e.find("has no class folders"), std::string::npos) << e;
+}
+
+TEST(ImageFolder, RandomResizedCropIsAPureFunctionOfSeedEpochAndId) {
+  data::FolderTransform t;
+  std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>> boxes;
+  int flips = 0;
+  for (int64_t id = 0; id < 200; ++id) {
+    const auto d = data::crop_decision(t, 500, 375, 7, 3, id);
+    const auto again = data::crop_decision(t, 500, 375, 7, 3, id);
+    EXPECT_EQ(d.box.x, again.box.x);
+    EXPECT_EQ(d.box.width, again.box.width);
+    EXPECT_EQ(d.flip, again.flip);
+    ASSERT_GE(d.box.x, 0);
+    ASSERT_GE(d.box.y, 0);
+    ASSERT_LE(d.box.x + d.box.width, 500);
+    ASSERT_LE(d.box.y + d.box.height, 375);
+    const double share = double(d.box.width * d.box.height) / (500.0 * 375.0),
+                 ratio = double(d.box.width) / double(d.box.height);
+    EXPECT_GE(share, 0.07);
+    EXPECT_LE(share, 1.0);
+    EXPECT_GE(ratio, 0.74);
+    EXPECT_LE(ratio, 1.34);
+    boxes.insert({d.box.x, d.box.y, d.box.width, d.box.height});
+    flips += d.flip;
+  }
+  EXPECT_GT(boxes.size(), 190u);
+  EXPECT_GT(flips, 70);
+  EXPECT_LT(flips, 130);
+  const auto e4 = data::crop_decision(t, 500, 375, 7, 4, 0), e3 = data::crop_decision(t, 500, 375, 7, 3, 0);
+  EXPECT_FALSE(e4.box.x == e3.box.x && e4.box.y == e3.box.y && e4.box.width == e3.box.width)
+      << "a new epoch, a new crop";
+  // Evaluation takes the whole image, unflipped; a thin image falls back to the centre crop.
+  t.train = false;
+  const auto ev = data::crop_decision(t, 500, 375, 7, 3, 0);
+  EXPECT_EQ(ev.box.width, 500);
+  EXPECT_FALSE(ev.flip);
+  t.train = true;
+  const auto thin = data::crop_decision(t, 1000, 10, 1, 0, 0);
+  EXPECT_LE(thin.box.width, 1000);
+  EXPECT_LE(double(thin.box.width) / double(thin.box.height), 4.0 / 3.0 + 0.2);
+}
+
+TEST(ImageFolder, LoadsThroughTheLoaderNormalisedAndSized) {
+  const std::string d = small_folder("folder_load");
+  for (bool train : {true, false}) {
+    data::FolderTransform t;
+    t.size = 16;
+    t.train = train;
+    auto src = std::make_shared<data::FolderSamples>(data::scan_image_folder(d + "/train"), t);
+    data::LoaderOptions o;
+    o.batch_size = 3;
+    o.workers = 2;
+    o.seed = 5;
+    data::Loader l(src, o);
+    l.start_epoch(0);
+    data::Batch b;
+    int batches = 0;
+    while (l.next(b)) {
+      ++batches;
+      ASSERT_EQ(b.x.shape(), (Shape{3, 3, 16, 16}));
+      const float* x = b.x.data<float>();
+      for (int64_t i = 0; i < 3; ++i) {
+        // One colour per class: red (220, 40, 20) for cats, blue for dogs, normalised
+        // with ImageNet's statistics; JPEG keeps it within a few levels.
+        const bool cat = b.y.data<int64_t>()[i] == 0;
+        const float red = ((cat ? 220.f : 20.f) / 255.f - 0.485f) / 0.229f;
+        for (int64_t k = 0; k < 16 * 16; ++k) ASSERT_NEAR(x[i * 3 * 256 + k], red, 0.1f) << "train " << train;
+      }
+    }
+    EXPECT_EQ(batches, 2);
+  }
+  // A file that is not an image stops the loader naming it.
+  std::ofstream(d + "/train/dog/9.jpg") << "<html>";
+  data::FolderTransform t;
+  t.size = 8;
+  data::LoaderOptions o;
+  o.batch_size = 7;
+  o.shuffle = false;
+  data::Loader l(std::make_shared<data::FolderSamples>(data::scan_image_folder(d + "/train"), t), o);
+  l.start_epoch(0);
+  data::Batch b;
+  const std::string e = error_of([&] { l.next(b); });
+  EXPECT_NE(e.find("/train/dog/9.jpg' is neither a JPEG nor a PNG file"), std::string::npos) << e;
+}
+
+// `egeria train --model resnet50 --dataset imagefolder --batch-size 4` on a folder of
+// 224 x 224 JPEGs: the ImageNet stem, the class count from the folders, the class names
+// in config.json, and the run's accuracy on val/.
+TEST(ImageFolder, TrainsResNet50OnAFolderOf224PixelJpegs) {
+  const std::string d = eg::testing::fresh_dir("folder_r50");
+  const char* classes[] = {"n01440764", "n01443537", "n01484850"};
+  for (const char* split : {"train", "val"})
+    for (int k = 0; k < 3; ++k) {
+      fs::create_directories(d + "/" + split + "/" + classes[k]);
+      for (int i = 0; i < (split[0] == 't' ? 3 : 1); ++i)
+        write_image(d + "/" + split + "/" + classes[k] + "/" + std::to_string(i) + ".JPEG", 224, 224, uint8_t(80 * k),
+                    uint8_t(40 * i), 128, true);
+    }
+  train::TrainConfig c;
+  c.model = "resnet50";
+  c.dataset = "imagefolder";
+  c.data_dir = d;
+  c.batch_size = 4;  // 9 images: 2 steps
+  c.epochs = 1;
+  c.lr = 0.01;
+  c.threads = 2;
+  c.out = eg::testing::fresh_dir("folder_r50_run");
+  const auto s = train::run_training(c);
+  ASSERT_TRUE(s.completed);
+  EXPECT_EQ(s.steps, 2);
+  const auto cfg = nlohmann::json::parse(std::ifstream(c.out + "/config.json"));
+  EXPECT_EQ(cfg["classes"], nlohmann::json(std::vector<std::string>(classes, classes + 3)));
+  const auto sj = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_EQ(sj["classes"], 3);
+  EXPECT_EQ(sj["parameters"], 23514179) << "ResNet-50 with a 3-class head";
+  // egeria eval: the checkpoint on val/, as the run's last evaluation saw it.
+  const auto e = train::evaluate_checkpoint(c.out, "", 0);
+  EXPECT_EQ(e.samples, 3);
+  EXPECT_DOUBLE_EQ(e.accuracy, sj["final_test_accuracy"].get<double>());
+  EXPECT_NEAR(e.loss, sj["final_test_loss"].get<double>(), 1e-5);
+}
