@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "data/image_folder.h"
 #include "tests/test_util.h"
+#include "train/safetensors.h"
 #include "train/trainer.h"
 
 using namespace eg;
@@ -218,4 +219,17 @@ TEST(ImageFolder, TrainsResNet50OnAFolderOf224PixelJpegs) {
   EXPECT_EQ(e.samples, 3);
   EXPECT_DOUBLE_EQ(e.accuracy, sj["final_test_accuracy"].get<double>());
   EXPECT_NEAR(e.loss, sj["final_test_loss"].get<double>(), 1e-5);
+  // egeria eval --per-class: each class by name; the weights name their classes too.
+  const auto pc = train::evaluate_checkpoint(c.out, "", 0, "fp32", 3, true);
+  ASSERT_EQ(pc.classes, std::vector<std::string>(classes, classes + 3));
+  int64_t correct = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(pc.per_class.total[k], 1);
+    correct += pc.per_class.correct[k];
+  }
+  EXPECT_DOUBLE_EQ(double(correct) / 3, e.accuracy);
+  train::Metadata meta;
+  train::load_safetensors(c.out + "/model.safetensors", &meta);
+  EXPECT_EQ(nlohmann::json::parse(meta.at("classes")), cfg["classes"]);
+  EXPECT_EQ(meta.at("model"), "resnet50");
 }

@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
   eval->add_option("--out", eval_out, "the run's output directory")->required();
   eval->add_option("--data-dir", eval_data);
   eval->add_option("--test-limit", eval_limit)->check(CLI::NonNegativeNumber);
+  bool eval_per_class = false;
+  eval->add_flag("--per-class", eval_per_class, "image models: the accuracy of each class too (per_class in the JSON)");
   std::string eval_precision = "fp32";
   eval->add_option("--precision", eval_precision, "fp32, or int8: the int8 reference model Egeria would build from it")
       ->capture_default_str()
@@ -189,10 +191,19 @@ int main(int argc, char** argv) {
             100 * s.final_test_accuracy, (long long)s.best_epoch, 100 * s.best_test_accuracy, s.train_seconds,
             s.images_per_second, c.out.c_str());
     } else if (*eval) {
-      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration);
+      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration,
+                                              eval_per_class);
       nlohmann::json j =
           r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
                         : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss}, {"samples", r.samples}};
+      if (!r.classes.empty()) {
+        nlohmann::json pc = nlohmann::json::object();
+        for (size_t k = 0; k < r.classes.size(); ++k)
+          pc[r.classes[k]] = {
+              {"accuracy", r.per_class.total[k] ? double(r.per_class.correct[k]) / double(r.per_class.total[k]) : 0.0},
+              {"samples", r.per_class.total[k]}};
+        j["per_class"] = pc;
+      }
       std::printf("%s\n", j.dump().c_str());
     } else if (*step) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");

@@ -169,73 +169,72 @@ Metrics ImageTask::evaluate(Split s) {
   return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_, comm_);
 }
 
-Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
-                         dist::Communicator* comm) {
+namespace {
+
+// Accuracy and mean loss over the loader's batches, reduced over the ranks from counts.
+Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Communicator* comm, PerClass* per_class) {
   autograd::NoGradGuard ng;
   const bool was_training = m.is_training();
   m.eval();
-  data::LoaderOptions o;
-  o.batch_size = 100;  // per rank: each takes its share of every 100 x ranks
-  o.shuffle = false;
-  o.drop_last = false;
-  o.workers = std::max(1, workers);
-  if (comm) o.shard_rank = comm->rank(), o.shards = comm->size();
-  data::Loader l(std::move(s), o);
   l.start_epoch(0);
   data::Batch b;
-  double counts[3] = {0, 0, 0};  // loss sum, correct, samples
+  // Loss sum, correct, samples; then per class: correct, samples (the same size on every rank).
+  const size_t classes = per_class ? per_class->total.size() : 0;
+  std::vector<double> counts(3 + 2 * classes, 0.0);
   while (l.next(b)) {
     if (b.ids.empty()) continue;  // this rank's share of a short last batch
     Tensor logits = m.forward(b.x.to(dev));
     counts[0] += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
     const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
-    for (int64_t i = 0; i < b.y.numel(); ++i) counts[1] += pred[size_t(i)] == b.y.data<int64_t>()[i];
+    for (int64_t i = 0; i < b.y.numel(); ++i) {
+      const int64_t y = b.y.data<int64_t>()[i];
+      counts[1] += pred[size_t(i)] == y;
+      if (per_class) {
+        EG_CHECK(y >= 0 && size_t(y) < classes, "evaluation: label ", y, " of ", classes, " classes");
+        counts[size_t(3 + 2 * y)] += pred[size_t(i)] == y, counts[size_t(4 + 2 * y)] += 1;
+      }
+    }
     counts[2] += double(b.y.numel());
   }
   if (comm && comm->size() > 1) {
-    Tensor t = Tensor::from_vector(std::vector<double>(counts, counts + 3), {3});
+    Tensor t = Tensor::from_vector(counts, {int64_t(counts.size())});
     comm->all_reduce(t);
-    for (int i = 0; i < 3; ++i) counts[i] = t.data<double>()[i];
+    counts = t.to_vector<double>();
+  }
+  if (per_class) {
+    per_class->correct.assign(classes, 0);
+    for (size_t k = 0; k < classes; ++k)
+      per_class->correct[k] = int64_t(counts[3 + 2 * k]), per_class->total[k] = int64_t(counts[4 + 2 * k]);
   }
   if (was_training) m.train();
   return {{"accuracy", counts[1] / std::max(counts[2], 1.0)}, {"loss", counts[0] / std::max(counts[2], 1.0)}};
 }
 
+// Evaluation batches: each rank takes its share of every global batch.
+data::LoaderOptions eval_options(int64_t batch, int workers, dist::Communicator* comm) {
+  data::LoaderOptions o;
+  o.batch_size = batch;
+  o.shuffle = false;
+  o.drop_last = false;
+  o.workers = std::max(1, workers);
+  if (comm) o.shard_rank = comm->rank(), o.shards = comm->size();
+  return o;
+}
+
+}  // namespace
+
+Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
+                         dist::Communicator* comm, PerClass* per_class) {
+  data::Loader l(std::move(s), eval_options(100, workers, comm));
+  return evaluate_batches(m, l, dev, comm, per_class);
+}
+
 Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,
-                        dist::Communicator* comm) {
-  autograd::NoGradGuard ng;
-  const bool was_training = m.is_training();
-  m.eval();
-  // This rank's share: a contiguous range of the split.
-  const int64_t rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
-  const int64_t begin = d.size() * rank / ranks, end = d.size() * (rank + 1) / ranks;
-  double counts[2] = {0, 0};  // loss sum, correct
-  if (end > begin) {
-    data::LoaderOptions o;
-    o.batch_size = 500;
-    o.shuffle = false;
-    o.drop_last = false;
-    o.aug.norm = data::default_normalization(dataset);
-    auto share = ranks == 1 ? std::make_shared<data::ImageDataset>(d)
-                            : std::make_shared<data::ImageDataset>(
-                                  data::ImageDataset{d.images.slice(begin, end), d.labels.slice(begin, end)});
-    data::Loader l(share, o);
-    l.start_epoch(0);
-    data::Batch b;
-    while (l.next(b)) {
-      Tensor logits = m.forward(b.x.to(dev));
-      counts[0] += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
-      const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
-      for (int64_t i = 0; i < b.y.numel(); ++i) counts[1] += pred[size_t(i)] == b.y.data<int64_t>()[i];
-    }
-  }
-  if (ranks > 1) {
-    Tensor t = Tensor::from_vector(std::vector<double>(counts, counts + 2), {2});
-    comm->all_reduce(t);
-    counts[0] = t.data<double>()[0], counts[1] = t.data<double>()[1];
-  }
-  if (was_training) m.train();
-  return {{"accuracy", counts[1] / double(d.size())}, {"loss", counts[0] / double(d.size())}};
+                        dist::Communicator* comm, PerClass* per_class) {
+  data::LoaderOptions o = eval_options(500, 1, comm);
+  o.aug.norm = data::default_normalization(dataset);
+  data::Loader l(std::make_shared<data::ImageDataset>(d), o);
+  return evaluate_batches(m, l, dev, comm, per_class);
 }
 
 void ImageTask::summarize(nlohmann::json& sj) const {

@@ -48,15 +48,20 @@ class ImageTask : public Task {
 
 int64_t num_classes(const std::string& dataset);
 
+// Per-class counts of an evaluation (by label): correct predictions and samples. The
+// caller sizes `total` to the number of classes.
+struct PerClass {
+  std::vector<int64_t> correct, total;
+};
+
 // Accuracy and mean cross-entropy of `m` on every sample of `s`, in eval mode; with
 // `comm`, each rank evaluates its share and the counts are summed.
 Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
-                         dist::Communicator* comm = nullptr);
+                         dist::Communicator* comm = nullptr, PerClass* per_class = nullptr);
 
-// Accuracy and mean cross-entropy of `m` on `d` (normalised as `dataset` is), in eval mode;
-// with `comm`, each rank evaluates its share of `d` and the counts are summed.
+// The same on an in-memory dataset (normalised as `dataset` is).
 Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,
-                        dist::Communicator* comm = nullptr);
+                        dist::Communicator* comm = nullptr, PerClass* per_class = nullptr);
 
 // `fraction` of `d`'s samples, drawn by a seeded shuffle, and the rest: (held out, kept).
 std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageDataset& d, double fraction, uint64_t seed);

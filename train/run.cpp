@@ -81,6 +81,14 @@ double metric(const json& by_split, const char* split, const char* name, double 
   return by_split.contains(split) ? by_split[split].value(name, otherwise) : otherwise;
 }
 
+// The weights files' safetensors metadata: the model, the dataset and (image folders) its
+// class names, as a JSON array, so that the weights say what their outputs mean.
+Metadata weights_metadata(const TrainConfig& c, const json& config, Metadata more = {}) {
+  more["model"] = c.model, more["dataset"] = c.dataset;
+  if (config.contains("classes")) more["classes"] = config["classes"].dump();
+  return more;
+}
+
 const char* nccl_note(Device dev) { return dev.is_cuda() ? ", gradients over NCCL" : ""; }
 
 // A rank's own stream of dropout draws (rank 0's is the single-process run's).
@@ -375,7 +383,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
       state["best"] = by_split;
       if (lead && splits.front() == Split::valid)
         save_safetensors(c.out + "/best.safetensors", model.state_dict(),
-                         {{"model", c.model}, {"dataset", c.dataset}, {"epoch", std::to_string(epoch + 1)}});
+                         weights_metadata(c, config, {{"epoch", std::to_string(epoch + 1)}}));
     }
     if (target > 0 && metric(by_split, "test", "accuracy") >= target && state["time_to_target"].get<double>() < 0)
       state["time_to_target"] = train_secs;
@@ -441,7 +449,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
   fr.summarize(sj, step, train_secs);
   s.freeze_report = freeze_report(sj);
   if (lead) {
-    save_safetensors(c.out + "/model.safetensors", model.state_dict(), {{"model", c.model}, {"dataset", c.dataset}});
+    save_safetensors(c.out + "/model.safetensors", model.state_dict(), weights_metadata(c, config));
     write_file_atomic(c.out + "/summary.json", sj.dump(2) + "\n");
   }
 

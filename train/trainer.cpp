@@ -66,7 +66,7 @@ EvalResult evaluate_translation_checkpoint(const Checkpoint& ck, const std::stri
 }  // namespace
 
 EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit,
-                               const std::string& precision, int64_t calibration_batches) {
+                               const std::string& precision, int64_t calibration_batches, bool per_class) {
   EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
   Checkpoints ckpts(out, 1, {});
   EG_CHECK(ckpts.any(), "cannot open '", ckpts.newest_path(), "': no checkpoint in '", out, "'");
@@ -95,8 +95,13 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
     auto m = models::build_model(mc, g);
     m->load_state_dict(model_tensors(ck.tensors));
     if (precision == "int8") quant::convert_to_int8(*m, calibration_batches);
-    Metrics e = evaluate_samples(*m, src, Device::cpu(), cfg.value("workers", 1));
-    return {e.at("accuracy"), e.at("loss"), n};
+    EvalResult r{};
+    if (per_class) r.per_class.total.resize(classes.size());
+    const Metrics e =
+        evaluate_samples(*m, src, Device::cpu(), cfg.value("workers", 1), nullptr, per_class ? &r.per_class : nullptr);
+    r.accuracy = e.at("accuracy"), r.loss = e.at("loss"), r.samples = n;
+    if (per_class) r.classes = classes;
+    return r;
   }
   data::ImageDataset test =
       data::load_image_dataset({dataset, data_dir.empty() ? cfg.value("data_dir", "") : data_dir, test_limit}, false);
@@ -109,8 +114,12 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   auto m = models::build_model(mc, g);
   m->load_state_dict(model_tensors(ck.tensors));
   if (precision == "int8") quant::convert_to_int8(*m, calibration_batches);
-  Metrics e = evaluate_images(*m, test, dataset, Device::cpu());
-  return {e.at("accuracy"), e.at("loss"), test.size()};
+  EvalResult r{};
+  if (per_class) r.per_class.total.resize(size_t(mc.num_classes));
+  const Metrics e = evaluate_images(*m, test, dataset, Device::cpu(), nullptr, per_class ? &r.per_class : nullptr);
+  r.accuracy = e.at("accuracy"), r.loss = e.at("loss"), r.samples = test.size();
+  for (size_t k = 0; per_class && k < r.per_class.total.size(); ++k) r.classes.push_back(std::to_string(k));
+  return r;
 }
 
 StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "train/config.h"
+#include "train/image_task.h"
 #include "train/run.h"
 
 namespace eg::models {
@@ -28,6 +29,9 @@ struct EvalResult {
   int64_t samples = 0;
   bool translation = false;  // then `bleu` is set and `accuracy` is not
   double bleu = 0;
+  // Image models with `per_class`: each class's name (its folder, or its label) and counts.
+  std::vector<std::string> classes;
+  PerClass per_class;
 };
 // precision "int8" evaluates the int8 reference model built from the checkpoint
 // (quant/: what Egeria measures plasticity against), "fp32" the model itself.
@@ -35,7 +39,8 @@ struct EvalResult {
 // batches (0: each batch its own scales).
 EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& data_dir, int64_t test_limit,
                                const std::string& precision = "fp32",
-                               int64_t calibration_batches = 3);  // quant::kCalibrationBatches
+                               int64_t calibration_batches = 3,  // quant::kCalibrationBatches
+                               bool per_class = false);
 
 // One training step's throughput (median over iterations after warm-up): forward,
 // backward and the optimizer on random data of the model's input size. On several ranks
