@@ -1,12 +1,17 @@
-// The public API in one include: tensors, differentiable functions, layers,
-// optimizers, schedules and data readers.
+// The public API in one include: tensors, differentiable functions, layers, models and
+// their registry, optimizers, schedules, data readers and the loader, the freezing
+// policies, and training: fit() with a task (train/task.h; ImageTask takes a user's
+// model and samples), the freezing run, checkpoints, and the command line (run_cli).
 #pragma once
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "cache/activation_cache.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "data/dataset.h"
 #include "data/idx.h"
+#include "data/image_folder.h"
+#include "data/loader.h"
 #include "freeze/plasticity.h"
 #include "freeze/policy.h"
 #include "freeze/tracker.h"
@@ -16,4 +21,11 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "tools/cli.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/freezing.h"
+#include "train/image_task.h"
+#include "train/run.h"
+#include "train/task.h"
 #include "train/trainer.h"

@@ -2,6 +2,7 @@
 // freezing acts on (stem, residual / inverted-residual blocks, encoder and decoder
 // layers, head) — and its forward FLOPs per sample.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,8 +16,9 @@ class Model : public nn::Module {
   // Front to back. Freezing a prefix of this list freezes the front of the network.
   virtual std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const = 0;
   // Multiply-adds count 2; convolutions and matmuls only (norms and activations are
-  // a few percent and omitted, as in the papers' tables).
-  virtual double flops_per_sample() const = 0;
+  // a few percent and omitted, as in the papers' tables). 0: not known (a user's model
+  // may leave it), and freezing reports then weigh the units by their parameters.
+  virtual double flops_per_sample() const { return 0; }
   // True when forward(x) is the composition of the layer modules' forwards, front to
   // back (vision models). Freezing policies and the reference model rely on it.
   virtual bool sequential() const { return true; }
@@ -46,8 +48,19 @@ struct ModelConfig {
   int64_t vocab = 8000;  // Transformers: shared source/target vocabulary
 };
 
-// Builds a model by name; throws eg::Error listing the known names.
+// Builds a model by name (a built-in one or a registered one); throws eg::Error listing
+// the known names.
 ModelPtr build_model(const ModelConfig& c, Generator& g);
-std::vector<std::string> model_names();
+std::vector<std::string> model_names();  // sorted
+
+// A model's builder: a new model for the configuration (its classes, input channels and
+// size come from the data), initialised from `g`. Egeria builds its reference model
+// through it too, then loads a snapshot of the training weights, so it must build the
+// same architecture whenever it is called with the same configuration.
+using ModelBuilder = std::function<ModelPtr(const ModelConfig&, Generator&)>;
+// Makes a user's model known by `name` to build_model, and so to train::fit, the
+// freezing policies and `--model` of a CLI built with it. A built-in name is refused;
+// registering a name again replaces its builder.
+void register_model(const std::string& name, ModelBuilder builder);
 
 }  // namespace eg::models

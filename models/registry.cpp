@@ -1,6 +1,8 @@
 // Model names -> builders.
+#include <algorithm>
 #include <functional>
 #include <map>
+#include <mutex>
 
 #include "autograd/node.h"
 
@@ -11,10 +13,9 @@
 namespace eg::models {
 
 namespace {
-using Builder = std::function<ModelPtr(const ModelConfig&, Generator&)>;
-const std::map<std::string, Builder>& builders() {
-  static const std::map<std::string, Builder> b = [] {
-    std::map<std::string, Builder> m;
+const std::map<std::string, ModelBuilder>& builtins() {
+  static const std::map<std::string, ModelBuilder> b = [] {
+    std::map<std::string, ModelBuilder> m;
     for (int d : {20, 32, 44, 56, 110})
       m["resnet" + std::to_string(d)] = [d](const ModelConfig& c, Generator& g) {
         return ResNet::cifar(d, c.num_classes, c.in_channels, g);
@@ -34,7 +35,37 @@ const std::map<std::string, Builder>& builders() {
   }();
   return b;
 }
+
+// A user's models (register_model), beside the built-in ones; guarded because loader
+// workers and the reference's thread build models while a program may still register.
+struct UserModels {
+  std::mutex mu;
+  std::map<std::string, ModelBuilder> builders;
+};
+UserModels& user_models() {
+  static UserModels u;
+  return u;
+}
+
+ModelBuilder find_builder(const std::string& name) {
+  if (auto it = builtins().find(name); it != builtins().end()) return it->second;
+  UserModels& u = user_models();
+  std::lock_guard<std::mutex> lock(u.mu);
+  auto it = u.builders.find(name);
+  return it == u.builders.end() ? ModelBuilder() : it->second;
+}
 }  // namespace
+
+void register_model(const std::string& name, ModelBuilder builder) {
+  EG_CHECK(!name.empty(), "register_model: a model needs a name");
+  EG_CHECK(name.find_first_of(" \t\n,") == std::string::npos, "register_model: '", name,
+           "' holds a space or comma; model names are one word (they are --model values)");
+  EG_CHECK(builder, "register_model: '", name, "' has no builder");
+  EG_CHECK(!builtins().count(name), "register_model: '", name, "' is a built-in model's name; choose another");
+  UserModels& u = user_models();
+  std::lock_guard<std::mutex> lock(u.mu);
+  u.builders[name] = std::move(builder);  // registering again replaces, as re-running a cell would
+}
 
 Tensor Model::layer_output(const Tensor& x, const Tensor&, int64_t layer) { return layers_output(x, 0, layer); }
 
@@ -52,20 +83,28 @@ Tensor Model::layers_output(const Tensor& h, int64_t begin, int64_t last) {
 
 std::vector<std::string> model_names() {
   std::vector<std::string> v;
-  for (auto& [n, b] : builders()) v.push_back(n);
+  for (auto& [n, b] : builtins()) v.push_back(n);
+  UserModels& u = user_models();
+  std::lock_guard<std::mutex> lock(u.mu);
+  for (auto& [n, b] : u.builders) v.push_back(n);
+  std::sort(v.begin(), v.end());
   return v;
 }
 
 ModelPtr build_model(const ModelConfig& c, Generator& g) {
-  auto it = builders().find(c.name);
-  if (it == builders().end()) {
+  const ModelBuilder builder = find_builder(c.name);
+  if (!builder) {
     std::string known;
     for (auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
     EG_THROW("unknown model '", c.name, "' (known: ", known, ")");
   }
   EG_CHECK(c.num_classes > 0 && c.in_channels > 0 && c.image_size > 0, "model '", c.name,
            "': classes, channels and image size must be positive");
-  return it->second(c, g);
+  ModelPtr m = builder(c, g);
+  EG_CHECK(m, "model '", c.name, "': its builder returned no model");
+  EG_CHECK(!m->layer_modules().empty(), "model '", c.name,
+           "' names no layer modules: freezing acts on them, front to back (Model::layer_modules)");
+  return m;
 }
 
 }  // namespace eg::models

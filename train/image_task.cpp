@@ -40,10 +40,36 @@ std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageData
   return {take(0, size_t(k)), take(size_t(k), size_t(n))};
 }
 
+ImageTask::ImageTask(ImageData user_data) : user_(std::move(user_data)) {}
+
+namespace {
+
+// The first n samples of a source: --train-limit and --test-limit on a user's data.
+class FirstSamples final : public data::SampleSource {
+ public:
+  FirstSamples(std::shared_ptr<const data::SampleSource> s, int64_t n) : s_(std::move(s)), n_(n) {}
+  int64_t size() const override { return n_; }
+  Shape sample_shape() const override { return s_->sample_shape(); }
+  int64_t label(int64_t id) const override { return s_->label(id); }
+  void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const override { s_->load(id, seed, epoch, out); }
+
+ private:
+  std::shared_ptr<const data::SampleSource> s_;
+  int64_t n_;
+};
+
+std::shared_ptr<const data::SampleSource> first(std::shared_ptr<const data::SampleSource> s, int64_t n) {
+  if (n <= 0 || n >= s->size()) return s;
+  return std::make_shared<FirstSamples>(std::move(s), n);
+}
+
+}  // namespace
+
 void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   c_ = c;
   comm_ = &comm;
   dev_ = Device::parse(c.device);
+  if (user_) return setup_user(c, comm);
   if (c.dataset == "imagefolder") return setup_folder(c, comm);
   auto train = data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true);
   if (c.val_fraction > 0) {
@@ -86,12 +112,40 @@ void ImageTask::setup_folder(const TrainConfig& c, dist::Communicator& comm) {
   t.train = false;
   folder_test_ = std::make_shared<data::FolderSamples>(std::move(test), t);
   build_model(folder_train_->size(), " images in " + c.data_dir + "/train");
+  make_loader(folder_train_, comm);
+}
+
+void ImageTask::setup_user(const TrainConfig& c, dist::Communicator& comm) {
+  ImageData& d = *user_;
+  EG_CHECK(d.train && d.test, "ImageData: the training and test samples are both needed (train, test)");
+  if (d.num_classes == 0) d.num_classes = int64_t(d.classes.size());
+  EG_CHECK(d.num_classes > 0, "ImageData: how many classes? set num_classes (or name them in classes)");
+  EG_CHECK(d.classes.empty() || int64_t(d.classes.size()) == d.num_classes, "ImageData: ", d.classes.size(),
+           " class names for ", d.num_classes, " classes");
+  EG_CHECK(c.val_fraction == 0, "--val-fraction holds out images of a built-in dataset; give a user's validation ",
+           "samples as ImageData::valid");
+  const Shape shape = d.train->sample_shape();
+  EG_CHECK(shape.size() == 3 && shape[0] > 0 && shape[1] > 0 && shape[1] == shape[2],
+           "ImageData: a sample must be f32 [C, H, W] with H == W, the training samples' shape is ", shape_str(shape));
+  for (auto* split : {&d.test, &d.valid})
+    if (*split)
+      EG_CHECK((*split)->sample_shape() == shape, "ImageData: the ", split == &d.test ? "test" : "validation",
+               " samples' shape ", shape_str((*split)->sample_shape()), " differs from the training samples' ",
+               shape_str(shape));
+  d.train = first(d.train, c.train_limit);
+  d.test = first(d.test, c.test_limit);
+  EG_CHECK(d.test->size() > 0, "ImageData: the test split has no samples");
+  build_model(d.train->size(), " training samples");
+  make_loader(d.train, comm);
+}
+
+void ImageTask::make_loader(std::shared_ptr<const data::SampleSource> train, dist::Communicator& comm) {
   data::LoaderOptions lo;
-  lo.batch_size = c.batch_size;
-  lo.workers = c.workers;
-  lo.seed = c.seed;
+  lo.batch_size = c_.batch_size;
+  lo.workers = c_.workers;
+  lo.seed = c_.seed;
   lo.shard_rank = comm.rank(), lo.shards = comm.size();
-  loader_ = std::make_unique<data::Loader>(folder_train_, lo);
+  loader_ = std::make_unique<data::Loader>(std::move(train), lo);
 }
 
 void ImageTask::build_model(int64_t train_size, const std::string& what) {
@@ -106,7 +160,13 @@ void ImageTask::build_model(int64_t train_size, const std::string& what) {
 models::ModelConfig ImageTask::model_config() const {
   models::ModelConfig mc;
   mc.name = c_.model;
-  if (folder_train_) {
+  if (user_) {
+    const Shape s = user_->train->sample_shape();
+    mc.in_channels = s[0];
+    mc.image_size = s[1];
+    mc.num_classes = user_->num_classes;
+    mc.small_input = mc.image_size <= 64;
+  } else if (folder_train_) {
     mc.in_channels = 3;
     mc.image_size = folder_train_->sample_shape()[1];
     mc.num_classes = int64_t(folder_train_->folder().classes.size());
@@ -130,15 +190,28 @@ void ImageTask::configure_freezing(freeze::PolicyConfig& pc) const {
 void ImageTask::attach(FreezeRun& fr) {
   if (c_.freeze_cache)
     fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir,
-                 folder_train_ ? folder_train_->size() : train_->size(), !c_.freeze_cache_dir.empty());
+                 user_           ? user_->train->size()
+                 : folder_train_ ? folder_train_->size()
+                                 : train_->size(),
+                 !c_.freeze_cache_dir.empty());
 }
 
 nlohmann::json ImageTask::resolved() const {
+  if (user_) {
+    nlohmann::json r = {{"num_classes", user_->num_classes}};
+    if (!user_->classes.empty()) r["classes"] = user_->classes;
+    return r;
+  }
   if (!folder_train_) return nlohmann::json::object();
   return {{"classes", folder_train_->folder().classes}};
 }
 
 std::string ImageTask::description() const {
+  if (user_)
+    return c_.dataset + ": " + std::to_string(user_->num_classes) + " classes, " +
+           std::to_string(user_->train->size()) + " training samples of " + shape_str(user_->train->sample_shape()) +
+           ", " + std::to_string(user_->test->size()) + " test" +
+           (user_->valid ? ", " + std::to_string(user_->valid->size()) + " validation" : std::string());
   if (!folder_train_) return "";
   const data::ImageFolder &tr = folder_train_->folder(), &te = folder_test_->folder();
   std::string d = c_.data_dir + ": " + std::to_string(tr.classes.size()) + " classes, " + std::to_string(tr.size()) +
@@ -160,11 +233,12 @@ StepOutput ImageTask::training_step(FreezeRun& fr, int64_t capture) {
 }
 
 std::vector<Split> ImageTask::epoch_splits() const {
-  if (valid_) return {Split::valid, Split::test};
+  if (valid_ || (user_ && user_->valid)) return {Split::valid, Split::test};
   return {Split::test};
 }
 
 Metrics ImageTask::evaluate(Split s) {
+  if (user_) return evaluate_samples(*model_, s == Split::valid ? user_->valid : user_->test, dev_, c_.workers, comm_);
   if (folder_test_) return evaluate_samples(*model_, folder_test_, dev_, c_.workers, comm_);
   return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_, comm_);
 }
@@ -239,6 +313,7 @@ Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std
 
 void ImageTask::summarize(nlohmann::json& sj) const {
   if (folder_train_) sj["classes"] = folder_train_->folder().classes.size();
+  if (user_) sj["classes"] = user_->num_classes;
   sj["parameters"] = model_->num_parameters();
   sj["flops_per_sample"] = model_->flops_per_sample();
 }

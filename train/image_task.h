@@ -1,10 +1,11 @@
-// Image classification as a task of the training loop (train/task.h): the built-in
-// image models (ResNets, MobileNetV2) on an in-memory image dataset or an ImageNet-style
-// image folder (decoded as it is loaded), cross-entropy, accuracy and loss on the test
-// split (and on a held-out validation split with --val-fraction), with the activation
-// cache of the frozen prefix.
+// Image classification as a task of the training loop (train/task.h): an image model
+// (built-in, or a user's made known by models::register_model) on an in-memory image
+// dataset, an ImageNet-style image folder (decoded as it is loaded) or a user's own
+// samples (ImageData), cross-entropy, accuracy and loss on the test split (and on a
+// validation split), with the activation cache of the frozen prefix.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,22 @@
 
 namespace eg::train {
 
+// A user's classification data, given through the C++ API instead of --dataset: each
+// split a data::SampleSource (size, sample shape, label, and sample i as f32 [C, H, W]
+// for (seed, epoch, i)). The model is --model's (TrainConfig::model), built for the
+// samples' channels and size and for `num_classes`.
+struct ImageData {
+  std::shared_ptr<const data::SampleSource> train, test;
+  // Optional: the best epoch and best.safetensors are then chosen on it, as with --val-fraction.
+  std::shared_ptr<const data::SampleSource> valid;
+  int64_t num_classes = 0;  // 0: classes.size()
+  std::vector<std::string> classes;  // optional: the classes' names, in label order (config.json, weights)
+};
+
 class ImageTask : public Task {
  public:
+  ImageTask() = default;  // the data named by --dataset
+  explicit ImageTask(ImageData user_data);  // a user's; TrainConfig::dataset only names it in the logs
   void setup(const TrainConfig& c, dist::Communicator& comm) override;
   models::Model& model() override { return *model_; }
   void configure_freezing(freeze::PolicyConfig& pc) const override;
@@ -34,6 +49,8 @@ class ImageTask : public Task {
 
  private:
   void setup_folder(const TrainConfig& c, dist::Communicator& comm);
+  void setup_user(const TrainConfig& c, dist::Communicator& comm);
+  void make_loader(std::shared_ptr<const data::SampleSource> train, dist::Communicator& comm);
   models::ModelConfig model_config() const;
   void build_model(int64_t train_size, const std::string& what);  // checks the batch fits
   TrainConfig c_;
@@ -41,6 +58,7 @@ class ImageTask : public Task {
   Device dev_;
   std::shared_ptr<data::ImageDataset> train_, valid_, test_;  // in-memory datasets
   std::shared_ptr<data::FolderSamples> folder_train_, folder_test_;  // --dataset imagefolder
+  std::optional<ImageData> user_;  // a user's samples (after --train-limit / --test-limit)
   models::ModelPtr model_;
   std::unique_ptr<data::Loader> loader_;
   data::Batch batch_;

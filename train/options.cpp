@@ -165,6 +165,10 @@ std::vector<Option> make_options() {
                      &TrainConfig::log_every));
   t.push_back(number("--target-accuracy", "target_accuracy", G::run, F,
                      "report the time to reach this test accuracy (0..1 or 0..100)", &TrainConfig::target_accuracy));
+  t.push_back(text("--init-from", "init_from", G::run, F,
+                   "start from the weights in FILE (a model.safetensors, best.safetensors or checkpoint) where names "
+                   "and shapes match, saying which were missing, of other shapes or not in the model",
+                   &TrainConfig::init_from, "FILE"));
   t.push_back(number("--stop-after-steps", "stop_after_steps", G::hidden, Free,
                      "testing: end this invocation after N steps, as if killed", &TrainConfig::stop_after_steps));
   // ---- data

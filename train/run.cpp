@@ -153,6 +153,10 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
   // ---- the task's data and model; optimizer and schedule
   task.setup(c, comm);
   models::Model& model = task.model();
+  if (!c.init_from.empty() && !ck) {  // a resume takes the checkpoint's weights instead
+    const InitFromReport r = init_from(model, c.init_from);
+    if (lead) std::printf("%s\n", r.text(c.init_from).c_str());
+  }
   if (rank > 0) task.generator().set_state(rank_seed(c.seed, rank), 0);
   auto opt = make_optimizer(c, model);
   opt->set_bucket_caps(size_t(c.bucket_cap_mb * double(1 << 20)),
@@ -465,6 +469,8 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
   s.best_valid_loss = metric(best, "valid", "loss");
   s.best_valid_bleu = metric(best, "valid", "bleu");
   s.time_to_target_seconds = ttt;
+  s.frozen_units_final = sj.value("frozen_modules_final", int64_t(0));
+  s.backward_flops_saved_fraction = sj.value("backward_flops_saved_fraction", 0.0);
   (unit == "tokens" ? s.tokens_per_second : s.images_per_second) = double(samples) / std::max(train_secs, 1e-9);
   return s;
 }

@@ -22,6 +22,10 @@ struct Summary {
   int64_t steps = 0;
   bool completed = false;  // false when --stop-after-steps ended the invocation
   std::string freeze_report;  // one line on the freezing (train/freezing.h); empty for none
+  int64_t frozen_units_final = 0;  // freezing units frozen at the end
+  // The share of the run's backward FLOPs that frozen units saved (freezes that an
+  // unfreeze undid count too): above 0 when anything froze at any step.
+  double backward_flops_saved_fraction = 0;
 };
 
 // Note [Data-parallel training]

@@ -1,4 +1,6 @@
-// train_tiny: trains a small CNN on Fashion-MNIST through egeria's public API.
+// train_tiny: trains a small CNN on Fashion-MNIST with a hand-written loop over egeria's
+// public API (layers, optimizer, schedule, loader); examples/custom_cnn trains a model
+// through train::fit, with checkpoints, logs and Egeria's freezing.
 //   train_tiny [data_dir] [train_images] [epochs]
 // data_dir defaults to /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist).
 #include <egeria.h>
@@ -16,10 +18,10 @@ int main(int argc, char** argv) try {
   int epochs = argc > 3 ? std::atoi(argv[3]) : 1;
   EG_CHECK(n_train > 0 && epochs > 0, "usage: train_tiny [data_dir] [train_images > 0] [epochs > 0]");
 
-  data::ImageDataset train = data::load_mnist_split(dir, "train"), test = data::load_mnist_split(dir, "t10k");
-  n_train = std::min(n_train, train.size());
-  Tensor xtr = data::normalize_images(train.images.slice(0, n_train), 0.2860, 0.3530);
-  Tensor ytr = train.labels.slice(0, n_train);
+  auto train = std::make_shared<data::ImageDataset>(data::load_mnist_split(dir, "train"));
+  const data::ImageDataset test = data::load_mnist_split(dir, "t10k");
+  n_train = std::min(n_train, train->size());
+  train->images = train->images.slice(0, n_train), train->labels = train->labels.slice(0, n_train);
   Tensor xte = data::normalize_images(test.images, 0.2860, 0.3530);
 
   manual_seed(0);
@@ -31,18 +33,26 @@ int main(int argc, char** argv) try {
                                  std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64 * 7 * 7, 10)});
   optim::AdamW opt(model->parameters(), 3e-3, {0.9, 0.999, 1e-8, 1e-4});
   nn::CrossEntropyLoss loss_fn;
-  const int64_t bs = 32;
-  auto sched = optim::linear_warmup(optim::cosine_lr(3e-3, epochs * (n_train / bs)), 20);
+  // The loader shuffles each epoch (its order a function of the seed and the epoch), and
+  // normalises and flips the images on a background worker while the step runs.
+  data::LoaderOptions lo;
+  lo.batch_size = 32;
+  lo.augment = true;
+  lo.aug.hflip = true;
+  lo.aug.norm.mean[0] = 0.2860f, lo.aug.norm.std[0] = 0.3530f;
+  lo.seed = 1;
+  data::Loader loader(train, lo);
+  auto sched = optim::linear_warmup(optim::cosine_lr(3e-3, epochs * loader.batches_per_epoch()), 20);
   int64_t step = 0;
   auto start = std::chrono::steady_clock::now();
-  Generator shuffle_gen(1);
   for (int e = 0; e < epochs; ++e) {
     model->train();
     double total = 0;
     int64_t steps = 0;
-    for (int64_t b = 0; b + bs <= n_train; b += bs, ++steps) {
+    loader.start_epoch(e);
+    for (data::Batch b; loader.next(b); ++steps) {
       opt.set_lr(sched->lr_at(step++));
-      Tensor loss = loss_fn((*model)(xtr.slice(b, b + bs)), ytr.slice(b, b + bs));
+      Tensor loss = loss_fn((*model)(b.x), b.y);
       opt.zero_grad();
       loss.backward();
       opt.step();

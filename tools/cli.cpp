@@ -1,0 +1,254 @@
+// The egeria command line, as a library function (tools/cli.h), so that a program that
+// registers its own models (models::register_model) is an egeria CLI that trains them:
+//   egeria train --model resnet20 --dataset fashion-mnist --epochs 15 --out runs/r20
+//   egeria train --model transformer-tiny --dataset en-es --data-dir datasets/en-es --out runs/tt
+//   egeria eval  --out runs/r20
+//   egeria bench step --model resnet56 --batch-size 128 --device cpu
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "dist/communicator.h"
+#include "freeze/policy.h"
+#include "models/model.h"
+#include "quant/reference.h"
+#include "tools/cli.h"
+#include "train/trainer.h"
+
+namespace {
+
+using eg::train::OnResume;
+using eg::train::Option;
+
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string shown(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    std::string s;
+    for (auto& e : v) s += (s.empty() ? "" : ",") + shown(e);
+    return s;
+  }
+  return v.dump();
+}
+
+// The values an option takes, from its registry where there is one.
+std::string value_text(const Option& o) {
+  std::vector<std::string> datasets = eg::data::image_dataset_names();
+  datasets.push_back("en-es");
+  if (o.key == "model") return joined(eg::models::model_names(), "|");
+  if (o.key == "dataset") return joined(datasets, "|");
+  if (o.key == "freeze") return joined(eg::freeze::policy_names(), "|");
+  if (o.key == "freeze_reference") return joined(eg::quant::reference_precisions(), "|");
+  return o.value_text;
+}
+
+// `egeria train`'s options, one per row of the option table (train/config.h), in its
+// groups; their text is parsed by the table after CLI11 has split the command line.
+std::vector<std::pair<const Option*, CLI::Option*>> add_train_options(CLI::App* train,
+                                                                      std::vector<std::string>& texts) {
+  const eg::train::TrainConfig defaults;
+  const auto& table = eg::train::options();
+  texts.resize(table.size());
+  std::vector<std::pair<const Option*, CLI::Option*>> added;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const Option& o = table[i];
+    std::string help = o.help;
+    if (o.on_resume == OnResume::free && o.key != "resume") help += " [may change on --resume]";
+    if (o.on_resume == OnResume::warn)
+      help += " [may change on --resume, with a warning: the run is then no longer bit-identical]";
+    CLI::Option* x = nullptr;
+    if (o.is_switch) {
+      x = train->add_flag(o.flag)->description(help);
+    } else {
+      x = train->add_option(o.flag, texts[i], help);
+      const std::string d = shown(o.get(defaults));
+      x->option_text(value_text(o) + (d.empty() || o.key == "threads" || o.key == "cpu_winograd" ? "" : "=" + d));
+    }
+    x->group(eg::train::group_title(o.group));
+    added.emplace_back(&o, x);
+  }
+  return added;
+}
+
+}  // namespace
+
+namespace eg {
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"egeria: DNN training with knowledge-guided layer freezing"};
+  app.require_subcommand(1);
+
+  auto* train = app.add_subcommand("train", "train a model (built-in, or registered by the program)");
+  train->footer(
+      "Options whose defaults differ for Transformers (AdamW 0.9,0.98, lr 5e-4, inverse-sqrt with 1000 "
+      "or 4000 warmup steps, no weight decay, 64 sentences, dataset en-es) take those unless given.");
+  std::vector<std::string> texts;
+  const auto train_options = add_train_options(train, texts);
+  std::string config_file;
+  train->add_option("--config", config_file, "start from a run's config.json (the options given here override it)")
+      ->option_text("FILE")
+      ->group("Run")
+      ->check(CLI::ExistingFile);
+
+  std::string eval_out, eval_data;
+  int64_t eval_limit = 0;
+  auto* eval = app.add_subcommand("eval", "evaluate a run's checkpoint on its test split");
+  eval->add_option("--out", eval_out, "the run's output directory")->required();
+  eval->add_option("--data-dir", eval_data);
+  eval->add_option("--test-limit", eval_limit)->check(CLI::NonNegativeNumber);
+  bool eval_per_class = false;
+  eval->add_flag("--per-class", eval_per_class, "image models: the accuracy of each class too (per_class in the JSON)");
+  std::string eval_precision = "fp32";
+  eval->add_option("--precision", eval_precision, "fp32, or int8: the int8 reference model Egeria would build from it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "int8"}));
+  int64_t eval_calibration = eg::quant::kCalibrationBatches;
+  eval->add_option("--calibration-batches", eval_calibration,
+                   "int8: calibrate each convolution's input scale on the first N test batches, then keep it; 0: "
+                   "every batch its own scales")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+
+  eg::train::StepBenchOptions bo;
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto* step = bench->add_subcommand("step", "training-step throughput (JSON line)");
+  step->add_option("--model", bo.model)->capture_default_str();
+  step->add_option("--batch-size", bo.batch_size, "per rank under mpirun")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  step->add_option("--device", bo.device)->capture_default_str();
+  step->add_option("--iterations", bo.iterations)->capture_default_str()->check(CLI::PositiveNumber);
+  step->add_option("--threads", bo.threads)->capture_default_str();
+  step->add_option(
+          "--frozen-units", bo.frozen_units,
+          "freeze the first N freezing units (the paper's partition): out of backward and of the gradient sync")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  std::string boverlap = "on";
+  step->add_option("--grad-sync-overlap", boverlap, eg::train::option("--grad-sync-overlap").help)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
+  step->add_option("--bucket-cap-mb", bo.bucket_cap_mb, eg::train::option("--bucket-cap-mb").help)
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  std::string bwino;
+  step->add_option("--cpu-winograd", bwino, eg::train::option("--cpu-winograd").help)
+      ->check(CLI::IsMember({"on", "off"}));
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*eval && eg::dist::launched_by_mpi() && eg::dist::world().size() > 1)
+      throw eg::Error("egeria eval runs as one process; it was started as " + std::to_string(eg::dist::world().size()) +
+                      " (an MPI launcher)");
+    if (*train) {
+      eg::train::TrainConfig c;
+      std::set<std::string> given;
+      if (!config_file.empty()) {
+        std::ifstream f(config_file);
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(f);
+        } catch (const nlohmann::json::exception& e) {
+          throw eg::Error("--config '" + config_file + "' is not valid JSON: " + e.what());
+        }
+        c = eg::train::from_json(j, c, {"arch", "tokenizer"});
+        for (auto& o : eg::train::options()) given.insert(o.flag);  // the file holds every value
+      }
+      for (auto& [o, x] : train_options)
+        if (x->count() > 0) {
+          o->set(c, nlohmann::json(o->is_switch ? std::string() : texts[size_t(o - eg::train::options().data())]));
+          given.insert(o->flag);
+        }
+      eg::train::apply_model_defaults(c, given);
+      bool out_given = false;
+      for (auto& [o, x] : train_options) out_given |= o->key == "out" && x->count() > 0;
+      if (!config_file.empty() && !out_given && !c.resume)
+        throw eg::Error("--config '" + config_file + "' names the run directory '" + c.out + "'; a new run from it " +
+                        "needs its own --out (or --resume to continue that run)");
+      auto s = eg::train::run_training(c);
+      if (eg::dist::world().rank() != 0) return 0;  // rank 0 reports for the job
+      if (s.completed && !s.freeze_report.empty()) std::printf("%s\n", s.freeze_report.c_str());
+      if (s.completed && s.tokens_per_second > 0)
+        std::printf(
+            "final test BLEU %.2f (best epoch %lld by validation loss: BLEU %.2f), %.1f s, %.0f tokens/s; "
+            "summary in %s/summary.json\n",
+            s.final_test_bleu, (long long)s.best_epoch, s.best_valid_bleu, s.train_seconds, s.tokens_per_second,
+            c.out.c_str());
+      else if (s.completed)
+        std::printf(
+            "final test accuracy %.2f%% (best epoch %lld: test accuracy %.2f%%), %.1f s, %.0f images/s; "
+            "summary in %s/summary.json\n",
+            100 * s.final_test_accuracy, (long long)s.best_epoch, 100 * s.best_test_accuracy, s.train_seconds,
+            s.images_per_second, c.out.c_str());
+    } else if (*eval) {
+      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration,
+                                              eval_per_class);
+      nlohmann::json j =
+          r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
+                        : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss}, {"samples", r.samples}};
+      if (!r.classes.empty()) {
+        nlohmann::json pc = nlohmann::json::object();
+        for (size_t k = 0; k < r.classes.size(); ++k)
+          pc[r.classes[k]] = {
+              {"accuracy", r.per_class.total[k] ? double(r.per_class.correct[k]) / double(r.per_class.total[k]) : 0.0},
+              {"samples", r.per_class.total[k]}};
+        j["per_class"] = pc;
+      }
+      std::printf("%s\n", j.dump().c_str());
+    } else if (*step) {
+      if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
+      bo.overlap = boverlap == "on";
+      eg::dist::Communicator& w = eg::dist::world();
+      auto r = eg::train::bench_step(bo, w);
+      nlohmann::json j = {{"model", bo.model},
+                          {"batch_size", bo.batch_size},
+                          {"device", bo.device},
+                          {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
+                          {"images_per_second", r.samples_per_second},
+                          {"median_step_ms", r.median_step_ms},
+                          {"iterations", r.iterations},
+                          {"frozen_units", r.frozen_units},
+                          {"frozen_parameters", r.frozen_parameters},
+                          {"parameters", r.parameters}};
+      if (r.world_size > 1) {
+        j["world_size"] = r.world_size;
+        j["global_batch_size"] = bo.batch_size * r.world_size;
+        j["grad_sync_overlap"] = bo.overlap;
+        j["gradient_sync_bytes_per_step"] = r.sync_bytes_per_step;
+        j["median_sync_wait_ms"] = r.median_sync_wait_ms;
+        j["median_allreduce_ms"] = r.median_comm_ms;
+      }
+      if (w.rank() == 0) std::printf("%s\n", j.dump().c_str());
+    }
+  } catch (const std::exception& e) {
+    // Under a launcher each rank says who it is; the job's other ranks are not waited for.
+    std::string who;
+    try {
+      if (eg::dist::launched_by_mpi())
+        who = " (rank " + std::to_string(eg::dist::world().rank()) + " of " + std::to_string(eg::dist::world().size()) +
+              ")";
+    } catch (const std::exception&) {  // MPI itself failed: the message says so
+    }
+    std::fprintf(stderr, "egeria: error%s: %s\n", who.c_str(), e.what());
+    // The other ranks may be waiting for this one in a collective: end the whole job.
+    if (!who.empty() && eg::dist::world().size() > 1) eg::dist::abort_job(1);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace eg
