@@ -39,6 +39,8 @@ FolderTransform::FolderTransform() {
   for (int c = 0; c < 3; ++c) norm.mean[c] = mean[c], norm.std[c] = sd[c];
 }
 
+int64_t FolderTransform::eval_resize() const { return int64_t(std::floor(double(size) / crop_pct + 1e-9)); }
+
 ImageFolder scan_image_folder(const std::string& dir, const std::vector<std::string>* classes) {
   std::error_code ec;
   EG_CHECK(fs::is_directory(dir, ec), "image folder '", dir, "' is not a directory",
@@ -110,15 +112,15 @@ void transform_into(const RgbImage& img, const CropDecision& d, const FolderTran
   int64_t x0 = 0, y0 = 0;
   if (t.train) {
     r = resize(img, d.box, s, s);
-  } else {  // Resize(size * 256 / 224) on the short side, then CenterCrop(size)
-    const int64_t short_side = s * 256 / 224;
+  } else {  // Resize(size / crop_pct) on the short side, then CenterCrop(size)
+    const int64_t short_side = t.eval_resize();
     const bool wide = img.width >= img.height;
     const int64_t rw = wide ? std::max<int64_t>(short_side, img.width * short_side / img.height) : short_side,
                   rh = wide ? short_side : std::max<int64_t>(short_side, img.height * short_side / img.width);
     r = resize(img, d.box, rw, rh);
     x0 = std::llround(double(rw - s) / 2), y0 = std::llround(double(rh - s) / 2);
   }
-  for (int64_t c = 0; c < 3; ++c) {
+  for (int64_t c = 0; c < t.channels; ++c) {  // grey images hold their luma in every channel
     const float scale = 1.f / (255.f * t.norm.std[c]), zero = -t.norm.mean[c] / t.norm.std[c];
     for (int64_t y = 0; y < s; ++y)
       for (int64_t x = 0; x < s; ++x) {
@@ -131,18 +133,36 @@ void transform_into(const RgbImage& img, const CropDecision& d, const FolderTran
 FolderSamples::FolderSamples(ImageFolder folder, FolderTransform t) : folder_(std::move(folder)), t_(t) {
   EG_CHECK(folder_.size() > 0, "image folder '", folder_.dir, "' holds no images");
   EG_CHECK(t_.size > 0, "image size must be positive, got ", t_.size);
+  EG_CHECK(t_.channels == 1 || t_.channels == 3, "images have 1 (grey) or 3 (RGB) channels, not ", t_.channels);
+  EG_CHECK(t_.crop_pct > 0 && t_.crop_pct <= 1,
+           "the evaluation crop must be a share in (0, 1] of the resized image, got ", t_.crop_pct);
 }
 
 void FolderSamples::load(int64_t id, uint64_t seed, int64_t epoch, float* out) const {
+  try {
+    load_file(id, seed, epoch, out);
+  } catch (const BadSample&) {
+    throw;
+  } catch (const Error& e) {  // the file's own problem: the loader stops, or leaves it out (--skip-bad-images)
+    throw BadSample(e.what());
+  }
+}
+
+void FolderSamples::load_file(int64_t id, uint64_t seed, int64_t epoch, float* out) const {
   const std::string& path = folder_.files[size_t(id)];
   const std::string bytes = read_file(path);
   const ImageSize size = image_size(bytes, path);
   CropDecision d = crop_decision(t_, size.width, size.height, seed, t_.same_every_epoch ? 0 : epoch, id);
   // The smallest JPEG decode that keeps the crop at least as large as what it becomes.
-  const int64_t need = t_.train ? t_.size : t_.size * 256 / 224;
+  const int64_t need = t_.train ? t_.size : t_.eval_resize();
   const int reduce =
       t_.scaled_decoding && size.format == ImageFormat::jpeg ? reduction_for(d.box.width, d.box.height, need) : 1;
-  const RgbImage img = decode_image(bytes, path, reduce);
+  RgbImage img = decode_image(bytes, path, reduce);
+  if (t_.channels == 1)  // PIL's convert("L"): L = (19595 R + 38470 G + 7471 B + 2^15) >> 16, before any resize
+    for (size_t p = 0; p < img.pixels.size(); p += 3) {
+      uint8_t* px = img.pixels.data() + p;
+      px[0] = px[1] = px[2] = uint8_t((19595u * px[0] + 38470u * px[1] + 7471u * px[2] + 0x8000u) >> 16);
+    }
   if (!t_.train) {
     d.box = {0, 0, img.width, img.height};
   } else if (reduce > 1) {  // the box in the reduced image's pixels

@@ -30,11 +30,16 @@ ImageFolder scan_image_folder(const std::string& dir, const std::vector<std::str
 
 // torchvision's ImageNet transforms, a pure function of (seed, epoch, sample id):
 //   training:   RandomResizedCrop(size, scale, ratio) and a horizontal flip with p 1/2;
-//   evaluation: the short side resized to size * 256 / 224, then the centre size x size.
+//   evaluation: the short side resized to size / crop_pct (256 for 224), then the centre
+//               size x size.
+// With one channel, each image is first made grey as PIL's convert("L") does
+// (torchvision's Grayscale()); then normalised with `norm`.
 // A JPEG is decoded at 1/2, 1/4 or 1/8 of its size (libjpeg-turbo's scaled IDCT) when the
 // crop stays at least `size` pixels on each side at that scale, as PIL's draft mode does.
 struct FolderTransform {
   int64_t size = 224;
+  int64_t channels = 3;  // 3: RGB; 1: grey (ITU-R 601-2 luma, as PIL's "L")
+  double crop_pct = 224.0 / 256.0;  // evaluation's crop as a share of the resized short side (timm's crop_pct)
   bool train = true;
   bool scaled_decoding = true;
   // The crop and flip drawn once per sample for the whole run (a function of (seed, id)),
@@ -43,6 +48,8 @@ struct FolderTransform {
   double min_scale = 0.08, max_scale = 1.0, min_ratio = 3.0 / 4.0, max_ratio = 4.0 / 3.0;
   Normalization norm;  // default: ImageNet's mean and standard deviation
   FolderTransform();
+  // Evaluation's resized short side: floor(size / crop_pct).
+  int64_t eval_resize() const;
 };
 
 // The crop a transform takes from a w x h image for (seed, epoch, id), and whether it is
@@ -57,17 +64,19 @@ CropDecision crop_decision(const FolderTransform& t, int64_t w, int64_t h, uint6
 void transform_into(const RgbImage& img, const CropDecision& d, const FolderTransform& t, float* out);
 
 // An image folder as the loader's sample source. A file that cannot be read or decoded
-// stops the run with its path and the reason.
+// throws BadSample with its path and the reason: the run stops, or with the loader's
+// skip_bad (--skip-bad-images) leaves it out.
 class FolderSamples final : public SampleSource {
  public:
   FolderSamples(ImageFolder folder, FolderTransform t);
   int64_t size() const override { return folder_.size(); }
-  Shape sample_shape() const override { return {3, t_.size, t_.size}; }
+  Shape sample_shape() const override { return {t_.channels, t_.size, t_.size}; }
   int64_t label(int64_t id) const override { return folder_.labels[size_t(id)]; }
   void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const override;
   const ImageFolder& folder() const { return folder_; }
 
  private:
+  void load_file(int64_t id, uint64_t seed, int64_t epoch, float* out) const;
   ImageFolder folder_;
   FolderTransform t_;
 };

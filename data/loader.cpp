@@ -92,7 +92,7 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   consumed_ = issued_ = start_batch;
   end_ = batches_per_epoch();
   ready_.clear();
-  error_ = nullptr;
+  failed_.clear();
   for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
 }
 
@@ -106,12 +106,20 @@ Batch Loader::build(int64_t index) const {
   b.index = index;
   b.x = Tensor::empty(shape);
   b.y = Tensor::empty({n}, DType::s64);
+  int64_t kept = 0;
   for (int64_t i = 0; i < n; ++i) {
-    int64_t id = order_[size_t(pos[size_t(i)])];
+    const int64_t id = order_[size_t(pos[size_t(i)])];
+    try {
+      data_->load(id, opt_.seed, epoch_, b.x.data<float>() + kept * per);
+    } catch (const BadSample& e) {
+      if (!opt_.skip_bad) throw;
+      b.left_out.emplace_back(id, e.what());
+      continue;
+    }
     b.ids.push_back(id);
-    b.y.data<int64_t>()[i] = data_->label(id);
-    data_->load(id, opt_.seed, epoch_, b.x.data<float>() + i * per);
+    b.y.data<int64_t>()[kept++] = data_->label(id);
   }
+  if (kept < n) b.x = b.x.slice(0, kept), b.y = b.y.slice(0, kept);
   return b;
 }
 
@@ -128,9 +136,9 @@ void Loader::worker_loop() {
       Batch b = build(index);
       std::lock_guard<std::mutex> l(mu_);
       ready_[index] = std::move(b);
-    } catch (...) {
+    } catch (...) {  // raised when the batch is consumed, so that errors come in epoch order
       std::lock_guard<std::mutex> l(mu_);
-      error_ = std::current_exception();
+      failed_[index] = std::current_exception();
     }
     cv_.notify_all();
   }
@@ -140,8 +148,8 @@ bool Loader::next(Batch& b) {
   std::unique_lock<std::mutex> l(mu_);
   if (consumed_ >= end_) return false;
   EG_CHECK(!threads_.empty(), "loader: start_epoch() was not called");
-  cv_.wait(l, [&] { return error_ || ready_.count(consumed_); });
-  if (error_) std::rethrow_exception(error_);
+  cv_.wait(l, [&] { return failed_.count(consumed_) || ready_.count(consumed_); });
+  if (auto f = failed_.find(consumed_); f != failed_.end()) std::rethrow_exception(f->second);
   b = std::move(ready_[consumed_]);
   ready_.erase(consumed_++);
   l.unlock();

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "data/dataset.h"
 
 namespace eg::data {
@@ -21,6 +22,17 @@ struct Batch {
   Tensor y;  // s64 [B]
   std::vector<int64_t> ids;  // sample ids, in batch order
   int64_t index = 0;  // batch index within the epoch
+  // With LoaderOptions::skip_bad: the samples that could not be loaded and were left out
+  // of this batch (x, y and ids hold the others), with the reason.
+  std::vector<std::pair<int64_t, std::string>> left_out;
+};
+
+// A sample that cannot be loaded (an unreadable or undecodable image file). It stops the
+// loader, as any error does, unless LoaderOptions::skip_bad leaves the sample out of its
+// batch. A user's SampleSource throws it for the same choice.
+class BadSample : public Error {
+ public:
+  using Error::Error;
 };
 
 // What the loader draws samples from: an in-memory image dataset with its augmentation
@@ -56,6 +68,9 @@ struct LoaderOptions {
   // (as PyTorch's DistributedSampler interleaves). The epoch's order and each sample's
   // augmentation do not depend on the sharding.
   int shard_rank = 0, shards = 1;
+  // A sample whose load throws BadSample is left out of its batch (Batch::left_out) instead
+  // of stopping the loader: the batch is that much shorter, possibly empty.
+  bool skip_bad = false;
 };
 
 class Loader {
@@ -68,7 +83,8 @@ class Loader {
 
   // Starts (or resumes) an epoch at batch `start_batch`.
   void start_epoch(int64_t epoch, int64_t start_batch = 0);
-  // The next batch of the epoch, or false at its end. Rethrows a worker's error.
+  // The next batch of the epoch, or false at its end. Rethrows the error that building
+  // this batch met (a later batch's waits for its turn).
   bool next(Batch& b);
   int64_t batches_per_epoch() const;  // global batches
   // The epoch-order positions of this rank's share of batch `index`.
@@ -90,7 +106,7 @@ class Loader {
   std::vector<int64_t> order_;
   int64_t epoch_ = 0, consumed_ = 0, issued_ = 0, end_ = 0;
   std::map<int64_t, Batch> ready_;
-  std::exception_ptr error_;
+  std::map<int64_t, std::exception_ptr> failed_;  // batches whose build threw, by index
   bool stopping_ = false;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -7,7 +7,8 @@
 //   running statistics, and the loss falls;
 // - --freeze static and --freeze egeria on 2 ranks: the same frozen prefix at every step on
 //   every rank, bit-identical weights, and each step's all-reduced bytes equal the
-//   unfrozen parameters' bytes exactly.
+//   unfrozen parameters' bytes exactly;
+// - --skip-bad-images: the samples left out are counted over both ranks, as one process does.
 // Usage: eg_dist_train_check WORKDIR
 #include <cmath>
 #include <cstdio>
@@ -232,6 +233,50 @@ void check_freezing(dist::Communicator& w, const std::string& work, const std::s
               (long long)steps.back()["gradient_sync_bytes"].get<int64_t>());
 }
 
+// A user's samples, of which ids 3, 17 and 40 cannot be loaded (data::BadSample).
+class SomeBad final : public data::SampleSource {
+ public:
+  explicit SomeBad(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  Shape sample_shape() const override { return {1, 8, 8}; }
+  int64_t label(int64_t id) const override { return id % 2; }
+  void load(int64_t id, uint64_t, int64_t, float* out) const override {
+    if (id == 3 || id == 17 || id == 40) throw data::BadSample("sample " + std::to_string(id) + " is damaged");
+    for (int i = 0; i < 64; ++i) out[i] = float((id % 2) * 2 - 1) * float(i % 8) / 8.f;
+  }
+  int64_t n_;
+};
+
+// --skip-bad-images on 2 ranks: the samples left out over the run are summed over the
+// ranks (each bad sample once an epoch, whichever rank's share holds it), as one process
+// counts them, and training goes on with the shorter shares.
+void check_skip_bad(dist::Communicator& w, const std::string& work) {
+  auto run = [&](dist::Communicator& comm, const std::string& out, int64_t batch) {
+    train::ImageData d;
+    d.train = std::make_shared<SomeBad>(64);
+    d.test = std::make_shared<SomeBad>(16);
+    d.num_classes = 2;
+    train::ImageTask task(d);
+    train::TrainConfig c = image_config(out);
+    c.batch_size = batch;
+    c.dataset = "some-bad";
+    c.train_limit = c.test_limit = 0;
+    c.skip_bad_images = true;
+    return train::fit(task, c, comm);
+  };
+  const train::Summary two = run(w, work + "/bad2", 8);
+  check(two.completed, "skip-bad: the 2-rank run did not complete");
+  if (rank != 0) return;
+  auto local = dist::make_local();
+  run(*local, work + "/bad1", 16);
+  const json s2 = json::parse(std::ifstream(work + "/bad2/summary.json")),
+             s1 = json::parse(std::ifstream(work + "/bad1/summary.json"));
+  check(s2["images_left_out"] == 6,
+        "skip-bad: 2 ranks left out " + s2["images_left_out"].dump() + " training samples over 2 epochs, expected 6");
+  check(s1["images_left_out"] == s2["images_left_out"],
+        "skip-bad: one process left out " + s1["images_left_out"].dump());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,6 +293,7 @@ int main(int argc, char** argv) {
     check_batchnorm(w, work);
     check_freezing(w, work, "static");
     check_freezing(w, work, "egeria");
+    check_skip_bad(w, work);
     std::printf("dist_train_check rank %d: %d passed, %d failed\n", rank, passed, failed);
     return failed ? 1 : 0;
   } catch (const std::exception& e) {

@@ -5,7 +5,9 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -25,31 +27,34 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// An 8-bit PNG of w x h pixels, grey (1 channel) or RGB (3).
+void write_png(const std::string& path, int w, int h, const uint8_t* px, int channels) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_init_io(png, f);
+  png_set_IHDR(png, info, png_uint_32(w), png_uint_32(h), 8, channels == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB,
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  for (int y = 0; y < h; ++y) png_write_row(png, const_cast<uint8_t*>(px) + size_t(y) * size_t(w) * size_t(channels));
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  std::fclose(f);
+}
+
 // A w x h image of one colour, as a JPEG or a PNG file.
 void write_image(const std::string& path, int w, int h, uint8_t r, uint8_t g, uint8_t b, bool jpeg) {
   std::vector<uint8_t> px;
   for (int i = 0; i < w * h; ++i) px.insert(px.end(), {r, g, b});
-  if (jpeg) {
-    tjhandle tj = tjInitCompress();
-    unsigned char* out = nullptr;
-    unsigned long size = 0;
-    ASSERT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_444, 95, 0), 0);
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<char*>(out), std::streamsize(size));
-    tjFree(out);
-    tjDestroy(tj);
-    return;
-  }
-  FILE* f = std::fopen(path.c_str(), "wb");
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  png_infop info = png_create_info_struct(png);
-  png_init_io(png, f);
-  png_set_IHDR(png, info, png_uint_32(w), png_uint_32(h), 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  for (int y = 0; y < h; ++y) png_write_row(png, px.data() + size_t(y) * size_t(w) * 3);
-  png_write_end(png, nullptr);
-  png_destroy_write_struct(&png, &info);
-  std::fclose(f);
+  if (!jpeg) return write_png(path, w, h, px.data(), 3);
+  tjhandle tj = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  ASSERT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_444, 95, 0), 0);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<char*>(out), std::streamsize(size));
+  tjFree(out);
+  tjDestroy(tj);
 }
 
 // DIR/{train,val}/{cat,dog}: cats red, dogs blue; sizes vary; JPEGs and PNGs mixed.
@@ -232,4 +237,155 @@ TEST(ImageFolder, TrainsResNet50OnAFolderOf224PixelJpegs) {
   train::load_safetensors(c.out + "/model.safetensors", &meta);
   EXPECT_EQ(nlohmann::json::parse(meta.at("classes")), cfg["classes"]);
   EXPECT_EQ(meta.at("model"), "resnet50");
+}
+
+namespace {
+
+// An IDX file of unsigned bytes with the given dimensions (big-endian sizes).
+void write_idx(const std::string& path, const std::vector<int32_t>& dims, const std::vector<uint8_t>& data) {
+  std::ofstream f(path, std::ios::binary);
+  const uint8_t head[4] = {0, 0, 0x08, uint8_t(dims.size())};
+  f.write(reinterpret_cast<const char*>(head), 4);
+  for (int32_t d : dims) {
+    const uint8_t be[4] = {uint8_t(d >> 24), uint8_t(d >> 16), uint8_t(d >> 8), uint8_t(d)};
+    f.write(reinterpret_cast<const char*>(be), 4);
+  }
+  f.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
+}
+
+std::vector<nlohmann::json> step_lines(const std::string& dir) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(dir + "/metrics.jsonl");
+  for (std::string l; std::getline(f, l);)
+    if (nlohmann::json j = nlohmann::json::parse(l); j["type"] == "step") v.push_back(j);
+  return v;
+}
+
+}  // namespace
+
+// Fashion-MNIST written as a folder of grey PNGs, and the same images in IDX form in the
+// folder's order: with augmentation off, ResNet-20 trained from the folder (1 channel,
+// crop-pct 1 so that evaluation's resize is the identity, Fashion-MNIST's normalisation)
+// and from the IDX twin gives the same loss at every step, bit for bit.
+TEST(ImageFolder, FashionMnistAsPngsTrainsAsItsIdxTwin) {
+  const char* env = std::getenv("EG_FASHION_MNIST_DIR");
+  const std::string src = env ? env : "/usr/share/datasets/fashion-mnist";
+  const std::string folder = eg::testing::fresh_dir("fmnist_folder"), idx = eg::testing::fresh_dir("fmnist_idx");
+  for (auto [split, idx_split, n] :
+       {std::tuple<const char*, const char*, int64_t>{"train", "train", 192}, {"val", "t10k", 64}}) {
+    const data::ImageDataset d = data::load_mnist_split(src, idx_split);
+    std::vector<std::pair<int64_t, int64_t>> by_class;  // (label, id): the folder's order
+    for (int64_t i = 0; i < n; ++i) by_class.emplace_back(d.labels.data<int64_t>()[i], i);
+    std::sort(by_class.begin(), by_class.end());
+    std::vector<uint8_t> images, labels;
+    for (auto [label, i] : by_class) {
+      const uint8_t* px = d.images.data<uint8_t>() + i * 28 * 28;
+      const std::string dir = folder + "/" + split + "/class" + std::to_string(label);
+      fs::create_directories(dir);
+      char name[32];
+      std::snprintf(name, sizeof name, "/%05lld.png", (long long)i);
+      write_png(dir + name, 28, 28, px, 1);
+      images.insert(images.end(), px, px + 28 * 28);
+      labels.push_back(uint8_t(label));
+    }
+    write_idx(idx + "/" + idx_split + "-images-idx3-ubyte", {int32_t(n), 28, 28}, images);
+    write_idx(idx + "/" + idx_split + "-labels-idx1-ubyte", {int32_t(n)}, labels);
+  }
+  train::TrainConfig c = eg::testing::small_image_run(eg::testing::fresh_dir("fmnist_idx_run"));
+  c.dataset = "fashion-mnist";
+  c.data_dir = idx;
+  c.train_limit = c.test_limit = 0;
+  c.epochs = 2;
+  c.milestones = {1};
+  c.augment = false;
+  c.log_every = 1;
+  const train::Summary a = train::run_training(c);
+  const std::string from_idx = c.out;
+  c.dataset = "imagefolder";
+  c.data_dir = folder;
+  c.image_size = 28;
+  c.image_channels = 1;
+  c.crop_pct = 1;
+  c.image_mean = {0.2860};
+  c.image_std = {0.3530};
+  c.out = eg::testing::fresh_dir("fmnist_folder_run");
+  const train::Summary b = train::run_training(c);
+  const auto la = step_lines(from_idx), lb = step_lines(c.out);
+  ASSERT_EQ(la.size(), 24u);  // 192 / 16 x 2
+  ASSERT_EQ(lb.size(), la.size());
+  for (size_t i = 0; i < la.size(); ++i) ASSERT_EQ(la[i]["loss"], lb[i]["loss"]) << "step " << i + 1;
+  EXPECT_EQ(a.final_test_accuracy, b.final_test_accuracy);
+  EXPECT_NEAR(a.final_test_loss, b.final_test_loss, 1e-6);
+  EXPECT_LT(la.back()["loss"].get<double>(), la.front()["loss"].get<double>());
+}
+
+// One channel: every image is made grey as PIL's convert("L") (ITU-R 601-2 luma).
+TEST(ImageFolder, GreyFoldersTakeTheLumaOfColourImages) {
+  const std::string d = small_folder("folder_grey");
+  data::FolderTransform t;
+  t.size = 8;
+  t.channels = 1;
+  t.train = false;
+  t.norm.mean[0] = 0, t.norm.std[0] = 1;
+  data::FolderSamples src(data::scan_image_folder(d + "/train"), t);
+  ASSERT_EQ(src.sample_shape(), (Shape{1, 8, 8}));
+  std::vector<float> px(64);
+  for (int64_t id = 0; id < src.size(); ++id) {
+    src.load(id, 0, 0, px.data());
+    const bool cat = src.label(id) == 0;  // (220, 40, 20) or (20, 40, 220)
+    const int r = cat ? 220 : 20, b = cat ? 20 : 220;
+    const float luma = float((19595 * r + 38470 * 40 + 7471 * b + 0x8000) >> 16) / 255.f;
+    for (float v : px) ASSERT_NEAR(v, luma, 3.f / 255) << id;  // JPEG keeps it within a few levels
+  }
+}
+
+// A file that cannot be decoded stops the run naming it; with --skip-bad-images it is
+// left out of training and evaluation, named once, and counted over the run: the count
+// survives a resume.
+TEST(ImageFolder, SkipBadImagesLeavesOutAndCountsThem) {
+  const std::string d = small_folder("folder_bad");
+  std::ofstream(d + "/train/dog/7.jpg") << "<html>";  // a web page saved as an image
+  {
+    std::string jpeg = eg::testing::slurp(d + "/val/cat/0.jpg");
+    std::ofstream(d + "/val/cat/5.jpg", std::ios::binary) << jpeg.substr(0, jpeg.size() / 2);  // truncated
+  }
+  train::TrainConfig c;
+  c.model = "resnet20";
+  c.dataset = "imagefolder";
+  c.data_dir = d;
+  c.image_size = 16;
+  c.batch_size = 1;  // 7 training images, each a step: the bad one's batch is empty
+  c.epochs = 3;
+  c.lr = 0.01;
+  c.threads = 2;
+  c.checkpoint_every = 4;
+  c.out = eg::testing::fresh_dir("folder_bad_run");
+  const std::string e = error_of([&] { train::run_training(c); });
+  EXPECT_NE(e.find("/train/dog/7.jpg' is neither a JPEG nor a PNG file"), std::string::npos) << e;
+
+  c.skip_bad_images = true;
+  const train::Summary s = train::run_training(c);
+  ASSERT_TRUE(s.completed);
+  auto summary = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_EQ(summary["images_left_out"], 3) << "the bad training image, once an epoch";
+  std::ifstream f(c.out + "/metrics.jsonl");
+  int epochs = 0;
+  for (std::string l; std::getline(f, l);)
+    if (auto j = nlohmann::json::parse(l); j["type"] == "epoch") {
+      ++epochs;
+      EXPECT_EQ(j["test_images_left_out"], 1) << "the truncated val/ image";
+    }
+  EXPECT_EQ(epochs, 3);
+
+  // Stopped at step 10 (after the checkpoint at step 8, in epoch 2) and resumed: the same count.
+  const std::string full = c.out;
+  c.out = eg::testing::fresh_dir("folder_bad_resumed");
+  c.stop_after_steps = 10;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.stop_after_steps = 0;
+  c.resume = true;
+  ASSERT_TRUE(train::run_training(c).completed);
+  summary = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_EQ(summary["images_left_out"], 3);
+  EXPECT_EQ(eg::testing::slurp(full + "/model.safetensors"), eg::testing::slurp(c.out + "/model.safetensors"));
 }

@@ -169,3 +169,54 @@ TEST(Loader, RanksTakeInterleavedSharesOfTheOneProcessBatches) {
     }
   }
 }
+
+// A sample whose load throws data::BadSample stops the loader naming it, or with
+// skip_bad is left out of its batch (which is that much shorter), the others in order.
+TEST(Loader, BadSamplesStopTheLoaderOrAreLeftOutOfTheirBatch) {
+  class SomeBad final : public data::SampleSource {
+   public:
+    int64_t size() const override { return 12; }
+    Shape sample_shape() const override { return {1, 1, 1}; }
+    int64_t label(int64_t id) const override { return id % 3; }
+    void load(int64_t id, uint64_t, int64_t, float* out) const override {
+      if (id == 2 || id == 4 || id == 5) throw data::BadSample("sample " + std::to_string(id) + " is damaged");
+      out[0] = float(id);
+    }
+  };
+  auto src = std::make_shared<SomeBad>();
+  data::LoaderOptions o;
+  o.batch_size = 3;
+  o.shuffle = false;
+  o.workers = 2;
+  {
+    data::Loader l(src, o);
+    l.start_epoch(0);
+    data::Batch b;
+    try {
+      l.next(b);  // ids 0, 1, 2: 2 is bad
+      ADD_FAILURE() << "a bad sample did not stop the loader";
+    } catch (const data::BadSample& e) {
+      EXPECT_STREQ(e.what(), "sample 2 is damaged");
+    }
+  }
+  o.skip_bad = true;
+  data::Loader l(src, o);
+  l.start_epoch(0);
+  std::vector<std::vector<int64_t>> ids, left_out;
+  for (data::Batch b; l.next(b);) {
+    ids.push_back(b.ids);
+    ASSERT_EQ(b.x.size(0), int64_t(b.ids.size()));
+    ASSERT_EQ(b.y.numel(), int64_t(b.ids.size()));
+    for (size_t i = 0; i < b.ids.size(); ++i) {
+      EXPECT_EQ(b.x.data<float>()[i], float(b.ids[i]));
+      EXPECT_EQ(b.y.data<int64_t>()[i], b.ids[i] % 3);
+    }
+    left_out.emplace_back();
+    for (auto& [id, why] : b.left_out) {
+      left_out.back().push_back(id);
+      EXPECT_EQ(why, "sample " + std::to_string(id) + " is damaged");
+    }
+  }
+  EXPECT_EQ(ids, (std::vector<std::vector<int64_t>>{{0, 1}, {3}, {6, 7, 8}, {9, 10, 11}}));
+  EXPECT_EQ(left_out, (std::vector<std::vector<int64_t>>{{2}, {4, 5}, {}, {}}));
+}

@@ -172,3 +172,65 @@ TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {
         << e.what();
   }
 }
+
+// The ImageNet recipes are an image folder's defaults (Note [Model-dependent defaults]):
+// the LR scales with the global batch, the step schedule falls at 30/60/80 of 90 epochs
+// (scaled with --epochs), MobileNetV2 takes its cosine recipe; what the user gave stays.
+TEST(Trainer, ImageFoldersDefaultToTheImageNetRecipes) {
+  train::TrainConfig r50;
+  r50.model = "resnet50", r50.dataset = "imagefolder", r50.batch_size = 64;
+  train::apply_model_defaults(r50, {"--dataset", "--batch-size"}, 8);  // a global batch of 512
+  EXPECT_DOUBLE_EQ(r50.lr, 0.2);
+  EXPECT_DOUBLE_EQ(r50.weight_decay, 1e-4);
+  EXPECT_DOUBLE_EQ(r50.momentum, 0.9);
+  EXPECT_EQ(r50.epochs, 90);
+  EXPECT_EQ(r50.lr_schedule, train::Schedule::step);
+  EXPECT_EQ(r50.milestones, (std::vector<int64_t>{30, 60, 80}));
+  train::TrainConfig short_run = r50;
+  short_run.epochs = 9, short_run.lr = 0.5;
+  train::apply_model_defaults(short_run, {"--dataset", "--epochs", "--lr"}, 1);
+  EXPECT_EQ(short_run.milestones, (std::vector<int64_t>{3, 6, 8}));
+  EXPECT_DOUBLE_EQ(short_run.lr, 0.5);
+  train::TrainConfig mb = train::default_config("mobilenetv2", "imagefolder");
+  EXPECT_EQ(mb.lr_schedule, train::Schedule::cosine);
+  EXPECT_DOUBLE_EQ(mb.weight_decay, 4e-5);
+  EXPECT_DOUBLE_EQ(mb.lr, 0.05 * 128 / 256);
+  EXPECT_EQ(mb.epochs, 150);
+  // Not an image folder: the built-in datasets keep TrainConfig's own defaults.
+  const train::TrainConfig cifar = train::default_config("resnet56", "cifar10"), plain;
+  EXPECT_DOUBLE_EQ(cifar.lr, plain.lr);
+  EXPECT_DOUBLE_EQ(cifar.weight_decay, plain.weight_decay);
+  EXPECT_EQ(cifar.epochs, plain.epochs);
+  EXPECT_DOUBLE_EQ(train::default_config("transformer-tiny").label_smoothing, 0.1);
+  EXPECT_DOUBLE_EQ(plain.label_smoothing, 0.0);
+}
+
+// --label-smoothing reaches the training loss (not the evaluation's); --workers 0 resolves
+// to a count config.json records; both are checked in the flag's terms.
+TEST(Trainer, LabelSmoothingAndWorkers) {
+  auto first_loss = [](const std::string& dir) {
+    std::ifstream f(dir + "/metrics.jsonl");
+    for (std::string l; std::getline(f, l);)
+      if (auto j = nlohmann::json::parse(l); j["type"] == "step") return j["loss"].get<double>();
+    return -1.0;
+  };
+  auto c = small_run(tmpdir("plain_loss"));
+  c.epochs = 1;
+  c.workers = 0;
+  train::run_training(c);
+  const double plain = first_loss(c.out);
+  EXPECT_GE(nlohmann::json::parse(slurp(c.out + "/config.json"))["workers"].get<int>(), 1);
+  c.out = tmpdir("smoothed_loss");
+  c.label_smoothing = 0.5;
+  train::run_training(c);
+  const double smoothed = first_loss(c.out);
+  EXPECT_GT(plain, 0);
+  EXPECT_NE(plain, smoothed) << "the same first batch and weights: only the smoothing differs";
+  c.label_smoothing = 1;
+  EXPECT_NE(eg::testing::error_of([&] { train::run_training(c); }).find("--label-smoothing must be in [0, 1)"),
+            std::string::npos);
+  c.label_smoothing = 0;
+  c.crop_pct = 0.5;
+  EXPECT_NE(eg::testing::error_of([&] { train::run_training(c); }).find("apply to --dataset imagefolder"),
+            std::string::npos);
+}

@@ -165,7 +165,7 @@ int run_cli(int argc, char** argv) {
         } catch (const nlohmann::json::exception& e) {
           throw eg::Error("--config '" + config_file + "' is not valid JSON: " + e.what());
         }
-        c = eg::train::from_json(j, c, {"arch", "tokenizer"});
+        c = eg::train::from_json(j, c, {"arch", "tokenizer", "classes", "num_classes"});  // what the task resolved
         for (auto& o : eg::train::options()) given.insert(o.flag);  // the file holds every value
       }
       for (auto& [o, x] : train_options)
@@ -173,7 +173,7 @@ int run_cli(int argc, char** argv) {
           o->set(c, nlohmann::json(o->is_switch ? std::string() : texts[size_t(o - eg::train::options().data())]));
           given.insert(o->flag);
         }
-      eg::train::apply_model_defaults(c, given);
+      eg::train::apply_model_defaults(c, given, eg::dist::world().size());
       bool out_given = false;
       for (auto& [o, x] : train_options) out_given |= o->key == "out" && x->count() > 0;
       if (!config_file.empty() && !out_given && !c.resume)

@@ -20,30 +20,56 @@ using json = nlohmann::json;
 
 bool is_translation_model(const std::string& m) { return m.rfind("transformer", 0) == 0; }
 
-void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given) {
-  if (!is_translation_model(c.model)) return;  // TrainConfig's initialisers are the image defaults
-  // See Note [Model-dependent defaults]. Transformer recipe of Vaswani et al. / fairseq,
-  // with a shorter warmup for the 2+2-layer model, which sees fewer steps.
+void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given, int world_size) {
+  // See Note [Model-dependent defaults].
   auto set = [&](const char* flag, auto& field, auto value) {
     if (!given.count(flag)) field = value;
   };
-  set("--dataset", c.dataset, std::string("en-es"));
-  set("--optimizer", c.optimizer, OptimizerKind::adamw);
-  set("--lr", c.lr, 5e-4);
-  set("--lr-schedule", c.lr_schedule, Schedule::inverse_sqrt);
-  set("--warmup-steps", c.warmup_steps, int64_t(c.model == "transformer-tiny" ? 1000 : 4000));
-  set("--weight-decay", c.weight_decay, 0.0);
-  set("--batch-size", c.batch_size, int64_t(64));
-  if (!given.count("--adam-betas")) {
-    c.adam_beta1 = 0.9;
-    c.adam_beta2 = 0.98;
+  if (is_translation_model(c.model)) {
+    // Transformer recipe of Vaswani et al. / fairseq, with a shorter warmup for the
+    // 2+2-layer model, which sees fewer steps.
+    set("--dataset", c.dataset, std::string("en-es"));
+    set("--optimizer", c.optimizer, OptimizerKind::adamw);
+    set("--lr", c.lr, 5e-4);
+    set("--lr-schedule", c.lr_schedule, Schedule::inverse_sqrt);
+    set("--warmup-steps", c.warmup_steps, int64_t(c.model == "transformer-tiny" ? 1000 : 4000));
+    set("--weight-decay", c.weight_decay, 0.0);
+    set("--batch-size", c.batch_size, int64_t(64));
+    set("--label-smoothing", c.label_smoothing, 0.1);
+    if (!given.count("--adam-betas")) {
+      c.adam_beta1 = 0.9;
+      c.adam_beta2 = 0.98;
+    }
+    return;
+  }
+  if (c.dataset != "imagefolder") return;  // TrainConfig's initialisers are the other image defaults
+  const double global_batch = double(c.batch_size) * double(std::max(world_size, 1));
+  set("--optimizer", c.optimizer, OptimizerKind::sgd);
+  set("--momentum", c.momentum, 0.9);
+  if (c.model == "mobilenetv2") {
+    set("--lr", c.lr, 0.05 * global_batch / 256);
+    set("--weight-decay", c.weight_decay, 4e-5);
+    set("--epochs", c.epochs, int64_t(150));
+    set("--lr-schedule", c.lr_schedule, Schedule::cosine);
+    return;
+  }
+  set("--lr", c.lr, 0.1 * global_batch / 256);
+  set("--weight-decay", c.weight_decay, 1e-4);
+  set("--epochs", c.epochs, int64_t(90));
+  set("--lr-schedule", c.lr_schedule, Schedule::step);
+  if (c.lr_schedule == Schedule::step && !given.count("--milestones")) {
+    const int64_t e = c.epochs;  // 30, 60, 80 of 90
+    c.milestones.clear();
+    for (int64_t m : {e / 3, 2 * e / 3, 8 * e / 9})
+      if (m > 0 && (c.milestones.empty() || m > c.milestones.back())) c.milestones.push_back(m);
   }
 }
 
-TrainConfig default_config(const std::string& model) {
+TrainConfig default_config(const std::string& model, const std::string& dataset) {
   TrainConfig c;
   c.model = model;
-  apply_model_defaults(c);
+  if (!dataset.empty()) c.dataset = dataset;
+  apply_model_defaults(c, dataset.empty() ? std::set<std::string>{} : std::set<std::string>{"--dataset"});
   return c;
 }
 
@@ -79,7 +105,12 @@ void validate(const TrainConfig& c) {
   EG_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be non-negative, got ", c.checkpoint_every);
   EG_CHECK(c.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", c.keep_checkpoints);
   EG_CHECK(c.log_every >= 1, "--log-every must be at least 1, got ", c.log_every);
-  EG_CHECK(c.workers >= 1, "--workers must be at least 1, got ", c.workers);
+  EG_CHECK(c.workers >= 0,
+           "--workers must be 0 (one less than the cores a rank has, at least 1) or a positive "
+           "count, got ",
+           c.workers);
+  EG_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label-smoothing must be in [0, 1), got ",
+           c.label_smoothing);
   EG_CHECK(c.stop_after_steps >= 0, "--stop-after-steps must be non-negative, got ", c.stop_after_steps);
   EG_CHECK(c.train_limit >= 0, "--train-limit must be non-negative, got ", c.train_limit);
   EG_CHECK(c.test_limit >= 0, "--test-limit must be non-negative, got ", c.test_limit);
@@ -144,6 +175,22 @@ void validate(const TrainConfig& c) {
   EG_CHECK(c.image_size >= 0, "--image-size must be positive (or 0: the default), got ", c.image_size);
   EG_CHECK(c.image_size == 0 || c.dataset == "imagefolder", "--image-size applies to --dataset imagefolder; ",
            c.dataset, " has images of its own size");
+  const bool folder = c.dataset == "imagefolder";
+  EG_CHECK(
+      folder || (c.image_channels == 3 && c.crop_pct == 224.0 / 256.0 && c.image_mean.empty() && c.image_std.empty()),
+      "--image-channels, --crop-pct, --image-mean and --image-std apply to --dataset imagefolder; ", c.dataset,
+      " has its own");
+  EG_CHECK(c.image_channels == 1 || c.image_channels == 3, "--image-channels must be 1 (grey) or 3 (RGB), got ",
+           c.image_channels);
+  EG_CHECK(c.crop_pct > 0 && c.crop_pct <= 1, "--crop-pct must be in (0, 1], got ", c.crop_pct);
+  for (auto* list : {&c.image_mean, &c.image_std}) {
+    const char* flag = list == &c.image_mean ? "--image-mean" : "--image-std";
+    EG_CHECK(list->empty() || int64_t(list->size()) == c.image_channels, flag, " needs one value per channel (",
+             c.image_channels, "), got ", list->size());
+    for (double v : *list)
+      EG_CHECK(list == &c.image_mean ? std::isfinite(v) : v > 0 && std::isfinite(v), flag,
+               list == &c.image_mean ? " must be finite numbers" : " must be positive numbers", ", got ", v);
+  }
   if (c.dataset == "imagefolder") {
     EG_CHECK(!c.data_dir.empty(), "--dataset imagefolder needs --data-dir DIR, holding DIR/train/<class>/* and ",
              "DIR/val/<class>/* (the ImageNet layout)");

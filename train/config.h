@@ -52,8 +52,12 @@ struct TrainConfig {
   double val_fraction = 0;  // held out of the training set, seeded; the best epoch is chosen on it
   bool augment = true;
   int64_t image_size = 0;  // image folders: the side of the crops trained on (0: 224)
+  int64_t image_channels = 3;  // image folders: 3 (RGB) or 1 (grey, as torchvision's Grayscale())
+  double crop_pct = 224.0 / 256.0;  // image folders: evaluation's centre crop of the resized short side
+  std::vector<double> image_mean, image_std;  // image folders' normalisation per channel (empty: ImageNet's)
+  bool skip_bad_images = false;  // a file that cannot be read or decoded is left out and counted, not an error
   AugmentMode augment_mode = AugmentMode::epoch;
-  int workers = 1;
+  int workers = 0;  // loader threads; 0: max(1, this rank's cores - training threads)
   // ---- optimisation
   int64_t batch_size = 128;
   OptimizerKind optimizer = OptimizerKind::sgd;
@@ -64,6 +68,7 @@ struct TrainConfig {
   std::vector<int64_t> milestones;  // epochs; default: 50% and 75% of the epochs, rounded down
   int64_t warmup_steps = 0;
   double grad_clip = 0;  // the gradients' global L2 norm clipped to this before each step (0: off)
+  double label_smoothing = 0;  // of the training loss (Transformers: 0.1); evaluation losses are plain
   // ---- data-parallel training (several ranks under an MPI launcher; train/run.h)
   double bucket_cap_mb = 25;  // gradient buckets after the first (1 MiB), as PyTorch DDP
   bool grad_sync_overlap = true;  // all-reduce each bucket as soon as its gradients are complete
@@ -116,15 +121,23 @@ struct TrainConfig {
 };
 
 // Note [Model-dependent defaults]
-// TrainConfig's initialisers are the image models' defaults (SGD, lr 0.1, ...). A
-// Transformer trains with other ones (AdamW with betas 0.9/0.98, lr 5e-4, inverse
-// square root schedule with warmup, no weight decay, 64 sentences, dataset en-es).
-// apply_model_defaults(c, given) sets those for c.model, leaving alone the fields whose
-// flags are in `given` ("--lr", "--optimizer", ...: what the user set explicitly); for
-// image models it changes nothing. The CLI calls it with the flags it parsed; library
-// users call default_config(model) and then set what they want.
-void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given = {});
-TrainConfig default_config(const std::string& model);
+// TrainConfig's initialisers are the image models' defaults on the built-in datasets
+// (SGD, lr 0.1, wd 5e-4, 15 epochs, ...: the CIFAR ResNet recipe of He et al.). Two
+// other recipes replace them:
+// - A Transformer: AdamW with betas 0.9/0.98, lr 5e-4, inverse square root schedule with
+//   warmup, no weight decay, label smoothing 0.1, 64 sentences, dataset en-es.
+// - An image folder (--dataset imagefolder), the ImageNet recipes: SGD with momentum 0.9,
+//   lr 0.1 x global batch / 256 (Goyal et al.'s linear scaling), weight decay 1e-4, 90
+//   epochs with the LR falling 10x at a third, two thirds and 8/9 of them (30, 60, 80:
+//   torchvision's ResNet-50); for MobileNetV2 lr 0.05 x global batch / 256 with a cosine
+//   schedule over 150 epochs and weight decay 4e-5.
+// apply_model_defaults(c, given, world_size) sets those for c.model and c.dataset, leaving
+// alone the fields whose flags are in `given` ("--lr", "--optimizer", ...: what the user
+// set explicitly); `world_size` is the number of ranks (the global batch is
+// c.batch_size x world_size). The CLI calls it with the flags it parsed; library users
+// call default_config(model, dataset) and then set what they want.
+void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given = {}, int world_size = 1);
+TrainConfig default_config(const std::string& model, const std::string& dataset = "");
 
 bool is_translation_model(const std::string& model);  // "transformer-*"
 

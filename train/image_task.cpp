@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <numeric>
+#include <set>
 
 #include "autograd/node.h"
 #include "train/freezing.h"
@@ -11,6 +14,19 @@
 namespace eg::train {
 
 int64_t num_classes(const std::string& dataset) { return dataset == "cifar100" ? 100 : 10; }
+
+data::FolderTransform folder_transform(const TrainConfig& c, bool train) {
+  data::FolderTransform t;
+  t.size = c.image_size > 0 ? c.image_size : 224;
+  t.channels = c.image_channels;
+  t.crop_pct = c.crop_pct;
+  t.train = train;
+  t.same_every_epoch = c.augment_mode == AugmentMode::sample;
+  if (t.channels == 1) t.norm.mean[0] = 0.449f, t.norm.std[0] = 0.226f;  // ImageNet's, averaged over R, G, B
+  for (size_t k = 0; k < c.image_mean.size() && k < 3; ++k) t.norm.mean[k] = float(c.image_mean[k]);
+  for (size_t k = 0; k < c.image_std.size() && k < 3; ++k) t.norm.std[k] = float(c.image_std[k]);
+  return t;
+}
 
 std::pair<data::ImageDataset, data::ImageDataset> hold_out(const data::ImageDataset& d, double fraction,
                                                            uint64_t seed) {
@@ -63,6 +79,17 @@ std::shared_ptr<const data::SampleSource> first(std::shared_ptr<const data::Samp
   return std::make_shared<FirstSamples>(std::move(s), n);
 }
 
+// --skip-bad-images: each file left out is named once per process (the reason names its
+// path), however often an epoch or an evaluation meets it again.
+void warn_left_out(const std::vector<std::pair<int64_t, std::string>>& left_out) {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [id, reason] : left_out)
+    if (warned.insert(reason).second)
+      std::fprintf(stderr, "warning: left out (--skip-bad-images): %s\n", reason.c_str());
+}
+
 }  // namespace
 
 void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
@@ -104,13 +131,9 @@ void ImageTask::setup_folder(const TrainConfig& c, dist::Communicator& comm) {
   };
   limit(train, c.train_limit);
   limit(test, c.test_limit);
-  data::FolderTransform t;
-  t.size = c.image_size > 0 ? c.image_size : 224;
-  t.train = c.augment;  // without augmentation training sees the evaluation's centre crops
-  t.same_every_epoch = c.augment_mode == AugmentMode::sample;
-  folder_train_ = std::make_shared<data::FolderSamples>(std::move(train), t);
-  t.train = false;
-  folder_test_ = std::make_shared<data::FolderSamples>(std::move(test), t);
+  // Without augmentation training sees the evaluation's centre crops.
+  folder_train_ = std::make_shared<data::FolderSamples>(std::move(train), folder_transform(c, c.augment));
+  folder_test_ = std::make_shared<data::FolderSamples>(std::move(test), folder_transform(c, false));
   build_model(folder_train_->size(), " images in " + c.data_dir + "/train");
   make_loader(folder_train_, comm);
 }
@@ -145,6 +168,7 @@ void ImageTask::make_loader(std::shared_ptr<const data::SampleSource> train, dis
   lo.workers = c_.workers;
   lo.seed = c_.seed;
   lo.shard_rank = comm.rank(), lo.shards = comm.size();
+  lo.skip_bad = c_.skip_bad_images;
   loader_ = std::make_unique<data::Loader>(std::move(train), lo);
 }
 
@@ -167,7 +191,7 @@ models::ModelConfig ImageTask::model_config() const {
     mc.num_classes = user_->num_classes;
     mc.small_input = mc.image_size <= 64;
   } else if (folder_train_) {
-    mc.in_channels = 3;
+    mc.in_channels = folder_train_->sample_shape()[0];
     mc.image_size = folder_train_->sample_shape()[1];
     mc.num_classes = int64_t(folder_train_->folder().classes.size());
     mc.small_input = mc.image_size <= 64;  // the ImageNet stem (7x7 stride 2, max pool) for ImageNet-sized inputs
@@ -222,11 +246,35 @@ std::string ImageTask::description() const {
   return d;
 }
 
+bool ImageTask::next_batch() {
+  if (!loader_->next(batch_)) return false;
+  warn_left_out(batch_.left_out);
+  left_out_here_ += int64_t(batch_.left_out.size());
+  return true;
+}
+
+void ImageTask::save_state(nlohmann::json& state) {
+  double here = double(left_out_here_);
+  if (comm_->size() > 1) {
+    Tensor t = Tensor::from_vector(std::vector<double>{here}, {1});
+    comm_->all_reduce(t);
+    here = t.item();
+  }
+  left_out_total_ = left_out_restored_ + int64_t(here);
+  state["images_left_out"] = left_out_total_;
+}
+
+void ImageTask::load_state(const nlohmann::json& state) {
+  left_out_total_ = left_out_restored_ = state.value("images_left_out", int64_t(0));
+  left_out_here_ = 0;
+}
+
 StepOutput ImageTask::training_step(FreezeRun& fr, int64_t capture) {
   StepOutput out;
+  if (batch_.ids.empty()) return out;  // this rank's share is empty, or every image was left out
   Tensor logits = fr.forward(batch_.x, batch_.ids, dev_, capture, &out.captured);
   if (fr.caching()) fr.prefetch(loader_->upcoming_ids(1));  // gathered while this step runs
-  out.loss = fn::cross_entropy(logits, batch_.y.to(dev_));
+  out.loss = fn::cross_entropy(logits, batch_.y.to(dev_), c_.label_smoothing);
   out.samples = batch_.y.numel();
   out.input = batch_.x;
   return out;
@@ -238,8 +286,11 @@ std::vector<Split> ImageTask::epoch_splits() const {
 }
 
 Metrics ImageTask::evaluate(Split s) {
-  if (user_) return evaluate_samples(*model_, s == Split::valid ? user_->valid : user_->test, dev_, c_.workers, comm_);
-  if (folder_test_) return evaluate_samples(*model_, folder_test_, dev_, c_.workers, comm_);
+  if (user_)
+    return evaluate_samples(*model_, s == Split::valid ? user_->valid : user_->test, dev_, c_.workers, comm_, nullptr,
+                            c_.skip_bad_images);
+  if (folder_test_)
+    return evaluate_samples(*model_, folder_test_, dev_, c_.workers, comm_, nullptr, c_.skip_bad_images);
   return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_, comm_);
 }
 
@@ -252,11 +303,13 @@ Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Co
   m.eval();
   l.start_epoch(0);
   data::Batch b;
-  // Loss sum, correct, samples; then per class: correct, samples (the same size on every rank).
+  // Loss sum, correct, samples, left out; then per class: correct, samples (the same size on every rank).
   const size_t classes = per_class ? per_class->total.size() : 0;
-  std::vector<double> counts(3 + 2 * classes, 0.0);
+  std::vector<double> counts(4 + 2 * classes, 0.0);
   while (l.next(b)) {
-    if (b.ids.empty()) continue;  // this rank's share of a short last batch
+    warn_left_out(b.left_out);
+    counts[3] += double(b.left_out.size());
+    if (b.ids.empty()) continue;  // this rank's share of a short last batch, or all left out
     Tensor logits = m.forward(b.x.to(dev));
     counts[0] += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
     const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
@@ -265,7 +318,7 @@ Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Co
       counts[1] += pred[size_t(i)] == y;
       if (per_class) {
         EG_CHECK(y >= 0 && size_t(y) < classes, "evaluation: label ", y, " of ", classes, " classes");
-        counts[size_t(3 + 2 * y)] += pred[size_t(i)] == y, counts[size_t(4 + 2 * y)] += 1;
+        counts[size_t(4 + 2 * y)] += pred[size_t(i)] == y, counts[size_t(5 + 2 * y)] += 1;
       }
     }
     counts[2] += double(b.y.numel());
@@ -278,15 +331,18 @@ Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Co
   if (per_class) {
     per_class->correct.assign(classes, 0);
     for (size_t k = 0; k < classes; ++k)
-      per_class->correct[k] = int64_t(counts[3 + 2 * k]), per_class->total[k] = int64_t(counts[4 + 2 * k]);
+      per_class->correct[k] = int64_t(counts[4 + 2 * k]), per_class->total[k] = int64_t(counts[5 + 2 * k]);
   }
   if (was_training) m.train();
-  return {{"accuracy", counts[1] / std::max(counts[2], 1.0)}, {"loss", counts[0] / std::max(counts[2], 1.0)}};
+  Metrics r = {{"accuracy", counts[1] / std::max(counts[2], 1.0)}, {"loss", counts[0] / std::max(counts[2], 1.0)}};
+  if (counts[3] > 0) r["images_left_out"] = counts[3];
+  return r;
 }
 
 // Evaluation batches: each rank takes its share of every global batch.
-data::LoaderOptions eval_options(int64_t batch, int workers, dist::Communicator* comm) {
+data::LoaderOptions eval_options(int64_t batch, int workers, dist::Communicator* comm, bool skip_bad = false) {
   data::LoaderOptions o;
+  o.skip_bad = skip_bad;
   o.batch_size = batch;
   o.shuffle = false;
   o.drop_last = false;
@@ -298,8 +354,8 @@ data::LoaderOptions eval_options(int64_t batch, int workers, dist::Communicator*
 }  // namespace
 
 Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
-                         dist::Communicator* comm, PerClass* per_class) {
-  data::Loader l(std::move(s), eval_options(100, workers, comm));
+                         dist::Communicator* comm, PerClass* per_class, bool skip_bad) {
+  data::Loader l(std::move(s), eval_options(100, workers, comm, skip_bad));
   return evaluate_batches(m, l, dev, comm, per_class);
 }
 
@@ -312,6 +368,7 @@ Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std
 }
 
 void ImageTask::summarize(nlohmann::json& sj) const {
+  if (c_.skip_bad_images) sj["images_left_out"] = left_out_total_;
   if (folder_train_) sj["classes"] = folder_train_->folder().classes.size();
   if (user_) sj["classes"] = user_->num_classes;
   sj["parameters"] = model_->num_parameters();

@@ -37,13 +37,15 @@ class ImageTask : public Task {
   void attach(FreezeRun& fr) override;
   int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
   void start_epoch(int64_t epoch, int64_t first_batch) override { loader_->start_epoch(epoch, first_batch); }
-  bool next_batch() override { return loader_->next(batch_); }
+  bool next_batch() override;
   StepOutput training_step(FreezeRun& fr, int64_t capture) override;
   std::vector<Split> epoch_splits() const override;
   Metrics evaluate(Split s) override;
   std::string selection_metric() const override { return "accuracy"; }
   bool higher_is_better() const override { return true; }
   void summarize(nlohmann::json& summary) const override;
+  void save_state(nlohmann::json& state) override;  // images_left_out, summed over the ranks
+  void load_state(const nlohmann::json& state) override;
   nlohmann::json resolved() const override;
   std::string description() const override;
 
@@ -62,9 +64,16 @@ class ImageTask : public Task {
   models::ModelPtr model_;
   std::unique_ptr<data::Loader> loader_;
   data::Batch batch_;
+  // --skip-bad-images: training samples left out, over the run (every rank's, as of the
+  // last checkpoint), and by this rank since the run started or resumed.
+  int64_t left_out_total_ = 0, left_out_restored_ = 0, left_out_here_ = 0;
 };
 
 int64_t num_classes(const std::string& dataset);
+
+// An image folder's transform for training or evaluation from the run's options
+// (--image-size, --image-channels, --crop-pct, --image-mean, --image-std, --augment-mode).
+data::FolderTransform folder_transform(const TrainConfig& c, bool train);
 
 // Per-class counts of an evaluation (by label): correct predictions and samples. The
 // caller sizes `total` to the number of classes.
@@ -74,8 +83,10 @@ struct PerClass {
 
 // Accuracy and mean cross-entropy of `m` on every sample of `s`, in eval mode; with
 // `comm`, each rank evaluates its share and the counts are summed.
+// With `skip_bad`, a sample that cannot be loaded (data::BadSample) is left out, and
+// counted as "images_left_out" when there are any.
 Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
-                         dist::Communicator* comm = nullptr, PerClass* per_class = nullptr);
+                         dist::Communicator* comm = nullptr, PerClass* per_class = nullptr, bool skip_bad = false);
 
 // The same on an in-memory dataset (normalised as `dataset` is).
 Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,

@@ -1,6 +1,7 @@
 // The table of options (train/config.h): each row names a flag, its config.json key,
 // its group in --help, what a resume may do with it, and how its value is read and
 // written. The command line, config.json and the resume check all come from here.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <type_traits>
@@ -118,6 +119,30 @@ Option choice(const char* flag, const char* key, OptionGroup g, OnResume r, std:
 
 const Names<bool> kOnOff = {{"on", true}, {"off", false}};
 
+// Numbers separated by commas (a JSON array in config.json).
+template <class T>
+Option number_list(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help,
+                   std::vector<T> TrainConfig::*m, std::string value_text = "X1,X2,...") {
+  Option o = row(flag, key, g, r, std::move(help), std::move(value_text));
+  o.get = [m](const TrainConfig& c) { return json(c.*m); };
+  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) {
+    std::vector<T> v;
+    if (j.is_array()) {
+      for (auto& e : j) v.push_back(to_number<T>(f, e));
+    } else {
+      EG_CHECK(j.is_string(), f, " must be numbers separated by commas, got ", j.dump());
+      const std::string s = j.get<std::string>();
+      for (size_t b = 0; b <= s.size();) {
+        const size_t e = std::min(s.find(',', b), s.size());
+        v.push_back(to_number<T>(f, json(s.substr(b, e - b))));
+        b = e + 1;
+      }
+    }
+    c.*m = std::move(v);
+  };
+  return o;
+}
+
 // A flag without a value: giving it sets the field to `when_given`.
 Option flag_switch(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, bool TrainConfig::*m,
                    bool when_given = true) {
@@ -183,6 +208,27 @@ std::vector<Option> make_options() {
                      "--dataset imagefolder: the side of the square crops the network sees (0: 224); training "
                      "takes a RandomResizedCrop of it, evaluation the centre of the image resized to size x 256/224",
                      &TrainConfig::image_size));
+  t.push_back(number("--image-channels", "image_channels", G::data, F,
+                     "--dataset imagefolder: 3 (RGB, as PIL's convert(\"RGB\")) or 1 (grey, as torchvision's "
+                     "Grayscale())",
+                     &TrainConfig::image_channels));
+  t.push_back(number("--crop-pct", "crop_pct", G::data, F,
+                     "--dataset imagefolder: evaluation resizes the short side to --image-size / X and takes the "
+                     "centre crop (timm's crop_pct; 0.875: 256 for 224; 1: the whole short side)",
+                     &TrainConfig::crop_pct));
+  t.push_back(number_list("--image-mean", "image_mean", G::data, F,
+                          "--dataset imagefolder: per-channel mean for normalising, in [0, 1] (default ImageNet's "
+                          "0.485,0.456,0.406; grey: 0.449)",
+                          &TrainConfig::image_mean));
+  t.push_back(number_list("--image-std", "image_std", G::data, F,
+                          "--dataset imagefolder: per-channel standard deviation for normalising (default "
+                          "ImageNet's 0.229,0.224,0.225; grey: 0.226)",
+                          &TrainConfig::image_std));
+  t.push_back(flag_switch("--skip-bad-images", "skip_bad_images", G::data, F,
+                          "--dataset imagefolder: leave out an image file that cannot be read or decoded, warning "
+                          "once with its path and the reason and counting it (summary.json images_left_out), "
+                          "instead of stopping the run",
+                          &TrainConfig::skip_bad_images));
   t.push_back(number("--train-limit", "train_limit", G::data, F, "use the first N training images (or sentence pairs)",
                      &TrainConfig::train_limit));
   t.push_back(number("--test-limit", "test_limit", G::data, F,
@@ -198,7 +244,10 @@ std::vector<Option> make_options() {
                      "whole run (stateless, as --freeze-cache on needs)",
                      &TrainConfig::augment_mode,
                      Names<AugmentMode>{{"epoch", AugmentMode::epoch}, {"sample", AugmentMode::sample}}));
-  t.push_back(number("--workers", "workers", G::data, Free, "data loader threads", &TrainConfig::workers));
+  t.push_back(number("--workers", "workers", G::data, Free,
+                     "data loader threads, decoding and augmenting ahead of the step (0: the rank's cores less the "
+                     "training threads, at least 1; config.json records the count used)",
+                     &TrainConfig::workers));
   // ---- optimisation
   t.push_back(number("--batch-size", "batch_size", G::optimisation, F,
                      "samples (sentences) per step on each rank; the global batch is this times the number of ranks",
@@ -235,31 +284,17 @@ std::vector<Option> make_options() {
                                      {"constant", Schedule::constant},
                                      {"inverse-sqrt", Schedule::inverse_sqrt},
                                      {"linear", Schedule::linear}}));
-  {
-    Option o = row("--milestones", "milestones", G::optimisation, F,
-                   "epochs at which step multiplies the LR by --gamma (default: half and three quarters of --epochs, "
-                   "rounded down)",
-                   "E1,E2,...");
-    o.get = [](const TrainConfig& c) { return json(c.milestones); };
-    o.set = [](TrainConfig& c, const json& j) {
-      c.milestones.clear();
-      if (j.is_array()) {
-        for (auto& e : j) c.milestones.push_back(to_number<int64_t>("--milestones", e));
-        return;
-      }
-      EG_CHECK(j.is_string(), "--milestones must be epochs E1,E2,..., got ", j.dump());
-      const std::string s = j.get<std::string>();
-      for (size_t b = 0; b <= s.size();) {
-        const size_t e = std::min(s.find(',', b), s.size());
-        c.milestones.push_back(to_number<int64_t>("--milestones", json(s.substr(b, e - b))));
-        b = e + 1;
-      }
-    };
-    t.push_back(o);
-  }
+  t.push_back(number_list("--milestones", "milestones", G::optimisation, F,
+                          "epochs at which step multiplies the LR by --gamma (default: half and three quarters of "
+                          "--epochs, rounded down; image folders: a third, two thirds and 8/9)",
+                          &TrainConfig::milestones, "E1,E2,..."));
   t.push_back(number("--gamma", "gamma", G::optimisation, F, "the step schedule's LR factor", &TrainConfig::gamma));
   t.push_back(number("--warmup-steps", "warmup_steps", G::optimisation, F, "linear LR warmup over N steps",
                      &TrainConfig::warmup_steps));
+  t.push_back(number("--label-smoothing", "label_smoothing", G::optimisation, F,
+                     "label smoothing of the training loss, as PyTorch's CrossEntropyLoss(label_smoothing=X) "
+                     "(default 0; Transformers 0.1); evaluation losses are unsmoothed",
+                     &TrainConfig::label_smoothing));
   t.push_back(number("--grad-clip", "grad_clip", G::optimisation, F,
                      "clip the gradients' global L2 norm to X before each step (0: no clipping); step lines in "
                      "metrics.jsonl then log grad_norm, the norm before clipping",

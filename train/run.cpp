@@ -71,6 +71,7 @@ std::string metrics_text(Split s, const Metrics& m) {
   for (auto& [k, v] : m) {
     if (k == "accuracy") std::snprintf(buf, sizeof buf, "%s accuracy %.2f%%", split_name(s), 100 * v);
     else if (k == "loss") std::snprintf(buf, sizeof buf, "%s loss %.4f", split_name(s), v);
+    else if (k == "images_left_out") std::snprintf(buf, sizeof buf, "(%s: %.0f images left out)", split_name(s), v);
     else std::snprintf(buf, sizeof buf, "%s %s %.2f", split_name(s), k.c_str(), v);
     t += (t.empty() ? "" : "  ") + std::string(buf);
   }
@@ -120,6 +121,8 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
   }
   set_num_threads(c.threads);
   c.threads = num_threads();
+  if (c.workers == 0)  // the loader decodes and augments on the cores training leaves this rank
+    c.workers = std::max(1, int(std::thread::hardware_concurrency()) / comm.local_size() - c.threads);
   if (c.cpu_winograd != Winograd::process) set_cpu_winograd(c.cpu_winograd == Winograd::on);
   c.cpu_winograd = cpu_winograd() ? Winograd::on : Winograd::off;
 
@@ -219,6 +222,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
     model.load_state_dict(ms);
     opt->load_state_dict(os);
     fr.load(ck->tensors, ck->state, ck->path);
+    task.load_state(ck->state);
     const json ranks = ck->state.value("rng_ranks", json::array());
     if (ranks.size() == size_t(W)) task.generator().set_state(ranks[size_t(rank)][0], ranks[size_t(rank)][1]);
     else if (lead) task.generator().set_state(ck->state.at("rng_seed"), ck->state.at("rng_offset"));
@@ -247,6 +251,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
     for (auto& [k, t] : model.state_dict()) all["model/" + k] = t;
     for (auto& [k, t] : opt->state_dict()) all["optim/" + k] = t;
     fr.save(all, state);
+    task.save_state(state);
     state["epoch"] = epoch, state["batch"] = batch, state["step"] = step;
     state["train_seconds"] = train_secs, state["samples"] = samples;
     state["epoch_loss_sum"] = loss_sum, state["epoch_loss_n"] = loss_n;
@@ -297,7 +302,9 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
       opt->set_lr(lr);
       if (fail_rank == rank && fail_step == step) EG_THROW("a test failure on rank ", rank, " at step ", step);
       StepOutput out = task.training_step(fr, fr.capture_layer(step));
-      EG_CHECK(out.loss.defined() || W > 1, "the task gave no loss for step ", step);
+      // No loss: this rank's share of the global batch is empty (data parallelism, or every
+      // image of the batch left out by --skip-bad-images).
+      EG_CHECK(out.loss.defined() || out.samples == 0, "the task gave no loss for step ", step);
       double lv = out.loss.defined() ? out.loss.item() : 0.0;
       int64_t count = out.samples;
       opt->zero_grad();
@@ -322,7 +329,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
         sync->begin(opt->grad_buckets(), opt->params());
         sync->backward(loss);
         sync->finish();
-      } else {
+      } else if (loss.defined()) {
         loss.backward();
       }
       const double grad_norm = c.grad_clip > 0 ? opt->clip_grad_norm(c.grad_clip) : NAN;
@@ -335,11 +342,11 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
                  "); stopped without saving. The last good checkpoint is ",
                  ckpts.any() ? "'" + ckpts.newest_path() + "'" : std::string("absent (none was written yet)"), ".");
       }
-      opt->step();
-      ++step, ++batch, ++this_run, ++steps_here, ++loss_n;
+      if (count > 0) opt->step();  // a global batch whose every sample was left out trains nothing
+      ++step, ++batch, ++this_run, ++steps_here;
       fr.after_step({step, epoch, lr, lv, out.input2, Tensor()}, out.input, out.captured, train_secs);
       samples += count;
-      loss_sum += lv;
+      if (count > 0) loss_sum += lv, ++loss_n;
       train_secs += seconds_since(t0);
       const double rate = double(samples) / std::max(train_secs, 1e-9);
       if (lead && step % c.log_every == 0) {
@@ -353,7 +360,8 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
       }
       const double eta = seconds_since(t_epoch) / double(steps_here) * double(spe - batch);
       if (lead)
-        print_progress(c, epoch, batch, spe, step, loss_sum / double(loss_n), lv, lr, rate, rate_unit, eta, tty);
+        print_progress(c, epoch, batch, spe, step, loss_n ? loss_sum / double(loss_n) : lv, lv, lr, rate, rate_unit,
+                       eta, tty);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save(epoch, batch);
       if (c.stop_after_steps > 0 && this_run >= c.stop_after_steps) {
         s.steps = step;

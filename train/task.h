@@ -91,6 +91,11 @@ class Task {
   virtual bool higher_is_better() const = 0;
   // summary.json fields of the task's own (parameters, FLOPs, vocabulary).
   virtual void summarize(nlohmann::json&) const {}
+
+  // ---- the task's own state in checkpoints (counts that must survive a resume). save_state
+  // is collective (every rank calls it before each checkpoint; rank 0's `state` is written).
+  virtual void save_state(nlohmann::json&) {}
+  virtual void load_state(const nlohmann::json&) {}
 };
 
 }  // namespace eg::train

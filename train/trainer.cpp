@@ -81,13 +81,18 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
     data::ImageFolder val = data::scan_image_folder(dir + "/val", &classes);
     if (test_limit > 0 && test_limit < val.size())
       val.files.resize(size_t(test_limit)), val.labels.resize(size_t(test_limit));
-    data::FolderTransform t;
-    t.train = false;
-    t.size = cfg.value("image_size", int64_t(0)) > 0 ? cfg.value("image_size", int64_t(0)) : 224;
+    TrainConfig tc;  // the options the transform is made from, as the run had them
+    tc.image_size = cfg.value("image_size", int64_t(0));
+    tc.image_channels = cfg.value("image_channels", int64_t(3));
+    tc.crop_pct = cfg.value("crop_pct", 224.0 / 256.0);
+    tc.image_mean = cfg.value("image_mean", std::vector<double>{});
+    tc.image_std = cfg.value("image_std", std::vector<double>{});
+    const data::FolderTransform t = folder_transform(tc, false);
     const int64_t n = val.size();
     auto src = std::make_shared<data::FolderSamples>(std::move(val), t);
     models::ModelConfig mc;
     mc.name = cfg.at("model");
+    mc.in_channels = t.channels;
     mc.image_size = t.size;
     mc.small_input = t.size <= 64;
     mc.num_classes = int64_t(classes.size());
@@ -97,8 +102,8 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
     if (precision == "int8") quant::convert_to_int8(*m, calibration_batches);
     EvalResult r{};
     if (per_class) r.per_class.total.resize(classes.size());
-    const Metrics e =
-        evaluate_samples(*m, src, Device::cpu(), cfg.value("workers", 1), nullptr, per_class ? &r.per_class : nullptr);
+    const Metrics e = evaluate_samples(*m, src, Device::cpu(), std::max(1, cfg.value("workers", 1)), nullptr,
+                                       per_class ? &r.per_class : nullptr, cfg.value("skip_bad_images", false));
     r.accuracy = e.at("accuracy"), r.loss = e.at("loss"), r.samples = n;
     if (per_class) r.classes = classes;
     return r;

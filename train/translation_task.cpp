@@ -14,7 +14,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr double kLabelSmoothing = 0.1;  // training loss only; reported eval losses are plain NLL
 constexpr int64_t kEvalBatch = 64;
 // Greedy decoding stops at eos, or at 1.2 x the source length + 10 tokens. A trained model
 // emits eos long before; the bound caps the cost of an untrained one, which is quadratic in
@@ -186,7 +185,7 @@ StepOutput TranslationTask::training_step(FreezeRun& fr, int64_t capture) {
       model_->forward_frozen(batch_.src.to(dev_), batch_.tgt_in.to(dev_), fr.frozen_layers(), capture, &out.captured);
   const int64_t n = batch_.tgt_out.numel();
   out.loss = fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), batch_.tgt_out.reshape({n}).to(dev_),
-                               kLabelSmoothing, mc_.pad_id);
+                               c_.label_smoothing, mc_.pad_id);
   out.samples = batch_.tgt_tokens;  // target tokens, as fairseq's wps
   out.input = batch_.src;
   out.input2 = batch_.tgt_in;
