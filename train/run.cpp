@@ -20,6 +20,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/freezing.h"
+#include "train/run_state.h"
 
 namespace eg::train {
 
@@ -208,26 +209,9 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
                 {"best", json::object()},
                 {"last", json::object()},
                 {"time_to_target", -1.0}};
+  RunParts parts{model, *opt, fr, task, comm, sync.get()};
   if (ck) {
-    check_resume(as_recorded(), ck->config, spe, ck->state.value("step", int64_t(0)), ck->path);
-    const json resolved = task.resolved();
-    for (auto& [k, v] : resolved.items())
-      EG_CHECK(ck->config.value(k, json()) == v, "--resume: '", ck->path, "' holds a run whose ", k, " is ",
-               ck->config.value(k, json()).dump(), "; this run's is ", v.dump());
-    TensorMap ms, os;
-    for (auto& [k, t] : ck->tensors) {
-      if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
-      if (k.rfind("optim/", 0) == 0) os[k.substr(6)] = t;
-    }
-    model.load_state_dict(ms);
-    opt->load_state_dict(os);
-    fr.load(ck->tensors, ck->state, ck->path);
-    task.load_state(ck->state);
-    const json ranks = ck->state.value("rng_ranks", json::array());
-    if (ranks.size() == size_t(W)) task.generator().set_state(ranks[size_t(rank)][0], ranks[size_t(rank)][1]);
-    else if (lead) task.generator().set_state(ck->state.at("rng_seed"), ck->state.at("rng_offset"));
-    state.update(ck->state);
-    if (sync) sync->set_bytes(state.value("gradient_sync_bytes", int64_t(0)));
+    restore_checkpoint(*ck, parts, as_recorded(), spe, state);
     comm.barrier();  // every rank has read the checkpoint before rank 0 touches the directory
     if (lead) {
       ckpts.cut_logs(*ck);  // checked and loaded: now the logs go back to this checkpoint
@@ -246,25 +230,10 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
   double train_secs = state["train_seconds"], loss_sum = state["epoch_loss_sum"];
   int64_t loss_n = state["epoch_loss_n"];
   auto save = [&](int64_t epoch, int64_t batch) {  // collective; rank 0 writes
-    average_running_stats(model, comm);
-    TensorMap all;
-    for (auto& [k, t] : model.state_dict()) all["model/" + k] = t;
-    for (auto& [k, t] : opt->state_dict()) all["optim/" + k] = t;
-    fr.save(all, state);
-    task.save_state(state);
+    const TensorMap all = checkpoint_contents(parts, state, c.batch_size * W);
     state["epoch"] = epoch, state["batch"] = batch, state["step"] = step;
     state["train_seconds"] = train_secs, state["samples"] = samples;
     state["epoch_loss_sum"] = loss_sum, state["epoch_loss_n"] = loss_n;
-    state["rng_seed"] = task.generator().seed(), state["rng_offset"] = task.generator().offset();
-    state["world_size"] = W, state["global_batch_size"] = c.batch_size * W;
-    state.erase("rng_ranks");  // a resume on another number of ranks leaves the old ranks' behind
-    if (W > 1) {
-      json ranks = json::array();
-      for (auto& r : comm.all_gather(json::array({task.generator().seed(), task.generator().offset()}).dump()))
-        ranks.push_back(json::parse(r));
-      state["rng_ranks"] = ranks;
-      state["gradient_sync_bytes"] = sync->stats().bytes;
-    }
     if (lead) ckpts.save(all, state, config, step);
   };
   auto evaluate = [&](Split s) {
