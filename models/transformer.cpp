@@ -117,6 +117,23 @@ Tensor Transformer::padding_mask(const Tensor& ids) const {
   return m.to(ids.device());
 }
 
+// Note [Padding in a reading]
+// Egeria compares a layer module's output in the training and the reference model through
+// the Gram matrix of the batch's flattened outputs. A padding position's output is
+// whatever the layer makes of a pad token; it never reaches a real token (attention masks
+// it), but it would enter the Gram, so the same sentences padded to another length would
+// read differently. The outputs Egeria compares (the captured one, layer_output) have
+// their padding positions zeroed: the flattened rows then hold the real tokens' values
+// and zeros, and a longer padding adds only zeros. The int8 reference quantises each
+// token from its own range (Note [Per-token activation scales] in quant/int8.h), so its
+// padding does not move the real tokens' scales either.
+Tensor Transformer::without_padding(const Tensor& h, const Tensor& ids) const {
+  const Tensor id = ids.to(Device::cpu());
+  Tensor keep = Tensor::empty({id.size(0), id.size(1), 1});
+  for (int64_t i = 0; i < id.numel(); ++i) keep.data<float>()[i] = id.data<int64_t>()[i] == cfg_.pad_id ? 0.f : 1.f;
+  return fn::mul(h, keep.to(h.device()));
+}
+
 Tensor Transformer::embed(const Tensor& ids) {
   EG_CHECK(ids.dim() == 2 && ids.dtype() == DType::s64, "Transformer: token ids must be s64 [B, T], got ",
            dtype_name(ids.dtype()), shape_str(ids.shape()));
@@ -158,8 +175,8 @@ Tensor Transformer::forward_frozen(const Tensor& src, const Tensor& tgt_in, int6
     autograd::NoGradGuard ng;
     return f();
   };
-  auto keep = [&](int64_t layer, const Tensor& h) {
-    if (layer == capture && captured) *captured = h.detach();
+  auto keep = [&](int64_t layer, const Tensor& h) {  // See Note [Padding in a reading]
+    if (layer == capture && captured) *captured = without_padding(h.detach(), layer < ne ? src : tgt_in);
   };
   const Tensor src_mask = padding_mask(src), tgt_mask = padding_mask(tgt_in);
   Tensor h = maybe_no_grad(frozen > 0, [&] { return embed(src); });
@@ -184,13 +201,13 @@ Tensor Transformer::layer_output(const Tensor& src, const Tensor& tgt_in, int64_
   const Tensor src_mask = padding_mask(src);
   Tensor h = embed(src);
   for (int64_t i = 0; i < ne && i <= layer; ++i) h = static_cast<EncoderLayer&>(*enc_[size_t(i)]).run(h, src_mask);
-  if (layer < ne) return h;
+  if (layer < ne) return without_padding(h, src);  // See Note [Padding in a reading]
   EG_CHECK(tgt_in.defined(), "Transformer: the output of decoder layer ", layer - ne, " needs the target input ids");
   const Tensor memory = h, tgt_mask = padding_mask(tgt_in);
   h = embed(tgt_in);
   for (int64_t j = 0; j < nd && ne + j <= layer; ++j)
     h = static_cast<DecoderLayer&>(*dec_[size_t(j)]).run(h, memory, src_mask, tgt_mask);
-  return layer == ne + nd ? fn::linear(h, embedding_->weight, Tensor()) : h;
+  return without_padding(layer == ne + nd ? fn::linear(h, embedding_->weight, Tensor()) : h, tgt_in);
 }
 
 std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, int64_t max_len) {

@@ -38,6 +38,8 @@ class Transformer : public Model {
   // The same with layer modules [0, frozen) run under no-grad (Note [Freezing a
   // Transformer]), capturing layer module `capture`'s output (>= 0) into *captured.
   Tensor forward_frozen(const Tensor& src, const Tensor& tgt_in, int64_t frozen, int64_t capture, Tensor* captured);
+  // Layer module `layer`'s output with its padding positions zeroed, as the captured one
+  // of forward_frozen (Note [Padding in a reading]).
   Tensor layer_output(const Tensor& src, const Tensor& tgt_in, int64_t layer) override;
   Tensor encode(const Tensor& src, Tensor& src_mask);
   Tensor decode(const Tensor& memory, const Tensor& src_mask, const Tensor& tgt_in);
@@ -52,6 +54,7 @@ class Transformer : public Model {
  private:
   Tensor embed(const Tensor& ids);
   Tensor padding_mask(const Tensor& ids) const;
+  Tensor without_padding(const Tensor& h, const Tensor& ids) const;  // h [B, T, C] zero where ids is pad
   TransformerConfig cfg_;
   std::shared_ptr<nn::Embedding> embedding_;
   Tensor positions_;  // [max_len, d] sinusoids (buffer)

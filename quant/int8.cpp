@@ -290,28 +290,48 @@ Shape LinearInt8::out_shape(const Tensor& x) const {
   return s;
 }
 
-Tensor LinearInt8::quantize_input(const Tensor& x_in, const ActQuant& q) const {
+LinearInt8::RowQuant LinearInt8::row_quant(const Tensor& x_in) const {
+  const Tensor x = x_in.to_plain();
+  const ActQuant whole = choose_act_quant(x);  // the signedness (and the NaN/Inf check)
+  const int64_t m = x.numel() / k_;
+  const float* xp = x.data<float>();
+  RowQuant q;
+  q.is_unsigned = whole.is_unsigned;
+  q.scale.resize(size_t(m));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) {
+    float amax = 0.f;
+    for (int64_t c = 0; c < k_; ++c) amax = std::max(amax, std::fabs(xp[i * k_ + c]));
+    q.scale[size_t(i)] = amax > 0.f ? (q.is_unsigned ? 255.f : 127.f) / amax : 1.f;
+  }
+  return q;
+}
+
+Tensor LinearInt8::quantize_input(const Tensor& x_in, const RowQuant& q) const {
   const Tensor x = x_in.to_plain();
   const int64_t m = x.numel() / k_;
   const float* xp = x.data<float>();
   Tensor xq = Tensor::empty({m, k_}, q.is_unsigned ? DType::u8 : DType::s8);
-  const int64_t total = m * k_;
-  if (q.is_unsigned) {
-    uint8_t* d = xq.data<uint8_t>();
+  const bool one = q.scale.size() == 1;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < total; ++i) d[i] = quantize_one<uint8_t>(xp[i], q.scale, 0, 255);
-  } else {
-    int8_t* d = xq.data<int8_t>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < total; ++i) d[i] = quantize_one<int8_t>(xp[i], q.scale, -127, 127);
+  for (int64_t i = 0; i < m; ++i) {
+    const float s = q.scale[one ? 0 : size_t(i)];
+    for (int64_t c = 0; c < k_; ++c) {
+      if (q.is_unsigned) xq.data<uint8_t>()[i * k_ + c] = quantize_one<uint8_t>(xp[i * k_ + c], s, 0, 255);
+      else xq.data<int8_t>()[i * k_ + c] = quantize_one<int8_t>(xp[i * k_ + c], s, -127, 127);
+    }
   }
   return xq;
 }
 
-Tensor LinearInt8::forward(const Tensor& x) const { return forward(x, choose_act_quant(x)); }
-Tensor LinearInt8::forward_ref(const Tensor& x) const { return forward_ref(x, choose_act_quant(x)); }
-
+Tensor LinearInt8::forward(const Tensor& x) const { return run(x, row_quant(x)); }
+Tensor LinearInt8::forward_ref(const Tensor& x) const { return run_ref(x, row_quant(x)); }
+Tensor LinearInt8::forward(const Tensor& x, const ActQuant& q) const { return run(x, {{q.scale}, q.is_unsigned}); }
 Tensor LinearInt8::forward_ref(const Tensor& x, const ActQuant& q) const {
+  return run_ref(x, {{q.scale}, q.is_unsigned});
+}
+
+Tensor LinearInt8::run_ref(const Tensor& x, const RowQuant& q) const {
   const Shape ys = out_shape(x);
   const int64_t m = x.numel() / k_;
   Tensor xq = quantize_input(x, q);
@@ -326,12 +346,13 @@ Tensor LinearInt8::forward_ref(const Tensor& x, const ActQuant& q) const {
             q.is_unsigned ? int32_t(xq.data<uint8_t>()[i * k_ + c]) : int32_t(xq.data<int8_t>()[i * k_ + c]);
         acc += a * int32_t(wq[o * k_ + c]);
       }
-      yp[i * n_ + o] = float(acc) * (1.f / (q.scale * w_scale_[size_t(o)])) + bias_[size_t(o)];
+      const float s = q.scale[q.scale.size() == 1 ? 0 : size_t(i)];
+      yp[i * n_ + o] = float(acc) * (1.f / (s * w_scale_[size_t(o)])) + bias_[size_t(o)];
     }
   return y;
 }
 
-Tensor LinearInt8::forward(const Tensor& x, const ActQuant& q) const {
+Tensor LinearInt8::run(const Tensor& x, const RowQuant& q) const {
   const Shape ys = out_shape(x);
   const int64_t m = x.numel() / k_;
   auto& slot = prims_[{int64_t(q.is_unsigned)}];
@@ -357,14 +378,17 @@ Tensor LinearInt8::forward(const Tensor& x, const ActQuant& q) const {
     slot->mm.execute(onednn::stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
     onednn::stream().wait();
   });
-  std::vector<float> dq(static_cast<size_t>(n_));
-  for (int64_t o = 0; o < n_; ++o) dq[size_t(o)] = 1.f / (q.scale * w_scale_[size_t(o)]);
+  // Dequantised as the reference computes it: 1 / (row scale x feature scale) per element.
   Tensor y = Tensor::empty(ys);
   const int32_t* ap = acc.data<int32_t>();
   float* yp = y.data<float>();
+  const bool one = q.scale.size() == 1;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t o = 0; o < n_; ++o) yp[i * n_ + o] = float(ap[i * n_ + o]) * dq[size_t(o)] + bias_[size_t(o)];
+  for (int64_t i = 0; i < m; ++i) {
+    const float s = q.scale[one ? 0 : size_t(i)];
+    for (int64_t o = 0; o < n_; ++o)
+      yp[i * n_ + o] = float(ap[i * n_ + o]) * (1.f / (s * w_scale_[size_t(o)])) + bias_[size_t(o)];
+  }
   return y;
 }
 

@@ -17,7 +17,8 @@
 // With N = 0 every input is quantised with its own range instead (dynamic), at the
 // cost of one more read of it; per-batch scales never go stale, but in SP-loss terms
 // the two agree to within the bound of Note [int8 reference accuracy] (tests/test_quant.cpp).
-// Linear layers are always dynamic, as PyTorch's quantize_dynamic for Transformers.
+// Linear layers are always dynamic, as PyTorch's quantize_dynamic for Transformers, with a
+// scale per row (token): Note [Per-token activation scales].
 //
 // ConvInt8::forward_ref is the plain-loop ground truth; forward (oneDNN) must match it
 // exactly up to the f32 dequantisation (tests/test_quant.cpp), and bench/ times both.
@@ -94,9 +95,20 @@ class ConvInt8 {
 
 // Dynamically quantised linear layer (as PyTorch's quantize_dynamic, which the paper
 // uses for Transformers): weights s8 per output feature, made once; the input [..., K]
-// quantised per tensor from its own range at every call (u8 when non-negative, else
-// s8); oneDNN's int8 matmul accumulates in s32; dequantised per output feature with the
-// bias added. forward_ref is the plain-loop ground truth.
+// quantised at every call, each row (token) with the scale of its own range, u8 when the
+// whole input is non-negative, else s8; oneDNN's int8 matmul accumulates in s32;
+// dequantised per row and output feature with the bias added. forward_ref is the
+// plain-loop ground truth.
+//
+// Note [Per-token activation scales]
+// PyTorch's quantize_dynamic takes one scale for the whole input. For a batch of
+// sentences that makes every token's quantisation depend on the rest of the batch,
+// padding included: the same sentences padded to another length quantise differently
+// and give Egeria another plasticity reading. With a scale per row a token is quantised
+// from its own values alone (finer, too: a row's top value maps to 127 or 255), so a
+// reading depends only on the real tokens (tests/test_translate.cpp pads the same batch
+// two ways); the signedness is still the whole input's, which padding does not change
+// (LayerNorm outputs are signed everywhere, post-ReLU rows non-negative everywhere).
 class LinearInt8 {
  public:
   // w [N, K] and bias [N] (or undefined), f32.
@@ -105,9 +117,10 @@ class LinearInt8 {
   LinearInt8(const LinearInt8&) = delete;
   LinearInt8& operator=(const LinearInt8&) = delete;
 
-  // x [..., K] f32 on the CPU -> [..., N] f32. One caller at a time.
+  // x [..., K] f32 on the CPU -> [..., N] f32, each row with its own scale. One caller at a time.
   Tensor forward(const Tensor& x) const;
   Tensor forward_ref(const Tensor& x) const;
+  // The same with one given quantisation for every row.
   Tensor forward(const Tensor& x, const ActQuant& q) const;
   Tensor forward_ref(const Tensor& x, const ActQuant& q) const;
 
@@ -116,7 +129,15 @@ class LinearInt8 {
 
  private:
   struct Prim;
-  Tensor quantize_input(const Tensor& x, const ActQuant& q) const;  // [M, K] u8/s8
+  // Row i of x [M, K] with scale[i] (or scale[0] for every row when it holds one).
+  struct RowQuant {
+    std::vector<float> scale;
+    bool is_unsigned = false;
+  };
+  RowQuant row_quant(const Tensor& x) const;  // each row's own range
+  Tensor quantize_input(const Tensor& x, const RowQuant& q) const;  // [M, K] u8/s8
+  Tensor run(const Tensor& x, const RowQuant& q) const;
+  Tensor run_ref(const Tensor& x, const RowQuant& q) const;
   Shape out_shape(const Tensor& x) const;
   Tensor wq_;
   std::vector<float> w_scale_, bias_;
