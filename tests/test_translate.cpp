@@ -2,6 +2,7 @@
 // trainer's files, and a run killed and resumed ends with bit-identical weights.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -298,4 +299,36 @@ TEST(Translate, PaddingDoesNotChangeAPlasticityReading) {
       EXPECT_NEAR(short_pad, long_pad, 1e-5 * short_pad) << "layer " << layer << (int8 ? " int8" : " fp32");
     }
   }
+}
+
+// --eval-every N: the validation loss and perplexity every N steps (no BLEU), between the
+// steps: the training is that of a run without it, step for step.
+TEST(Translate, EvalEveryLogsTheValidationLossBetweenSteps) {
+  std::string data = tmpdir("eval_data");
+  write_toy_corpus(data);
+  const auto arch = tiny_arch();
+  auto c = toy_run(data, tmpdir("eval_plain"));
+  c.epochs = 2;
+  ASSERT_TRUE(train::run_translation(c, &arch).completed);
+  const std::string plain = c.out;
+  c.out = tmpdir("eval_every");
+  c.eval_every = 4;
+  ASSERT_TRUE(train::run_translation(c, &arch).completed);
+  const auto a = records(plain + "/metrics.jsonl", "step"), b = records(c.out + "/metrics.jsonl", "step");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+  const auto evals = records(c.out + "/metrics.jsonl", "eval"), epochs = records(c.out + "/metrics.jsonl", "epoch");
+  ASSERT_EQ(evals.size(), a.size() / 4);
+  for (size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_EQ(evals[i]["step"], int64_t(4 * (i + 1)));
+    EXPECT_FALSE(evals[i].contains("valid_bleu"));
+    EXPECT_DOUBLE_EQ(evals[i]["valid_perplexity"].get<double>(), std::exp(evals[i]["valid_loss"].get<double>()));
+  }
+  EXPECT_LT(evals.back()["valid_loss"].get<double>(), evals.front()["valid_loss"].get<double>());
+  // At an epoch's last step the loss-only evaluation equals the epoch's.
+  for (auto& e : epochs)
+    for (auto& v : evals)
+      if (v["step"] == e["step"]) {
+        EXPECT_DOUBLE_EQ(v["valid_loss"].get<double>(), e["valid_loss"].get<double>());
+      }
 }

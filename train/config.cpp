@@ -105,6 +105,7 @@ void validate(const TrainConfig& c) {
   EG_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be non-negative, got ", c.checkpoint_every);
   EG_CHECK(c.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", c.keep_checkpoints);
   EG_CHECK(c.log_every >= 1, "--log-every must be at least 1, got ", c.log_every);
+  EG_CHECK(c.eval_every >= 0, "--eval-every must be 0 (epoch ends only) or a number of steps, got ", c.eval_every);
   EG_CHECK(c.workers >= 0,
            "--workers must be 0 (one less than the cores a rank has, at least 1) or a positive "
            "count, got ",

@@ -44,6 +44,7 @@ struct TrainConfig {
   int64_t keep_checkpoints = 1;  // the newest N checkpoints are kept (checkpoint-<step>)
   int64_t log_every = 50;
   double target_accuracy = 0;  // 0..1 or 0..100; time_to_target_seconds reports when reached
+  int64_t eval_every = 0;  // steps between loss-only evaluations of the first split (0: epoch ends only)
   int64_t stop_after_steps = 0;  // testing: end this invocation after N steps (as if killed)
   std::string init_from;  // a fresh run starts from these weights (safetensors; train/checkpoint.h)
   // ---- data

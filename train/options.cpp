@@ -188,6 +188,10 @@ std::vector<Option> make_options() {
                      &TrainConfig::keep_checkpoints));
   t.push_back(number("--log-every", "log_every", G::run, Free, "metrics.jsonl and progress every N steps",
                      &TrainConfig::log_every));
+  t.push_back(number("--eval-every", "eval_every", G::run, Free,
+                     "also evaluate the loss on the validation split (test without one) every N steps, logged as "
+                     "\"eval\" lines in metrics.jsonl with the perplexity; no BLEU (0: at epoch ends only)",
+                     &TrainConfig::eval_every));
   t.push_back(number("--target-accuracy", "target_accuracy", G::run, F,
                      "report the time to reach this test accuracy (0..1 or 0..100)", &TrainConfig::target_accuracy));
   t.push_back(text("--init-from", "init_from", G::run, F,

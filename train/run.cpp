@@ -236,11 +236,11 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
     state["epoch_loss_sum"] = loss_sum, state["epoch_loss_n"] = loss_n;
     if (lead) ckpts.save(all, state, config, step);
   };
-  auto evaluate = [&](Split s) {
+  auto evaluate = [&](Split s, bool loss_only = false) {
     autograd::NoGradGuard ng;
     average_running_stats(model, comm);
     model.eval();
-    Metrics m = task.evaluate(s);
+    Metrics m = loss_only ? task.evaluate_loss(s) : task.evaluate(s);
     model.train();
     return m;
   };
@@ -331,6 +331,13 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
       if (lead)
         print_progress(c, epoch, batch, spe, step, loss_n ? loss_sum / double(loss_n) : lv, lv, lr, rate, rate_unit,
                        eta, tty);
+      if (c.eval_every > 0 && step % c.eval_every == 0) {  // between the steps: not training time
+        const Metrics m = evaluate(splits.front(), true);
+        json j = {{"type", "eval"}, {"step", step}, {"epoch", epoch + 1}, {"train_seconds", train_secs}};
+        for (auto& [k, v] : m) j[std::string(split_name(splits.front())) + "_" + k] = v;
+        if (m.count("loss")) j[std::string(split_name(splits.front())) + "_perplexity"] = std::exp(m.at("loss"));
+        if (lead) append_json_line(metrics, j);
+      }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save(epoch, batch);
       if (c.stop_after_steps > 0 && this_run >= c.stop_after_steps) {
         s.steps = step;

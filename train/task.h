@@ -86,6 +86,9 @@ class Task {
   virtual std::vector<Split> epoch_splits() const = 0;
   // The split's metrics over every rank (each evaluates its share).
   virtual Metrics evaluate(Split s) = 0;
+  // The same without what is slow to compute (translation's BLEU decodes every sentence):
+  // the loss at least, for --eval-every's lines between epochs.
+  virtual Metrics evaluate_loss(Split s) { return evaluate(s); }
   // The metric that picks the best epoch, and whether higher is better.
   virtual std::string selection_metric() const = 0;
   virtual bool higher_is_better() const = 0;

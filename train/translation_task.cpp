@@ -196,8 +196,12 @@ Metrics TranslationTask::evaluate(Split s) {
   return evaluate_translation(*model_, s == Split::valid ? valid_ : test_, *tok_, dev_, comm_);
 }
 
+Metrics TranslationTask::evaluate_loss(Split s) {
+  return evaluate_translation(*model_, s == Split::valid ? valid_ : test_, *tok_, dev_, comm_, false);
+}
+
 Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev,
-                             dist::Communicator* comm) {
+                             dist::Communicator* comm, bool bleu) {
   autograd::NoGradGuard ng;
   const bool was_training = m.is_training();
   m.eval();
@@ -219,6 +223,7 @@ Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const d
         fn::cross_entropy(logits.reshape({n, logits.size(2)}), b.tgt_out.reshape({n}).to(dev), 0.0, o.ids.pad).item() *
         double(b.tgt_tokens);
     tokens += double(b.tgt_tokens);
+    if (!bleu) continue;
     auto out = m.greedy_decode(src, decode_limit(src.size(1)));
     for (size_t r = 0; r < out.size(); ++r) {
       hyps.push_back(tok.decode(out[r]));
@@ -236,7 +241,9 @@ Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const d
   models::BleuCounts total;
   std::copy_n(counts.begin(), total.size(), total.begin());
   if (was_training) m.train();
-  return {{"loss", counts[10] / std::max(counts[11], 1.0)}, {"bleu", models::bleu_from_counts(total)}};
+  Metrics r = {{"loss", counts[10] / std::max(counts[11], 1.0)}};
+  if (bleu) r["bleu"] = models::bleu_from_counts(total);
+  return r;
 }
 
 void TranslationTask::summarize(json& sj) const {

@@ -52,6 +52,7 @@ class TranslationTask : public Task {
   StepOutput training_step(FreezeRun& fr, int64_t capture) override;
   std::vector<Split> epoch_splits() const override { return {Split::valid}; }
   Metrics evaluate(Split s) override;
+  Metrics evaluate_loss(Split s) override;  // no BLEU: no decoding
   std::string selection_metric() const override { return "loss"; }
   bool higher_is_better() const override { return false; }
   void summarize(nlohmann::json& summary) const override;
@@ -72,10 +73,10 @@ class TranslationTask : public Task {
   data::TranslationBatch batch_;
 };
 
-// Teacher-forced loss per target token and BLEU of greedy translations of a split; with
-// `comm`, each rank evaluates its share of the batches and the token counts, loss sums and
-// BLEU's n-gram counts are summed.
+// Teacher-forced loss per target token and (with `bleu`) BLEU of greedy translations of a
+// split; with `comm`, each rank evaluates its share of the batches and the token counts,
+// loss sums and BLEU's n-gram counts are summed.
 Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const data::Tokenizer& tok, Device dev,
-                             dist::Communicator* comm = nullptr);
+                             dist::Communicator* comm = nullptr, bool bleu = true);
 
 }  // namespace eg::train
