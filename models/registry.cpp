@@ -27,7 +27,7 @@ const std::map<std::string, ModelBuilder>& builtins() {
     m["mobilenetv2"] = [](const ModelConfig& c, Generator& g) {
       return std::make_shared<MobileNetV2>(c.num_classes, c.in_channels, c.image_size, c.width, c.small_input, g);
     };
-    for (const char* n : {"transformer-base", "transformer-tiny"})
+    for (const char* n : {"transformer-base", "transformer-small", "transformer-tiny"})
       m[n] = [n](const ModelConfig& c, Generator& g) {
         return std::make_shared<Transformer>(transformer_preset(n, c.vocab), g);
       };

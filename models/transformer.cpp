@@ -75,7 +75,11 @@ TransformerConfig transformer_preset(const std::string& name, int64_t vocab) {
     c.enc_layers = c.dec_layers = 2;
     return c;
   }
-  EG_THROW("unknown transformer preset '", name, "' (transformer-base, transformer-tiny)");
+  if (name == "transformer-small") {  // the base model's depth at half its width
+    c.d_model = 256, c.heads = 4, c.ffn = 1024;
+    return c;
+  }
+  EG_THROW("unknown transformer preset '", name, "' (transformer-base, transformer-small, transformer-tiny)");
 }
 
 Transformer::Transformer(const TransformerConfig& c, Generator& g) : cfg_(c) {

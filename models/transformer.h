@@ -3,7 +3,9 @@
 // N encoder layers (self-attention, FFN), N decoder layers (causal self-attention,
 // cross-attention, FFN), each sub-layer wrapped as LN(x + Dropout(sublayer(x))), and
 // an output projection tied to the embedding. transformer-base: 6+6 layers, d=512,
-// 8 heads, FFN 2048; transformer-tiny: 2+2 layers of the same shape.
+// 8 heads, FFN 2048; transformer-tiny: 2+2 layers of the same shape; transformer-small:
+// 6+6 layers at half the width (d=256, 4 heads, FFN 1024), whose layers each cost a
+// small share of a step, as the base model's do.
 //
 // Note [Freezing a Transformer]
 // Layer modules, front to back: encoder.0 .. encoder.N-1, decoder.0 .. decoder.N-1,
@@ -28,7 +30,8 @@ struct TransformerConfig {
   double dropout = 0.1;
   int64_t pad_id = 0, bos_id = 1, eos_id = 2;
 };
-TransformerConfig transformer_preset(const std::string& name, int64_t vocab);  // "transformer-base" / "-tiny"
+TransformerConfig transformer_preset(const std::string& name,
+                                     int64_t vocab);  // "transformer-base" / "-small" / "-tiny"
 
 class Transformer : public Model {
  public:

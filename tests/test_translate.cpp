@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/node.h"
+#include "dist/communicator.h"
 #include "freeze/plasticity.h"
 #include "models/transformer.h"
 #include "quant/reference.h"
@@ -331,4 +332,33 @@ TEST(Translate, EvalEveryLogsTheValidationLossBetweenSteps) {
       if (v["step"] == e["step"]) {
         EXPECT_DOUBLE_EQ(v["valid_loss"].get<double>(), e["valid_loss"].get<double>());
       }
+}
+
+// transformer-small: the base model's 6+6 layers at half the width; `egeria bench step`
+// times its step with a frozen front, in target tokens.
+TEST(Translate, SmallPresetAndItsStepBenchmark) {
+  const models::TransformerConfig s = models::transformer_preset("transformer-small", 8000);
+  EXPECT_EQ(s.enc_layers, 6);
+  EXPECT_EQ(s.dec_layers, 6);
+  EXPECT_EQ(s.d_model, 256);
+  EXPECT_EQ(s.ffn, 1024);
+  EXPECT_EQ(train::default_config("transformer-small").warmup_steps, 1000);
+  auto local = dist::make_local();
+  train::StepBenchOptions o;
+  o.model = "transformer-small";
+  o.batch_size = 2;
+  o.seq_len = 8;
+  o.iterations = 1;
+  o.threads = 1;
+  const train::StepBench whole = train::bench_step(o, *local);
+  EXPECT_GT(whole.samples_per_second, 0);
+  EXPECT_EQ(whole.frozen_parameters, 0);
+  o.unit_per_layer = true;
+  o.frozen_units = 6;  // the encoder
+  const train::StepBench front = train::bench_step(o, *local);
+  EXPECT_EQ(front.parameters, whole.parameters);
+  EXPECT_GT(front.frozen_parameters, whole.parameters / 4);
+  EXPECT_LT(front.frozen_parameters, whole.parameters / 2);
+  o.frozen_units = 13;  // 12 layers and the embedding (the head): the head never freezes
+  EXPECT_NE(eg::testing::error_of([&] { train::bench_step(o, *local); }).find("never freezes"), std::string::npos);
 }

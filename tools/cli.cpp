@@ -131,6 +131,13 @@ int run_cli(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   step->add_option("--device", bo.device)->capture_default_str();
+  std::string bunits = "auto";
+  step->add_option("--freeze-modules", bunits, "the freezing units --frozen-units counts in: auto or layers")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "layers"}));
+  step->add_option("--seq-len", bo.seq_len,
+                   "Transformers: tokens per source and target sentence (throughput in target tokens)")
+      ->capture_default_str();
   step->add_option("--iterations", bo.iterations)->capture_default_str()->check(CLI::PositiveNumber);
   step->add_option("--threads", bo.threads)->capture_default_str();
   step->add_option(
@@ -212,18 +219,21 @@ int run_cli(int argc, char** argv) {
     } else if (*step) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
       bo.overlap = boverlap == "on";
+      bo.unit_per_layer = bunits == "layers";
       eg::dist::Communicator& w = eg::dist::world();
       auto r = eg::train::bench_step(bo, w);
-      nlohmann::json j = {{"model", bo.model},
-                          {"batch_size", bo.batch_size},
-                          {"device", bo.device},
-                          {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
-                          {"images_per_second", r.samples_per_second},
-                          {"median_step_ms", r.median_step_ms},
-                          {"iterations", r.iterations},
-                          {"frozen_units", r.frozen_units},
-                          {"frozen_parameters", r.frozen_parameters},
-                          {"parameters", r.parameters}};
+      nlohmann::json j = {
+          {"model", bo.model},
+          {"batch_size", bo.batch_size},
+          {"device", bo.device},
+          {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
+          {eg::train::is_translation_model(bo.model) ? "tokens_per_second" : "images_per_second", r.samples_per_second},
+          {"median_step_ms", r.median_step_ms},
+          {"iterations", r.iterations},
+          {"frozen_units", r.frozen_units},
+          {"frozen_parameters", r.frozen_parameters},
+          {"parameters", r.parameters}};
+      if (eg::train::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
       if (r.world_size > 1) {
         j["world_size"] = r.world_size;
         j["global_batch_size"] = bo.batch_size * r.world_size;

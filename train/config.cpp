@@ -32,7 +32,7 @@ void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given, in
     set("--optimizer", c.optimizer, OptimizerKind::adamw);
     set("--lr", c.lr, 5e-4);
     set("--lr-schedule", c.lr_schedule, Schedule::inverse_sqrt);
-    set("--warmup-steps", c.warmup_steps, int64_t(c.model == "transformer-tiny" ? 1000 : 4000));
+    set("--warmup-steps", c.warmup_steps, int64_t(c.model == "transformer-base" ? 4000 : 1000));
     set("--weight-decay", c.weight_decay, 0.0);
     set("--batch-size", c.batch_size, int64_t(64));
     set("--label-smoothing", c.label_smoothing, 0.1);
@@ -171,7 +171,7 @@ void validate(const TrainConfig& c) {
              "(valid.tsv), on which it chooses its best epoch");
   } else {
     EG_CHECK(c.dataset != "en-es", "--dataset en-es is English-Spanish sentence pairs: train it with --model ",
-             "transformer-tiny or transformer-base, not ", c.model);
+             "transformer-tiny, transformer-small or transformer-base, not ", c.model);
   }
   EG_CHECK(c.image_size >= 0, "--image-size must be positive (or 0: the default), got ", c.image_size);
   EG_CHECK(c.image_size == 0 || c.dataset == "imagefolder", "--image-size applies to --dataset imagefolder; ",

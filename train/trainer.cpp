@@ -138,10 +138,14 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
   mc.small_input = mc.image_size == 32;
   mc.num_classes = o.model == "resnet50" || o.model == "resnet18" ? 1000 : 10;
+  const bool transformer = is_translation_model(o.model);
+  EG_CHECK(!transformer || (o.seq_len >= 2 && o.seq_len <= 256), "bench step: --seq-len must be in [2, 256], got ",
+           o.seq_len);
   Generator g(0);
   auto m = models::build_model(mc, g);
   m->to(dev);
-  const freeze::Partition part = freeze::make_partition(*m, freeze::PartitionMode::automatic);
+  const freeze::Partition part =
+      freeze::make_partition(*m, o.unit_per_layer ? freeze::PartitionMode::layers : freeze::PartitionMode::automatic);
   EG_CHECK(o.frozen_units >= 0 && o.frozen_units < int64_t(part.units().size()), "bench step: --frozen-units ",
            o.frozen_units, " of ", o.model, "'s ", part.units().size(),
            " freezing units (the last, the head, never freezes)");
@@ -151,10 +155,25 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   opt.set_bucket_caps(size_t(o.bucket_cap_mb * double(1 << 20)),
                       std::min(optim::kDefaultFirstBucketCap, size_t(o.bucket_cap_mb * double(1 << 20))));
   Generator data(uint64_t(1 + comm.rank()));  // each rank its own batch
-  Tensor x = Tensor::randn({o.batch_size, 3, mc.image_size, mc.image_size}, data).to(dev);
-  std::vector<int64_t> labels(static_cast<size_t>(o.batch_size));
-  for (int64_t i = 0; i < o.batch_size; ++i) labels[size_t(i)] = (i + comm.rank()) % mc.num_classes;
-  Tensor y = Tensor::from_vector(labels, {o.batch_size}, dev);
+  // Images, or a Transformer's source, target input and target ids (no padding).
+  const int64_t samples = transformer ? o.batch_size * o.seq_len : o.batch_size;
+  auto ids = [&](int64_t n) {
+    std::vector<int64_t> v(static_cast<size_t>(n));
+    for (auto& t : v) t = 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4));  // past pad, bos, eos, unk
+    return Tensor::from_vector(v, {o.batch_size, n / o.batch_size}, dev);
+  };
+  Tensor x = transformer ? ids(samples) : Tensor::randn({o.batch_size, 3, mc.image_size, mc.image_size}, data).to(dev);
+  Tensor x2 = transformer ? ids(samples) : Tensor();
+  std::vector<int64_t> labels(static_cast<size_t>(samples));
+  for (int64_t i = 0; i < samples; ++i)
+    labels[size_t(i)] =
+        transformer ? 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4)) : (i + comm.rank()) % mc.num_classes;
+  Tensor y = Tensor::from_vector(labels, {samples}, dev);
+  auto forward = [&] {
+    if (!transformer) return freeze::forward_with_frozen_prefix(*m, x, frozen_layers, -1, nullptr);
+    Tensor logits = static_cast<models::Transformer&>(*m).forward_frozen(x, x2, frozen_layers, -1, nullptr);
+    return fn::reshape(logits, {samples, logits.size(2)});
+  };
   std::unique_ptr<dist::Communicator> nccl;
   if (W > 1 && dev.is_cuda()) nccl = dist::make_nccl(comm, dev);
   std::unique_ptr<dist::GradSync> sync;
@@ -164,15 +183,15 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   for (int i = 0; i < warmup + o.iterations; ++i) {
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
-    Tensor loss = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, x, frozen_layers, -1, nullptr), y);
+    Tensor loss = fn::cross_entropy(forward(), y);
     opt.zero_grad();
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
     if (sync) {
       const double lv = loss.item();
-      const auto t = dist::agree_on_step(comm, lv * double(o.batch_size), double(o.batch_size),
-                                         opt.grad_buckets().layout_hash(), i);
+      const auto t =
+          dist::agree_on_step(comm, lv * double(samples), double(samples), opt.grad_buckets().layout_hash(), i);
       sync->begin(opt.grad_buckets(), opt.params());
-      sync->backward(fn::scale(loss, double(o.batch_size) / t.count));
+      sync->backward(fn::scale(loss, double(samples) / t.count));
       sync->finish();
     } else {
       loss.backward();
@@ -195,7 +214,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.iterations = o.iterations;
   r.world_size = W;
   r.median_step_ms = median(ms);
-  r.samples_per_second = double(o.batch_size * W) / (r.median_step_ms / 1000);
+  r.samples_per_second = double(samples * W) / (r.median_step_ms / 1000);
   r.frozen_units = o.frozen_units;
   r.parameters = m->num_parameters();
   for (auto& p : m->parameters()) r.frozen_parameters += p.requires_grad() ? 0 : p.numel();

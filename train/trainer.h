@@ -49,14 +49,16 @@ EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& da
 // with the first `frozen_units` freezing units frozen (out of backward and of the sync).
 struct StepBenchOptions {
   std::string model = "resnet56", device = "cpu";
-  int64_t batch_size = 128;  // per rank
+  int64_t batch_size = 128;  // per rank (sentences for a Transformer)
+  int64_t seq_len = 32;  // Transformers: source and target tokens per sentence
   int iterations = 10, threads = 0;
   bool overlap = true;
   int64_t frozen_units = 0;
+  bool unit_per_layer = false;  // --freeze-modules layers: every layer module a unit (else the paper's)
   double bucket_cap_mb = 25;
 };
 struct StepBench {
-  double samples_per_second = 0, median_step_ms = 0;  // samples of every rank
+  double samples_per_second = 0, median_step_ms = 0;  // samples (target tokens) of every rank
   int iterations = 0, world_size = 1;
   int64_t frozen_units = 0, frozen_parameters = 0, parameters = 0;
   int64_t sync_bytes_per_step = 0;  // all-reduced by each rank
