@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # The README and docs/ against the code: every flag they mention is one that `egeria`
-# (train, eval, bench step), bench/time_to_accuracy.py or bench/data_parallel.py takes,
+# (train, eval, bench step), bench/time_to_accuracy.py, bench/data_parallel.py or
+# bench/translation_time_to_quality.py takes,
 # and every repository file they name exists.
 set -u
 egeria=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
 docs=("$root/README.md" "$root"/docs/*.md)
 known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" bench step --help
-          python3 "$root/bench/time_to_accuracy.py" --help; python3 "$root/bench/data_parallel.py" --help; } 2>&1 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u)
+          python3 "$root/bench/time_to_accuracy.py" --help; python3 "$root/bench/data_parallel.py" --help
+          python3 "$root/bench/translation_time_to_quality.py" --help; } 2>&1 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u)
 others="--help --prefix --install --hostfile --mca"  # cmake's, mpirun's, and every tool's
 passed=0 failed=0
 for flag in $(cat "${docs[@]}" | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u); do
   if grep -qx -- "$flag" <<<"$known" || [[ " $others " == *" $flag "* ]]; then
     passed=$((passed + 1))
   else
-    echo "FAIL: the docs mention $flag, which no egeria command (nor bench/time_to_accuracy.py or bench/data_parallel.py) takes"
+    echo "FAIL: the docs mention $flag, which no egeria command (nor bench/*.py) takes"
     failed=$((failed + 1))
   fi
 done

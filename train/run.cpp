@@ -322,6 +322,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
         json j = {{"type", "step"}, {"step", step}, {"epoch", epoch + 1},
                   {"loss", lv},     {"lr", lr},     {"train_seconds", train_secs},
                   {rate_key, rate}};
+        j[unit] = count;  // this step's images or target tokens (of every rank)
         if (c.grad_clip > 0) j["grad_norm"] = grad_norm;
         if (sync) j["gradient_sync_bytes"] = sync->stats().last_step_bytes;
         j.update(fr.step_fields());

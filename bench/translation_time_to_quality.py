@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Time to quality of the freezing policies on English->Spanish translation (Egeria §6.2),
+rerunnable by anyone and across sessions.
+
+  bench/translation_time_to_quality.py --egeria build/egeria [--data-dir datasets/en-es]
+      [--model transformer-small] [--policies none,egeria,autofreeze,static]
+      [--seeds 1,2,3] [--epochs 8] [--eval-every 200] [--threads 2] [--out runs/ttq-en-es]
+      [--extra "--test-limit 100"] [--step-costs FILE] [--report-only]
+
+Every (seed, policy) run trains MODEL with the paper's schedule for Transformers (AdamW,
+inverse square root with warmup, no LR drops), every layer module its own freezing unit,
+the validation loss (per token, unsmoothed) and perplexity every --eval-every steps, and a
+step line per step. Runs of one seed share it (initialisation and batch order), so each
+policy is compared with the `none` run of its seed. A finished run (summary.json) is kept;
+an unfinished one is resumed from its checkpoint: the experiment can span sessions.
+
+The table, per run and as medians over the seeds: `none`'s final validation perplexity is
+the target; the time to reach it within 1% (wall: training seconds, evaluation left out;
+modelled: each step's target tokens priced at the measured cost per token of the prefix
+frozen then, times 1 + the run's reference overhead), the speedups against `none` of the
+same seed, final test BLEU, the reference's overhead, and what froze when. Written to
+OUT/table.md and OUT/table.json.
+
+--step-costs FILE: JSON lines of `egeria bench step --model MODEL --freeze-modules layers
+--frozen-units K --batch-size B --seq-len T` (one per K; repeats allowed, their median is
+taken). Without it only wall times are reported. With it the bound is printed too: the
+speedup if the front k units were frozen from the first step.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+NEAR = 0.01  # "within 1%" of the target perplexity
+
+
+def read_jsonl(path):
+    out = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    out.append(json.loads(line))
+    return out
+
+
+def load_step_costs(path, model):
+    """Seconds per target token with k units frozen: the median over repeats of each k."""
+    by_k = {}
+    for e in read_jsonl(path):
+        if e.get("model") != model or "tokens_per_second" not in e:
+            continue
+        by_k.setdefault(int(e["frozen_units"]), []).append(1.0 / float(e["tokens_per_second"]))
+    if not by_k:
+        raise SystemExit(f"{path}: no `egeria bench step` lines of {model}")
+    return {k: statistics.median(v) for k, v in by_k.items()}
+
+
+def bound(costs):
+    """The speedup if the first k units were frozen for the whole run: cost(0) / cost(k)."""
+    return {k: costs[0] / c for k, c in sorted(costs.items())}
+
+
+def run_dir(out, model, policy, seed):
+    return os.path.join(out, f"{model}-{policy}-s{seed}")
+
+
+def train(args, policy, seed):
+    d = run_dir(args.out, args.model, policy, seed)
+    if os.path.exists(os.path.join(d, "summary.json")):
+        return d
+    cmd = [args.egeria, "train", "--model", args.model, "--dataset", "en-es", "--data-dir", args.data_dir,
+           "--epochs", str(args.epochs), "--seed", str(seed), "--threads", str(args.threads),
+           "--eval-every", str(args.eval_every), "--log-every", "1", "--checkpoint-every", str(args.eval_every),
+           "--freeze", policy, "--freeze-modules", "layers", "--out", d] + args.extra.split()
+    if os.path.exists(os.path.join(d, "checkpoint.safetensors")):
+        cmd.append("--resume")
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return d
+
+
+def analyse(d, costs=None):
+    """One run's curve and figures from its files."""
+    metrics = read_jsonl(os.path.join(d, "metrics.jsonl"))
+    with open(os.path.join(d, "summary.json")) as f:
+        summary = json.load(f)
+    overhead = float(summary.get("reference_overhead_fraction", 0.0))
+    modelled, t, k, curve = {}, 0.0, 0, []
+    for m in metrics:
+        if m["type"] == "step" and costs is not None:
+            # The step's tokens at the cost of the prefix frozen during it: the line's
+            # frozen_modules is after the step, so the step ran with the previous line's.
+            t += float(m["tokens"]) * costs[k]
+            k = int(m.get("frozen_modules", 0))
+            modelled[m["step"]] = t * (1 + overhead)
+        elif m["type"] == "eval" and "valid_perplexity" in m:
+            curve.append({"step": m["step"], "seconds": m["train_seconds"], "ppl": m["valid_perplexity"],
+                          "modelled": modelled.get(m["step"])})
+    freezes = [(m["step"], m.get("frozen_modules", 0)) for m in metrics if m["type"] == "freeze"]
+    return {"dir": d, "curve": curve, "freezes": freezes, "overhead": overhead,
+            "final_ppl": curve[-1]["ppl"] if curve else math.nan,
+            "test_bleu": summary.get("final_test_bleu"), "train_seconds": summary.get("train_seconds"),
+            "backward_flops_saved": summary.get("backward_flops_saved_fraction", 0.0)}
+
+
+def time_to(run, target, key):
+    """The first evaluation's time (`seconds` or `modelled`) at or below target x (1 + NEAR)."""
+    for p in run["curve"]:
+        if p["ppl"] <= target * (1 + NEAR) and p[key] is not None:
+            return p[key]
+    return None
+
+
+def table(runs, seeds, policies, modelled):
+    """Per seed and policy, then medians over the seeds."""
+    rows = []
+    for seed in seeds:
+        base = runs.get(("none", seed))
+        if not base:
+            continue
+        target = base["final_ppl"]
+        for policy in policies:
+            r = runs.get((policy, seed))
+            if not r:
+                continue
+            row = {"seed": seed, "policy": policy, "final_ppl": r["final_ppl"], "test_bleu": r["test_bleu"],
+                   "overhead": r["overhead"], "target_ppl": target, "freezes": r["freezes"],
+                   "backward_flops_saved": r["backward_flops_saved"]}
+            for key in ["seconds"] + (["modelled"] if modelled else []):
+                mine, theirs = time_to(r, target, key), time_to(base, target, key)
+                row["time_" + key] = mine
+                row["speedup_" + key] = theirs / mine if mine and theirs else None
+            rows.append(row)
+    med = []
+    for policy in policies:
+        mine = [r for r in rows if r["policy"] == policy]
+        if not mine:
+            continue
+        m = {"policy": policy, "seeds": len(mine)}
+        for k in ("final_ppl", "test_bleu", "overhead", "speedup_seconds", "speedup_modelled"):
+            v = [r[k] for r in mine if r.get(k) is not None]
+            m[k] = statistics.median(v) if v else None
+        bleus = [r["test_bleu"] for r in mine if r["test_bleu"] is not None]
+        m["test_bleu_band"] = [min(bleus), max(bleus)] if bleus else None
+        med.append(m)
+    return rows, med
+
+
+def fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def markdown(rows, med, bounds):
+    out = ["| policy | seeds | final valid ppl | test BLEU (band) | speedup to none's ppl, wall | modelled | "
+           "reference overhead |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for m in med:
+        band = m["test_bleu_band"]
+        out.append(f"| {m['policy']} | {m['seeds']} | {fmt(m['final_ppl'], '.2f')} | {fmt(m['test_bleu'], '.2f')}"
+                   f" ({fmt(band[0], '.2f') if band else '—'}–{fmt(band[1], '.2f') if band else '—'}) | "
+                   f"{fmt(m['speedup_seconds'], '.3f')}× | {fmt(m['speedup_modelled'], '.3f')}× | "
+                   f"{fmt(m['overhead'] and 100 * m['overhead'], '.1f')}% |")
+    out += ["", "| seed | policy | final ppl | target | time to it (s) | speedup | modelled speedup | BLEU | "
+            "froze (step: units) |", "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        froze = ", ".join(f"{s}: {k}" for s, k in r["freezes"][:8]) + (" ..." if len(r["freezes"]) > 8 else "")
+        out.append(f"| {r['seed']} | {r['policy']} | {fmt(r['final_ppl'], '.2f')} | {fmt(r['target_ppl'], '.2f')} | "
+                   f"{fmt(r['time_seconds'], '.0f')} | {fmt(r['speedup_seconds'], '.3f')} | "
+                   f"{fmt(r.get('speedup_modelled'), '.3f')} | {fmt(r['test_bleu'], '.2f')} | {froze or '—'} |")
+    if bounds:
+        out += ["", "Bound: the speedup if the front k units were frozen from the first step (measured step costs): "
+                + ", ".join(f"k={k}: {b:.2f}×" for k, b in bounds.items())]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--egeria", default="build/egeria")
+    ap.add_argument("--data-dir", default="datasets/en-es")
+    ap.add_argument("--model", default="transformer-small")
+    ap.add_argument("--policies", default="none,egeria,autofreeze,static")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="runs/ttq-en-es")
+    ap.add_argument("--extra", default="")
+    ap.add_argument("--step-costs")
+    ap.add_argument("--report-only", action="store_true", help="analyse the stored runs, train nothing")
+    args = ap.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    if "none" not in policies:
+        policies.insert(0, "none")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    costs = load_step_costs(args.step_costs, args.model) if args.step_costs else None
+    runs = {}
+    for seed in seeds:  # seed by seed, so that a partial experiment already pairs its runs
+        for policy in policies:
+            d = run_dir(args.out, args.model, policy, seed)
+            if not args.report_only:
+                d = train(args, policy, seed)
+            if os.path.exists(os.path.join(d, "summary.json")):
+                runs[(policy, seed)] = analyse(d, costs)
+    rows, med = table(runs, seeds, policies, costs is not None)
+    md = markdown(rows, med, bound(costs) if costs else None)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "table.json"), "w") as f:
+        json.dump({"per_seed": rows, "medians": med}, f, indent=1)
+    print(md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

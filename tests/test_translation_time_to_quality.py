@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""bench/translation_time_to_quality.py on hand-made run folders: the target (none's final
+validation perplexity), wall and modelled times to it, speedups against the same seed's
+none run, the bound from step costs, the medians over seeds, and the report of stored runs.
+
+python3 tests/test_translation_time_to_quality.py (ctest: Bench.TranslationTimeToQuality)
+"""
+import importlib.util
+import json
+import os
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location(
+    "ttq", os.path.join(HERE, "..", "bench", "translation_time_to_quality.py"))
+ttq = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ttq)
+
+MODEL = "transformer-small"
+
+
+class TranslationTimeToQuality(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.out = self.dir.name
+        # 1 ms a token with nothing frozen, 0.5 ms with 1 unit, 0.25 ms with 2 (repeats: medians).
+        with open(os.path.join(self.out, "costs.jsonl"), "w") as f:
+            for k, tps in [(0, 1000), (0, 900), (0, 1100), (1, 2000), (2, 4000), (0, 1)]:
+                model = MODEL if tps != 1 else "transformer-tiny"  # another model's line: ignored
+                f.write(json.dumps({"model": model, "frozen_units": k, "tokens_per_second": tps}) + "\n")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def make_run(self, policy, seed, frozen, ppl, bleu, overhead=0.0):
+        """Ten steps of 100 tokens, one second each; frozen[i] units after step i + 1;
+        an evaluation every 2 steps with ppl[i]."""
+        d = ttq.run_dir(self.out, MODEL, policy, seed)
+        os.makedirs(d)
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            for i, k in enumerate(frozen):
+                step = i + 1
+                f.write(json.dumps({"type": "step", "step": step, "tokens": 100, "frozen_modules": k,
+                                    "train_seconds": float(step)}) + "\n")
+                if i > 0 and frozen[i - 1] != k:
+                    f.write(json.dumps({"type": "freeze", "step": step, "frozen_modules": k}) + "\n")
+                if step % 2 == 0:
+                    f.write(json.dumps({"type": "eval", "step": step, "train_seconds": float(step),
+                                        "valid_loss": 0.0, "valid_perplexity": ppl[step // 2 - 1]}) + "\n")
+        with open(os.path.join(d, "summary.json"), "w") as f:
+            json.dump({"final_test_bleu": bleu, "train_seconds": 10.0, "reference_overhead_fraction": overhead}, f)
+
+    def test_times_speedups_bound_and_report(self):
+        self.make_run("none", 1, [0] * 10, [9, 7, 6, 5.5, 5.0], 20.0)
+        # Reaches 5.0 x 1.01 at step 8 (wall 8 s); frozen 2 units from step 3 on (after step 2).
+        self.make_run("egeria", 1, [0, 2, 2, 2, 2, 2, 2, 2, 2, 2], [9, 7, 6, 5.04, 4.9], 19.5, overhead=0.1)
+        self.make_run("none", 2, [0] * 10, [9, 8, 7, 6, 6.0], 21.0)
+        self.make_run("egeria", 2, [0] * 10, [9, 8, 7, 6.5, 6.1], 18.0)  # never within 1% of 6.0
+        costs = ttq.load_step_costs(os.path.join(self.out, "costs.jsonl"), MODEL)
+        self.assertAlmostEqual(costs[0], 0.001)
+        self.assertEqual(ttq.bound(costs), {0: 1.0, 1: 2.0, 2: 4.0})
+
+        runs = {(p, s): ttq.analyse(ttq.run_dir(self.out, MODEL, p, s), costs)
+                for p in ("none", "egeria") for s in (1, 2)}
+        rows, med = ttq.table(runs, [1, 2], ["none", "egeria"], True)
+        e1 = next(r for r in rows if r["policy"] == "egeria" and r["seed"] == 1)
+        self.assertEqual(e1["target_ppl"], 5.0)
+        self.assertEqual(e1["time_seconds"], 8.0)
+        self.assertAlmostEqual(e1["speedup_seconds"], 10.0 / 8.0)
+        # Modelled: steps 1-2 at 0.1 s, steps 3-8 at 0.025 s (2 frozen), x 1.1 for the reference;
+        # none: 10 steps at 0.1 s.
+        self.assertAlmostEqual(e1["time_modelled"], (0.2 + 6 * 0.025) * 1.1)
+        self.assertAlmostEqual(e1["speedup_modelled"], 1.0 / ((0.2 + 6 * 0.025) * 1.1))
+        self.assertEqual(e1["freezes"], [(2, 2)])  # frozen after step 2
+        e2 = next(r for r in rows if r["policy"] == "egeria" and r["seed"] == 2)
+        self.assertIsNone(e2["time_seconds"])
+        self.assertIsNone(e2["speedup_seconds"])
+        m = next(x for x in med if x["policy"] == "egeria")
+        self.assertEqual(m["seeds"], 2)
+        self.assertAlmostEqual(m["speedup_seconds"], 1.25)  # the seed that got there
+        self.assertEqual(m["test_bleu_band"], [18.0, 19.5])
+        self.assertAlmostEqual(m["test_bleu"], 18.75)
+
+        # The report of the stored runs trains nothing and writes the tables.
+        ttq.main(["--egeria", "/nonexistent/egeria", "--model", MODEL, "--out", self.out, "--policies", "egeria",
+                  "--seeds", "1,2", "--step-costs", os.path.join(self.out, "costs.jsonl"), "--report-only"])
+        with open(os.path.join(self.out, "table.md")) as f:
+            md = f.read()
+        self.assertIn("| egeria | 2 |", md)
+        self.assertIn("k=2: 4.00×", md)
+        with open(os.path.join(self.out, "table.json")) as f:
+            self.assertEqual(len(json.load(f)["per_seed"]), 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
