@@ -292,18 +292,28 @@ Shape LinearInt8::out_shape(const Tensor& x) const {
 
 LinearInt8::RowQuant LinearInt8::row_quant(const Tensor& x_in) const {
   const Tensor x = x_in.to_plain();
-  const ActQuant whole = choose_act_quant(x);  // the signedness (and the NaN/Inf check)
+  EG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "int8 reference: expected an f32 activation on the CPU");
   const int64_t m = x.numel() / k_;
   const float* xp = x.data<float>();
+  // One pass: each row's largest magnitude, and the whole input's minimum (its signedness).
   RowQuant q;
-  q.is_unsigned = whole.is_unsigned;
   q.scale.resize(size_t(m));
-#pragma omp parallel for schedule(static)
+  float lo = 0.f;
+  int bad = 0;
+#pragma omp parallel for reduction(min : lo) reduction(| : bad) schedule(static)
   for (int64_t i = 0; i < m; ++i) {
     float amax = 0.f;
-    for (int64_t c = 0; c < k_; ++c) amax = std::max(amax, std::fabs(xp[i * k_ + c]));
-    q.scale[size_t(i)] = amax > 0.f ? (q.is_unsigned ? 255.f : 127.f) / amax : 1.f;
+    for (int64_t c = 0; c < k_; ++c) {
+      const float v = xp[i * k_ + c];
+      amax = std::max(amax, std::fabs(v));
+      lo = std::min(lo, v);
+      bad |= !std::isfinite(v);
+    }
+    q.scale[size_t(i)] = amax;
   }
+  EG_CHECK(!bad, "int8 reference: the activation holds NaN or Inf");
+  q.is_unsigned = lo >= 0.f;
+  for (float& s : q.scale) s = s > 0.f ? (q.is_unsigned ? 255.f : 127.f) / s : 1.f;
   return q;
 }
 
