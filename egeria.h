@@ -26,6 +26,7 @@
 #include "train/config.h"
 #include "train/freezing.h"
 #include "train/image_task.h"
+#include "train/report.h"
 #include "train/run.h"
 #include "train/task.h"
 #include "train/trainer.h"

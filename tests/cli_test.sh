@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The egeria CLI end to end: bad flags fail clearly; a run killed with SIGKILL at an
 # arbitrary moment and resumed ends with weights bit-identical to an uninterrupted run;
-# --config replays a run from its config.json bit for bit.
+# --config replays a run from its config.json bit for bit; egeria report reads a run's files.
 set -u
 egeria=$1
 work=$(mktemp -d)
@@ -81,4 +81,11 @@ ok
 cmp "$work/full/model.safetensors" "$work/replay/model.safetensors" || fail "--config did not reproduce the run"
 grep -q '"out": "'"$work/replay"'"' "$work/replay/config.json" || fail "--out beside --config was not taken"
 ok
+# --- egeria report: a finished run (here one without freezing) beside another; an unfinished one refused
+out=$("$egeria" report --out "$work/full" --against "$work/replay") || fail "report failed: $out"
+grep -q "^Accuracy: final test accuracy" <<<"$out" || fail "report has no accuracy line: $out"
+grep -q "beside --freeze none ($work/replay/summary.json" <<<"$out" || fail "report has no comparison: $out"
+ok
+out=$("$egeria" report --out "$work/killed/.." 2>&1) && fail "report of a directory without a run accepted"
+grep -q "the run has not finished" <<<"$out" || fail "report of no run message: $out"; ok
 echo "cli_test: $passed passed, 0 failed"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The README and docs/ against the code: every flag they mention is one that `egeria`
-# (train, eval, bench step), bench/time_to_accuracy.py, bench/data_parallel.py or
+# (train, eval, report, bench step), bench/time_to_accuracy.py, bench/data_parallel.py or
 # bench/translation_time_to_quality.py takes,
 # and every repository file they name exists.
 set -u
 egeria=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
 docs=("$root/README.md" "$root"/docs/*.md)
-known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" bench step --help
+known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" report --help; "$egeria" bench step --help
           python3 "$root/bench/time_to_accuracy.py" --help; python3 "$root/bench/data_parallel.py" --help
           python3 "$root/bench/translation_time_to_quality.py" --help; } 2>&1 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u)
 others="--help --prefix --install --hostfile --mca"  # cmake's, mpirun's, and every tool's

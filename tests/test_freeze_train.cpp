@@ -22,6 +22,7 @@
 #include "tests/test_util.h"
 #include "train/freezing.h"
 #include "train/image_task.h"
+#include "train/report.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 
@@ -479,6 +480,15 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   EXPECT_EQ(s.freeze_report, train::freeze_report(sum));
   EXPECT_NE(s.freeze_report.find("freezing (egeria): "), std::string::npos) << s.freeze_report;
   EXPECT_NE(s.freeze_report.find("n = 2"), std::string::npos) << s.freeze_report;
+  // egeria report tells the run's story from its files: as many freezes as the log holds,
+  // each with its slopes against T, and the unfreeze at the LR drop.
+  const std::string story = train::run_report(a);
+  size_t told = 0;
+  for (size_t at = story.find("): froze "); at != std::string::npos; at = story.find("): froze ", at + 1)) ++told;
+  EXPECT_EQ(told, size_t(freezes)) << story;
+  for (const char* k : {"bootstrapping over", "under its tolerance T = ", "unfroze everything: the LR fell to 0.005",
+                        "of the backward FLOPs", "Accuracy: final test accuracy"})
+    EXPECT_NE(story.find(k), std::string::npos) << k << "\n" << story;
 
   // Killed twice (once during bootstrapping, once while modules are frozen), resumed.
   ASSERT_TRUE(run_killed_twice(run_cfg(b, "egeria"), 5, 30));

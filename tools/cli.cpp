@@ -3,6 +3,7 @@
 //   egeria train --model resnet20 --dataset fashion-mnist --epochs 15 --out runs/r20
 //   egeria train --model transformer-tiny --dataset en-es --data-dir datasets/en-es --out runs/tt
 //   egeria eval  --out runs/r20
+//   egeria report --out runs/r20 --against runs/r20-none
 //   egeria bench step --model resnet56 --batch-size 128 --device cpu
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "models/model.h"
 #include "quant/reference.h"
 #include "tools/cli.h"
+#include "train/report.h"
 #include "train/trainer.h"
 
 namespace {
@@ -122,6 +124,15 @@ int run_cli(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
 
+  std::string report_out, report_against;
+  auto* report = app.add_subcommand("report", "what a finished run froze, when and why, and what it saved");
+  report->add_option("--out", report_out, "the run's output directory")->required()->check(CLI::ExistingDirectory);
+  report
+      ->add_option("--against", report_against,
+                   "another run's directory or summary.json (e.g. the same command with --freeze none), "
+                   "whose accuracy and training time are shown beside")
+      ->check(CLI::ExistingPath);
+
   eg::train::StepBenchOptions bo;
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -216,6 +227,8 @@ int run_cli(int argc, char** argv) {
         j["per_class"] = pc;
       }
       std::printf("%s\n", j.dump().c_str());
+    } else if (*report) {
+      std::printf("%s", eg::train::run_report(report_out, report_against).c_str());
     } else if (*step) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
       bo.overlap = boverlap == "on";

@@ -1,0 +1,318 @@
+#include "train/report.h"
+
+#include <sys/stat.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+
+namespace eg::train {
+
+using json = nlohmann::json;
+
+namespace {
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[1024];
+  va_list a;
+  va_start(a, f);
+  std::vsnprintf(buf, sizeof buf, f, a);
+  va_end(a);
+  return buf;
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+json read_json(const std::string& path, const std::string& what) {
+  std::ifstream f(path);
+  if (!f) throw Error("egeria report: no " + what + " at '" + path + "'");
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    throw Error("egeria report: '" + path + "' is not valid JSON (" + e.what() + ")");
+  }
+}
+
+std::vector<json> read_lines(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream f(path);
+  if (!f) return out;  // a run without freezing has no freeze.jsonl
+  std::string line;
+  for (int64_t n = 1; std::getline(f, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      out.push_back(json::parse(line));
+    } catch (const json::exception&) {
+      throw Error("egeria report: line " + std::to_string(n) + " of '" + path + "' is not valid JSON");
+    }
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// What a run scored at the end, in the task's own terms.
+std::string quality(const json& s) {
+  if (s.contains("final_test_bleu"))
+    return fmt("final test BLEU %.2f, test loss %.4f", s.value("final_test_bleu", 0.0),
+               s.value("final_test_loss", 0.0));
+  return fmt("final test accuracy %.2f%%", 100 * s.value("final_test_accuracy", 0.0));
+}
+
+struct Units {
+  std::vector<std::string> names;
+  std::vector<double> share;  // of the parameters in all units
+  std::string prefix(int64_t k) const {
+    std::string s;
+    for (int64_t u = 0; u < k && u < int64_t(names.size()); ++u) s += (u ? ", " : "") + names[size_t(u)];
+    return s.empty() ? "nothing" : s;
+  }
+  std::string name(int64_t u) const {
+    return u >= 0 && u < int64_t(names.size()) ? names[size_t(u)] : "unit " + std::to_string(u);
+  }
+  double prefix_share(int64_t k) const {
+    double v = 0;
+    for (int64_t u = 0; u < k && u < int64_t(share.size()); ++u) v += share[size_t(u)];
+    return v;
+  }
+};
+
+// Egeria's decisions, each with the readings behind it (freeze/tracker.h's events).
+void egeria_story(const std::vector<json>& log, const Units& units, double coef, std::string& r) {
+  const json* last_boot = nullptr;
+  bool evaluated = false;
+  for (auto& e : log) evaluated |= e.value("type", "") == "evaluation";
+  int64_t prev_boot_step = 0;
+  double lr_at_front_freeze = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    const json& e = log[i];
+    const std::string type = e.value("type", "");
+    const int64_t step = e.value("step", int64_t(0));
+    const std::string at = fmt("- step %lld (epoch %lld): ", (long long)step, (long long)e.value("epoch", int64_t(0)));
+    if (type == "bootstrap") {
+      if (last_boot) prev_boot_step = last_boot->value("step", int64_t(0));
+      last_boot = &e;
+      // The check that ends bootstrapping is the last one, followed by evaluations.
+      bool later_boot = false;
+      for (size_t j = i + 1; j < log.size(); ++j) later_boot |= log[j].value("type", "") == "bootstrap";
+      if (later_boot || !evaluated || e["prev_loss"].is_null()) continue;
+      const double loss = e.value("loss", 0.0), prev = e["prev_loss"].get<double>();
+      r += at + fmt("bootstrapping over: the mean training loss of the %lld steps before, %.4f, changed by %.1f%% "
+                    "from the span before (%.4f), under 10%%; the plasticity readings start\n",
+                    (long long)(step - prev_boot_step), loss, 100 * std::abs(loss - prev) / prev, prev);
+    } else if (type == "freeze" || type == "hold") {
+      const int64_t m = e.value("module", int64_t(0)), w = e.value("window", int64_t(1));
+      if (e.value("reason", "") == "held") {
+        r += at + fmt("froze %s, held since the first LR phase (--freeze-first-phase off), now that the LR fell "
+                      "to %g\n",
+                      units.prefix(m + 1).c_str(), e.value("lr", 0.0));
+        lr_at_front_freeze = e.value("lr", 0.0);
+        continue;
+      }
+      // The W readings that froze it: the unit's last W evaluations up to here.
+      std::vector<double> slopes;
+      double tol = 0;
+      int64_t first = step;
+      for (size_t j = i; j-- > 0 && int64_t(slopes.size()) < w;) {
+        const json& v = log[j];
+        if (v.value("type", "") != "evaluation" || v.value("module", int64_t(-1)) != m) continue;
+        if (v["slope"].is_null() || v["tolerance"].is_null()) break;
+        slopes.push_back(std::abs(v["slope"].get<double>()));
+        if (tol == 0) tol = v["tolerance"].get<double>();
+        first = v.value("step", step);
+      }
+      const auto [lo, hi] = std::minmax_element(slopes.begin(), slopes.end());
+      const std::string why =
+          slopes.empty()
+              ? std::string("its readings were stale W times in a row")
+              : fmt("the slope of its smoothed plasticity stayed under its tolerance T = %.2e (%s the steepest "
+                    "of its first 3 slopes) for W = %lld readings in a row, steps %lld-%lld (|slope| %.2e to %.2e)",
+                    tol, coef > 0 ? fmt("%g x", coef).c_str() : "a share of", (long long)w, (long long)first,
+                    (long long)step, *lo, *hi);
+      if (type == "hold")
+        r += at + "would freeze " + units.name(m) + ", held until the LR first falls 10x: " + why + "\n";
+      else {
+        r += at +
+             fmt("froze %s (%.1f%% of the parameters frozen now): ", units.name(m).c_str(),
+                 100 * units.prefix_share(m + 1)) +
+             why + "\n";
+        if (lr_at_front_freeze == 0) lr_at_front_freeze = e.value("lr", 0.0);
+      }
+    } else if (type == "unfreeze") {
+      const std::string reason = e.value("reason", "");
+      if (reason == "lr")
+        r += at + fmt("unfroze everything: the LR fell to %g, 10x or more below its %g when the front unit froze; "
+                      "W is %lld from here\n",
+                      e.value("lr", 0.0), lr_at_front_freeze, (long long)e.value("window", int64_t(0)));
+      else
+        r += at + fmt("unfroze everything (%s) at LR %g; W is %lld from here\n", reason.c_str(), e.value("lr", 0.0),
+                      (long long)e.value("window", int64_t(0)));
+      lr_at_front_freeze = 0;
+    }
+  }
+  if (last_boot && !evaluated)
+    r += "- bootstrapping never ended: the training loss still changed by 10% or more between checks\n";
+}
+
+// The other policies' decisions: what froze when, and their criterion where they log one.
+void other_story(const std::vector<json>& log, const Units& units, std::string& r) {
+  for (size_t i = 0; i < log.size(); ++i) {
+    const json& e = log[i];
+    if (e.value("type", "") != "freeze") continue;
+    const std::string at = fmt("- step %lld (epoch %lld): ", (long long)e.value("step", int64_t(0)),
+                               (long long)e.value("epoch", int64_t(0)));
+    if (e.contains("modules")) {
+      r += at + "frozen: " + units.prefix(e["modules"].get<int64_t>()) + "\n";
+    } else {
+      const int64_t m = e.value("module", int64_t(0));
+      std::string why;
+      if (i > 0 && log[i - 1].contains("grad_norm_change"))
+        why =
+            fmt(": its gradient norm changed by %.1f%% since the last evaluation, at or under the percentile "
+                "cut %.1f%%",
+                100 * log[i - 1].value("grad_norm_change", 0.0), 100 * log[i - 1].value("percentile_cut", 0.0));
+      r += at + "froze " + units.name(m) + why + "\n";
+    }
+  }
+}
+
+// Median milliseconds a step took with each frozen prefix, from pairs of consecutive step
+// lines within one epoch between which the frozen prefix did not change; and how many steps
+// ran with each prefix.
+void step_times(const std::vector<json>& metrics, int64_t total_steps, std::map<int64_t, std::vector<double>>& ms,
+                std::map<int64_t, int64_t>& steps) {
+  const json* prev = nullptr;
+  int64_t k = 0, from = 0;
+  for (auto& j : metrics) {
+    const std::string type = j.value("type", "");
+    if (type == "freeze") {
+      const int64_t s = j.value("step", int64_t(0));
+      steps[k] += s - from;
+      from = s, k = j.value("frozen_modules", int64_t(0));
+      prev = nullptr;
+    } else if (type == "step") {
+      if (prev && prev->value("epoch", -1) == j.value("epoch", -2) &&
+          prev->value("frozen_modules", -1) == j.value("frozen_modules", -2)) {
+        const double dt = j.value("train_seconds", 0.0) - prev->value("train_seconds", 0.0);
+        const int64_t ds = j.value("step", int64_t(0)) - prev->value("step", int64_t(0));
+        if (ds > 0 && dt > 0) ms[j.value("frozen_modules", int64_t(0))].push_back(1000 * dt / double(ds));
+      }
+      prev = &j;
+    } else if (type == "epoch") {
+      prev = nullptr;
+    }
+  }
+  steps[k] += total_steps - from;
+}
+
+}  // namespace
+
+std::string run_report(const std::string& dir, const std::string& against) {
+  const json s = read_json(dir + "/summary.json", "summary.json (the run has not finished)");
+  const json cfg = is_dir(dir) ? read_json(dir + "/config.json", "config.json") : json::object();
+  const std::vector<json> metrics = read_lines(dir + "/metrics.jsonl"), log = read_lines(dir + "/freeze.jsonl");
+  const std::string policy = s.value("freeze", "none");
+  const int64_t steps_total = s.value("steps", int64_t(0));
+  Units units;
+  double all = 0;
+  for (auto& u : s.value("freeze_units", json::array())) {
+    units.names.push_back(u.value("name", "?"));
+    units.share.push_back(u.value("params", 0.0));
+    all += u.value("params", 0.0);
+  }
+  for (auto& v : units.share) v /= std::max(all, 1.0);
+
+  std::string r = fmt("%s: %s on %s, %lld steps (%lld epochs), --freeze %s", dir.c_str(), s.value("model", "?").c_str(),
+                      s.value("dataset", "?").c_str(), (long long)steps_total, (long long)s.value("epochs", int64_t(0)),
+                      policy.c_str());
+  if (!units.names.empty())
+    r += fmt(", %zu freezing units (%s; the last is never frozen)", units.names.size(),
+             units.prefix(int64_t(units.names.size())).c_str());
+  r += "\n";
+  if (policy != "none") {
+    const json st = s.value("freeze_stats", json::object());
+    if (policy == "egeria") {
+      r +=
+          fmt("What froze and why (plasticity read every n = %lld steps once bootstrapping ended; a unit freezes "
+              "when W readings in a row find the slope of its smoothed plasticity under its tolerance T):\n",
+              (long long)st.value("interval", int64_t(0)));
+      egeria_story(log, units, cfg.value("freeze_tolerance", 0.0), r);
+    } else {
+      r += "What froze:\n";
+      other_story(log, units, r);
+    }
+    const int64_t fin = s.value("frozen_modules_final", int64_t(0));
+    r += fmt("- frozen at the end: %s", units.prefix(fin).c_str());
+    if (fin > 0)
+      r += fmt(" (%lld of %zu units, %.1f%% of the parameters)", (long long)fin, units.names.size() - 1,
+               100 * s.value("frozen_fraction_final", 0.0));
+    r += "\n";
+
+    r += fmt("What it saved: %.1f%% of the backward FLOPs over the run",
+             100 * s.value("backward_flops_saved_fraction", 0.0));
+    std::map<int64_t, std::vector<double>> ms;
+    std::map<int64_t, int64_t> steps;
+    step_times(metrics, steps_total, ms, steps);
+    if (ms.count(0)) {
+      const double base = median(ms[0]);
+      double saved = 0;
+      r += fmt("; a step took %.1f ms (median) with nothing frozen", base);
+      for (auto& [k, v] : ms) {
+        if (k == 0 || steps[k] <= 0) continue;
+        const double m = median(v);
+        saved += double(steps[k]) * (base - m) / 1000;
+        r += fmt(", %.1f ms with %s frozen (%lld steps, %.2fx)", m, units.prefix(k).c_str(), (long long)steps[k],
+                 base / m);
+      }
+      for (auto& [k, n] : steps)
+        if (k > 0 && n > 0 && !ms.count(k))
+          r += fmt(", not measured with %s frozen (%lld steps, too few between log lines)", units.prefix(k).c_str(),
+                   (long long)n);
+      const double train = s.value("train_seconds", 0.0);
+      r +=
+          fmt("; at those medians the frozen steps took %.1f s less than unfrozen ones would have, %.1f%% of the "
+              "%.1f s the run's steps would have taken",
+              saved, train + saved > 0 ? 100 * saved / (train + saved) : 0.0, train + saved);
+    }
+    if (st.contains("reference"))
+      r += fmt("; the reference model (%s) cost %.1f%% of the training time", st.value("reference", "?").c_str(),
+               100 * s.value("reference_overhead_fraction", 0.0));
+    r += "\n";
+  }
+
+  r += "Accuracy: " + quality(s) + fmt(", %.1f s of training", s.value("train_seconds", 0.0)) + "\n";
+  if (!against.empty()) {
+    const std::string path = is_dir(against) ? against + "/summary.json" : against;
+    const json b = read_json(path, "summary.json to compare with");
+    r += fmt("  beside --freeze %s (%s", b.value("freeze", "?").c_str(), path.c_str());
+    if (b.contains("measured")) r += ", " + b["measured"].get<std::string>();
+    r += "): " + quality(b) + fmt(", %.1f s of training", b.value("train_seconds", 0.0));
+    if (b.value("model", "") != s.value("model", "") || b.value("steps", int64_t(-1)) != steps_total)
+      r += fmt(" (not the same run: %s, %lld steps)", b.value("model", "?").c_str(),
+               (long long)b.value("steps", int64_t(0)));
+    if (s.contains("final_test_accuracy") && b.contains("final_test_accuracy"))
+      r += fmt(": %+.2f pt", 100 * (s.value("final_test_accuracy", 0.0) - b.value("final_test_accuracy", 0.0)));
+    if (s.contains("final_test_bleu") && b.contains("final_test_bleu"))
+      r += fmt(": BLEU %+.2f", s.value("final_test_bleu", 0.0) - b.value("final_test_bleu", 0.0));
+    const double t = s.value("train_seconds", 0.0);
+    if (t > 0) r += fmt("; speedup in training time %.2fx", b.value("train_seconds", 0.0) / t);
+    r += "\n";
+  }
+  return r;
+}
+
+}  // namespace eg::train
