@@ -309,7 +309,12 @@ std::string run_report(const std::string& dir, const std::string& against) {
     if (s.contains("final_test_bleu") && b.contains("final_test_bleu"))
       r += fmt(": BLEU %+.2f", s.value("final_test_bleu", 0.0) - b.value("final_test_bleu", 0.0));
     const double t = s.value("train_seconds", 0.0);
-    if (t > 0) r += fmt("; speedup in training time %.2fx", b.value("train_seconds", 0.0) / t);
+    // A stored measurement was timed at another moment, and a machine's speed drifts
+    // between runs by more than a few frozen units save: no ratio is drawn from it.
+    if (b.contains("measured"))
+      r += "; its time was measured at another moment, so it is no gauge of the speedup (the step times above "
+           "are this run's own)";
+    else if (t > 0) r += fmt("; speedup in training time %.2fx", b.value("train_seconds", 0.0) / t);
     r += "\n";
   }
   return r;
