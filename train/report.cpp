@@ -109,7 +109,7 @@ void egeria_story(const std::vector<json>& log, const Units& units, double coef,
       // The check that ends bootstrapping is the last one, followed by evaluations.
       bool later_boot = false;
       for (size_t j = i + 1; j < log.size(); ++j) later_boot |= log[j].value("type", "") == "bootstrap";
-      if (later_boot || !evaluated || e["prev_loss"].is_null()) continue;
+      if (later_boot || !evaluated || !e.contains("prev_loss") || e["prev_loss"].is_null()) continue;
       const double loss = e.value("loss", 0.0), prev = e["prev_loss"].get<double>();
       r += at + fmt("bootstrapping over: the mean training loss of the %lld steps before, %.4f, changed by %.1f%% "
                     "from the span before (%.4f), under 10%%; the plasticity readings start\n",
@@ -130,7 +130,7 @@ void egeria_story(const std::vector<json>& log, const Units& units, double coef,
       for (size_t j = i; j-- > 0 && int64_t(slopes.size()) < w;) {
         const json& v = log[j];
         if (v.value("type", "") != "evaluation" || v.value("module", int64_t(-1)) != m) continue;
-        if (v["slope"].is_null() || v["tolerance"].is_null()) break;
+        if (!v.contains("slope") || !v.contains("tolerance") || v["slope"].is_null() || v["tolerance"].is_null()) break;
         slopes.push_back(std::abs(v["slope"].get<double>()));
         if (tol == 0) tol = v["tolerance"].get<double>();
         first = v.value("step", step);
