@@ -5,7 +5,7 @@ rerunnable by anyone and across sessions.
   bench/translation_time_to_quality.py --egeria build/egeria [--data-dir datasets/en-es]
       [--model transformer-small] [--policies none,egeria,autofreeze,static]
       [--seeds 1,2,3] [--epochs 8] [--eval-every 200] [--threads 2] [--out runs/ttq-en-es]
-      [--extra "--test-limit 100"] [--step-costs FILE] [--report-only]
+      [--extra "--test-limit 100"] [--step-costs FILE] [--keep DIR] [--report-only]
 
 Every (seed, policy) run trains MODEL with the paper's schedule for Transformers (AdamW,
 inverse square root with warmup, no LR drops), every layer module its own freezing unit,
@@ -13,6 +13,9 @@ the validation loss (per token, unsmoothed) and perplexity every --eval-every st
 step line per step. Runs of one seed share it (initialisation and batch order), so each
 policy is compared with the `none` run of its seed. A finished run (summary.json) is kept;
 an unfinished one is resumed from its checkpoint: the experiment can span sessions.
+--keep DIR (e.g. a folder in the repository) holds the logs of finished runs (config,
+summary, metrics and freeze lines, not the weights): each run that finishes is copied
+there, and a run found there counts as finished, so the experiment can span machines.
 
 The table, per run and as medians over the seeds: `none`'s final validation perplexity is
 the target; the time to reach it within 1% (wall: training seconds, evaluation left out;
@@ -30,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,10 +73,39 @@ def run_dir(out, model, policy, seed):
     return os.path.join(out, f"{model}-{policy}-s{seed}")
 
 
+KEPT = ("config.json", "summary.json", "metrics.jsonl", "freeze.jsonl")
+
+
+def finished(args, policy, seed):
+    """The folder of the finished run of (policy, seed), in --keep first, or None."""
+    for root in ([args.keep] if args.keep else []) + [args.out]:
+        d = run_dir(root, args.model, policy, seed)
+        if os.path.exists(os.path.join(d, "summary.json")):
+            return d
+    return None
+
+
+def keep(args, d):
+    """Copies a finished run's logs to --keep (whole or not at all: written beside, renamed)."""
+    dest = os.path.join(args.keep, os.path.basename(d))
+    if os.path.exists(os.path.join(dest, "summary.json")):
+        return dest
+    tmp = dest + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name in KEPT:
+        if os.path.exists(os.path.join(d, name)):
+            shutil.copy2(os.path.join(d, name), tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(tmp, dest)
+    return dest
+
+
 def train(args, policy, seed):
+    done = finished(args, policy, seed)
+    if done:
+        return keep(args, done) if args.keep else done
     d = run_dir(args.out, args.model, policy, seed)
-    if os.path.exists(os.path.join(d, "summary.json")):
-        return d
     cmd = [args.egeria, "train", "--model", args.model, "--dataset", "en-es", "--data-dir", args.data_dir,
            "--epochs", str(args.epochs), "--seed", str(seed), "--threads", str(args.threads),
            "--eval-every", str(args.eval_every), "--log-every", "1", "--checkpoint-every", str(args.eval_every),
@@ -81,7 +114,7 @@ def train(args, policy, seed):
         cmd.append("--resume")
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
-    return d
+    return keep(args, d) if args.keep else d
 
 
 def analyse(d, costs=None):
@@ -190,6 +223,7 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/ttq-en-es")
     ap.add_argument("--extra", default="")
     ap.add_argument("--step-costs")
+    ap.add_argument("--keep", help="a folder for the finished runs' logs (see above)")
     ap.add_argument("--report-only", action="store_true", help="analyse the stored runs, train nothing")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
@@ -200,10 +234,8 @@ def main(argv=None):
     runs = {}
     for seed in seeds:  # seed by seed, so that a partial experiment already pairs its runs
         for policy in policies:
-            d = run_dir(args.out, args.model, policy, seed)
-            if not args.report_only:
-                d = train(args, policy, seed)
-            if os.path.exists(os.path.join(d, "summary.json")):
+            d = finished(args, policy, seed) if args.report_only else train(args, policy, seed)
+            if d:
                 runs[(policy, seed)] = analyse(d, costs)
     rows, med = table(runs, seeds, policies, costs is not None)
     md = markdown(rows, med, bound(costs) if costs else None)

@@ -92,6 +92,28 @@ class TranslationTimeToQuality(unittest.TestCase):
         with open(os.path.join(self.out, "table.json")) as f:
             self.assertEqual(len(json.load(f)["per_seed"]), 4)
 
+    def test_finished_runs_are_kept_elsewhere_and_found_there(self):
+        """--keep: a finished run's logs are copied (not its weights), and a run found
+        there is not trained again, in the same place or on another machine."""
+        self.make_run("none", 1, [0] * 10, [9, 7, 6, 5.5, 5.0], 20.0)
+        d = ttq.run_dir(self.out, MODEL, "none", 1)
+        with open(os.path.join(d, "model.safetensors"), "w") as f:
+            f.write("weights")
+        kept = os.path.join(self.out, "kept")
+        args = ["--egeria", "/nonexistent/egeria", "--model", MODEL, "--policies", "none", "--seeds", "1",
+                "--keep", kept]
+        ttq.main(args + ["--out", self.out])  # finished in --out: kept, not trained
+        k = ttq.run_dir(kept, MODEL, "none", 1)
+        self.assertEqual(sorted(os.listdir(k)), ["metrics.jsonl", "summary.json"])
+        # Another machine: an empty --out, the kept logs only; nothing is trained, the
+        # table is the same.
+        other = os.path.join(self.out, "elsewhere")
+        ttq.main(args + ["--out", other])
+        with open(os.path.join(other, "table.json")) as f:
+            self.assertEqual(json.load(f)["per_seed"][0]["final_ppl"], 5.0)
+        ttq.main(args + ["--out", other, "--report-only"])
+        self.assertFalse(os.path.exists(ttq.run_dir(other, MODEL, "none", 1)))
+
 
 if __name__ == "__main__":
     unittest.main()
