@@ -105,6 +105,18 @@ TEST(Report, SaysWhatFrozeWhyAndWhatItSaved) {
   EXPECT_EQ(r.find("step 100 (epoch 1)"), std::string::npos) << r;
 }
 
+TEST(Report, ClaimsNoSavingWhenNothingFroze) {
+  const std::string d = hand_made_run();
+  std::vector<json> m;
+  for (int64_t s = 50; s <= 400; s += 50)
+    m.push_back(
+        {{"type", "step"}, {"step", s}, {"epoch", 1}, {"frozen_modules", 0}, {"train_seconds", 0.1 * double(s)}});
+  write_lines(d + "/metrics.jsonl", m);
+  const std::string r = eg::train::run_report(d);
+  EXPECT_NE(r.find("a step took 100.0 ms (median) with nothing frozen; the reference"), std::string::npos) << r;
+  EXPECT_EQ(r.find("frozen steps took"), std::string::npos) << r;
+}
+
 TEST(Report, PutsTheRunWithoutFreezingBesideIt) {
   const std::string d = hand_made_run();
   const std::string b = eg::testing::fresh_dir("eg_report_none");

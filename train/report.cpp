@@ -270,9 +270,11 @@ std::string run_report(const std::string& dir, const std::string& against) {
     if (ms.count(0)) {
       const double base = median(ms[0]);
       double saved = 0;
+      bool timed = false;  // a frozen prefix's steps timed
       r += fmt("; a step took %.1f ms (median) with nothing frozen", base);
       for (auto& [k, v] : ms) {
         if (k == 0 || steps[k] <= 0) continue;
+        timed = true;
         const double m = median(v);
         saved += double(steps[k]) * (base - m) / 1000;
         r += fmt(", %.1f ms with %s frozen (%lld steps, %.2fx)", m, units.prefix(k).c_str(), (long long)steps[k],
@@ -283,10 +285,11 @@ std::string run_report(const std::string& dir, const std::string& against) {
           r += fmt(", not measured with %s frozen (%lld steps, too few between log lines)", units.prefix(k).c_str(),
                    (long long)n);
       const double train = s.value("train_seconds", 0.0);
-      r +=
-          fmt("; at those medians the frozen steps took %.1f s less than unfrozen ones would have, %.1f%% of the "
-              "%.1f s the run's steps would have taken",
-              saved, train + saved > 0 ? 100 * saved / (train + saved) : 0.0, train + saved);
+      if (timed)
+        r +=
+            fmt("; at those medians the frozen steps took %.1f s less than unfrozen ones would have, %.1f%% of the "
+                "%.1f s the run's steps would have taken",
+                saved, train + saved > 0 ? 100 * saved / (train + saved) : 0.0, train + saved);
     }
     if (st.contains("reference"))
       r += fmt("; the reference model (%s) cost %.1f%% of the training time", st.value("reference", "?").c_str(),
