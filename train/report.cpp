@@ -20,7 +20,7 @@ namespace {
 
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt(const char* f, ...) {
-  char buf[1024];
+  char buf[4096];  // a line of the report; longer text is cut, never overrun
   va_list a;
   va_start(a, f);
   std::vsnprintf(buf, sizeof buf, f, a);
