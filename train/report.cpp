@@ -1,10 +1,10 @@
 #include "train/report.h"
 
-#include <sys/stat.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -29,8 +29,8 @@ std::string fmt(const char* f, ...) {
 }
 
 bool is_dir(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  std::error_code ec;
+  return std::filesystem::is_directory(p, ec);
 }
 
 json read_json(const std::string& path, const std::string& what) {
