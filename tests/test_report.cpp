@@ -117,6 +117,29 @@ TEST(Report, ClaimsNoSavingWhenNothingFroze) {
   EXPECT_EQ(r.find("frozen steps took"), std::string::npos) << r;
 }
 
+TEST(Report, SaysWhenFrozenStepsWereTimedSlower) {
+  const std::string d = hand_made_run();
+  std::vector<json> m;
+  for (int64_t s = 50; s <= 200; s += 50)
+    m.push_back(
+        {{"type", "step"}, {"step", s}, {"epoch", 1}, {"frozen_modules", 0}, {"train_seconds", 0.1 * double(s)}});
+  m.push_back({{"type", "freeze"}, {"step", 200}, {"epoch", 1}, {"frozen_modules", 1}, {"train_seconds", 20.0}});
+  m.push_back({{"type", "epoch"}, {"epoch", 1}, {"step", 200}});
+  for (int64_t s = 250; s <= 400; s += 50)
+    m.push_back({{"type", "step"},
+                 {"step", s},
+                 {"epoch", 2},
+                 {"frozen_modules", 1},
+                 {"train_seconds", 20 + 0.11 * double(s - 200)}});
+  write_lines(d + "/metrics.jsonl", m);
+  const std::string r = eg::train::run_report(d);
+  EXPECT_NE(r.find("110.0 ms with stem+layer1 frozen (200 steps, 0.91x); at those medians the frozen steps took "
+                   "2.0 s more than unfrozen ones would have"),
+            std::string::npos)
+      << r;
+  EXPECT_EQ(r.find("s less than"), std::string::npos) << r;
+}
+
 TEST(Report, PutsTheRunWithoutFreezingBesideIt) {
   const std::string d = hand_made_run();
   const std::string b = eg::testing::fresh_dir("eg_report_none");

@@ -285,11 +285,19 @@ std::string run_report(const std::string& dir, const std::string& against) {
           r += fmt(", not measured with %s frozen (%lld steps, too few between log lines)", units.prefix(k).c_str(),
                    (long long)n);
       const double train = s.value("train_seconds", 0.0);
-      if (timed)
+      // A frozen prefix timed slower than nothing frozen is said as such, not as a negative saving: its
+      // steps ran at another time (the machine's speed drifts) or on other batches (a sequence model's
+      // step time follows the batch's length), and the run's own times cannot tell which.
+      if (timed && saved >= 0)
         r +=
             fmt("; at those medians the frozen steps took %.1f s less than unfrozen ones would have, %.1f%% of the "
                 "%.1f s the run's steps would have taken",
                 saved, train + saved > 0 ? 100 * saved / (train + saved) : 0.0, train + saved);
+      else if (timed)
+        r +=
+            fmt("; at those medians the frozen steps took %.1f s more than unfrozen ones would have: they were "
+                "timed slower, at another time or on other batches, so this run's own times show no saving",
+                -saved);
     }
     if (st.contains("reference"))
       r += fmt("; the reference model (%s) cost %.1f%% of the training time", st.value("reference", "?").c_str(),
