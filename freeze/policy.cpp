@@ -136,7 +136,10 @@ class AutoFreezePolicy : public FreezePolicy {
     EG_CHECK(pct_ > 0 && pct_ < 100, "--autofreeze-percentile must be in (0, 100), got ", pct_);
   }
   void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model& m) override {
-    if (s.step % n_ != 0) return;
+    // A step that trained nothing has zero gradients: the reading waits for the next one that trained.
+    due_ = due_ || s.step % n_ == 0;
+    if (!due_ || !s.trained) return;
+    due_ = false;
     auto layers = m.layer_modules();
     std::vector<double> change;
     double front_change = -1;
@@ -172,16 +175,18 @@ class AutoFreezePolicy : public FreezePolicy {
   }
   int64_t frozen_prefix() const override { return prefix_; }
   std::vector<json> take_log() override { return std::exchange(log_, {}); }
-  json state() const override { return {{"prefix", prefix_}, {"prev", prev_}}; }
+  json state() const override { return {{"prefix", prefix_}, {"prev", prev_}, {"due", due_}}; }
   void load_state(const json& j) override {
     prefix_ = j.value("prefix", int64_t(0));
     if (j.contains("prev")) prev_ = j["prev"].get<std::vector<double>>();
+    due_ = j.value("due", false);
   }
 
  private:
   int64_t n_;
   double pct_;
   int64_t modules_, prefix_ = 0;
+  bool due_ = false;  // a reading is due and waits for a step that trained
   Partition partition_;
   std::vector<double> prev_;
   std::vector<json> log_;
@@ -214,10 +219,12 @@ class EgeriaPolicy : public FreezePolicy {
   }
 
   void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) override {
-    loss_sum_ += s.loss;
-    ++loss_n_;
+    if (s.trained) {  // a step that trained nothing has no loss (not a loss of 0)
+      loss_sum_ += s.loss;
+      ++loss_n_;
+    }
     if (tracker_.bootstrapping()) {
-      if (s.step % bootstrap_n() == 0) {
+      if (s.step % bootstrap_n() == 0 && loss_n_ > 0) {
         const Decision d = tracker_.bootstrap_check(s.step, loss_sum_ / double(loss_n_), s.lr);
         loss_sum_ = 0;
         loss_n_ = 0;

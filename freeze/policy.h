@@ -73,6 +73,9 @@ struct StepInfo {
   // egeria, --freeze-reference-scope unit: the training model's input to the captured
   // unit (the output of the layer module before it), for the reference to start from.
   Tensor unit_input;
+  // false: every sample of the global batch was left out (--skip-bad-images), so the step
+  // has no loss and updated nothing; a policy takes no reading from it.
+  bool trained = true;
 };
 
 class FreezePolicy {

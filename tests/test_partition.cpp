@@ -135,4 +135,57 @@ TEST(Partition, PoliciesCountInUnits) {
   EXPECT_THROW(freeze::make_policy(bad, int64_t(m->layer_modules().size())), Error);
 }
 
+// A step whose every sample was left out (--skip-bad-images) has no loss and zero
+// gradients: Egeria's bootstrapping mean leaves it out (a span of only such steps makes no
+// check), and AutoFreeze's reading waits for the next step that trained.
+TEST(Partition, PoliciesTakeNoReadingFromAStepThatTrainedNothing) {
+  auto m = model("resnet20", 16);
+  freeze::PolicyConfig c;
+  c.name = "egeria";
+  c.model.name = "resnet20";
+  c.model.image_size = 16;
+  c.partition = freeze::make_partition(*m, freeze::PartitionMode::automatic);
+  c.total_steps = 100;
+  c.tracker.interval = 1;
+  c.tracker.bootstrap_interval = 2;
+  c.synchronous = true;
+  const int64_t layers = int64_t(m->layer_modules().size());
+  auto egeria = freeze::make_policy(c, layers);
+  const std::vector<std::pair<double, bool>> steps = {{2.0, true},  {2.0, true},  {1.0, true}, {0.0, false},
+                                                      {0.0, false}, {0.0, false}, {0.5, true}, {0.5, true}};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    freeze::StepInfo s;
+    s.step = int64_t(i) + 1;
+    s.lr = 0.1;
+    s.loss = steps[i].first;
+    s.trained = steps[i].second;
+    egeria->after_step(s, Tensor(), Tensor(), *m);
+  }
+  std::vector<std::pair<int64_t, double>> checks;
+  for (auto& e : egeria->take_log())
+    if (e.at("type") == "bootstrap") checks.push_back({e.at("step").get<int64_t>(), e.at("loss").get<double>()});
+  const std::vector<std::pair<int64_t, double>> want = {{2, 2.0}, {4, 1.0}, {8, 0.5}};
+  EXPECT_EQ(checks, want);
+
+  c.name = "autofreeze";
+  auto autofreeze = freeze::make_policy(c, layers);
+  auto step = [&](int64_t k, double grad, bool trained) {
+    for (auto& p : m->parameters()) p.set_grad(Tensor::full(p.shape(), grad));
+    freeze::StepInfo s;
+    s.step = k;
+    s.lr = 0.1;
+    s.trained = trained;
+    autofreeze->after_step(s, Tensor(), Tensor(), *m);
+  };
+  step(1, 1.0, true);  // the first norms
+  step(2, 0.0, false);  // due, but nothing trained
+  step(3, 2.0, true);  // the reading: every norm doubled since step 1
+  std::vector<nlohmann::json> evaluations;
+  for (auto& e : autofreeze->take_log())
+    if (e.at("type") == "evaluation") evaluations.push_back(e);
+  ASSERT_EQ(evaluations.size(), 1u);
+  EXPECT_EQ(evaluations[0].at("step"), 3);
+  EXPECT_NEAR(evaluations[0].at("grad_norm_change").get<double>(), 1.0, 1e-6);
+}
+
 }  // namespace

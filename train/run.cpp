@@ -313,7 +313,7 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
       }
       if (count > 0) opt->step();  // a global batch whose every sample was left out trains nothing
       ++step, ++batch, ++this_run, ++steps_here;
-      fr.after_step({step, epoch, lr, lv, out.input2, Tensor()}, out.input, out.captured, train_secs);
+      fr.after_step({step, epoch, lr, lv, out.input2, Tensor(), count > 0}, out.input, out.captured, train_secs);
       samples += count;
       if (count > 0) loss_sum += lv, ++loss_n;
       train_secs += seconds_since(t0);
