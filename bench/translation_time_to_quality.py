@@ -28,6 +28,10 @@ OUT/table.md and OUT/table.json.
 --frozen-units K --batch-size B --seq-len T` (one per K; repeats allowed, their median is
 taken). Without it only wall times are reported. With it the bound is printed too: the
 speedup if the front k units were frozen from the first step.
+
+A policy name with -bootn appended (egeria-bootn) runs Egeria with its bootstrapping
+checked every n steps, the paper's check (--freeze-bootstrap-interval n), instead of
+every epoch (the default).
 """
 import argparse
 import json
@@ -101,15 +105,27 @@ def keep(args, d):
     return dest
 
 
+def policy_args(policy):
+    """The policy's --freeze value and its flags: a policy name, or one with -bootn appended
+    (Egeria's bootstrapping checked every n steps, the paper's check, instead of every epoch)."""
+    if policy.endswith("-bootn"):
+        return policy_args(policy[:-len("-bootn")]) + ["--freeze-bootstrap-interval", "n"]
+    return ["--freeze", policy]
+
+
+def command(args, policy, seed, d):
+    return ([args.egeria, "train", "--model", args.model, "--dataset", "en-es", "--data-dir", args.data_dir,
+             "--epochs", str(args.epochs), "--seed", str(seed), "--threads", str(args.threads),
+             "--eval-every", str(args.eval_every), "--log-every", "1", "--checkpoint-every", str(args.eval_every)]
+            + policy_args(policy) + ["--freeze-modules", "layers", "--out", d] + args.extra.split())
+
+
 def train(args, policy, seed):
     done = finished(args, policy, seed)
     if done:
         return keep(args, done) if args.keep else done
     d = run_dir(args.out, args.model, policy, seed)
-    cmd = [args.egeria, "train", "--model", args.model, "--dataset", "en-es", "--data-dir", args.data_dir,
-           "--epochs", str(args.epochs), "--seed", str(seed), "--threads", str(args.threads),
-           "--eval-every", str(args.eval_every), "--log-every", "1", "--checkpoint-every", str(args.eval_every),
-           "--freeze", policy, "--freeze-modules", "layers", "--out", d] + args.extra.split()
+    cmd = command(args, policy, seed, d)
     if os.path.exists(os.path.join(d, "checkpoint.safetensors")):
         cmd.append("--resume")
     print("$ " + " ".join(cmd), flush=True)

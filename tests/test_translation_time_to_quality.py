@@ -114,6 +114,19 @@ class TranslationTimeToQuality(unittest.TestCase):
         ttq.main(args + ["--out", other, "--report-only"])
         self.assertFalse(os.path.exists(ttq.run_dir(other, MODEL, "none", 1)))
 
+    def test_policy_variants_run_with_their_flags(self):
+        args = ttq.argparse.Namespace(egeria="egeria", model=MODEL, data_dir="data", epochs=2, threads=2,
+                                      eval_every=5, extra="--train-limit 100")
+        cmd = ttq.command(args, "egeria-bootn", 3, "out")
+        self.assertEqual(cmd[cmd.index("--freeze") + 1], "egeria")
+        self.assertEqual(cmd[cmd.index("--freeze-bootstrap-interval") + 1], "n")
+        self.assertEqual(cmd[cmd.index("--seed") + 1], "3")
+        self.assertEqual(cmd[-2:], ["--train-limit", "100"])
+        plain = ttq.command(args, "static", 1, "out")
+        self.assertEqual(plain[plain.index("--freeze") + 1], "static")
+        self.assertNotIn("--freeze-bootstrap-interval", plain)
+        self.assertEqual(ttq.run_dir("o", MODEL, "egeria-bootn", 1), os.path.join("o", MODEL + "-egeria-bootn-s1"))
+
 
 if __name__ == "__main__":
     unittest.main()
