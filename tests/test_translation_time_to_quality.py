@@ -73,9 +73,13 @@ class TranslationTimeToQuality(unittest.TestCase):
         self.assertAlmostEqual(e1["time_modelled"], (0.2 + 6 * 0.025) * 1.1)
         self.assertAlmostEqual(e1["speedup_modelled"], 1.0 / ((0.2 + 6 * 0.025) * 1.1))
         self.assertEqual(e1["freezes"], [(2, 2)])  # frozen after step 2
+        # The whole run: steps 1-2 at 0.1 s, 3-10 at 0.025 s, x 1.1; wall: both 10 s.
+        self.assertAlmostEqual(e1["run_speedup_modelled"], 1.0 / ((0.2 + 8 * 0.025) * 1.1))
+        self.assertAlmostEqual(e1["run_speedup_seconds"], 1.0)
         e2 = next(r for r in rows if r["policy"] == "egeria" and r["seed"] == 2)
         self.assertIsNone(e2["time_seconds"])
         self.assertIsNone(e2["speedup_seconds"])
+        self.assertAlmostEqual(e2["run_speedup_modelled"], 1.0)  # never reached, nothing frozen
         m = next(x for x in med if x["policy"] == "egeria")
         self.assertEqual(m["seeds"], 2)
         self.assertAlmostEqual(m["speedup_seconds"], 1.25)  # the seed that got there
