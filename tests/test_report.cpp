@@ -34,6 +34,24 @@ json evaluation(int64_t step, double slope, double tolerance, int64_t counter) {
           {"tolerance", tolerance > 0 ? json(tolerance) : json(nullptr)}};
 }
 
+// Step lines of 400 steps: nothing frozen for the first 200 at 100 ms a step, stem+layer1
+// frozen from step 200 on at frozen_s a step.
+void write_metrics(const std::string& d, double frozen_s) {
+  std::vector<json> m;
+  for (int64_t s = 50; s <= 200; s += 50)
+    m.push_back(
+        {{"type", "step"}, {"step", s}, {"epoch", 1}, {"frozen_modules", 0}, {"train_seconds", 0.1 * double(s)}});
+  m.push_back({{"type", "freeze"}, {"step", 200}, {"epoch", 1}, {"frozen_modules", 1}, {"train_seconds", 20.0}});
+  m.push_back({{"type", "epoch"}, {"epoch", 1}, {"step", 200}});
+  for (int64_t s = 250; s <= 400; s += 50)
+    m.push_back({{"type", "step"},
+                 {"step", s},
+                 {"epoch", 2},
+                 {"frozen_modules", 1},
+                 {"train_seconds", 20 + frozen_s * double(s - 200)}});
+  write_lines(d + "/metrics.jsonl", m);
+}
+
 // 400 steps: nothing frozen for the first 200 at 100 ms a step, stem+layer1 frozen for the
 // last 200 at 80 ms. Bootstrapping ends at step 150; the unit freezes at 200 after W = 2
 // stale readings of the five every n = 10 steps.
@@ -57,19 +75,7 @@ std::string hand_made_run() {
                   {"final_test_accuracy", 0.9}};
   write(d + "/summary.json", summary.dump());
   write(d + "/config.json", json{{"freeze_tolerance", 0.2}}.dump());
-  std::vector<json> m;
-  for (int64_t s = 50; s <= 200; s += 50)
-    m.push_back(
-        {{"type", "step"}, {"step", s}, {"epoch", 1}, {"frozen_modules", 0}, {"train_seconds", 0.1 * double(s)}});
-  m.push_back({{"type", "freeze"}, {"step", 200}, {"epoch", 1}, {"frozen_modules", 1}, {"train_seconds", 20.0}});
-  m.push_back({{"type", "epoch"}, {"epoch", 1}, {"step", 200}});
-  for (int64_t s = 250; s <= 400; s += 50)
-    m.push_back({{"type", "step"},
-                 {"step", s},
-                 {"epoch", 2},
-                 {"frozen_modules", 1},
-                 {"train_seconds", 20 + 0.08 * double(s - 200)}});
-  write_lines(d + "/metrics.jsonl", m);
+  write_metrics(d, 0.08);
   std::vector<json> f = {
       {{"type", "bootstrap"}, {"step", 50}, {"epoch", 1}, {"loss", 0.8}, {"prev_loss", nullptr}, {"lr", 0.1}},
       {{"type", "bootstrap"}, {"step", 100}, {"epoch", 1}, {"loss", 0.5}, {"prev_loss", 0.8}, {"lr", 0.1}},
@@ -119,19 +125,7 @@ TEST(Report, ClaimsNoSavingWhenNothingFroze) {
 
 TEST(Report, SaysWhenFrozenStepsWereTimedSlower) {
   const std::string d = hand_made_run();
-  std::vector<json> m;
-  for (int64_t s = 50; s <= 200; s += 50)
-    m.push_back(
-        {{"type", "step"}, {"step", s}, {"epoch", 1}, {"frozen_modules", 0}, {"train_seconds", 0.1 * double(s)}});
-  m.push_back({{"type", "freeze"}, {"step", 200}, {"epoch", 1}, {"frozen_modules", 1}, {"train_seconds", 20.0}});
-  m.push_back({{"type", "epoch"}, {"epoch", 1}, {"step", 200}});
-  for (int64_t s = 250; s <= 400; s += 50)
-    m.push_back({{"type", "step"},
-                 {"step", s},
-                 {"epoch", 2},
-                 {"frozen_modules", 1},
-                 {"train_seconds", 20 + 0.11 * double(s - 200)}});
-  write_lines(d + "/metrics.jsonl", m);
+  write_metrics(d, 0.11);
   const std::string r = eg::train::run_report(d);
   EXPECT_NE(r.find("110.0 ms with stem+layer1 frozen (200 steps, 0.91x); at those medians the frozen steps took "
                    "2.0 s more than unfrozen ones would have"),
