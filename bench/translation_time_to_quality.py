@@ -17,7 +17,9 @@ an unfinished one is resumed from its checkpoint: the experiment can span sessio
 summary, metrics and freeze lines, not the weights): each run that finishes is copied
 there, and a run found there counts as finished, so the experiment can span machines.
 
-The table, per run and as medians over the seeds: `none`'s final validation perplexity is
+The table, per run and as medians over the seeds (a seed that never reached the target
+counts as the slowest, and the table says in how many it was reached): `none`'s final
+validation perplexity is
 the target; the time to reach it within 1% (wall: training seconds, evaluation left out;
 modelled: each step's target tokens priced at the measured cost per token of the prefix
 frozen then, times 1 + the run's reference overhead), the speedups against `none` of the
@@ -167,6 +169,17 @@ def time_to(run, target, key):
     return None
 
 
+def median_never_last(values):
+    """The median of speedups where None (never reached) ranks below every number; None if
+    the middle falls on a never."""
+    ranked = sorted(values, key=lambda v: (v is not None, v or 0.0))
+    n = len(ranked)
+    if n == 0:
+        return None
+    middle = ranked[(n - 1) // 2:n // 2 + 1]
+    return None if None in middle else statistics.mean(middle)
+
+
 def table(runs, seeds, policies, modelled):
     """Per seed and policy, then medians over the seeds."""
     rows = []
@@ -197,10 +210,12 @@ def table(runs, seeds, policies, modelled):
         if not mine:
             continue
         m = {"policy": policy, "seeds": len(mine)}
-        for k in ("final_ppl", "test_bleu", "overhead", "speedup_seconds", "speedup_modelled",
-                  "run_speedup_seconds", "run_speedup_modelled"):
+        for k in ("final_ppl", "test_bleu", "overhead", "run_speedup_seconds", "run_speedup_modelled"):
             v = [r[k] for r in mine if r.get(k) is not None]
             m[k] = statistics.median(v) if v else None
+        for k in ("speedup_seconds", "speedup_modelled"):
+            m[k] = median_never_last([r.get(k) for r in mine]) if any(k in r for r in mine) else None
+        m["reached"] = sum(r["time_seconds"] is not None for r in mine)
         bleus = [r["test_bleu"] for r in mine if r["test_bleu"] is not None]
         m["test_bleu_band"] = [min(bleus), max(bleus)] if bleus else None
         med.append(m)
@@ -211,15 +226,21 @@ def fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
 
+def times(v, missing="—"):
+    return missing if v is None else f"{v:.3f}×"
+
+
 def markdown(rows, med, bounds):
-    out = ["| policy | seeds | final valid ppl | test BLEU (band) | speedup to none's ppl, wall | modelled | "
-           "whole run, wall | modelled | reference overhead |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| policy | seeds | final valid ppl | test BLEU (band) | reached none's ppl | speedup to it, wall | "
+           "modelled | whole run, wall | modelled | reference overhead |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in med:
         band = m["test_bleu_band"]
         out.append(f"| {m['policy']} | {m['seeds']} | {fmt(m['final_ppl'], '.2f')} | {fmt(m['test_bleu'], '.2f')}"
                    f" ({fmt(band[0], '.2f') if band else '—'}–{fmt(band[1], '.2f') if band else '—'}) | "
-                   f"{fmt(m['speedup_seconds'], '.3f')}× | {fmt(m['speedup_modelled'], '.3f')}× | "
-                   f"{fmt(m['run_speedup_seconds'], '.3f')}× | {fmt(m['run_speedup_modelled'], '.3f')}× | "
+                   f"{m['reached']} of {m['seeds']} | "
+                   f"{times(m['speedup_seconds'], 'never')} | {times(m['speedup_modelled'], 'never')} | "
+                   f"{times(m['run_speedup_seconds'])} | {times(m['run_speedup_modelled'])} | "
                    f"{fmt(m['overhead'] and 100 * m['overhead'], '.1f')}% |")
     out += ["", "| seed | policy | final ppl | target | time to it (s) | speedup | modelled speedup | "
             "whole run, modelled | BLEU | froze (step: units) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -82,7 +82,13 @@ class TranslationTimeToQuality(unittest.TestCase):
         self.assertAlmostEqual(e2["run_speedup_modelled"], 1.0)  # never reached, nothing frozen
         m = next(x for x in med if x["policy"] == "egeria")
         self.assertEqual(m["seeds"], 2)
-        self.assertAlmostEqual(m["speedup_seconds"], 1.25)  # the seed that got there
+        # One seed of two never got there: the median counts it as the slowest.
+        self.assertEqual(m["reached"], 1)
+        self.assertIsNone(m["speedup_seconds"])
+        self.assertEqual(ttq.median_never_last([1.2, None, 1.1]), 1.1)
+        self.assertIsNone(ttq.median_never_last([None, 1.3, None]))
+        self.assertAlmostEqual(ttq.median_never_last([1.0, 1.2]), 1.1)
+        self.assertAlmostEqual(ttq.median_never_last([1.4, 1.0, None, 1.2]), 1.1)
         self.assertEqual(m["test_bleu_band"], [18.0, 19.5])
         self.assertAlmostEqual(m["test_bleu"], 18.75)
 
@@ -92,6 +98,8 @@ class TranslationTimeToQuality(unittest.TestCase):
         with open(os.path.join(self.out, "table.md")) as f:
             md = f.read()
         self.assertIn("| egeria | 2 |", md)
+        self.assertIn("| 1 of 2 | never | never |", md)
+        self.assertNotIn("—×", md)
         self.assertIn("k=2: 4.00×", md)
         with open(os.path.join(self.out, "table.json")) as f:
             self.assertEqual(len(json.load(f)["per_seed"]), 4)
