@@ -19,13 +19,12 @@ there, and a run found there counts as finished, so the experiment can span mach
 
 The table, per run and as medians over the seeds (a seed that never reached the target
 counts as the slowest, and the table says in how many it was reached): `none`'s final
-validation perplexity is
-the target; the time to reach it within 1% (wall: training seconds, evaluation left out;
-modelled: each step's target tokens priced at the measured cost per token of the prefix
-frozen then, times 1 + the run's reference overhead), the speedups against `none` of the
-same seed, the same for the whole run (all its epochs, reached or not), final test BLEU,
-the reference's overhead, and what froze when. Written to
-OUT/table.md and OUT/table.json.
+validation perplexity is the target; the time to reach it within 1% (wall: training
+seconds, evaluation left out; modelled: each step's target tokens priced at the measured
+cost per token of the prefix frozen then, times 1 + the run's reference overhead), the
+speedups against `none` of the same seed, the same for the whole run (all its epochs,
+reached or not), final test BLEU, the reference's overhead, and what froze when. Written
+to OUT/table.md and OUT/table.json.
 
 --step-costs FILE: JSON lines of `egeria bench step --model MODEL --freeze-modules layers
 --frozen-units K --batch-size B --seq-len T` (one per K; repeats allowed, their median is
