@@ -9,8 +9,8 @@ rerunnable by anyone and across sessions.
 
 Every (seed, policy) run trains MODEL with the paper's schedule for Transformers (AdamW,
 inverse square root with warmup, no LR drops), every layer module its own freezing unit,
-the validation loss (per token, unsmoothed) and perplexity every --eval-every steps, and a
-step line per step. Runs of one seed share it (initialisation and batch order), so each
+the validation loss (per token, unsmoothed) and perplexity every --eval-every steps and at
+every epoch's end (the last is the run's final one), and a step line per step. Runs of one seed share it (initialisation and batch order), so each
 policy is compared with the `none` run of its seed. A finished run (summary.json) is kept;
 an unfinished one is resumed from its checkpoint: the experiment can span sessions.
 --keep DIR (e.g. a folder in the repository) holds the logs of finished runs (config,
@@ -149,8 +149,13 @@ def analyse(d, costs=None):
             t += float(m["tokens"]) * costs[k]
             k = int(m.get("frozen_modules", 0))
             modelled[m["step"]] = t * (1 + overhead)
-        elif m["type"] == "eval" and "valid_perplexity" in m:
-            curve.append({"step": m["step"], "seconds": m["train_seconds"], "ppl": m["valid_perplexity"],
+        elif m["type"] in ("eval", "epoch") and "valid_loss" in m:
+            # An epoch's end is evaluated on the same split with the same per-token loss as
+            # the --eval-every points, and the last one is the run's final perplexity.
+            if curve and curve[-1]["step"] == m["step"]:
+                continue
+            ppl = m.get("valid_perplexity", math.exp(m["valid_loss"]))
+            curve.append({"step": m["step"], "seconds": m["train_seconds"], "ppl": ppl,
                           "modelled": modelled.get(m["step"])})
     freezes = [(m["step"], m.get("frozen_modules", 0)) for m in metrics if m["type"] == "freeze"]
     return {"dir": d, "curve": curve, "freezes": freezes, "overhead": overhead,

@@ -7,6 +7,7 @@ python3 tests/test_translation_time_to_quality.py (ctest: Bench.TranslationTimeT
 """
 import importlib.util
 import json
+import math
 import os
 import tempfile
 import unittest
@@ -47,7 +48,8 @@ class TranslationTimeToQuality(unittest.TestCase):
                     f.write(json.dumps({"type": "freeze", "step": step, "frozen_modules": k}) + "\n")
                 if step % 2 == 0:
                     f.write(json.dumps({"type": "eval", "step": step, "train_seconds": float(step),
-                                        "valid_loss": 0.0, "valid_perplexity": ppl[step // 2 - 1]}) + "\n")
+                                        "valid_loss": math.log(ppl[step // 2 - 1]),
+                                        "valid_perplexity": ppl[step // 2 - 1]}) + "\n")
         with open(os.path.join(d, "summary.json"), "w") as f:
             json.dump({"final_test_bleu": bleu, "train_seconds": 10.0, "reference_overhead_fraction": overhead}, f)
 
@@ -103,6 +105,31 @@ class TranslationTimeToQuality(unittest.TestCase):
         self.assertIn("k=2: 4.00×", md)
         with open(os.path.join(self.out, "table.json")) as f:
             self.assertEqual(len(json.load(f)["per_seed"]), 4)
+
+    def test_epoch_ends_are_points_of_the_curve(self):
+        """The epoch-end validation is a point of the curve (the same per-token loss), and
+        the last one, after the last --eval-every point, is the run's final perplexity."""
+        self.make_run("none", 1, [0] * 10, [9, 7, 6, 5.5, 5.0], 20.0)
+        d = ttq.run_dir(self.out, MODEL, "none", 1)
+        with open(os.path.join(d, "metrics.jsonl"), "a") as f:  # ends at step 10; the epoch at step 11
+            f.write(json.dumps({"type": "step", "step": 11, "tokens": 100, "frozen_modules": 0,
+                                "train_seconds": 11.0}) + "\n")
+            f.write(json.dumps({"type": "epoch", "step": 11, "train_seconds": 11.0,
+                                "valid_loss": math.log(4.0), "valid_bleu": 1.0}) + "\n")
+        r = ttq.analyse(d)
+        self.assertEqual([p["step"] for p in r["curve"]], [2, 4, 6, 8, 10, 11])
+        self.assertAlmostEqual(r["final_ppl"], 4.0)
+        # An epoch's end at an --eval-every step is one point, not two.
+        with open(os.path.join(d, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"type": "step", "step": 12, "tokens": 100, "frozen_modules": 0,
+                                "train_seconds": 12.0}) + "\n")
+            f.write(json.dumps({"type": "eval", "step": 12, "train_seconds": 12.0,
+                                "valid_loss": math.log(3.9), "valid_perplexity": 3.9}) + "\n")
+            f.write(json.dumps({"type": "epoch", "step": 12, "train_seconds": 12.0,
+                                "valid_loss": math.log(3.9), "valid_bleu": 1.0}) + "\n")
+        r = ttq.analyse(d)
+        self.assertEqual([p["step"] for p in r["curve"]], [2, 4, 6, 8, 10, 11, 12])
+        self.assertAlmostEqual(r["final_ppl"], 3.9)
 
     def test_finished_runs_are_kept_elsewhere_and_found_there(self):
         """--keep: a finished run's logs are copied (not its weights), and a run found
