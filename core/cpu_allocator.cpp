@@ -6,7 +6,15 @@
 // free, so each step pays page faults and zeroing for every large tensor (measured at
 // up to 2x the step time). We keep freed blocks in per-size-class free lists and hand
 // them out again; empty_cache() returns them. Blocks are 64-byte aligned for AVX-512.
+//
+// A request takes the smallest cached block of its size class or larger, up to twice
+// its class, not only a block of its own class: when the shapes change from step to step
+// (a Transformer's length-bucketed batches), exact classes kept a block set for every
+// length seen and the cache grew to many times what a step uses; a block at most twice
+// the request bounds the waste of a reuse while one long batch's blocks serve the
+// shorter ones. A block keeps its own size, so the live map remembers it.
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -33,13 +41,16 @@ class CpuCachingAllocator final : public Allocator {
   ~CpuCachingAllocator() override { empty_cache(); }
 
   void* allocate(size_t nbytes, void*) override {
-    size_t sz = allocation_size_class(nbytes);
+    const size_t sz = allocation_size_class(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(sz);
     void* p = nullptr;
-    if (it != free_.end() && !it->second.empty()) {
+    size_t block = sz;
+    auto it = free_.lower_bound(sz);
+    if (it != free_.end() && it->first <= 2 * sz) {
+      block = it->first;
       p = it->second.back();
       it->second.pop_back();
+      if (it->second.empty()) free_.erase(it);
       ++stats_.cache_hits;
     } else {
       p = std::aligned_alloc(64, sz);
@@ -51,17 +62,20 @@ class CpuCachingAllocator final : public Allocator {
       stats_.reserved += sz;
       ++stats_.system_allocs;
     }
-    stats_.allocated += sz;
+    live_.emplace(p, block);
+    stats_.allocated += block;
     if (stats_.allocated > stats_.peak_allocated) stats_.peak_allocated = stats_.allocated;
     return p;
   }
 
-  void deallocate(void* p, size_t nbytes) override {
+  void deallocate(void* p, size_t) override {
     if (!p) return;
-    size_t sz = allocation_size_class(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
-    free_[sz].push_back(p);
-    stats_.allocated -= sz;
+    auto it = live_.find(p);
+    EG_CHECK(it != live_.end(), "freeing host memory this allocator did not hand out");
+    free_[it->second].push_back(p);
+    stats_.allocated -= it->second;
+    live_.erase(it);
   }
 
   AllocatorStats stats() const override {
@@ -86,7 +100,8 @@ class CpuCachingAllocator final : public Allocator {
     free_.clear();
   }
   mutable std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
+  std::map<size_t, std::vector<void*>> free_;  // cached blocks by size, for the best fit
+  std::unordered_map<void*, size_t> live_;  // handed-out blocks and their sizes
   AllocatorStats stats_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "core/allocator.h"
 #include "core/device.h"
 #include "core/parallel.h"
 #include "dist/grad_sync.h"
@@ -434,6 +435,14 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
   }
   const double ttt = state["time_to_target"];
   sj["time_to_target_seconds"] = ttt < 0 ? json(nullptr) : json(ttt);
+  const AllocatorStats host = cpu_allocator().stats();
+  sj["host_tensor_bytes_peak"] = host.peak_allocated;  // the most held by tensors at once
+  sj["host_tensor_bytes_reserved"] = host.reserved;  // held from the system at the end, the cache included
+  if (dev.is_cuda()) {
+    const AllocatorStats gpu = cuda_allocator(dev.index).stats();
+    sj["device_tensor_bytes_peak"] = gpu.peak_allocated;
+    sj["device_tensor_bytes_reserved"] = gpu.reserved;
+  }
   task.summarize(sj);
   fr.summarize(sj, step, train_secs);
   s.freeze_report = freeze_report(sj);
