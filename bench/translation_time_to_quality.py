@@ -10,9 +10,10 @@ rerunnable by anyone and across sessions.
 Every (seed, policy) run trains MODEL with the paper's schedule for Transformers (AdamW,
 inverse square root with warmup, no LR drops), every layer module its own freezing unit,
 the validation loss (per token, unsmoothed) and perplexity every --eval-every steps and at
-every epoch's end (the last is the run's final one), and a step line per step. Runs of one seed share it (initialisation and batch order), so each
-policy is compared with the `none` run of its seed. A finished run (summary.json) is kept;
-an unfinished one is resumed from its checkpoint: the experiment can span sessions.
+every epoch's end (the last is the run's final one), and a step line per step. Runs of one
+seed share it (initialisation and batch order), so each policy is compared with the `none`
+run of its seed. A finished run (summary.json) is kept; an unfinished one is resumed from
+its checkpoint: the experiment can span sessions.
 --keep DIR (e.g. a folder in the repository) holds the logs of finished runs (config,
 summary, metrics and freeze lines, not the weights): each run that finishes is copied
 there, and a run found there counts as finished, so the experiment can span machines.
