@@ -32,7 +32,8 @@ Allocator& cpu_allocator();
 Allocator& cuda_allocator(int device = 0);
 
 // Size class used by both caching allocators: small sizes round up to 512 bytes,
-// large ones to a quarter of their power of two, so a reused block wastes < 25%.
+// large ones to an eighth of their power of two, so a class wastes < 25% of a request.
+// The CPU allocator also hands out a cached block of up to twice the request's class.
 size_t allocation_size_class(size_t nbytes);
 
 }  // namespace eg
