@@ -11,8 +11,10 @@ struct AllocatorStats {
   size_t allocated = 0;  // bytes handed out and not yet returned
   size_t reserved = 0;  // bytes held from the system (allocated + cached)
   size_t peak_allocated = 0;  // high-water mark of `allocated`
+  size_t peak_reserved = 0;  // high-water mark of `reserved`
   uint64_t system_allocs = 0;  // calls that reached the system allocator
   uint64_t cache_hits = 0;  // requests served from the cache
+  uint64_t system_frees = 0;  // cached blocks handed back to the system
 };
 
 class Allocator {
@@ -22,6 +24,7 @@ class Allocator {
   virtual void* allocate(size_t nbytes, void* stream = nullptr) = 0;
   virtual void deallocate(void* p, size_t nbytes) = 0;
   virtual AllocatorStats stats() const = 0;
+  // Sets both high-water marks to the present values.
   virtual void reset_peak() = 0;
   // Returns every cached (unused) block to the system.
   virtual void empty_cache() = 0;
@@ -33,7 +36,8 @@ Allocator& cuda_allocator(int device = 0);
 
 // Size class used by both caching allocators: small sizes round up to 512 bytes,
 // large ones to an eighth of their power of two, so a class wastes < 25% of a request.
-// The CPU allocator also hands out a cached block of up to twice the request's class.
+// The CPU allocator also hands out a cached block of up to twice the request's class,
+// and bounds what it holds to 1.5x the peak in use (Note [Caching allocators]).
 size_t allocation_size_class(size_t nbytes);
 
 }  // namespace eg

@@ -4,6 +4,7 @@
 // to work on the stream that freed them: kernels on one stream run in order, so a
 // block freed after its last use on stream S can be reused by the next op on S with
 // no synchronisation. Blocks move to another stream only through empty_cache().
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -44,6 +45,7 @@ class CudaCachingAllocator final : public Allocator {
                  " bytes in use, ", stats_.reserved, " reserved): ", cudaGetErrorString(e));
       }
       stats_.reserved += sz;
+      stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
       ++stats_.system_allocs;
     }
     live_[p] = {st, sz};
@@ -69,6 +71,7 @@ class CudaCachingAllocator final : public Allocator {
   void reset_peak() override {
     std::lock_guard<std::mutex> l(mu_);
     stats_.peak_allocated = stats_.allocated;
+    stats_.peak_reserved = stats_.reserved;
   }
   void empty_cache() override {
     std::lock_guard<std::mutex> l(mu_);
@@ -83,6 +86,7 @@ class CudaCachingAllocator final : public Allocator {
     for (auto& [k, v] : free_) {
       for (void* p : v) EG_CUDA_CHECK(cudaFree(p));
       stats_.reserved -= k.second * v.size();
+      stats_.system_frees += v.size();
     }
     free_.clear();
   }

@@ -438,10 +438,14 @@ Summary fit(Task& task, const TrainConfig& given, dist::Communicator& comm) {
   const AllocatorStats host = cpu_allocator().stats();
   sj["host_tensor_bytes_peak"] = host.peak_allocated;  // the most held by tensors at once
   sj["host_tensor_bytes_reserved"] = host.reserved;  // held from the system at the end, the cache included
+  sj["host_tensor_bytes_reserved_peak"] = host.peak_reserved;
+  sj["host_allocator_system_allocs"] = host.system_allocs;  // requests the cache did not serve
+  sj["host_allocator_cache_hits"] = host.cache_hits;
   if (dev.is_cuda()) {
     const AllocatorStats gpu = cuda_allocator(dev.index).stats();
     sj["device_tensor_bytes_peak"] = gpu.peak_allocated;
     sj["device_tensor_bytes_reserved"] = gpu.reserved;
+    sj["device_tensor_bytes_reserved_peak"] = gpu.peak_reserved;
   }
   task.summarize(sj);
   fr.summarize(sj, step, train_secs);
