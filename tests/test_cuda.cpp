@@ -271,8 +271,8 @@ TEST(Cuda, NcclOneRankGradientSyncMatchesTheUnsyncedStep) {
       for (float f : p.to(Device::cpu()).to_vector<float>()) w.push_back(f);
     after.push_back(w);
   }
-  // Not bit-equal: cuDNN's backward kernels add with atomics, so two identical steps on
-  // a GPU differ in the last bits (on an H100, weights 1e-8 apart). A
+  // Not bit-equal: two identical steps on a GPU can differ in the last bits (cuDNN may
+  // pick backward algorithms that add with atomics; on an H100, weights 1e-8 apart). A
   // sync that reduced wrongly (twice, or the wrong bucket) moves weights by lr x grad,
   // some 1e-3.
   ASSERT_EQ(after[0].size(), after[1].size());
