@@ -9,6 +9,7 @@
 #include "core/parallel.h"
 #include "kernels/ops.h"
 #include "layers/layers.h"
+#include "quant/reference.h"
 #include "train/checkpoint.h"
 
 namespace eg::train {
@@ -92,6 +93,7 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
     unit_flops_.push_back(f);
   }
   unit_scope_ = c.freeze == "egeria" && c.freeze_reference_scope == ReferenceScope::unit && model.sequential();
+  reference_on_training_cores_ = !Device::parse(c.device).is_cuda() || quant::reference_on_gpu(c.freeze_reference);
   if (c.freeze_bn == FrozenBn::batch)
     for (auto& [name, mod] : model.named_modules())
       if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
@@ -263,16 +265,22 @@ std::string freeze_report(const json& sj) {
   return r;
 }
 
+double reference_overhead_fraction(double policy_seconds, double background_cpu_seconds, int training_threads,
+                                   bool background_on_training_cores, double train_seconds) {
+  if (train_seconds <= 0) return 0.0;
+  const double bg = background_on_training_cores ? background_cpu_seconds / double(std::max(1, training_threads)) : 0.0;
+  return (policy_seconds + bg) / train_seconds;
+}
+
 void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   json st = policy_->stats();
-  const double bg = st.value("reference_cpu_seconds", 0.0) / double(std::max(1, num_threads()));
   sj["frozen_fraction_final"] = frozen_share(unit_params_);
   sj["frozen_modules_final"] = frozen_;
   sj["freeze_units"] = part_.to_json();
   sj["backward_flops_saved_fraction"] = steps > 0 ? flops_saved_sum_ / double(steps) : 0.0;
-  // Training-thread time in the policy plus the background threads' CPU time spread
-  // over the training's threads, as a share of training time.
-  sj["reference_overhead_fraction"] = train_seconds > 0 ? (seconds_ + bg) / train_seconds : 0.0;
+  sj["reference_overhead_fraction"] =
+      reference_overhead_fraction(seconds_, st.value("reference_cpu_seconds", 0.0), num_threads(),
+                                  reference_on_training_cores_, train_seconds);
   sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
   if (st.contains("reference")) st["reference_scope"] = unit_scope_ ? "unit" : "network";
   sj["freeze_stats"] = st;

@@ -23,6 +23,16 @@ namespace eg::train {
 // and the reference's overhead. Empty for --freeze none.
 std::string freeze_report(const nlohmann::json& summary);
 
+// summary.json's reference_overhead_fraction, a share of training time: the training
+// thread's time in the policy, plus the background threads' CPU time spread over the
+// training threads where the reference works on the training's own cores (CPU training,
+// or a reference on the training GPU). Beside GPU training a CPU reference runs on cores
+// the step does not use (the paper's setting): its CPU time is reported
+// (freeze_stats.reference_cpu_seconds) but not counted; what it takes from the data
+// loader's cores shows in the wall time.
+double reference_overhead_fraction(double policy_seconds, double background_cpu_seconds, int training_threads,
+                                   bool background_on_training_cores, double train_seconds);
+
 // Note [Freezing across ranks]
 // In data-parallel training the policy (and Egeria's reference model) runs on rank 0
 // alone, the paper's single controller: it sees the global loss, and the gradients after
@@ -89,6 +99,7 @@ class FreezeRun {
   double flops_saved_sum_ = 0, seconds_ = 0;  // sum over steps of the frozen FLOP share; time in the policy
   std::unique_ptr<cache::ActivationCache> cache_;
   bool unit_scope_ = false;
+  bool reference_on_training_cores_ = true;  // see reference_overhead_fraction
   Tensor unit_input_;  // the captured unit's input, from forward() to after_step()
   int64_t generation_ = 0;  // bumped whenever the frozen set changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
