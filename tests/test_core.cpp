@@ -1,12 +1,15 @@
-// core/: dtypes, devices, tensors and views, the caching CPU allocator, the RNG.
+// core/: dtypes, devices, tensors and views, the caching allocators' policy, the RNG.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "core/caching_allocator.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -177,6 +180,100 @@ TEST(CoreAllocator, AMissOverTheLimitReleasesTheLongestIdleBlockFirst) {
   }
   a.empty_cache();
   EXPECT_EQ(a.stats().reserved, a.stats().allocated);
+}
+
+// The policy the CUDA allocator shares, over a system that records its calls and fails
+// when told: what a GPU would do, run without one.
+class RecordingAllocator final : public CachingAllocator {
+ public:
+  RecordingAllocator() : CachingAllocator(1.5) {}
+  ~RecordingAllocator() override { empty_cache(); }
+  std::vector<std::vector<void*>> frees;  // one entry per system_free call
+  int fail_next = 0;  // system_allocate calls still to fail
+
+ private:
+  void* system_allocate(size_t nbytes) override {
+    if (fail_next > 0) {
+      --fail_next;
+      return nullptr;
+    }
+    return std::malloc(nbytes);
+  }
+  void system_free(const std::vector<void*>& blocks) override {
+    frees.push_back(blocks);
+    for (void* p : blocks) std::free(p);
+  }
+  [[noreturn]] void out_of_memory(size_t nbytes, const AllocatorStats&) const override {
+    EG_THROW("test system out of memory for ", nbytes, " bytes");
+  }
+};
+
+// Note [Caching allocators]: a block freed on one stream serves only that stream, with the
+// best fit there; eviction hands back the longest-idle blocks of any stream in one call.
+TEST(CoreAllocator, CachedBlocksStayOnTheStreamThatFreedThem) {
+  RecordingAllocator a;
+  int s1 = 0, s2 = 0;  // two streams: only their addresses matter
+  const size_t mb = size_t(1) << 20;
+  void* p = a.allocate(4 * mb, &s1);
+  a.deallocate(p, 4 * mb);
+  void* q = a.allocate(2 * mb, &s2);  // p fits but belongs to s1
+  EXPECT_NE(q, p);
+  EXPECT_EQ(a.stats().system_allocs, 2u);
+  void* r = a.allocate(2 * mb, &s1);  // on s1 p is the best fit, within twice the request
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(a.stats().cache_hits, 1u);
+  EXPECT_EQ(a.stats().allocated, 6 * mb);  // p keeps its own size
+  a.deallocate(r, 2 * mb);  // idle: p (s1) first, then q (s2)
+  a.deallocate(q, 2 * mb);
+  EXPECT_EQ(a.stats().peak_allocated, 6 * mb);
+  EXPECT_TRUE(a.frees.empty());
+  // 6 MB idle + 8 MB > 1.5 x 8 MB: p, idle the longest, goes back; then 2 + 8 <= 12 keeps q.
+  void* big = a.allocate(8 * mb, &s2);
+  ASSERT_EQ(a.frees.size(), 1u);
+  EXPECT_EQ(a.frees[0], std::vector<void*>{p});
+  void* q2 = a.allocate(2 * mb, &s2);
+  EXPECT_EQ(q2, q);
+  a.deallocate(q2, 2 * mb);
+  a.deallocate(big, 8 * mb);
+  void* tiny = a.allocate(100, &s1);  // 10 MB idle + 512 B <= 1.5 x 10 MB: no eviction
+  EXPECT_EQ(a.frees.size(), 1u);
+  a.deallocate(tiny, 100);
+  a.reset_peak();  // nothing in use: the next miss may keep 1.5x its own size
+  void* last = a.allocate(mb, &s1);
+  ASSERT_EQ(a.frees.size(), 2u);
+  EXPECT_EQ(a.frees[1], (std::vector<void*>{q, big}));  // oldest first, in one call; tiny still fits
+  EXPECT_EQ(a.stats().reserved, mb + 512);
+  EXPECT_EQ(a.stats().system_frees, 3u);
+  a.deallocate(last, mb);
+}
+
+// When the system is out of memory the cache goes back first and the request is retried;
+// only a second failure is the user's error, and the allocator still works after it.
+TEST(CoreAllocator, OutOfMemoryEmptiesTheCacheBeforeItFails) {
+  RecordingAllocator a;
+  const size_t mb = size_t(1) << 20;
+  void* p = a.allocate(mb);
+  a.deallocate(p, mb);
+  a.fail_next = 1;
+  void* q = a.allocate(4 * mb);  // over twice p: a miss; the system fails once
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(a.frees.size(), 1u);
+  EXPECT_EQ(a.frees[0], std::vector<void*>{p});
+  EXPECT_EQ(a.stats().reserved, allocation_size_class(4 * mb));
+  a.fail_next = 2;
+  try {
+    a.allocate(8 * mb);
+    FAIL() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.stats().allocated, allocation_size_class(4 * mb));
+  EXPECT_EQ(a.stats().reserved, allocation_size_class(4 * mb));
+  void* r = a.allocate(8 * mb);
+  EXPECT_NE(r, nullptr);
+  a.deallocate(r, 8 * mb);
+  a.deallocate(q, 4 * mb);
+  EXPECT_THROW(a.deallocate(&a, 1), Error);
 }
 
 TEST(CoreAllocator, SizeClassesWasteUnderAQuarter) {

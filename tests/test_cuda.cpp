@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "autograd/functions.h"
@@ -45,6 +46,38 @@ TEST(Cuda, CachingAllocatorReusesBlocksAndTracksStats) {
   a.deallocate(q, n);
   a.empty_cache();
   EXPECT_EQ(a.stats().reserved, a.stats().allocated);
+}
+
+// Note [Caching allocators] on the device: steps whose shapes change stay within 1.5x the
+// peak in use and mostly hit the cache, and blocks evicted while copies into the next
+// step's tensors are queued leave the data intact.
+TEST(Cuda, ChangingShapesStayWithinTheCacheLimit) {
+  EG_REQUIRE_GPU();
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();
+  a.reset_peak();
+  const AllocatorStats s0 = a.stats();
+  std::vector<size_t> lengths;
+  for (size_t t = 20; t <= 120; ++t) lengths.push_back(t);
+  std::vector<size_t> shuffled = lengths;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(1));
+  lengths.insert(lengths.end(), shuffled.begin(), shuffled.end());
+  size_t requests = 0;
+  Generator g(3);
+  for (size_t t : lengths) {
+    std::vector<std::pair<void*, size_t>> live;
+    for (size_t k : {1, 4, 8}) live.emplace_back(a.allocate(t * k * 65536), t * k * 65536);
+    Tensor h = Tensor::randn({int64_t(t), 1024}, g);
+    Tensor d = h.to(Device::cuda(0)).clone();
+    requests += live.size() + 2;
+    for (auto& [p, n] : live) a.deallocate(p, n);
+    ASSERT_EQ(d.to(Device::cpu()).to_vector<float>(), h.to_vector<float>()) << t;
+    ASSERT_LE(double(a.stats().reserved), 1.5 * double(a.stats().peak_allocated));
+  }
+  const AllocatorStats s1 = a.stats();
+  EXPECT_GE(double(s1.cache_hits - s0.cache_hits), 0.8 * double(requests));
+  EXPECT_LE(double(s1.peak_reserved), 1.5 * double(s1.peak_allocated));
+  a.empty_cache();
 }
 
 TEST(Cuda, RoundTripAndZeroing) {
