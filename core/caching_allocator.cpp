@@ -22,7 +22,8 @@
 // whose shapes repeat keeps its whole block set and never reaches the system; with
 // changing shapes, blocks of lengths not seen for a while make room for the new ones
 // instead of piling up beside them (the best fit alone still held 3x the peak on the
-// translation runs).
+// translation runs). EG_ALLOC_CACHE_LIMIT in the environment sets the multiple (0: no
+// bound, as PyTorch's CUDA allocator until it runs out of memory).
 //
 // Blocks are stream-ordered: a block is handed out again only to work on the stream that
 // freed it. Kernels on one stream run in order, so a block freed after its last use on
@@ -31,6 +32,7 @@
 #include "core/caching_allocator.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 
 #include "core/error.h"
@@ -49,7 +51,8 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
     const double limit = cache_limit_ * double(std::max(stats_.peak_allocated, stats_.allocated + sz));
     std::vector<void*> evict;
     size_t evicted = 0;
-    for (auto it = lru_.begin(); it != lru_.end() && double(stats_.reserved - evicted + sz) > limit;) {
+    for (auto it = lru_.begin();
+         cache_limit_ > 0 && it != lru_.end() && double(stats_.reserved - evicted + sz) > limit;) {
       evicted += it->size;
       evict.push_back(forget_idle_locked(it++));
     }
@@ -96,6 +99,16 @@ void CachingAllocator::reset_peak() {
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
   empty_cache_locked();
+}
+
+double allocator_cache_limit(const char* env, double fallback) {
+  if (!env || !*env) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  EG_CHECK(end && *end == '\0' && (v == 0 || (v >= 1 && v < 1e6)), "EG_ALLOC_CACHE_LIMIT=", env,
+           ": expected 0 (no bound on the allocators' caches) or the most they may hold as a multiple >= 1 "
+           "of the peak in use");
+  return v;
 }
 
 void* CachingAllocator::take_cached_locked(size_t size, void* stream, size_t* block) {

@@ -17,7 +17,7 @@ namespace eg {
 class CachingAllocator : public Allocator {
  public:
   // `cache_limit`: what a miss may leave held from the system, as a multiple of the peak
-  // in use since the last reset_peak().
+  // in use since the last reset_peak(); 0: no bound.
   explicit CachingAllocator(double cache_limit) : cache_limit_(cache_limit) {}
   // A subclass's destructor calls empty_cache(): the system calls are its own.
 
@@ -63,5 +63,9 @@ class CachingAllocator : public Allocator {
   std::unordered_map<void*, std::pair<void*, size_t>> live_;  // handed-out blocks: stream, size
   AllocatorStats stats_;
 };
+
+// The cache limit the allocators use: `fallback`, or EG_ALLOC_CACHE_LIMIT from the
+// environment (passed here as `env`, null when unset): 0 for no bound, or a multiple >= 1.
+double allocator_cache_limit(const char* env, double fallback);
 
 }  // namespace eg

@@ -23,7 +23,7 @@ constexpr double kCacheLimit = 1.5;  // reserved bytes, as a multiple of the pea
 
 class CpuCachingAllocator final : public CachingAllocator {
  public:
-  CpuCachingAllocator() : CachingAllocator(kCacheLimit) {}
+  CpuCachingAllocator() : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"), kCacheLimit)) {}
   ~CpuCachingAllocator() override { empty_cache(); }
 
  private:

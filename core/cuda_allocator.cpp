@@ -1,5 +1,6 @@
 // Caching CUDA allocator: the stream-ordered policy of Note [Caching allocators] over
 // cudaMalloc/cudaFree, one per device.
+#include <cstdlib>
 #include <vector>
 
 #include "core/caching_allocator.h"
@@ -15,7 +16,8 @@ constexpr double kCacheLimit = 1.5;
 
 class CudaCachingAllocator final : public CachingAllocator {
  public:
-  explicit CudaCachingAllocator(int device) : CachingAllocator(kCacheLimit), device_(device) {}
+  explicit CudaCachingAllocator(int device)
+      : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"), kCacheLimit)), device_(device) {}
   ~CudaCachingAllocator() override { empty_cache(); }
 
  private:

@@ -186,7 +186,7 @@ TEST(CoreAllocator, AMissOverTheLimitReleasesTheLongestIdleBlockFirst) {
 // when told: what a GPU would do, run without one.
 class RecordingAllocator final : public CachingAllocator {
  public:
-  RecordingAllocator() : CachingAllocator(1.5) {}
+  explicit RecordingAllocator(double limit = 1.5) : CachingAllocator(limit) {}
   ~RecordingAllocator() override { empty_cache(); }
   std::vector<std::vector<void*>> frees;  // one entry per system_free call
   int fail_next = 0;  // system_allocate calls still to fail
@@ -274,6 +274,23 @@ TEST(CoreAllocator, OutOfMemoryEmptiesTheCacheBeforeItFails) {
   a.deallocate(r, 8 * mb);
   a.deallocate(q, 4 * mb);
   EXPECT_THROW(a.deallocate(&a, 1), Error);
+}
+
+// EG_ALLOC_CACHE_LIMIT: 0 lifts the bound (every block stays cached), a typo is an error.
+TEST(CoreAllocator, TheCacheLimitComesFromTheEnvironment) {
+  EXPECT_EQ(allocator_cache_limit(nullptr, 1.5), 1.5);
+  EXPECT_EQ(allocator_cache_limit("", 1.5), 1.5);
+  EXPECT_EQ(allocator_cache_limit("2.5", 1.5), 2.5);
+  EXPECT_EQ(allocator_cache_limit("0", 1.5), 0.0);
+  for (const char* bad : {"0.5", "-1", "1.5x", "lots", "nan", "inf"}) EXPECT_THROW(allocator_cache_limit(bad, 1.5), Error) << bad;
+  RecordingAllocator unbounded(0), bounded(1.5);
+  const size_t mb = size_t(1) << 20;
+  for (RecordingAllocator* a : {&unbounded, &bounded})
+    for (int k = 0; k < 10; ++k) a->deallocate(a->allocate(mb << k), mb << k);  // no block serves the next
+  EXPECT_TRUE(unbounded.frees.empty());
+  EXPECT_EQ(unbounded.stats().reserved, 1023 * mb);  // 2x the peak of 512 MB
+  EXPECT_FALSE(bounded.frees.empty());
+  EXPECT_LE(bounded.stats().reserved, 768 * mb);
 }
 
 TEST(CoreAllocator, SizeClassesWasteUnderAQuarter) {
