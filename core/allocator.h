@@ -37,7 +37,8 @@ Allocator& cuda_allocator(int device = 0);
 // Size class used by both caching allocators: small sizes round up to 512 bytes,
 // large ones to an eighth of their power of two, so a class wastes < 25% of a request.
 // Both also hand out a cached block of up to twice the request's class, and bound what
-// they hold to 1.5x the peak in use (Note [Caching allocators], core/caching_allocator.cpp).
+// they hold to 1.5x the peak in use by default (EG_ALLOC_CACHE_LIMIT; Note [Caching
+// allocators], core/caching_allocator.cpp).
 size_t allocation_size_class(size_t nbytes);
 
 }  // namespace eg

@@ -25,10 +25,12 @@
 // translation runs). EG_ALLOC_CACHE_LIMIT in the environment sets the multiple (0: no
 // bound, as PyTorch's CUDA allocator until it runs out of memory).
 //
-// Blocks are stream-ordered: a block is handed out again only to work on the stream that
-// freed it. Kernels on one stream run in order, so a block freed after its last use on
-// stream S can serve the next op on S with no synchronisation; a block goes back to the
-// system (eviction, empty_cache) only after the device has finished its queued work.
+// Blocks are stream-ordered: a block is handed out again only to work on the stream it was
+// allocated on. Kernels on one stream run in order, so a block freed after its last use on
+// stream S can serve the next op on S with no synchronisation (a block used on another
+// stream too must have that stream ordered back onto S before it is freed, as the NCCL
+// communicator does); a block goes back to the system (eviction, empty_cache) only after
+// the device has finished its queued work.
 #include "core/caching_allocator.h"
 
 #include <algorithm>
@@ -48,15 +50,15 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   if (p) {
     ++stats_.cache_hits;
   } else {
-    const double limit = cache_limit_ * double(std::max(stats_.peak_allocated, stats_.allocated + sz));
-    std::vector<void*> evict;
-    size_t evicted = 0;
-    for (auto it = lru_.begin();
-         cache_limit_ > 0 && it != lru_.end() && double(stats_.reserved - evicted + sz) > limit;) {
-      evicted += it->size;
-      evict.push_back(forget_idle_locked(it++));
+    if (cache_limit_ > 0) {
+      const double limit = cache_limit_ * double(std::max(stats_.peak_allocated, stats_.allocated + sz));
+      size_t count = 0, bytes = 0;
+      for (auto it = lru_.begin(); it != lru_.end() && double(stats_.reserved - bytes + sz) > limit; ++it) {
+        bytes += it->size;
+        ++count;
+      }
+      release_oldest_locked(count);
     }
-    if (!evict.empty()) release_locked(std::move(evict), evicted);
     p = system_allocate(sz);
     if (!p) {
       empty_cache_locked();
@@ -124,34 +126,31 @@ void* CachingAllocator::take_cached_locked(size_t size, void* stream, size_t* bl
   return p;
 }
 
-void* CachingAllocator::forget_idle_locked(IdleList::iterator idle) {
-  auto it = free_.find(key(idle->stream, idle->size));
-  // A size's list is in the order its blocks were freed, so its front is the oldest.
-  EG_CHECK(it != free_.end() && it->second.front() == idle, "allocator: idle lists out of order");
-  it->second.erase(it->second.begin());
-  if (it->second.empty()) free_.erase(it);
-  void* p = idle->p;
-  lru_.erase(idle);
-  return p;
-}
-
-void CachingAllocator::release_locked(std::vector<void*> blocks, size_t bytes) {
-  system_free(blocks);
-  stats_.reserved -= bytes;
-  stats_.system_frees += blocks.size();
-}
-
-void CachingAllocator::empty_cache_locked() {
-  if (lru_.empty()) return;
+void CachingAllocator::release_oldest_locked(size_t count) {
+  if (count == 0) return;
   std::vector<void*> blocks;
   size_t bytes = 0;
-  for (const Idle& b : lru_) {
-    blocks.push_back(b.p);
-    bytes += b.size;
+  auto idle = lru_.begin();
+  for (size_t i = 0; i < count; ++i, ++idle) {
+    blocks.push_back(idle->p);
+    bytes += idle->size;
   }
-  lru_.clear();
-  free_.clear();
-  release_locked(std::move(blocks), bytes);
+  // The blocks stay cached until the system has them back: a throw (a failed device sync)
+  // leaves the cache as it was.
+  system_free(blocks);
+  for (size_t i = 0; i < count; ++i) {
+    idle = lru_.begin();
+    auto it = free_.find(key(idle->stream, idle->size));
+    // A (stream, size) list is in the order its blocks were freed, so its front is the oldest.
+    EG_CHECK(it != free_.end() && it->second.front() == idle, "allocator: idle lists out of order");
+    it->second.erase(it->second.begin());
+    if (it->second.empty()) free_.erase(it);
+    lru_.pop_front();
+  }
+  stats_.reserved -= bytes;
+  stats_.system_frees += count;
 }
+
+void CachingAllocator::empty_cache_locked() { release_oldest_locked(lru_.size()); }
 
 }  // namespace eg

@@ -28,11 +28,13 @@ class CachingAllocator : public Allocator {
   void empty_cache() final;
 
  protected:
-  // The stream a request's block belongs to (nullptr on the CPU). Called without the lock.
+  // The stream a request's block belongs to (nullptr on the CPU); makes the allocator's
+  // device current. Called without the lock.
   virtual void* resolve_stream(void* stream) { return stream; }
   // A new block of `nbytes` from the system, or nullptr when the system is out of memory.
   virtual void* system_allocate(size_t nbytes) = 0;
   // Hands blocks back. Work still queued on their streams may use them: wait for it first.
+  // Throws, if it must, before it frees any.
   virtual void system_free(const std::vector<void*>& blocks) = 0;
   // Throws the error a user reads when even an emptied cache leaves no room.
   [[noreturn]] virtual void out_of_memory(size_t nbytes, const AllocatorStats& s) const = 0;
@@ -51,9 +53,8 @@ class CachingAllocator : public Allocator {
 
   // Takes the idle block of the best fit on `stream`; nullptr when none is within 2x.
   void* take_cached_locked(size_t size, void* stream, size_t* block);
-  // Unlinks the idle block `it` (the front of its size's list) and returns its pointer.
-  void* forget_idle_locked(IdleList::iterator it);
-  void release_locked(std::vector<void*> blocks, size_t bytes);
+  // Hands the `count` blocks idle the longest back to the system.
+  void release_oldest_locked(size_t count);
   void empty_cache_locked();
 
   const double cache_limit_;

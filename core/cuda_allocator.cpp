@@ -22,6 +22,7 @@ class CudaCachingAllocator final : public CachingAllocator {
 
  private:
   void* resolve_stream(void* stream) override {
+    cuda::set_device(device_);  // kernels on the block launch on the current device's stream
     return stream ? stream : static_cast<void*>(cuda::current_stream(device_));
   }
   void* system_allocate(size_t nbytes) override {
@@ -35,7 +36,8 @@ class CudaCachingAllocator final : public CachingAllocator {
   }
   void system_free(const std::vector<void*>& blocks) override {
     cuda::set_device(device_);
-    // Kernels queued on the blocks' streams may still read or write them.
+    // Kernels queued on the blocks' streams may still read or write them. A failed sync
+    // throws before any block is freed (the cache keeps them).
     EG_CUDA_CHECK(cudaDeviceSynchronize());
     for (void* p : blocks) EG_CUDA_CHECK(cudaFree(p));
   }
