@@ -14,6 +14,10 @@
 
 namespace eg {
 
+// What the allocators hold at most, as a multiple of the peak in use, unless
+// EG_ALLOC_CACHE_LIMIT says otherwise.
+constexpr double kDefaultCacheLimit = 1.5;
+
 class CachingAllocator : public Allocator {
  public:
   // `cache_limit`: what a miss may leave held from the system, as a multiple of the peak
@@ -26,6 +30,7 @@ class CachingAllocator : public Allocator {
   AllocatorStats stats() const final;
   void reset_peak() final;
   void empty_cache() final;
+  double cache_limit() const { return cache_limit_; }
 
  protected:
   // The stream a request's block belongs to (nullptr on the CPU); makes the allocator's
@@ -67,6 +72,6 @@ class CachingAllocator : public Allocator {
 
 // The cache limit the allocators use: `fallback`, or EG_ALLOC_CACHE_LIMIT from the
 // environment (passed here as `env`, null when unset): 0 for no bound, or a multiple >= 1.
-double allocator_cache_limit(const char* env, double fallback);
+double allocator_cache_limit(const char* env, double fallback = kDefaultCacheLimit);
 
 }  // namespace eg

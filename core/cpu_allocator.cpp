@@ -19,11 +19,9 @@ size_t allocation_size_class(size_t n) {
 
 namespace {
 
-constexpr double kCacheLimit = 1.5;  // reserved bytes, as a multiple of the peak in use
-
 class CpuCachingAllocator final : public CachingAllocator {
  public:
-  CpuCachingAllocator() : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"), kCacheLimit)) {}
+  CpuCachingAllocator() : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"))) {}
   ~CpuCachingAllocator() override { empty_cache(); }
 
  private:

@@ -10,14 +10,10 @@ namespace eg {
 
 namespace {
 
-// The same bound as the CPU allocator's: without one, length-bucketed batches leave a block
-// set at every length (Note [Caching allocators]).
-constexpr double kCacheLimit = 1.5;
-
 class CudaCachingAllocator final : public CachingAllocator {
  public:
   explicit CudaCachingAllocator(int device)
-      : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"), kCacheLimit)), device_(device) {}
+      : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"))), device_(device) {}
   ~CudaCachingAllocator() override { empty_cache(); }
 
  private:
