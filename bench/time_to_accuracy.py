@@ -54,6 +54,7 @@ loading are left out for every policy alike. The modelled speedups compare those
 import argparse
 import functools
 import json
+import lzma
 import os
 import re
 import statistics
@@ -173,8 +174,13 @@ def run(args, model, policy, rep=0):
 
 @functools.lru_cache(maxsize=None)
 def records_of(out):
-    """A run's metrics.jsonl, read once: the table asks for each run several times."""
-    with open(os.path.join(out, "metrics.jsonl")) as f:
+    """A run's metrics.jsonl (or, for a run kept compressed, its metrics.jsonl.xz), read
+    once: the table asks for each run several times."""
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path) and os.path.exists(path + ".xz"):
+        with lzma.open(path + ".xz", "rt") as f:
+            return tuple(json.loads(line) for line in f)
+    with open(path) as f:
         return tuple(json.loads(line) for line in f)
 
 

@@ -17,6 +17,8 @@ its checkpoint: the experiment can span sessions.
 --keep DIR (e.g. a folder in the repository) holds the logs of finished runs (config,
 summary, metrics and freeze lines, not the weights): each run that finishes is copied
 there, and a run found there counts as finished, so the experiment can span machines.
+The metrics lines (a step line per step) are kept xz-compressed, as metrics.jsonl.xz; the
+script reads a run's metrics.jsonl, or its metrics.jsonl.xz where that is all there is.
 
 The table, per run and as medians over the seeds (a seed that never reached the target
 counts as the slowest, and the table says in how many it was reached): `none`'s final
@@ -38,6 +40,7 @@ every epoch (the default).
 """
 import argparse
 import json
+import lzma
 import math
 import os
 import shutil
@@ -49,13 +52,19 @@ NEAR = 0.01  # "within 1%" of the target perplexity
 
 
 def read_jsonl(path):
+    """The lines of PATH, or of PATH.xz (a kept run's metrics) where PATH is missing."""
     out = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    out.append(json.loads(line))
+    if not os.path.exists(path) and os.path.exists(path + ".xz"):
+        f = lzma.open(path + ".xz", "rt")
+    elif os.path.exists(path):
+        f = open(path)
+    else:
+        return out
+    with f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
     return out
 
 
@@ -80,7 +89,7 @@ def run_dir(out, model, policy, seed):
     return os.path.join(out, f"{model}-{policy}-s{seed}")
 
 
-KEPT = ("config.json", "summary.json", "metrics.jsonl", "freeze.jsonl")
+KEPT = ("config.json", "summary.json", "freeze.jsonl")  # and the metrics, compressed
 
 
 def finished(args, policy, seed):
@@ -103,6 +112,13 @@ def keep(args, d):
     for name in KEPT:
         if os.path.exists(os.path.join(d, name)):
             shutil.copy2(os.path.join(d, name), tmp)
+    metrics = os.path.join(d, "metrics.jsonl")
+    if os.path.exists(metrics):
+        with open(metrics, "rb") as f, lzma.open(os.path.join(tmp, "metrics.jsonl.xz"), "wb",
+                                                 preset=9 | lzma.PRESET_EXTREME) as z:
+            shutil.copyfileobj(f, z)
+    elif os.path.exists(metrics + ".xz"):
+        shutil.copy2(metrics + ".xz", tmp)
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(tmp, dest)
     return dest

@@ -6,6 +6,7 @@ python3 tests/test_time_to_accuracy.py (ctest: Bench.TimeToAccuracyModelledTimes
 """
 import importlib.util
 import json
+import lzma
 import os
 import shutil
 import tempfile
@@ -77,6 +78,18 @@ class ModelledTimes(unittest.TestCase):
         self.assertAlmostEqual(tta.modelled_time_to_accuracy(out, 0.5, costs), marks[4])
         self.assertAlmostEqual(tta.modelled_time_to_accuracy(out, 0.8, costs), total)
         self.assertIsNone(tta.modelled_time_to_accuracy(out, 0.95, costs))
+
+    def test_a_run_kept_compressed_reads_the_same(self):
+        """A run kept in docs/runs has its metrics as metrics.jsonl.xz only."""
+        costs = tta.load_step_costs(self.costs_path)
+        out = self.make_run("plain", [1, 1, 0, 0], [0.5, 0.9])
+        kept = shutil.copytree(out, os.path.join(self.dir.name, "kept"))
+        with open(os.path.join(kept, "metrics.jsonl"), "rb") as f, \
+                lzma.open(os.path.join(kept, "metrics.jsonl.xz"), "wb") as z:
+            z.write(f.read())
+        os.remove(os.path.join(kept, "metrics.jsonl"))
+        self.assertEqual(tta.records_of(kept), tta.records_of(out))
+        self.assertEqual(tta.modelled_seconds(kept, costs), tta.modelled_seconds(out, costs))
 
     def test_a_cached_run_costs_the_cached_steps(self):
         costs = tta.load_step_costs(self.costs_path)

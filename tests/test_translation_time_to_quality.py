@@ -132,8 +132,9 @@ class TranslationTimeToQuality(unittest.TestCase):
         self.assertAlmostEqual(r["final_ppl"], 3.9)
 
     def test_finished_runs_are_kept_elsewhere_and_found_there(self):
-        """--keep: a finished run's logs are copied (not its weights), and a run found
-        there is not trained again, in the same place or on another machine."""
+        """--keep: a finished run's logs are copied (not its weights; the metrics
+        xz-compressed), and a run found there is not trained again, in the same place or on
+        another machine."""
         self.make_run("none", 1, [0] * 10, [9, 7, 6, 5.5, 5.0], 20.0)
         d = ttq.run_dir(self.out, MODEL, "none", 1)
         with open(os.path.join(d, "model.safetensors"), "w") as f:
@@ -143,7 +144,11 @@ class TranslationTimeToQuality(unittest.TestCase):
                 "--keep", kept]
         ttq.main(args + ["--out", self.out])  # finished in --out: kept, not trained
         k = ttq.run_dir(kept, MODEL, "none", 1)
-        self.assertEqual(sorted(os.listdir(k)), ["metrics.jsonl", "summary.json"])
+        # The metrics are kept compressed and read back line for line.
+        self.assertEqual(sorted(os.listdir(k)), ["metrics.jsonl.xz", "summary.json"])
+        self.assertEqual(ttq.read_jsonl(os.path.join(k, "metrics.jsonl")),
+                         ttq.read_jsonl(os.path.join(d, "metrics.jsonl")))
+        self.assertEqual(ttq.analyse(k)["curve"], ttq.analyse(d)["curve"])
         # Another machine: an empty --out, the kept logs only; nothing is trained, the
         # table is the same.
         other = os.path.join(self.out, "elsewhere")
