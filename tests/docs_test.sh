@@ -6,7 +6,8 @@
 set -u
 egeria=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
-docs=("$root/README.md" "$root"/docs/*.md)
+shopt -s globstar  # docs/ and its subfolders (docs/results/, docs/runs/)
+docs=("$root/README.md" "$root"/docs/**/*.md)
 known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" report --help; "$egeria" bench step --help
           python3 "$root/bench/time_to_accuracy.py" --help; python3 "$root/bench/data_parallel.py" --help
           python3 "$root/bench/translation_time_to_quality.py" --help; } 2>&1 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u)
