@@ -3,6 +3,7 @@
 #include "dist/communicator.h"
 
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -125,6 +126,18 @@ bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
     if (std::getenv(v)) return true;
   return false;
+}
+
+int fail_process(const std::string& program, const std::exception& e) {
+  std::string who;
+  try {
+    if (launched_by_mpi())
+      who = " (rank " + std::to_string(world().rank()) + " of " + std::to_string(world().size()) + ")";
+  } catch (const std::exception&) {  // MPI itself failed: the message says so
+  }
+  std::fprintf(stderr, "%s: error%s: %s\n", program.c_str(), who.c_str(), e.what());
+  if (!who.empty() && world().size() > 1) abort_job(1);
+  return 1;
 }
 
 Communicator& world() {

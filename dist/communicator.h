@@ -1,5 +1,5 @@
 // Data-parallel training's one interface to the other processes (ranks): who this
-// process is, and the collectives the training loop needs. Three implementations:
+// process is, and the collectives the training loop needs. Four implementations:
 //   local  - world size 1, every collective the identity (a plain `egeria train`);
 //   MPI    - OpenMPI's MPI_COMM_WORLD, CPU tensors (dist/mpi.cpp), when a launcher
 //            (mpirun, srun) started the process;
@@ -8,6 +8,7 @@
 // Every call is collective: all ranks make it, in the same order, with tensors of the
 // same shape and dtype. Failures throw eg::Error naming the call.
 #pragma once
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,12 @@ std::unique_ptr<Communicator> make_nccl(Communicator& host, Device device);
 
 // The process's communicator: MPI under a launcher, else local. Made on first use.
 Communicator& world();
+
+// A process's failure, reported: "PROGRAM: error (rank R of N): WHAT" on stderr (the
+// rank named under a launcher), and under several ranks the whole job ended at once
+// (abort_job), since the others may be waiting for this one in a collective. Returns the
+// exit status (1) for a single process.
+int fail_process(const std::string& program, const std::exception& e);
 
 // Ends every rank of the job now (MPI_Abort under MPI; exit otherwise): a rank that
 // failed must not leave the others waiting in a collective.

@@ -22,7 +22,7 @@
 //   training thread's team except while it reduces.
 // - The gradients are summed, not averaged: the loop scales each rank's loss by its share
 //   of the global sample (or token) count before backward, so the sum is the gradient of
-//   the global mean (train/run.cpp).
+//   the global mean (Strategy::step, dist/strategy.h).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -49,7 +49,7 @@ struct GradSyncStats {
 };
 
 // The ranks' agreement before each backward (Note [Data-parallel training] in
-// train/run.h): every rank's loss sum and sample count, summed in rank order (the same
+// dist/strategy.h): every rank's loss sum and sample count, summed in rank order (the same
 // bits on every rank), and the check that every rank is about to all-reduce the same
 // buckets (their layout hashes, optim::GradBuckets::layout_hash): a mismatch throws on
 // every rank, naming the rank, instead of mixing unrelated gradients or hanging.

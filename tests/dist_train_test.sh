@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Data-parallel training under mpirun -np 2 on this machine:
 # - tests/dist_train_check.cpp (equivalence with one process, BatchNorm, freezing);
-# - `egeria train` as 2 ranks: rank 1 killed with SIGKILL, and rank 1 throwing (the
-#   EGERIA_TEST_FAIL hook), each end the job non-zero within 30 s naming the rank, with the
+# - `egeria train` as 2 ranks: rank 1 killed with SIGKILL, and rank 1 throwing (eg_fit
+#   --fail-at, on the same run), each end the job non-zero within 30 s naming the rank, with the
 #   last checkpoint valid; --resume on 2 ranks then ends bit-identical to an uninterrupted
 #   2-rank run, and on 1 rank with the same global batch completes.
 set -u
 check=$1
 egeria=$2
+fit=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader)
@@ -51,8 +52,7 @@ passed=$((passed + 1))
 
 # Rank 1 throws at step 13: the job ends at once, naming it.
 start=$(date +%s)
-EGERIA_TEST_FAIL=1:13 timeout 120 "${mpirun[@]}" -x EGERIA_TEST_FAIL -np 2 "$egeria" "${run[@]}" --batch-size 32 \
-  --resume --out "$work/killed" >"$work/threw.log" 2>&1
+timeout 120 "${mpirun[@]}" -np 2 "$fit" "$work/killed/config.json" --resume --fail-at 1:13 >"$work/threw.log" 2>&1
 rc=$?
 elapsed=$(( $(date +%s) - start ))
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "a throwing rank: exit $rc: $(cat "$work/threw.log")"

@@ -258,18 +258,7 @@ int run_cli(int argc, char** argv) {
       if (w.rank() == 0) std::printf("%s\n", j.dump().c_str());
     }
   } catch (const std::exception& e) {
-    // Under a launcher each rank says who it is; the job's other ranks are not waited for.
-    std::string who;
-    try {
-      if (eg::dist::launched_by_mpi())
-        who = " (rank " + std::to_string(eg::dist::world().rank()) + " of " + std::to_string(eg::dist::world().size()) +
-              ")";
-    } catch (const std::exception&) {  // MPI itself failed: the message says so
-    }
-    std::fprintf(stderr, "egeria: error%s: %s\n", who.c_str(), e.what());
-    // The other ranks may be waiting for this one in a collective: end the whole job.
-    if (!who.empty() && eg::dist::world().size() > 1) eg::dist::abort_job(1);
-    return 1;
+    return eg::dist::fail_process("egeria", e);
   }
   return 0;
 }

@@ -29,18 +29,6 @@ double reference_max_cpu_load(const TrainConfig& c) {
   return c.freeze_reference_max_load / 100;
 }
 
-void average_running_stats(models::Model& m, dist::Communicator& comm) {
-  if (comm.size() == 1) return;
-  for (auto& [name, mod] : m.named_modules())
-    if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod))
-      for (Tensor* t : {&bn->running_mean, &bn->running_var}) {
-        Tensor h = t->device().is_cpu() ? *t : t->to(Device::cpu());
-        comm.all_reduce(h);
-        ops::call(ops::scale, h, h, 1.0 / comm.size());
-        if (!t->device().is_cpu()) t->copy_(h);
-      }
-}
-
 freeze::PolicyConfig policy_config(const TrainConfig& c) {
   freeze::PolicyConfig pc;
   pc.name = c.freeze;
@@ -71,10 +59,10 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
 }
 
 FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
-                     dist::Communicator& comm)
+                     const dist::Strategy& strategy)
     : model_(model),
-      comm_(comm),
-      lead_(comm.rank() == 0),
+      dp_(strategy),
+      lead_(strategy.lead()),
       metrics_(out_dir + "/metrics.jsonl"),
       log_(out_dir + "/freeze.jsonl") {
   const auto layers = model.layer_modules();
@@ -100,9 +88,9 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
 }
 
 int64_t FreezeRun::rank0s(int64_t k) const {
-  if (comm_.size() == 1) return k;
+  if (dp_.size() == 1) return k;
   Tensor t = Tensor::from_vector(std::vector<int64_t>{k}, {1});
-  comm_.broadcast(t, 0);
+  dp_.comm().broadcast(t, 0);
   return t.data<int64_t>()[0];
 }
 
@@ -118,7 +106,7 @@ json FreezeRun::step_fields() const {
 
 void FreezeRun::use_cache(const std::string& dir, int64_t train_samples, bool force_disk) {
   cache_ = std::make_unique<cache::ActivationCache>(
-      dir, train_samples, force_disk ? cache::Tier::disk : cache::Tier::automatic, comm_.local_size());
+      dir, train_samples, force_disk ? cache::Tier::disk : cache::Tier::automatic, dp_.comm().local_size());
 }
 
 Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture,
@@ -188,7 +176,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Ten
   frozen_ = rank0s(lead_ ? policy_->frozen_prefix() : frozen_);
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
     ++generation_;
-    if (comm_.size() > 1) average_running_stats(model_, comm_);
+    dp_.average_running_stats(model_);
     if (cache_ && frozen_layers() == 0) cache_->release();  // unfrozen: its entries are dead weight
     json j = {{"type", "freeze"}, {"step", s.step}, {"epoch", s.epoch + 1}, {"train_seconds", train_seconds}};
     j.update(step_fields());
@@ -278,9 +266,8 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   sj["frozen_modules_final"] = frozen_;
   sj["freeze_units"] = part_.to_json();
   sj["backward_flops_saved_fraction"] = steps > 0 ? flops_saved_sum_ / double(steps) : 0.0;
-  sj["reference_overhead_fraction"] =
-      reference_overhead_fraction(seconds_, st.value("reference_cpu_seconds", 0.0), num_threads(),
-                                  reference_on_training_cores_, train_seconds);
+  sj["reference_overhead_fraction"] = reference_overhead_fraction(
+      seconds_, st.value("reference_cpu_seconds", 0.0), num_threads(), reference_on_training_cores_, train_seconds);
   sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
   if (st.contains("reference")) st["reference_scope"] = unit_scope_ ? "unit" : "network";
   sj["freeze_stats"] = st;

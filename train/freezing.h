@@ -11,7 +11,7 @@
 #include <string>
 
 #include "cache/activation_cache.h"
-#include "dist/communicator.h"
+#include "dist/strategy.h"
 #include "freeze/policy.h"
 #include "train/config.h"
 
@@ -47,7 +47,7 @@ class FreezeRun {
   // `model` is the training model; `pc` the policy's configuration (policy_config(c)
   // plus the model and run length). It appends to DIR/metrics.jsonl and DIR/freeze.jsonl.
   FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
-            dist::Communicator& comm);
+            const dist::Strategy& strategy);
 
   // Layer modules (not units) to run under no-grad now, and the one to capture before
   // the forward of `step` (-1: none; the policy runs on rank 0 only).
@@ -89,7 +89,7 @@ class FreezeRun {
   // that ends at layer module `capture` (-1: none, or the unit starts the network).
   int64_t unit_input_layer(int64_t capture) const;
   models::Model& model_;
-  dist::Communicator& comm_;
+  const dist::Strategy& dp_;
   const bool lead_;  // rank 0: runs the policy and writes the logs
   int64_t frozen_ = 0;  // units frozen now, as every rank agreed
   freeze::Partition part_;
@@ -105,10 +105,6 @@ class FreezeRun {
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
 };
-
-// Every rank's BatchNorm running statistics become their mean over the ranks (in place),
-// so that evaluation, checkpoints and a frozen prefix do not depend on the rank.
-void average_running_stats(models::Model& m, dist::Communicator& comm);
 
 // The PolicyConfig fields that come straight from the flags.
 freeze::PolicyConfig policy_config(const TrainConfig& c);

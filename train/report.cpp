@@ -219,6 +219,76 @@ void step_times(const std::vector<json>& metrics, int64_t total_steps, std::map<
   steps[k] += total_steps - from;
 }
 
+// The step times of each frozen prefix, against nothing frozen, from the step lines, and
+// what the frozen steps saved at those medians.
+std::string step_time_text(const std::vector<json>& metrics, const json& s, const Units& units, int64_t steps_total) {
+  std::string r;
+  std::map<int64_t, std::vector<double>> ms;
+  std::map<int64_t, int64_t> steps;
+  step_times(metrics, steps_total, ms, steps);
+  if (ms.count(0)) {
+    const double base = median(ms[0]);
+    double saved = 0;
+    bool timed = false;  // a frozen prefix's steps timed
+    r += fmt("; a step took %.1f ms (median) with nothing frozen", base);
+    for (auto& [k, v] : ms) {
+      if (k == 0 || steps[k] <= 0) continue;
+      timed = true;
+      const double m = median(v);
+      saved += double(steps[k]) * (base - m) / 1000;
+      r += fmt(", %.1f ms with %s frozen (%lld steps, %.2fx)", m, units.prefix(k).c_str(), (long long)steps[k],
+               base / m);
+    }
+    for (auto& [k, n] : steps)
+      if (k > 0 && n > 0 && !ms.count(k))
+        r += fmt(", not measured with %s frozen (%lld steps, too few between log lines)", units.prefix(k).c_str(),
+                 (long long)n);
+    const double train = s.value("train_seconds", 0.0);
+    // A frozen prefix timed slower than nothing frozen is said as such, not as a negative saving: its
+    // steps ran at another time (the machine's speed drifts) or on other batches (a sequence model's
+    // step time follows the batch's length), and the run's own times cannot tell which.
+    if (timed && saved >= 0)
+      r +=
+          fmt("; at those medians the frozen steps took %.1f s less than unfrozen ones would have, %.1f%% of the "
+              "%.1f s the run's steps would have taken",
+              saved, train + saved > 0 ? 100 * saved / (train + saved) : 0.0, train + saved);
+    else if (timed)
+      r +=
+          fmt("; at those medians the frozen steps took %.1f s more than unfrozen ones would have: they were "
+              "timed slower, at another time or on other batches, so this run's own times show no saving",
+              -saved);
+  }
+  return r;
+}
+
+// The line that sets a run beside another's summary (a run directory or a stored
+// summary.json): its quality, and the speedup when both were timed on this machine.
+std::string against_text(const json& s, const std::string& against) {
+  std::string r;
+  const int64_t steps_total = s.value("steps", int64_t(0));
+  const std::string path = is_dir(against) ? against + "/summary.json" : against;
+  const json b = read_json(path, "summary.json to compare with");
+  r += fmt("  beside --freeze %s (%s", b.value("freeze", "?").c_str(), path.c_str());
+  if (b.contains("measured")) r += ", " + b["measured"].get<std::string>();
+  r += "): " + quality(b) + fmt(", %.1f s of training", b.value("train_seconds", 0.0));
+  if (b.value("model", "") != s.value("model", "") || b.value("steps", int64_t(-1)) != steps_total)
+    r += fmt(" (not the same run: %s, %lld steps)", b.value("model", "?").c_str(),
+             (long long)b.value("steps", int64_t(0)));
+  if (s.contains("final_test_accuracy") && b.contains("final_test_accuracy"))
+    r += fmt(": %+.2f pt", 100 * (s.value("final_test_accuracy", 0.0) - b.value("final_test_accuracy", 0.0)));
+  if (s.contains("final_test_bleu") && b.contains("final_test_bleu"))
+    r += fmt(": BLEU %+.2f", s.value("final_test_bleu", 0.0) - b.value("final_test_bleu", 0.0));
+  const double t = s.value("train_seconds", 0.0);
+  // A stored measurement was timed at another moment, and a machine's speed drifts
+  // between runs by more than a few frozen units save: no ratio is drawn from it.
+  if (b.contains("measured"))
+    r += "; its time was measured at another moment, so it is no gauge of the speedup (the step times above "
+         "are this run's own)";
+  else if (t > 0) r += fmt("; speedup in training time %.2fx", b.value("train_seconds", 0.0) / t);
+  r += "\n";
+  return r;
+}
+
 }  // namespace
 
 std::string run_report(const std::string& dir, const std::string& against) {
@@ -264,41 +334,7 @@ std::string run_report(const std::string& dir, const std::string& against) {
 
     r += fmt("What it saved: %.1f%% of the backward FLOPs over the run",
              100 * s.value("backward_flops_saved_fraction", 0.0));
-    std::map<int64_t, std::vector<double>> ms;
-    std::map<int64_t, int64_t> steps;
-    step_times(metrics, steps_total, ms, steps);
-    if (ms.count(0)) {
-      const double base = median(ms[0]);
-      double saved = 0;
-      bool timed = false;  // a frozen prefix's steps timed
-      r += fmt("; a step took %.1f ms (median) with nothing frozen", base);
-      for (auto& [k, v] : ms) {
-        if (k == 0 || steps[k] <= 0) continue;
-        timed = true;
-        const double m = median(v);
-        saved += double(steps[k]) * (base - m) / 1000;
-        r += fmt(", %.1f ms with %s frozen (%lld steps, %.2fx)", m, units.prefix(k).c_str(), (long long)steps[k],
-                 base / m);
-      }
-      for (auto& [k, n] : steps)
-        if (k > 0 && n > 0 && !ms.count(k))
-          r += fmt(", not measured with %s frozen (%lld steps, too few between log lines)", units.prefix(k).c_str(),
-                   (long long)n);
-      const double train = s.value("train_seconds", 0.0);
-      // A frozen prefix timed slower than nothing frozen is said as such, not as a negative saving: its
-      // steps ran at another time (the machine's speed drifts) or on other batches (a sequence model's
-      // step time follows the batch's length), and the run's own times cannot tell which.
-      if (timed && saved >= 0)
-        r +=
-            fmt("; at those medians the frozen steps took %.1f s less than unfrozen ones would have, %.1f%% of the "
-                "%.1f s the run's steps would have taken",
-                saved, train + saved > 0 ? 100 * saved / (train + saved) : 0.0, train + saved);
-      else if (timed)
-        r +=
-            fmt("; at those medians the frozen steps took %.1f s more than unfrozen ones would have: they were "
-                "timed slower, at another time or on other batches, so this run's own times show no saving",
-                -saved);
-    }
+    r += step_time_text(metrics, s, units, steps_total);
     if (st.contains("reference"))
       r += fmt("; the reference model (%s) cost %.1f%% of the training time", st.value("reference", "?").c_str(),
                100 * s.value("reference_overhead_fraction", 0.0));
@@ -306,28 +342,7 @@ std::string run_report(const std::string& dir, const std::string& against) {
   }
 
   r += "Accuracy: " + quality(s) + fmt(", %.1f s of training", s.value("train_seconds", 0.0)) + "\n";
-  if (!against.empty()) {
-    const std::string path = is_dir(against) ? against + "/summary.json" : against;
-    const json b = read_json(path, "summary.json to compare with");
-    r += fmt("  beside --freeze %s (%s", b.value("freeze", "?").c_str(), path.c_str());
-    if (b.contains("measured")) r += ", " + b["measured"].get<std::string>();
-    r += "): " + quality(b) + fmt(", %.1f s of training", b.value("train_seconds", 0.0));
-    if (b.value("model", "") != s.value("model", "") || b.value("steps", int64_t(-1)) != steps_total)
-      r += fmt(" (not the same run: %s, %lld steps)", b.value("model", "?").c_str(),
-               (long long)b.value("steps", int64_t(0)));
-    if (s.contains("final_test_accuracy") && b.contains("final_test_accuracy"))
-      r += fmt(": %+.2f pt", 100 * (s.value("final_test_accuracy", 0.0) - b.value("final_test_accuracy", 0.0)));
-    if (s.contains("final_test_bleu") && b.contains("final_test_bleu"))
-      r += fmt(": BLEU %+.2f", s.value("final_test_bleu", 0.0) - b.value("final_test_bleu", 0.0));
-    const double t = s.value("train_seconds", 0.0);
-    // A stored measurement was timed at another moment, and a machine's speed drifts
-    // between runs by more than a few frozen units save: no ratio is drawn from it.
-    if (b.contains("measured"))
-      r += "; its time was measured at another moment, so it is no gauge of the speedup (the step times above "
-           "are this run's own)";
-    else if (t > 0) r += fmt("; speedup in training time %.2fx", b.value("train_seconds", 0.0) / t);
-    r += "\n";
-  }
+  if (!against.empty()) r += against_text(s, against);
   return r;
 }
 

@@ -1,7 +1,9 @@
-// The training loop: one for every task (train/task.h). It reads top to bottom in
-// train/run.cpp: the process (device, threads), the task's data and model, the
-// optimizer and schedule, the output directory and resume, the epochs and steps with
-// the freezing hooks, evaluation and the best epoch, and the summary.
+// The training loop: one for every task (train/task.h). fit() in train/run.cpp is the
+// recipe, each phase a function of its own: set up the process (threads, loader workers),
+// plan the resume, build the run (the task's data and model, the optimizer and schedule,
+// the freezing), then for each epoch its steps, its evaluation and its checkpoint; and
+// the summary. The loop's state is one LoopState (train/run_state.h); data parallelism is
+// one dist::Strategy (dist/strategy.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,36 +30,12 @@ struct Summary {
   double backward_flops_saved_fraction = 0;
 };
 
-// Note [Data-parallel training]
-// Under an MPI launcher (mpirun -np N egeria train ...) every rank runs fit() on the same
-// configuration and `comm` joins them; started plainly, comm is the local world of one.
-// - --batch-size is per rank; a global batch is N of them. Each epoch's order is a pure
-//   function of (seed, epoch) and each rank takes an interleaved share of every global
-//   batch (the tasks' loaders), so the global batches do not depend on N.
-// - Each step the ranks exchange their loss sums and sample (token) counts and a hash of
-//   their gradient buckets' layout, before backward: the loss is normalised by the global
-//   count (each rank's mean is scaled by its share of the count, and the gradients are
-//   summed), a NaN on any rank stops every rank at the same step, and ranks that would
-//   all-reduce different buckets stop with an error instead of hanging.
-// - The gradient buckets are all-reduced during backward (dist/grad_sync.h); frozen
-//   parameters are in no bucket and never sent. The freezing policy runs on rank 0 and
-//   its decision reaches every rank after every step (Note [Freezing across ranks]).
-// - BatchNorm keeps per-rank batch statistics, as PyTorch DDP; running statistics are
-//   averaged over the ranks before every evaluation and checkpoint. Evaluation is
-//   sharded and reduced from counts.
-// - Rank 0 alone writes the run's files. Every rank reads the checkpoint on --resume (so
-//   --out must be on storage every rank sees). A checkpoint records the world size and the
-//   global batch; a resume on another number of ranks keeps the global batch, adjusting
-//   --batch-size (refused when it does not divide).
-// - Each rank's dropout draws from a generator of its own; their states are in the
-//   checkpoint, so a resume on the same number of ranks is bit-identical on the CPU.
-
 // Trains `task` as `c` says, writing c.out's files: config.json, metrics.jsonl,
 // freeze.jsonl, checkpoint.safetensors (and checkpoint-<step>.safetensors with
 // --keep-checkpoints), best.safetensors (with a validation split), model.safetensors and
 // summary.json. Throws eg::Error on bad input or a non-finite loss, after which the last
 // good checkpoint is still in place. Trains on the process's ranks (dist::world()), or on
-// `comm`'s: see Note [Data-parallel training].
+// `comm`'s: see Note [Data-parallel training] in dist/strategy.h.
 Summary fit(Task& task, const TrainConfig& c);
 Summary fit(Task& task, const TrainConfig& c, dist::Communicator& comm);
 

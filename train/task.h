@@ -50,7 +50,7 @@ class Task {
   virtual ~Task() = default;
 
   // ---- set-up: called once, before anything else, with the run's configuration and the
-  // ranks it trains on (data parallelism: see Note [Data-parallel training] in train/run.h).
+  // ranks it trains on (data parallelism: see Note [Data-parallel training] in dist/strategy.h).
   // --batch-size is per rank: a task loads this rank's share of each global batch, and
   // evaluates its share of each split, reducing sums and counts over `comm`. Every call
   // below is made on every rank, in the same order.

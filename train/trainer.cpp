@@ -6,7 +6,7 @@
 
 #include "autograd/functions.h"
 #include "core/parallel.h"
-#include "dist/grad_sync.h"
+#include "dist/strategy.h"
 #include "freeze/partition.h"
 #include "optim/optimizer.h"
 #include "quant/reference.h"
@@ -18,12 +18,13 @@ namespace eg::train {
 
 using json = nlohmann::json;
 
-Summary run_training(const TrainConfig& c) {
-  validate(c);
-  if (is_translation_model(c.model)) return run_translation(c);
-  ImageTask task;
-  return fit(task, c);
+std::unique_ptr<Task> make_task(const TrainConfig& c, const models::TransformerConfig* arch) {
+  if (arch || is_translation_model(c.model))
+    return std::make_unique<TranslationTask>(arch ? std::optional<models::TransformerConfig>(*arch) : std::nullopt);
+  return std::make_unique<ImageTask>();
 }
+
+Summary run_training(const TrainConfig& c) { return fit(*make_task(c), c); }
 
 Summary run_translation(const TrainConfig& c, const models::TransformerConfig* arch) {
   TranslationTask task(arch ? std::optional<models::TransformerConfig>(*arch) : std::nullopt);
@@ -131,8 +132,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   using Clock = std::chrono::steady_clock;
   EG_CHECK(o.batch_size > 0 && o.iterations > 0, "bench step: batch size and iterations must be positive");
   set_num_threads(o.threads);
-  const int W = comm.size();
-  Device dev = Device::parse(W > 1 && o.device == "cuda" ? "cuda:" + std::to_string(comm.local_rank()) : o.device);
+  dist::Strategy dp(comm, o.device, o.overlap);
+  const Device dev = dp.device();
   models::ModelConfig mc;
   mc.name = o.model;
   mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
@@ -174,29 +175,15 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     Tensor logits = static_cast<models::Transformer&>(*m).forward_frozen(x, x2, frozen_layers, -1, nullptr);
     return fn::reshape(logits, {samples, logits.size(2)});
   };
-  std::unique_ptr<dist::Communicator> nccl;
-  if (W > 1 && dev.is_cuda()) nccl = dist::make_nccl(comm, dev);
-  std::unique_ptr<dist::GradSync> sync;
-  if (W > 1) sync = std::make_unique<dist::GradSync>(nccl ? *nccl : comm, o.overlap);
+  const dist::GradSync* sync = dp.sync();
   std::vector<double> ms, wait_ms, comm_ms;
   const int warmup = 3;
   for (int i = 0; i < warmup + o.iterations; ++i) {
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
-    Tensor loss = fn::cross_entropy(forward(), y);
-    opt.zero_grad();
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
-    if (sync) {
-      const double lv = loss.item();
-      const auto t =
-          dist::agree_on_step(comm, lv * double(samples), double(samples), opt.grad_buckets().layout_hash(), i);
-      sync->begin(opt.grad_buckets(), opt.params());
-      sync->backward(fn::scale(loss, double(samples) / t.count));
-      sync->finish();
-    } else {
-      loss.backward();
-    }
-    opt.step();
+    Tensor loss = fn::cross_entropy(forward(), y);
+    dp.step(loss, samples, opt, i, 0);  // the training loop's step (train/run.cpp)
     (void)loss.item();  // waits for the device
     if (i < warmup) continue;
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
@@ -212,9 +199,9 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   };
   StepBench r;
   r.iterations = o.iterations;
-  r.world_size = W;
+  r.world_size = dp.size();
   r.median_step_ms = median(ms);
-  r.samples_per_second = double(samples * W) / (r.median_step_ms / 1000);
+  r.samples_per_second = double(samples * dp.size()) / (r.median_step_ms / 1000);
   r.frozen_units = o.frozen_units;
   r.parameters = m->num_parameters();
   for (auto& p : m->parameters()) r.frozen_parameters += p.requires_grad() ? 0 : p.numel();

@@ -3,6 +3,7 @@
 // the image or translation task; evaluation of a run's checkpoint; a step benchmark.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "train/config.h"
@@ -15,8 +16,11 @@ struct TransformerConfig;
 
 namespace eg::train {
 
-// Validates the configuration (every problem named in the flag's terms), then trains
-// c.model with the task it needs. Throws eg::Error on bad input or a non-finite loss
+// The task c.model trains with: translation for a Transformer (with the architecture
+// `arch` when given, replacing the preset c.model names), image classification otherwise.
+std::unique_ptr<Task> make_task(const TrainConfig& c, const models::TransformerConfig* arch = nullptr);
+// Trains c.model with the task it needs (fit() validates the configuration first, every
+// problem named in the flag's terms). Throws eg::Error on bad input or a non-finite loss
 // (after which the last good checkpoint is still in place).
 Summary run_training(const TrainConfig& c);
 // A Transformer run whose architecture `arch`, when given, replaces the preset named

@@ -1,0 +1,120 @@
+#include "dist/strategy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "layers/layers.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+
+namespace eg::dist {
+
+namespace {
+
+// GPU ranks take one GPU each: cuda:<local rank> unless --device names one.
+Device rank_device(const Communicator& comm, const std::string& device) {
+  const std::string d = comm.size() > 1 && device == "cuda" ? "cuda:" + std::to_string(comm.local_rank()) : device;
+  const Device dev = Device::parse(d);
+  if (dev.is_cuda())
+    EG_CHECK(
+        cuda_available(), "--device ", device, ": ",
+        built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
+  return dev;
+}
+
+}  // namespace
+
+Strategy::Strategy(Communicator& comm, const std::string& device, bool overlap)
+    : comm_(comm), device_(rank_device(comm, device)) {
+  if (comm.size() == 1) return;
+  kind_ = device_.is_cuda() ? Kind::gpu_ranks : Kind::cpu_ranks;
+  if (kind_ == Kind::gpu_ranks) nccl_ = make_nccl(comm, device_);
+  sync_ = std::make_unique<GradSync>(nccl_ ? *nccl_ : comm, overlap);
+}
+
+Strategy::~Strategy() = default;
+
+uint64_t Strategy::rank_seed(uint64_t seed) const {
+  const int r = rank();
+  return r == 0 ? seed : seed ^ (0x9E3779B97F4A7C15ull * uint64_t(r) + 0x72616e6bull);
+}
+
+std::string Strategy::describe(int64_t batch_size, int threads) const {
+  if (size() == 1) return "";
+  return "data-parallel over " + std::to_string(size()) + " ranks (" + comm_.backend() +
+         (kind_ == Kind::gpu_ranks ? ", gradients over NCCL" : "") + "): --batch-size " + std::to_string(batch_size) +
+         " per rank, global batch " + std::to_string(batch_size * size()) + "; " + std::to_string(threads) +
+         " threads per rank";
+}
+
+StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip) {
+  StepResult r;
+  r.loss = loss.defined() ? loss.item() : 0.0;
+  r.count = samples;
+  opt.zero_grad();
+  Tensor scaled = loss;
+  if (sync_) {  // the global mean: see Note [Data-parallel training]
+    const StepTotals t =
+        agree_on_step(comm_, r.loss * double(samples), double(samples), opt.grad_buckets().layout_hash(), step);
+    r.loss = t.loss_sum / std::max(t.count, 1.0);
+    r.count = int64_t(t.count);
+    if (scaled.defined()) scaled = fn::scale(scaled, double(samples) / std::max(t.count, 1.0));
+  }
+  if (!std::isfinite(r.loss)) {
+    r.not_finite = StepResult::NotFinite::loss;
+    return r;
+  }
+  if (sync_) {
+    sync_->begin(opt.grad_buckets(), opt.params());
+    sync_->backward(scaled);
+    sync_->finish();
+  } else if (scaled.defined()) {
+    scaled.backward();
+  }
+  r.grad_norm = grad_clip > 0 ? opt.clip_grad_norm(grad_clip) : NAN;
+  if (grad_clip > 0 && !std::isfinite(r.grad_norm)) {
+    r.not_finite = StepResult::NotFinite::grad_norm;
+    return r;
+  }
+  if (r.count > 0) opt.step();  // a global batch whose every sample was left out trains nothing
+  return r;
+}
+
+void average_running_stats(models::Model& m, Communicator& comm) {
+  if (comm.size() == 1) return;
+  for (auto& [name, mod] : m.named_modules())
+    if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod))
+      for (Tensor* t : {&bn->running_mean, &bn->running_var}) {
+        Tensor h = t->device().is_cpu() ? *t : t->to(Device::cpu());
+        comm.all_reduce(h);
+        ops::call(ops::scale, h, h, 1.0 / comm.size());
+        if (!t->device().is_cpu()) t->copy_(h);
+      }
+}
+
+void Strategy::average_running_stats(models::Model& m) const { dist::average_running_stats(m, comm_); }
+
+void Strategy::save(nlohmann::json& state) const {
+  if (sync_) state["gradient_sync_bytes"] = sync_->stats().bytes;
+}
+
+void Strategy::load(const nlohmann::json& state) {
+  if (sync_) sync_->set_bytes(state.value("gradient_sync_bytes", int64_t(0)));
+}
+
+void Strategy::summarize(nlohmann::json& sj, bool overlap) const {
+  if (!sync_) return;
+  const GradSyncStats& gs = sync_->stats();
+  sj["gradient_sync_bytes"] = gs.bytes;  // this rank's, over the run
+  sj["gradient_sync_bytes_per_step"] = gs.last_step_bytes;  // the last step's (freezing lowers it)
+  sj["gradient_sync_wait_seconds"] = gs.wait_seconds;  // this invocation's
+  sj["gradient_sync_overlap"] = overlap;
+  sj["gradient_buckets_launched_in_backward"] = gs.buckets_launched_in_backward;
+  sj["gradient_buckets_launched"] = gs.buckets;
+}
+
+}  // namespace eg::dist
