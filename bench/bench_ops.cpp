@@ -4,8 +4,6 @@
 #include <benchmark/benchmark.h>
 
 #include "tests/op_cases.h"
-#ifdef EG_WITH_CUDA
-#endif
 
 using namespace eg;
 using namespace eg::testing;

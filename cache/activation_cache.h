@@ -6,9 +6,8 @@
 //
 // Where entries live: the paper stores them on disk and prefetches them to GPU memory,
 // which is small. Training on the CPU, main memory is that device memory, and a store
-// through a file mapping costs page writeback: measured on ResNet-20 / Fashion-MNIST
-// (3 GB of entries, 2 threads), the epoch that fills the cache ran at 4.9-9.8 s per 50
-// steps on disk and 3.5-5.2 s in memory, against 3.0 s for the epochs that read it. So Tier::automatic keeps the entries in memory when they
+// through a file mapping costs page writeback, which slows the epoch that fills the
+// cache (docs/DESIGN.md has the figures). So Tier::automatic keeps the entries in memory when they
 // take at most half of the memory available at the time (shared equally between the
 // data-parallel ranks on the machine), and in the file otherwise;
 // Tier::disk always uses the file.

@@ -11,8 +11,7 @@
 // A request takes the smallest cached block of its size class or larger, up to twice
 // its class, not only a block of its own class: when the shapes change from step to step
 // (a Transformer's length-bucketed batches), exact classes kept a block set for every
-// length seen and the cache grew to many times what a step uses (on an H100, 9.42 GB
-// reserved for a 1.98 GB peak on the translation run); a block at most twice the request
+// length seen and the cache grew to many times what a step uses; a block at most twice the request
 // bounds the waste of a reuse while one long batch's blocks serve the shorter ones. A
 // block keeps its own size, so the live map remembers it.
 //
@@ -21,8 +20,8 @@
 // the longest go back to the system first. Only a miss evicts, never a free, so a step
 // whose shapes repeat keeps its whole block set and never reaches the system; with
 // changing shapes, blocks of lengths not seen for a while make room for the new ones
-// instead of piling up beside them (the best fit alone still held 3x the peak on the
-// translation runs). EG_ALLOC_CACHE_LIMIT in the environment sets the multiple (0: no
+// instead of piling up beside them (the best fit alone still holds several times the
+// peak when lengths keep changing). EG_ALLOC_CACHE_LIMIT in the environment sets the multiple (0: no
 // bound, as PyTorch's CUDA allocator until it runs out of memory).
 //
 // Blocks are stream-ordered: a block is handed out again only to work on the stream it was

@@ -41,8 +41,8 @@
 //            and, until the next refresh, the training the front had between the
 //            snapshot and its freeze. Its cost grows with the depth of the front.
 // Why unit is the default: (1) cost. A reading costs the front unit's forward, not the
-// whole front's, which grows with the front's depth; with network the reference's
-// overhead went past the 2% bound on ResNet-56, with unit it stays under it.
+// whole front's, which grows with the front's depth, so on a deep network the
+// reference's overhead with network outgrows its bound (2% of training time).
 // (2) What a reading means. With network, a unit's first readings after the units
 // before it froze carry the training those had between the snapshot and their freeze:
 // that transient makes the first fitted slopes steep, so the unit's tolerance (20% of

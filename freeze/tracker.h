@@ -51,9 +51,8 @@
 //     in the last phase of the schedule: once the LR is within 10x of the run's final
 //     LR it can no longer fall 10x, so a freeze there would last to the end and the
 //     frozen modules would never fine-tune at the low LR. Entering that phase unfreezes
-//     everything (event "unfreeze", reason "last_phase") and ends the evaluations. It
-//     did not help accuracy: the deficit is built earlier, while the front is frozen at
-//     the high LR. The paper's behaviour stays the default.
+//     everything (event "unfreeze", reason "last_phase") and ends the evaluations. The
+//     paper's behaviour stays the default (docs/freezing-measurements.md: why).
 //   * Optionally (freeze_first_phase = false, --freeze-first-phase off) no freeze is
 //     applied before the LR first falls 10x below its peak (the end of warm-up does
 //     not count). Algorithm 1 runs as usual, so T comes from fits at the high LR, but

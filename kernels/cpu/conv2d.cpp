@@ -172,11 +172,10 @@ std::string key(const char* kind, const Shape& x, const Shape& w, const Shape& y
 // Winograd is used for 3x3, stride 1, undilated, ungrouped convolutions whose input and
 // output channels are both at least 32 (forward, backward data), or at least 64 with an
 // output of whole 4x4 tiles (backward weights), when cpu_winograd() is on and oneDNN has
-// it on this CPU; otherwise, and for everything else, the direct algorithm. A step of
-// ResNet-56 went from 336 to 288 ms (medians of 3, alternated). Its rounding differs
-// (largest error 1.5e-6 of the output's scale against 8e-7 for the direct algorithm,
-// tests/test_conv_winograd.cpp), not its determinism: the choice depends on shapes
-// alone, so a run and its resumption compute the same.
+// it on this CPU; otherwise, and for everything else, the direct algorithm (the
+// step times that chose these bounds are in docs/DESIGN.md). Its rounding differs from the direct
+// algorithm's (tests/test_conv_winograd.cpp bounds it), not its determinism: the choice
+// depends on shapes alone, so a run and its resumption compute the same.
 enum class Pass { fwd, bwd_data, bwd_weights };
 
 // y: the output's (dy's) shape.

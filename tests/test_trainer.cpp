@@ -1,11 +1,11 @@
-// train/: safetensors files, atomic writes, the trainer's outputs, resumption and
-// bad input.
+// The trainer (train/trainer.h): its outputs, resumption, bad input and the options'
+// effects on a run.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
-#include <csignal>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/test_util.h"
 #include "train/safetensors.h"
@@ -32,70 +32,6 @@ train::TrainConfig small_run(const std::string& out) {
   return c;
 }
 }  // namespace
-
-TEST(Safetensors, RoundTripAndHeaderLayout) {
-  std::string d = tmpdir("st");
-  train::TensorMap m{{"a", Tensor::from_vector<float>({1, 2, 3}, {3})},
-                     {"b", Tensor::from_vector<int64_t>({7, -8}, {2, 1})},
-                     {"c", Tensor::from_vector<uint8_t>({9}, {1})}};
-  train::save_safetensors(d + "/x.safetensors", m, {{"k", "v"}});
-  train::Metadata meta;
-  auto r = train::load_safetensors(d + "/x.safetensors", &meta);
-  EXPECT_EQ(r.at("a").to_vector<float>(), (std::vector<float>{1, 2, 3}));
-  EXPECT_EQ(r.at("b").shape(), (Shape{2, 1}));
-  EXPECT_EQ(r.at("b").to_vector<int64_t>(), (std::vector<int64_t>{7, -8}));
-  EXPECT_EQ(meta.at("k"), "v");
-  std::string raw = slurp(d + "/x.safetensors");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(raw[size_t(i)])) << (8 * i);
-  auto h = nlohmann::json::parse(raw.substr(8, n));
-  EXPECT_EQ(h["a"]["dtype"], "F32");
-  EXPECT_EQ(h["b"]["dtype"], "I64");
-  EXPECT_EQ(raw.size(), 8 + n + 12 + 16 + 1);
-}
-
-TEST(Safetensors, TruncatedAndCorruptFilesAreNamed) {
-  std::string d = tmpdir("st_bad");
-  train::save_safetensors(d + "/x.safetensors", {{"a", Tensor::zeros({100})}});
-  std::string raw = slurp(d + "/x.safetensors");
-  std::ofstream(d + "/cut.safetensors", std::ios::binary) << raw.substr(0, raw.size() - 10);
-  try {
-    train::load_safetensors(d + "/cut.safetensors");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("cut.safetensors"), std::string::npos);
-  }
-  std::string bad = raw;
-  bad[9] = '#';
-  std::ofstream(d + "/bad.safetensors", std::ios::binary) << bad;
-  EXPECT_THROW(train::load_safetensors(d + "/bad.safetensors"), Error);
-  EXPECT_THROW(train::load_safetensors(d + "/none.safetensors"), Error);
-}
-
-TEST(Safetensors, AFailedWriteLeavesThePreviousFileIntact) {
-  std::string d = tmpdir("st_full");
-  const std::string p = d + "/w.safetensors";
-  train::save_safetensors(p, {{"a", Tensor::ones({10})}});
-  const std::string before = slurp(p);
-  // Simulate a full disk: cap the size of files this process may write.
-  std::signal(SIGXFSZ, SIG_IGN);
-  rlimit old;
-  getrlimit(RLIMIT_FSIZE, &old);
-  rlimit cap = old;
-  cap.rlim_cur = 4096;
-  setrlimit(RLIMIT_FSIZE, &cap);
-  std::string msg;
-  try {
-    train::save_safetensors(p, {{"a", Tensor::ones({100000})}});
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  setrlimit(RLIMIT_FSIZE, &old);
-  EXPECT_NE(msg.find("the previous file, if any, is unchanged"), std::string::npos) << msg;
-  EXPECT_EQ(slurp(p), before);
-  EXPECT_EQ(std::system(("ls '" + d + "' | grep -q tmp").c_str()) == 0, false) << "temporary file left behind";
-}
 
 TEST(Trainer, WritesItsFilesAndResumesBitIdentically) {
   std::string a = tmpdir("full"), b = tmpdir("killed");
@@ -207,25 +143,31 @@ TEST(Trainer, ImageFoldersDefaultToTheImageNetRecipes) {
 
 // --label-smoothing reaches the training loss (not the evaluation's); --workers 0 resolves
 // to a count config.json records; both are checked in the flag's terms.
-TEST(Trainer, LabelSmoothingAndWorkers) {
-  auto first_loss = [](const std::string& dir) {
-    std::ifstream f(dir + "/metrics.jsonl");
+// Label smoothing mixes the one-hot target with the uniform one, as PyTorch's
+// CrossEntropyLoss(label_smoothing=e): on the same first batch and weights the loss is
+// (1 - e) * CE + e * U, with U the mean over the classes of -log p, which is at least
+// log(classes). So the loss is linear in e, and the U it implies is at least log 10.
+TEST(Trainer, LabelSmoothingMixesInTheUniformTarget) {
+  auto first_loss = [](double smoothing) {
+    auto c = small_run(tmpdir("smoothing_" + std::to_string(int(100 * smoothing))));
+    c.label_smoothing = smoothing;
+    c.stop_after_steps = 1;
+    train::run_training(c);
+    std::ifstream f(c.out + "/metrics.jsonl");
     for (std::string l; std::getline(f, l);)
       if (auto j = nlohmann::json::parse(l); j["type"] == "step") return j["loss"].get<double>();
     return -1.0;
   };
-  auto c = small_run(tmpdir("plain_loss"));
-  c.epochs = 1;
-  c.workers = 0;
-  train::run_training(c);
-  const double plain = first_loss(c.out);
-  EXPECT_GE(nlohmann::json::parse(slurp(c.out + "/config.json"))["workers"].get<int>(), 1);
-  c.out = tmpdir("smoothed_loss");
-  c.label_smoothing = 0.5;
-  train::run_training(c);
-  const double smoothed = first_loss(c.out);
-  EXPECT_GT(plain, 0);
-  EXPECT_NE(plain, smoothed) << "the same first batch and weights: only the smoothing differs";
+  const double plain = first_loss(0), quarter = first_loss(0.25), half = first_loss(0.5);
+  ASSERT_GT(plain, 0);
+  EXPECT_NEAR(quarter, (plain + half) / 2, 1e-5 * plain);
+  const double uniform = (half - 0.5 * plain) / 0.5;
+  EXPECT_GT(std::abs(uniform - plain), 1e-4) << "no smoothing: the loss would not depend on it";
+  EXPECT_GE(uniform, std::log(10.0) - 1e-5);
+}
+
+TEST(Trainer, BadLabelSmoothingAndImageFolderOnlyOptionsAreRefused) {
+  auto c = small_run(tmpdir("bad_smoothing"));
   c.label_smoothing = 1;
   EXPECT_NE(eg::testing::error_of([&] { train::run_training(c); }).find("--label-smoothing must be in [0, 1)"),
             std::string::npos);
@@ -233,4 +175,15 @@ TEST(Trainer, LabelSmoothingAndWorkers) {
   c.crop_pct = 0.5;
   EXPECT_NE(eg::testing::error_of([&] { train::run_training(c); }).find("apply to --dataset imagefolder"),
             std::string::npos);
+}
+
+// --workers 0: the loader decodes on the cores the training threads leave (at least one).
+TEST(Trainer, LoaderWorkersDefaultToTheCoresTrainingLeaves) {
+  auto c = small_run(tmpdir("default_workers"));
+  c.epochs = 1;
+  c.workers = 0;
+  c.stop_after_steps = 1;
+  train::run_training(c);
+  const int cores = int(std::thread::hardware_concurrency());
+  EXPECT_EQ(nlohmann::json::parse(slurp(c.out + "/config.json"))["workers"].get<int>(), std::max(1, cores - c.threads));
 }

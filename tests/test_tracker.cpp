@@ -1,65 +1,17 @@
-// Layer freezing: the SP-loss plasticity and Algorithm 1 on synthetic sequences.
+// Algorithm 1 (freeze/tracker.h) on synthetic plasticity sequences: bootstrapping, the
+// slope fits and tolerance, freezing, unfreezing on an LR fall, and the tracker's state.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <thread>
 #include <tuple>
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "freeze/plasticity.h"
-#include "freeze/spsc_queue.h"
+#include "core/tensor.h"
 #include "freeze/tracker.h"
 
 namespace eg::freeze {
 namespace {
-
-TEST(SpLoss, ZeroForIdenticalAndScaledActivations) {
-  Generator g(1);
-  Tensor a = Tensor::randn({8, 4, 3, 3}, g);
-  EXPECT_NEAR(sp_loss(a, a.clone()), 0.0, 1e-12);
-  // Row normalisation makes the loss blind to a global scale of either side.
-  Tensor a2 = a.clone();
-  for (auto* p = a2.data<float>(); p != a2.data<float>() + a2.numel(); ++p) *p *= 3.f;
-  EXPECT_NEAR(sp_loss(a, a2), 0.0, 1e-10);
-}
-
-TEST(SpLoss, MatchesTheFormulaOnASmallCase) {
-  // Two samples, two features: Q_T = [[1, 0], [1, 1]], Q_R = [[1, 0], [0, 1]].
-  Tensor t = Tensor::from_vector<double>({1, 0, 1, 1}, {2, 2});
-  Tensor r = Tensor::from_vector<double>({1, 0, 0, 1}, {2, 2});
-  // G_T = [[1, 1], [1, 2]] -> rows / [sqrt 2, sqrt 5]; G_R = I.
-  const double s2 = std::sqrt(2.0), s5 = std::sqrt(5.0);
-  const double gt[4] = {1 / s2, 1 / s2, 1 / s5, 2 / s5}, gr[4] = {1, 0, 0, 1};
-  double want = 0;
-  for (int i = 0; i < 4; ++i) want += (gt[i] - gr[i]) * (gt[i] - gr[i]);
-  want /= 4;
-  EXPECT_NEAR(sp_loss(t, r), want, 1e-12);
-}
-
-TEST(SpLoss, GrowsWithTheDistanceBetweenActivations) {
-  Generator g(2);
-  Tensor a = Tensor::randn({16, 32}, g), noise = Tensor::randn({16, 32}, g);
-  double prev = 0;
-  for (float eps : {0.05f, 0.2f, 0.8f}) {
-    Tensor b = a.clone();
-    for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] += eps * noise.data<float>()[i];
-    const double p = sp_loss(a, b);
-    EXPECT_GT(p, prev);
-    prev = p;
-  }
-}
-
-TEST(SpLoss, RejectsMismatchedShapesAndSingleSamples) {
-  Generator g(3);
-  try {
-    sp_loss(Tensor::randn({4, 8}, g), Tensor::randn({4, 9}, g));
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("reference's is [4, 9]"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(sp_gram(Tensor::randn({1, 8}, g)), Error);
-}
 
 TEST(Tracker, FitSlopeIsLeastSquares) {
   EXPECT_DOUBLE_EQ(fit_slope({1, 3, 5, 7}), 2.0);
@@ -594,40 +546,3 @@ TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
 
 }  // namespace
 }  // namespace eg::freeze
-
-// The controller's queues (freeze/spsc_queue.h): bounded, first in first out, and a
-// full queue refuses an item at once without taking it; across two threads every
-// item arrives once, in order.
-TEST(SpscQueue, IsBoundedFifoAndRefusesWhenFull) {
-  eg::freeze::SpscQueue<int> q(3);
-  EXPECT_TRUE(q.empty());
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(q.try_push(int(i)));
-  int extra = 99;
-  EXPECT_FALSE(q.try_push(std::move(extra)));
-  EXPECT_EQ(extra, 99) << "a refused item is not taken";
-  EXPECT_EQ(q.try_pop().value(), 0);
-  EXPECT_TRUE(q.try_push(3));
-  for (int i = 1; i <= 3; ++i) EXPECT_EQ(q.try_pop().value(), i);
-  EXPECT_FALSE(q.try_pop().has_value());
-  EXPECT_TRUE(q.empty());
-
-  eg::freeze::SpscQueue<std::vector<int>> big(4);
-  const int n = 20000;
-  std::thread producer([&] {
-    for (int i = 0; i < n; ++i)
-      while (!big.try_push(std::vector<int>{i, -i})) std::this_thread::yield();
-  });
-  int expect = 0;
-  bool in_order = true;
-  while (expect < n) {  // (no ASSERT here: the producer must be joined)
-    if (auto v = big.try_pop()) {
-      in_order &= *v == std::vector<int>{expect, -expect};
-      ++expect;
-    } else {
-      std::this_thread::yield();
-    }
-  }
-  producer.join();
-  EXPECT_TRUE(in_order);
-  EXPECT_TRUE(big.empty());
-}

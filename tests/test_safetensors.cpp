@@ -1,0 +1,82 @@
+// Safetensors files (train/safetensors.h): the layout, truncated and corrupt files named,
+// atomic writes that leave the previous file whole when the disk fills.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+#include "train/safetensors.h"
+
+using namespace eg;
+
+namespace {
+std::string tmpdir(const std::string& name) { return eg::testing::fresh_dir("eg_safetensors_" + name); }
+using eg::testing::slurp;
+}  // namespace
+
+TEST(Safetensors, RoundTripAndHeaderLayout) {
+  std::string d = tmpdir("st");
+  train::TensorMap m{{"a", Tensor::from_vector<float>({1, 2, 3}, {3})},
+                     {"b", Tensor::from_vector<int64_t>({7, -8}, {2, 1})},
+                     {"c", Tensor::from_vector<uint8_t>({9}, {1})}};
+  train::save_safetensors(d + "/x.safetensors", m, {{"k", "v"}});
+  train::Metadata meta;
+  auto r = train::load_safetensors(d + "/x.safetensors", &meta);
+  EXPECT_EQ(r.at("a").to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(r.at("b").shape(), (Shape{2, 1}));
+  EXPECT_EQ(r.at("b").to_vector<int64_t>(), (std::vector<int64_t>{7, -8}));
+  EXPECT_EQ(meta.at("k"), "v");
+  std::string raw = slurp(d + "/x.safetensors");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(raw[size_t(i)])) << (8 * i);
+  auto h = nlohmann::json::parse(raw.substr(8, n));
+  EXPECT_EQ(h["a"]["dtype"], "F32");
+  EXPECT_EQ(h["b"]["dtype"], "I64");
+  EXPECT_EQ(raw.size(), 8 + n + 12 + 16 + 1);
+}
+
+TEST(Safetensors, TruncatedAndCorruptFilesAreNamed) {
+  std::string d = tmpdir("st_bad");
+  train::save_safetensors(d + "/x.safetensors", {{"a", Tensor::zeros({100})}});
+  std::string raw = slurp(d + "/x.safetensors");
+  std::ofstream(d + "/cut.safetensors", std::ios::binary) << raw.substr(0, raw.size() - 10);
+  try {
+    train::load_safetensors(d + "/cut.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cut.safetensors"), std::string::npos);
+  }
+  std::string bad = raw;
+  bad[9] = '#';
+  std::ofstream(d + "/bad.safetensors", std::ios::binary) << bad;
+  EXPECT_THROW(train::load_safetensors(d + "/bad.safetensors"), Error);
+  EXPECT_THROW(train::load_safetensors(d + "/none.safetensors"), Error);
+}
+
+TEST(Safetensors, AFailedWriteLeavesThePreviousFileIntact) {
+  std::string d = tmpdir("st_full");
+  const std::string p = d + "/w.safetensors";
+  train::save_safetensors(p, {{"a", Tensor::ones({10})}});
+  const std::string before = slurp(p);
+  // Simulate a full disk: cap the size of files this process may write.
+  std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old;
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit cap = old;
+  cap.rlim_cur = 4096;
+  setrlimit(RLIMIT_FSIZE, &cap);
+  std::string msg;
+  try {
+    train::save_safetensors(p, {{"a", Tensor::ones({100000})}});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_NE(msg.find("the previous file, if any, is unchanged"), std::string::npos) << msg;
+  EXPECT_EQ(slurp(p), before);
+  EXPECT_EQ(std::system(("ls '" + d + "' | grep -q tmp").c_str()) == 0, false) << "temporary file left behind";
+}
