@@ -66,11 +66,11 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k, bool 
     const char* tmp = std::getenv("TMPDIR");
     cache = std::make_unique<cache::ActivationCache>(tmp && *tmp ? tmp : "/tmp", 3 * b);
     cache->set_key(0);
-    cache->store(ids, freeze::forward_layers(*m, x, 0, layers, layers, -1, nullptr));
+    cache->store(ids, m->forward_layers(x, 0, layers, layers));
   }
   auto logits = [&] {
-    if (!cached) return freeze::forward_with_frozen_prefix(*m, x, layers, -1, nullptr);
-    return freeze::forward_layers(*m, cache->gather(ids).to(dev), layers, -1, layers, -1, nullptr);
+    if (!cached) return m->forward_frozen(x, Tensor(), layers);
+    return m->forward_layers(cache->gather(ids).to(dev), layers, -1, layers);
   };
   auto step = [&] {
     Tensor loss = fn::cross_entropy(logits(), y);

@@ -198,4 +198,30 @@ void ActivationCache::prefetch(const std::vector<int64_t>& ids) {
   pending_ = std::async(std::launch::async, [this, ids] { return gather_now(ids); });
 }
 
+ActivationCache::Pass ActivationCache::through(const std::vector<int64_t>& ids, const Tensor& x, Device dev,
+                                               const std::function<Tensor(const Tensor&)>& prefix) {
+  const std::vector<int64_t> miss = missing(ids);
+  Pass p;
+  p.hits = int64_t(ids.size() - miss.size());
+  if (miss.size() == ids.size()) {  // nothing cached: the prefix's output is the batch's
+    p.h = prefix(x);
+    store(ids, p.h);
+    return p;
+  }
+  if (!miss.empty()) {
+    const int64_t per = x.numel() / x.size(0);
+    Shape s = x.shape();
+    s[0] = int64_t(miss.size());
+    Tensor xm = Tensor::empty(s);
+    std::vector<int64_t> mids;
+    for (size_t i = 0; i < miss.size(); ++i) {
+      std::copy_n(x.data<float>() + miss[i] * per, per, xm.data<float>() + int64_t(i) * per);
+      mids.push_back(ids[size_t(miss[i])]);
+    }
+    store(mids, prefix(xm));
+  }
+  p.h = gather(ids).to(dev);
+  return p;
+}
+
 }  // namespace eg::cache

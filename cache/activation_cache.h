@@ -27,6 +27,7 @@
 // cache sees the same numbers as a step that recomputes the prefix.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <string>
 #include <vector>
@@ -84,6 +85,19 @@ class ActivationCache {
   void store(const std::vector<int64_t>& ids, const Tensor& h);
   // Starts gathering `ids` in the background when every one has an entry (else does nothing).
   void prefetch(const std::vector<int64_t>& ids);
+
+  // A batch's prefix output through the cache: the samples of `ids` (rows of the CPU
+  // input x) without an entry go through `prefix` as one sub-batch and are stored, then
+  // the batch is gathered whole and moved to `dev`; a batch with no entry at all takes the
+  // prefix's output as it is. (Requiring whole batches would waste the epoch after each
+  // freeze: a batch of 128 is complete with probability f^128 when a share f is cached.)
+  // `prefix` maps a CPU batch to its output on `dev`.
+  struct Pass {
+    Tensor h;  // the prefix's output for the batch
+    int64_t hits = 0;  // samples served from entries
+  };
+  Pass through(const std::vector<int64_t>& ids, const Tensor& x, Device dev,
+               const std::function<Tensor(const Tensor&)>& prefix);
 
   const CacheStats& stats() const { return stats_; }
   const std::string& dir() const { return dir_; }

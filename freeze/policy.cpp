@@ -30,33 +30,6 @@ bool apply_frozen_prefix(models::Model& m, int64_t k) {
   return changed;
 }
 
-Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured,
-                                  int64_t capture_in, Tensor* captured_in) {
-  if (k <= 0 && capture < 0 && capture_in < 0) return m.forward(x);
-  return forward_layers(m, x, 0, -1, k, capture, captured, capture_in, captured_in);
-}
-
-Tensor forward_layers(models::Model& m, const Tensor& h0, int64_t begin, int64_t end, int64_t k, int64_t capture,
-                      Tensor* captured, int64_t capture_in, Tensor* captured_in) {
-  EG_CHECK(m.sequential(), "this model is not a sequence of layer modules; it cannot run a frozen prefix");
-  auto units = m.layer_modules();
-  if (end < 0) end = int64_t(units.size());
-  EG_CHECK(begin >= 0 && begin <= end && end <= int64_t(units.size()), "forward_layers: modules [", begin, ", ", end,
-           ") of a model with ", units.size());
-  Tensor h = h0;
-  for (int64_t i = begin; i < end; ++i) {
-    if (i < k) {
-      autograd::NoGradGuard ng;  // no Node, no saved activation
-      h = units[size_t(i)].second->forward(h);
-    } else {
-      h = units[size_t(i)].second->forward(h);
-    }
-    if (i == capture && captured) *captured = h.detach();
-    if (i == capture_in && captured_in) *captured_in = h.detach();
-  }
-  return h;
-}
-
 namespace {
 
 class NonePolicy : public FreezePolicy {

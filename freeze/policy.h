@@ -109,16 +109,4 @@ std::vector<std::string> policy_names();
 // Freezes modules [0, k) and unfreezes the rest (frozen parameters drop their
 // gradients: they own no gradient memory while frozen). Returns true on a change.
 bool apply_frozen_prefix(models::Model& m, int64_t k);
-// Forward of a sequential model with modules [0, k) run under no-grad, capturing the
-// output of module `capture` (>= 0) into *captured (detached), and that of module
-// `capture_in` (>= 0: the captured unit's input) into *captured_in. (Transformers:
-// models::Transformer::forward_frozen.)
-Tensor forward_with_frozen_prefix(models::Model& m, const Tensor& x, int64_t k, int64_t capture, Tensor* captured,
-                                  int64_t capture_in = -1, Tensor* captured_in = nullptr);
-// The same for layer modules [begin, end) of a sequential model (end -1: to the last),
-// given the input of module `begin`: what the activation cache runs on either side of
-// the frozen prefix's boundary.
-Tensor forward_layers(models::Model& m, const Tensor& h, int64_t begin, int64_t end, int64_t k, int64_t capture,
-                      Tensor* captured, int64_t capture_in = -1, Tensor* captured_in = nullptr);
-
 }  // namespace eg::freeze

@@ -11,6 +11,20 @@
 
 namespace eg::models {
 
+// What a forward keeps besides its output (Note [The frozen-prefix forward]): the
+// detached output of layer module `layer` (Egeria's reading of a unit that ends there)
+// and of `input_layer` (the input of that unit, --freeze-reference-scope unit); -1: none.
+struct Capture {
+  int64_t layer = -1, input_layer = -1;
+  Tensor output, input;
+  bool any() const { return layer >= 0 || input_layer >= 0; }
+  // Keeps h when it is the output of layer module i.
+  void keep(int64_t i, const Tensor& h) {
+    if (i == layer) output = h.detach();
+    if (i == input_layer) input = h.detach();
+  }
+};
+
 class Model : public nn::Module {
  public:
   // Front to back. Freezing a prefix of this list freezes the front of the network.
@@ -24,16 +38,24 @@ class Model : public nn::Module {
   virtual bool sequential() const { return true; }
   // Forward FLOPs per sample of each layer module (same order), when known.
   virtual std::vector<double> module_flops() const { return {}; }
-  // The output of layer module `layer` for one batch, without recording gradients:
-  // what Egeria's reference model compares. x is the input (token ids of the source
-  // for a Transformer, whose target input ids are x2; x2 is unused by vision models).
-  // The default runs the layer modules 0..layer of a sequential model.
+  // Note [The frozen-prefix forward]
+  // One forward serves training with a frozen front, the activation cache on either side
+  // of the prefix's boundary and Egeria's readings. Ranges of layer modules are half-open,
+  // [begin, end), everywhere; modules below `frozen` run under no-grad (no Node, no saved
+  // activation), so a frozen prefix costs its forward only.
+  //
+  // The whole model with layer modules [0, frozen) under no-grad, filling `capture`
+  // (when given). x is the input (a Transformer's source token ids, whose target input
+  // ids are x2; x2 is unused by vision models). The default runs the layer modules of a
+  // sequential model; a model that is not sequential overrides it.
+  virtual Tensor forward_frozen(const Tensor& x, const Tensor& x2, int64_t frozen, Capture* capture = nullptr);
+  // Layer modules [begin, end) of a sequential model given h, the input of module `begin`
+  // (end -1: through the last), those below `frozen` under no-grad, filling `capture`.
+  Tensor forward_layers(const Tensor& h, int64_t begin, int64_t end, int64_t frozen, Capture* capture = nullptr);
+  // The output of layer module `layer` for one batch, without recording gradients: what
+  // Egeria's reference model compares. The default runs layer modules [0, layer] of a
+  // sequential model.
   virtual Tensor layer_output(const Tensor& x, const Tensor& x2, int64_t layer);
-  // The output of layer module `last` given h, the input of layer module `begin`
-  // (<= last), without recording gradients: layer modules begin..last of a sequential
-  // model. What a reference that evaluates one freezing unit runs
-  // (--freeze-reference-scope unit).
-  Tensor layers_output(const Tensor& h, int64_t begin, int64_t last);
 };
 
 using ModelPtr = std::shared_ptr<Model>;

@@ -67,18 +67,35 @@ void register_model(const std::string& name, ModelBuilder builder) {
   u.builders[name] = std::move(builder);  // registering again replaces, as re-running a cell would
 }
 
-Tensor Model::layer_output(const Tensor& x, const Tensor&, int64_t layer) { return layers_output(x, 0, layer); }
+Tensor Model::forward_frozen(const Tensor& x, const Tensor&, int64_t frozen, Capture* capture) {
+  if (frozen <= 0 && !(capture && capture->any())) return forward(x);
+  return forward_layers(x, 0, -1, frozen, capture);
+}
 
-Tensor Model::layers_output(const Tensor& h, int64_t begin, int64_t last) {
-  EG_CHECK(sequential(), type_name(), ": layer_output needs a sequence of layer modules");
+Tensor Model::forward_layers(const Tensor& h0, int64_t begin, int64_t end, int64_t frozen, Capture* capture) {
+  EG_CHECK(sequential(), type_name(), " is not a sequence of layer modules; it cannot run a range of them");
   auto units = layer_modules();
-  EG_CHECK(last >= 0 && last < int64_t(units.size()), type_name(), ": no layer module ", last, " (it has ",
-           units.size(), ")");
-  EG_CHECK(begin >= 0 && begin <= last, type_name(), ": layer modules ", begin, "..", last, " are no range");
+  if (end < 0) end = int64_t(units.size());
+  EG_CHECK(begin >= 0 && begin <= end && end <= int64_t(units.size()), type_name(), ": layer modules [", begin, ", ",
+           end, ") of ", units.size());
+  Tensor h = h0;
+  for (int64_t i = begin; i < end; ++i) {
+    if (i < frozen) {
+      autograd::NoGradGuard ng;  // no Node, no saved activation
+      h = units[size_t(i)].second->forward(h);
+    } else {
+      h = units[size_t(i)].second->forward(h);
+    }
+    if (capture) capture->keep(i, h);
+  }
+  return h;
+}
+
+Tensor Model::layer_output(const Tensor& x, const Tensor&, int64_t layer) {
+  const int64_t n = int64_t(layer_modules().size());
+  EG_CHECK(layer >= 0 && layer < n, type_name(), ": no layer module ", layer, " (it has ", n, ")");
   autograd::NoGradGuard ng;
-  Tensor y = h;
-  for (int64_t i = begin; i <= last; ++i) y = units[size_t(i)].second->forward(y);
-  return y;
+  return forward_layers(x, 0, layer + 1, layer + 1);
 }
 
 std::vector<std::string> model_names() {

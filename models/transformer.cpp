@@ -167,12 +167,11 @@ Tensor Transformer::forward(const Tensor& src, const Tensor& tgt_in) {
   return decode(memory, src_mask, tgt_in);
 }
 
-Tensor Transformer::forward_frozen(const Tensor& src, const Tensor& tgt_in, int64_t frozen, int64_t capture,
-                                   Tensor* captured) {
+Tensor Transformer::forward_frozen(const Tensor& src, const Tensor& tgt_in, int64_t frozen, Capture* capture) {
   const int64_t ne = int64_t(enc_.size()), nd = int64_t(dec_.size());
   EG_CHECK(frozen >= 0 && frozen <= ne + nd, "Transformer: ", frozen, " frozen layer modules, but only the ", ne + nd,
            " encoder and decoder layers can freeze (the embedding is the head)");
-  if (frozen == 0 && capture < 0) return forward(src, tgt_in);
+  if (frozen == 0 && !(capture && capture->any())) return forward(src, tgt_in);
   // Runs f under no-grad when `off`.
   auto maybe_no_grad = [](bool off, auto&& f) {
     if (!off) return f();
@@ -180,7 +179,8 @@ Tensor Transformer::forward_frozen(const Tensor& src, const Tensor& tgt_in, int6
     return f();
   };
   auto keep = [&](int64_t layer, const Tensor& h) {  // See Note [Padding in a reading]
-    if (layer == capture && captured) *captured = without_padding(h.detach(), layer < ne ? src : tgt_in);
+    if (capture && (layer == capture->layer || layer == capture->input_layer))
+      capture->keep(layer, without_padding(h.detach(), layer < ne ? src : tgt_in));
   };
   const Tensor src_mask = padding_mask(src), tgt_mask = padding_mask(tgt_in);
   Tensor h = maybe_no_grad(frozen > 0, [&] { return embed(src); });

@@ -10,7 +10,8 @@
 // Note [Freezing a Transformer]
 // Layer modules, front to back: encoder.0 .. encoder.N-1, decoder.0 .. decoder.N-1,
 // and last "embedding": the shared embedding, which is also the output projection (the
-// head), and is never frozen. With the first k layer modules frozen (forward_frozen)
+// head), and is never frozen. With the first k layer modules frozen (forward_frozen,
+// Note [The frozen-prefix forward] in models/model.h)
 // they run under no-grad, and so does the embedding lookup that feeds them: while any
 // encoder layer is frozen the source-side embedding gets no gradient, and once decoder
 // layers are frozen neither does the target side; the embedding keeps training through
@@ -39,10 +40,11 @@ class Transformer : public Model {
   // src [B, S], tgt_in [B, T] (s64 token ids; pad_id marks padding) -> logits [B, T, vocab].
   Tensor forward(const Tensor& src, const Tensor& tgt_in);
   // The same with layer modules [0, frozen) run under no-grad (Note [Freezing a
-  // Transformer]), capturing layer module `capture`'s output (>= 0) into *captured.
-  Tensor forward_frozen(const Tensor& src, const Tensor& tgt_in, int64_t frozen, int64_t capture, Tensor* captured);
+  // Transformer]), the captured outputs with their padding positions zeroed (Note
+  // [Padding in a reading]).
+  Tensor forward_frozen(const Tensor& src, const Tensor& tgt_in, int64_t frozen, Capture* capture = nullptr) override;
   // Layer module `layer`'s output with its padding positions zeroed, as the captured one
-  // of forward_frozen (Note [Padding in a reading]).
+  // of forward_frozen.
   Tensor layer_output(const Tensor& src, const Tensor& tgt_in, int64_t layer) override;
   Tensor encode(const Tensor& src, Tensor& src_mask);
   Tensor decode(const Tensor& memory, const Tensor& src_mask, const Tensor& tgt_in);

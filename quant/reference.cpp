@@ -26,7 +26,9 @@ class Fp32Reference : public ReferenceModel {
     return model_->layer_output(x.to(dev_), x2.defined() ? x2.to(dev_) : x2, module);
   }
   Tensor activation_from(const Tensor& h, int64_t begin, int64_t module) override {
-    return model_->layers_output(h.device() == dev_ ? h : h.to(dev_), begin, module);
+    EG_CHECK(begin >= 0 && begin <= module, "reference model: layer modules ", begin, "..", module, " are no range");
+    autograd::NoGradGuard ng;
+    return model_->forward_layers(h.device() == dev_ ? h : h.to(dev_), begin, module + 1, module + 1);
   }
   std::string precision() const override { return dev_.is_cpu() ? "fp32" : "fp32-gpu"; }
 

@@ -91,9 +91,9 @@ bool same_on_every_rank(dist::Communicator& w, const std::string& bytes) {
 // The image task, recording the frozen prefix each step's forward ran with.
 struct RecordingImageTask : train::ImageTask {
   std::vector<int64_t> frozen;
-  train::StepOutput training_step(train::FreezeRun& fr, int64_t capture) override {
+  train::StepOutput training_step(train::FreezeRun& fr) override {
     frozen.push_back(fr.frozen_layers());
-    return ImageTask::training_step(fr, capture);
+    return ImageTask::training_step(fr);
   }
 };
 

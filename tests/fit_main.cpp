@@ -41,10 +41,10 @@ class FailAt : public Task {
     inner_.start_epoch(epoch, first_batch);
   }
   bool next_batch() override { return inner_.next_batch(); }
-  eg::train::StepOutput training_step(eg::train::FreezeRun& fr, int64_t capture) override {
+  eg::train::StepOutput training_step(eg::train::FreezeRun& fr) override {
     if (here_ && next_step_ == step_) EG_THROW("a test failure on rank ", rank_, " at step ", step_);
     ++next_step_;
-    return inner_.training_step(fr, capture);
+    return inner_.training_step(fr);
   }
   std::vector<eg::train::Split> epoch_splits() const override { return inner_.epoch_splits(); }
   eg::train::Metrics evaluate(eg::train::Split s) override { return inner_.evaluate(s); }

@@ -61,7 +61,7 @@ Batch batch(uint64_t seed) {
 
 double step(models::Model& m, optim::Optimizer& opt, int64_t k, uint64_t seed) {
   Batch b = batch(seed);
-  Tensor loss = fn::cross_entropy(freeze::forward_with_frozen_prefix(m, b.x, k, -1, nullptr), b.y);
+  Tensor loss = fn::cross_entropy(m.forward_frozen(b.x, Tensor(), k), b.y);
   opt.zero_grad();
   loss.backward();
   opt.step();
@@ -210,10 +210,10 @@ TEST(FreezeMechanics, AModelFrozenToItsHeadRecordsNoNodeForThePrefix) {
   auto m = small_resnet(3);
   Batch b = batch(5);
   const int64_t heads = int64_t(m->layer_modules().size()) - 1;
-  Tensor full = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, b.x, 0, -1, nullptr), b.y);
+  Tensor full = fn::cross_entropy(m->forward_frozen(b.x, Tensor(), 0), b.y);
   const size_t n_full = autograd::graph_size(full);
   freeze::apply_frozen_prefix(*m, heads);
-  Tensor frozen = fn::cross_entropy(freeze::forward_with_frozen_prefix(*m, b.x, heads, -1, nullptr), b.y);
+  Tensor frozen = fn::cross_entropy(m->forward_frozen(b.x, Tensor(), heads), b.y);
   const size_t n_frozen = autograd::graph_size(frozen);
   // Only the head (global pool, linear, cross-entropy) and its two leaf sinks remain.
   EXPECT_LE(n_frozen, 6u);
@@ -227,8 +227,10 @@ TEST(FreezeMechanics, CapturedActivationIsTheModuleOutput) {
   auto m = small_resnet(4);
   m->eval();
   Batch b = batch(6);
-  Tensor cap;
-  freeze::forward_with_frozen_prefix(*m, b.x, 0, 2, &cap);
+  models::Capture c;
+  c.layer = 2;
+  m->forward_frozen(b.x, Tensor(), 0, &c);
+  const Tensor cap = c.output;
   autograd::NoGradGuard ng;
   auto u = m->layer_modules();
   Tensor h = b.x;

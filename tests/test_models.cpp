@@ -114,8 +114,10 @@ TEST(Models, TransformerFreezesFrontToBackWithoutBackwardThroughTheFrozenPart) {
   Tensor full = m.forward(src, tgt);
   // Nothing frozen: the same logits; every layer's capture equals layer_output.
   for (int64_t l = 0; l < 4; ++l) {
-    Tensor cap;
-    Tensor y = m.forward_frozen(src, tgt, 0, l, &cap);
+    models::Capture c;
+    c.layer = l;
+    Tensor y = m.forward_frozen(src, tgt, 0, &c);
+    const Tensor cap = c.output;
     EXPECT_EQ(y.to_vector<float>(), full.to_vector<float>());
     EXPECT_EQ(cap.to_vector<float>(), m.layer_output(src, tgt, l).to_vector<float>()) << layers[size_t(l)].first;
   }
@@ -132,18 +134,18 @@ TEST(Models, TransformerFreezesFrontToBackWithoutBackwardThroughTheFrozenPart) {
   };
   const size_t nodes_full = autograd::graph_size(loss_of(full));
   for (int64_t k = 1; k <= 2; ++k) {
-    Tensor y = m.forward_frozen(src, tgt, k, -1, nullptr);
+    Tensor y = m.forward_frozen(src, tgt, k);
     EXPECT_EQ(y.to_vector<float>(), full.to_vector<float>()) << k;
   }
   for (auto& p : m.parameters()) p.set_grad(Tensor());
   for (int64_t i = 0; i < 2; ++i) layers[size_t(i)].second->freeze();
-  Tensor loss = loss_of(m.forward_frozen(src, tgt, 2, -1, nullptr));
+  Tensor loss = loss_of(m.forward_frozen(src, tgt, 2));
   EXPECT_LT(autograd::graph_size(loss), nodes_full * 2 / 3);
   loss.backward();
   for (auto& p : layers[0].second->parameters()) EXPECT_FALSE(p.grad().defined());
   for (auto& p : layers[2].second->parameters()) EXPECT_TRUE(p.grad().defined());
   EXPECT_TRUE(layers[4].second->parameters()[0].grad().defined());
-  EXPECT_THROW(m.forward_frozen(src, tgt, 5, -1, nullptr), Error);  // the head never freezes
+  EXPECT_THROW(m.forward_frozen(src, tgt, 5), Error);  // the head never freezes
 }
 
 TEST(Models, CorpusBleu) {

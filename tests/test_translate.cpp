@@ -287,10 +287,11 @@ TEST(Translate, PaddingDoesNotChangeAPlasticityReading) {
     for (bool int8 : {false, true}) {
       models::Transformer& ref = int8 ? int8_ref : fp32_ref;
       auto reading = [&](const Tensor& s, const Tensor& t) {
-        Tensor captured;
+        models::Capture c;
+        c.layer = layer;
         autograd::NoGradGuard ng;
-        train_model.forward_frozen(s, t, 0, layer, &captured);
-        return freeze::sp_loss(captured, ref.layer_output(s, t, layer));
+        train_model.forward_frozen(s, t, 0, &c);
+        return freeze::sp_loss(c.output, ref.layer_output(s, t, layer));
       };
       const double short_pad = reading(s6, t5), long_pad = reading(s14, t11);
       EXPECT_GT(short_pad, 1e-4) << "layer " << layer << (int8 ? " int8" : " fp32");

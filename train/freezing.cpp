@@ -109,47 +109,37 @@ void FreezeRun::use_cache(const std::string& dir, int64_t train_samples, bool fo
       dir, train_samples, force_disk ? cache::Tier::disk : cache::Tier::automatic, dp_.comm().local_size());
 }
 
-Tensor FreezeRun::forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture,
-                          Tensor* captured) {
+void FreezeRun::start_step(int64_t step) {
+  capture_ = models::Capture();
+  capture_.layer = lead_ ? policy_->capture_module(step) : -1;  // the policy runs on rank 0 only
+  capture_.input_layer = unit_input_layer(capture_.layer);
+  x_ = x2_ = Tensor();
+}
+
+Tensor FreezeRun::forward(const Tensor& x, const Tensor& x2, const std::vector<int64_t>& ids, Device dev) {
+  x_ = x, x2_ = x2;
   const int64_t k = frozen_layers();
   ++steps_;
-  const int64_t capture_in = unit_input_layer(capture);
-  unit_input_ = Tensor();
-  Tensor* captured_in = capture_in >= 0 ? &unit_input_ : nullptr;
   // A capture inside the prefix needs the prefix run (the unit's input there is the
   // prefix's output, which the cache holds, when the front unit is the first unfrozen).
-  if (!cache_ || k <= 0 || (capture >= 0 && capture < k) || (capture_in >= 0 && capture_in < k - 1))
-    return freeze::forward_with_frozen_prefix(model_, x.to(dev), k, capture, captured, capture_in, captured_in);
+  if (!cache_ || k <= 0 || (capture_.layer >= 0 && capture_.layer < k) ||
+      (capture_.input_layer >= 0 && capture_.input_layer < k - 1))
+    return model_.forward_frozen(x.to(dev), x2.defined() ? x2.to(dev) : x2, k, &capture_);
+  return cached_forward(x, ids, dev);
+}
+
+Tensor FreezeRun::cached_forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev) {
+  const int64_t k = frozen_layers();
   cache_->set_key(generation_);  // See Note [Activation cache validity]
-  // Samples the cache lacks (all of them in the first epoch after a freeze, a few in
-  // the next) go through the prefix as a sub-batch and are stored; then the batch is
-  // gathered whole (a batch with none cached uses the prefix's output as it is). Requiring whole batches would waste the epoch after each freeze:
-  // a batch of 128 is complete with probability f^128 when a fraction f is cached.
-  const std::vector<int64_t> miss = cache_->missing(ids);
-  Tensor h;
-  if (miss.size() == ids.size()) {  // nothing cached: the prefix's output is the batch's
-    h = freeze::forward_layers(model_, x.to(dev), 0, k, k, -1, nullptr);
-    cache_->store(ids, h);
-  } else if (!miss.empty()) {
-    const int64_t per = x.numel() / x.size(0);
-    Shape s = x.shape();
-    s[0] = int64_t(miss.size());
-    Tensor xm = Tensor::empty(s);
-    std::vector<int64_t> mids;
-    for (size_t i = 0; i < miss.size(); ++i) {
-      std::copy_n(x.data<float>() + miss[i] * per, per, xm.data<float>() + int64_t(i) * per);
-      mids.push_back(ids[size_t(miss[i])]);
-    }
-    cache_->store(mids, freeze::forward_layers(model_, xm.to(dev), 0, k, k, -1, nullptr));
-  }
-  const double hit = double(ids.size() - miss.size()) / double(ids.size());
-  hit_samples_ += int64_t(ids.size() - miss.size());
-  miss_samples_ += int64_t(miss.size());
-  hit_batches_ += miss.empty();
-  fwd_flops_saved_sum_ += hit * frozen_share(unit_flops_);
-  if (!h.defined()) h = cache_->gather(ids).to(dev);
-  if (capture_in == k - 1) unit_input_ = h;
-  return freeze::forward_layers(model_, h, k, -1, k, capture, captured, capture_in, captured_in);
+  const cache::ActivationCache::Pass p =
+      cache_->through(ids, x, dev, [&](const Tensor& xs) { return model_.forward_layers(xs.to(dev), 0, k, k); });
+  const int64_t n = int64_t(ids.size());
+  hit_samples_ += p.hits;
+  miss_samples_ += n - p.hits;
+  hit_batches_ += p.hits == n;
+  fwd_flops_saved_sum_ += double(p.hits) / double(n) * frozen_share(unit_flops_);
+  if (capture_.input_layer == k - 1) capture_.input = p.h;
+  return model_.forward_layers(p.h, k, -1, k, &capture_);
 }
 
 int64_t FreezeRun::unit_input_layer(int64_t capture) const {
@@ -163,16 +153,17 @@ void FreezeRun::prefetch(const std::vector<int64_t>& next_ids) {
   if (cache_ && frozen_layers() > 0 && cache_->key() == generation_) cache_->prefetch(next_ids);
 }
 
-void FreezeRun::after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds) {
+void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   flops_saved_sum_ += frozen_share(unit_flops_);
   const auto t0 = std::chrono::steady_clock::now();
-  if (lead_ && unit_input_.defined()) {
+  if (lead_) {
     freeze::StepInfo si = s;
-    si.unit_input = std::exchange(unit_input_, Tensor());
-    policy_->after_step(si, x, captured, model_);
-  } else if (lead_) {
-    policy_->after_step(s, x, captured, model_);
+    si.x2 = x2_;
+    si.unit_input = capture_.input;
+    policy_->after_step(si, x_, capture_.output, model_);
   }
+  capture_ = models::Capture();
+  x_ = x2_ = Tensor();
   frozen_ = rank0s(lead_ ? policy_->frozen_prefix() : frozen_);
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
     ++generation_;

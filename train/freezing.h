@@ -49,27 +49,33 @@ class FreezeRun {
   FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
             const dist::Strategy& strategy);
 
-  // Layer modules (not units) to run under no-grad now, and the one to capture before
-  // the forward of `step` (-1: none; the policy runs on rank 0 only).
+  // Layer modules (not units) to run under no-grad now.
   int64_t frozen_layers() const { return part_.layer_prefix(frozen_); }
-  int64_t capture_layer(int64_t step) const { return lead_ ? policy_->capture_module(step) : -1; }
 
   // --freeze-cache on: keep the frozen prefix's outputs for the `train_samples` training
   // samples (image models; the trainer validated the configuration), in memory when
   // they fit, else on disk in `dir` (always there when `force_disk`).
   void use_cache(const std::string& dir, int64_t train_samples, bool force_disk);
-  // The step's forward (image models): the frozen prefix under no-grad, or from the
-  // activation cache when it holds the whole batch `ids`, then the rest, capturing the
-  // output of layer module `capture` (>= 0), and with --freeze-reference-scope unit the
-  // input of its unit too (kept for after_step). Then the next batch's ids to gather ahead.
-  Tensor forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev, int64_t capture, Tensor* captured);
-  void prefetch(const std::vector<int64_t>& next_ids);
   bool caching() const { return cache_ != nullptr; }
+
+  // ---- one step. Before its forward, the loop says which step it is: the policy (rank 0)
+  // then says what to capture.
+  void start_step(int64_t step);
+  // The step's forward for every task: the model with its frozen prefix under no-grad
+  // (Note [The frozen-prefix forward] in models/model.h), or with --freeze-cache the
+  // prefix's output from the activation cache where it holds the batch's samples `ids`.
+  // x (and x2, a Transformer's target input ids) are the CPU batch, moved to `dev`; the
+  // freezing keeps them and the captured outputs for after_step, its one channel from
+  // the forward to the policy.
+  Tensor forward(const Tensor& x, const Tensor& x2, const std::vector<int64_t>& ids, Device dev);
+  // The next batch's ids, for the cache to gather ahead.
+  void prefetch(const std::vector<int64_t>& next_ids);
 
   // After the optimizer step: accounting, the policy, its decision applied to the
   // model (a "freeze" line in metrics.jsonl when the frozen set changed) and its log.
   // Collective: every rank calls it every step (Note [Freezing across ranks]).
-  void after_step(const freeze::StepInfo& s, const Tensor& x, const Tensor& captured, double train_seconds);
+  // `s` says the step; the batch and the captures are this step's forward's.
+  void after_step(const freeze::StepInfo& s, double train_seconds);
 
   // Fields for metrics.jsonl step lines: frozen units and active parameter share.
   nlohmann::json step_fields() const;
@@ -88,6 +94,7 @@ class FreezeRun {
   // --freeze-reference-scope unit: the layer module whose output is the input of the unit
   // that ends at layer module `capture` (-1: none, or the unit starts the network).
   int64_t unit_input_layer(int64_t capture) const;
+  Tensor cached_forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev);
   models::Model& model_;
   const dist::Strategy& dp_;
   const bool lead_;  // rank 0: runs the policy and writes the logs
@@ -100,7 +107,9 @@ class FreezeRun {
   std::unique_ptr<cache::ActivationCache> cache_;
   bool unit_scope_ = false;
   bool reference_on_training_cores_ = true;  // see reference_overhead_fraction
-  Tensor unit_input_;  // the captured unit's input, from forward() to after_step()
+  // This step's CPU batch and captures, from start_step() and forward() to after_step().
+  Tensor x_, x2_;
+  models::Capture capture_;
   int64_t generation_ = 0;  // bumped whenever the frozen set changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;

@@ -269,14 +269,13 @@ void ImageTask::load_state(const nlohmann::json& state) {
   left_out_here_ = 0;
 }
 
-StepOutput ImageTask::training_step(FreezeRun& fr, int64_t capture) {
+StepOutput ImageTask::training_step(FreezeRun& fr) {
   StepOutput out;
   if (batch_.ids.empty()) return out;  // this rank's share is empty, or every image was left out
-  Tensor logits = fr.forward(batch_.x, batch_.ids, dev_, capture, &out.captured);
+  Tensor logits = fr.forward(batch_.x, Tensor(), batch_.ids, dev_);
   if (fr.caching()) fr.prefetch(loader_->upcoming_ids(1));  // gathered while this step runs
   out.loss = fn::cross_entropy(logits, batch_.y.to(dev_), c_.label_smoothing);
   out.samples = batch_.y.numel();
-  out.input = batch_.x;
   return out;
 }
 

@@ -38,7 +38,7 @@ class ImageTask : public Task {
   int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
   void start_epoch(int64_t epoch, int64_t first_batch) override { loader_->start_epoch(epoch, first_batch); }
   bool next_batch() override;
-  StepOutput training_step(FreezeRun& fr, int64_t capture) override;
+  StepOutput training_step(FreezeRun& fr) override;
   std::vector<Split> epoch_splits() const override;
   Metrics evaluate(Split s) override;
   std::string selection_metric() const override { return "accuracy"; }

@@ -292,15 +292,15 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   const auto t0 = Clock::now();
   const double lr = r.sched->lr_at(st.step);
   r.opt->set_lr(lr);
-  StepOutput out = r.task.training_step(*r.freezing, r.freezing->capture_layer(st.step));
+  r.freezing->start_step(st.step);
+  StepOutput out = r.task.training_step(*r.freezing);
   // No loss: this rank's share of the global batch is empty (data parallelism, or every
   // image of the batch left out by --skip-bad-images).
   EG_CHECK(out.loss.defined() || out.samples == 0, "the task gave no loss for step ", st.step);
   const dist::StepResult s = r.dp.step(out.loss, out.samples, *r.opt, st.step, r.c.grad_clip);
   if (s.not_finite != dist::StepResult::NotFinite::none) stop_not_finite(r, s);
   ++st.step, ++st.batch, ++r.steps_this_run, ++steps_this_epoch;
-  r.freezing->after_step({st.step, st.epoch, lr, s.loss, out.input2, Tensor(), s.count > 0}, out.input, out.captured,
-                         st.train_seconds);
+  r.freezing->after_step({st.step, st.epoch, lr, s.loss, Tensor(), Tensor(), s.count > 0}, st.train_seconds);
   st.samples += s.count;
   if (s.count > 0) st.epoch_loss_sum += s.loss, ++st.epoch_loss_n;
   st.train_seconds += seconds_since(t0);

@@ -34,10 +34,6 @@ struct StepOutput {
   // backward on it. Undefined when this rank's share of the global batch is empty.
   Tensor loss;
   int64_t samples = 0;  // what the loss is a mean over and the throughput counts: images, or target tokens
-  // What the freezing reference sees: the batch's input and, for two-input models such
-  // as a Transformer, the second one (freeze::StepInfo::x2).
-  Tensor input, input2;
-  Tensor captured;  // the output of the layer module the loop asked to capture, if any
 };
 
 // A split's figures by name ("loss", "accuracy", "bleu"); logged as "<split>_<name>".
@@ -76,9 +72,10 @@ class Task {
   virtual void start_epoch(int64_t epoch, int64_t first_batch) = 0;
   // Loads this rank's share of the next batch; false at the epoch's end.
   virtual bool next_batch() = 0;
-  // The loaded batch's forward and loss, through the freezing state: the frozen prefix
-  // under no-grad (or from the activation cache), capturing layer module `capture`.
-  virtual StepOutput training_step(FreezeRun& freezing, int64_t capture) = 0;
+  // The loaded batch's forward and loss. The forward goes through freezing.forward() (the
+  // frozen prefix under no-grad, or from the activation cache), which also hands the
+  // batch and the captured outputs to the freezing policy.
+  virtual StepOutput training_step(FreezeRun& freezing) = 0;
 
   // ---- evaluation (the model is put in eval mode by the loop and back after).
   // The splits evaluated at every epoch's end; the first picks the best epoch. A test

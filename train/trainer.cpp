@@ -171,9 +171,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
         transformer ? 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4)) : (i + comm.rank()) % mc.num_classes;
   Tensor y = Tensor::from_vector(labels, {samples}, dev);
   auto forward = [&] {
-    if (!transformer) return freeze::forward_with_frozen_prefix(*m, x, frozen_layers, -1, nullptr);
-    Tensor logits = static_cast<models::Transformer&>(*m).forward_frozen(x, x2, frozen_layers, -1, nullptr);
-    return fn::reshape(logits, {samples, logits.size(2)});
+    Tensor logits = m->forward_frozen(x, x2, frozen_layers);
+    return transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits;
   };
   const dist::GradSync* sync = dp.sync();
   std::vector<double> ms, wait_ms, comm_ms;

@@ -178,17 +178,14 @@ void TranslationTask::configure_freezing(freeze::PolicyConfig& pc) const {
   };
 }
 
-StepOutput TranslationTask::training_step(FreezeRun& fr, int64_t capture) {
+StepOutput TranslationTask::training_step(FreezeRun& fr) {
   StepOutput out;
   if (batch_.ids.empty()) return out;  // this rank's share of a short batch is empty
-  Tensor logits =
-      model_->forward_frozen(batch_.src.to(dev_), batch_.tgt_in.to(dev_), fr.frozen_layers(), capture, &out.captured);
+  Tensor logits = fr.forward(batch_.src, batch_.tgt_in, batch_.ids, dev_);
   const int64_t n = batch_.tgt_out.numel();
   out.loss = fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), batch_.tgt_out.reshape({n}).to(dev_),
                                c_.label_smoothing, mc_.pad_id);
   out.samples = batch_.tgt_tokens;  // target tokens, as fairseq's wps
-  out.input = batch_.src;
-  out.input2 = batch_.tgt_in;
   return out;
 }
 

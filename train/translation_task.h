@@ -49,7 +49,7 @@ class TranslationTask : public Task {
   int64_t batches_per_epoch() const override { return steps_per_epoch_; }
   void start_epoch(int64_t epoch, int64_t first_batch) override { batcher_->start_epoch(epoch, first_batch); }
   bool next_batch() override { return batcher_->next(batch_); }
-  StepOutput training_step(FreezeRun& fr, int64_t capture) override;
+  StepOutput training_step(FreezeRun& fr) override;
   std::vector<Split> epoch_splits() const override { return {Split::valid}; }
   Metrics evaluate(Split s) override;
   Metrics evaluate_loss(Split s) override;  // no BLEU: no decoding
