@@ -133,18 +133,24 @@ struct TrainConfig {
 //   epochs with the LR falling 10x at a third, two thirds and 8/9 of them (30, 60, 80:
 //   torchvision's ResNet-50); for MobileNetV2 lr 0.05 x global batch / 256 with a cosine
 //   schedule over 150 epochs and weight decay 4e-5.
-// apply_model_defaults(c, given, world_size) sets those for c.model and c.dataset, leaving
-// alone the fields whose flags are in `given` ("--lr", "--optimizer", ...: what the user
-// set explicitly); `world_size` is the number of ranks (the global batch is
-// c.batch_size x world_size). The CLI calls it with the flags it parsed; library users
+// Each option's row holds its own recipe defaults (Option::recipe_default).
+// apply_model_defaults(c, given, world_size) applies them for c.model and c.dataset, in
+// the table's order, leaving alone the fields whose flags are in `given` ("--lr",
+// "--optimizer", ...: what the user set explicitly); `world_size` is the number of ranks
+// (the global batch is c.batch_size x world_size). The CLI calls it with the flags it parsed; library users
 // call default_config(model, dataset) and then set what they want.
 void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given = {}, int world_size = 1);
 TrainConfig default_config(const std::string& model, const std::string& dataset = "");
 
 bool is_translation_model(const std::string& model);  // "transformer-*"
 
-// Every problem named in the flag's terms (eg::Error).
+// Every problem named in the flag's terms (eg::Error): each option's own rule
+// (Option::check), then the rules between options.
 void validate(const TrainConfig& c);
+
+// Which of the recipes of Note [Model-dependent defaults] c.model and c.dataset train with.
+enum class Recipe { images, transformer, image_folder, image_folder_mobilenet };
+Recipe recipe_of(const TrainConfig& c);
 
 // ---- the table of options
 enum class OptionGroup { run, data, optimisation, parallel, freezing, reference, cache, translation, hidden };
@@ -167,6 +173,13 @@ struct Option {
   // Sets the value from config.json's form or, as a JSON string, from the command line's
   // text; throws eg::Error naming the flag and the accepted values.
   std::function<void(TrainConfig&, const nlohmann::json&)> set;
+  // The value's own rule (a range, a known name), checked by validate(): throws eg::Error
+  // naming the flag. Empty: every value parses to a valid one.
+  std::function<void(const TrainConfig&)> check;
+  // The default under the recipes other than TrainConfig's initialisers (Note
+  // [Model-dependent defaults]): sets the field for c.model and c.dataset on
+  // `world_size` ranks, or leaves it. Empty: the initialiser's value everywhere.
+  std::function<void(TrainConfig&, int world_size)> recipe_default;
 };
 const std::vector<Option>& options();
 const Option& option(const std::string& flag_or_key);

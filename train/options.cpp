@@ -3,10 +3,15 @@
 // written. The command line, config.json and the resume check all come from here.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <type_traits>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "freeze/policy.h"
+#include "models/model.h"
+#include "quant/reference.h"
 #include "train/config.h"
 
 namespace eg::train {
@@ -75,12 +80,52 @@ Option row(const char* flag, const char* key, OptionGroup g, OnResume r, std::st
   return o;
 }
 
+// A number's own rule: `ok` holds for the values it accepts, and `says` ends the
+// sentence "FLAG must be ..." that names the others.
 template <class T>
-Option number(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, T TrainConfig::*m) {
+struct Rule {
+  bool (*ok)(T) = nullptr;
+  const char* says = "";
+};
+
+template <class T>
+Option number(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, T TrainConfig::*m,
+              Rule<T> rule = {}) {
   Option o = row(flag, key, g, r, std::move(help), std::is_floating_point_v<T> ? "X" : "N");
   o.get = [m](const TrainConfig& c) { return json(c.*m); };
   o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) { c.*m = to_number<T>(f, j); };
+  if (rule.ok)
+    o.check = [m, rule, f = std::string(flag)](const TrainConfig& c) {
+      EG_CHECK(rule.ok(c.*m), f, " must be ", rule.says, ", got ", c.*m);
+    };
   return o;
+}
+
+// A row with a rule of its own beyond a number's range (a known name, several values).
+Option checked(Option o, std::function<void(const TrainConfig&)> check) {
+  o.check = std::move(check);
+  return o;
+}
+
+// A row with defaults of its own under the other recipes (Note [Model-dependent defaults]).
+Option recipe(Option o, std::function<void(TrainConfig&, int world_size)> defaults) {
+  o.recipe_default = std::move(defaults);
+  return o;
+}
+
+// The global batch, which the image-folder recipes scale the LR by (Goyal et al.).
+double global_batch(const TrainConfig& c, int world_size) {
+  return double(c.batch_size) * double(std::max(world_size, 1));
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+bool member(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
 }
 
 Option text(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, std::string TrainConfig::*m,
@@ -162,17 +207,29 @@ std::vector<Option> make_options() {
   const OnResume F = OnResume::fixed, Free = OnResume::free;
   std::vector<Option> t;
   // ---- run
-  t.push_back(text("--model", "model", G::run, F, "the model to train", &TrainConfig::model, "NAME"));
-  t.push_back(text("--out", "out", G::run, Free, "output directory", &TrainConfig::out, "DIR"));
-  t.push_back(text("--device", "device", G::run, F, "cpu or cuda[:N]", &TrainConfig::device, "cpu|cuda:N"));
-  t.push_back(number("--epochs", "epochs", G::run, F,
-                     "epochs to train; on --resume without freezing it may grow when the LR of every step already "
-                     "taken stays the same (constant or inverse-sqrt schedules, explicit --milestones)",
-                     &TrainConfig::epochs));
+  t.push_back(checked(text("--model", "model", G::run, F, "the model to train", &TrainConfig::model, "NAME"),
+                      [](const TrainConfig& c) {
+    EG_CHECK(member(models::model_names(), c.model), "--model: unknown model '", c.model,
+             "' (known: ", joined(models::model_names()), ")");
+  }));
+  t.push_back(checked(text("--out", "out", G::run, Free, "output directory", &TrainConfig::out, "DIR"),
+                      [](const TrainConfig& c) { EG_CHECK(!c.out.empty(), "--out must name a directory"); }));
+  t.push_back(checked(text("--device", "device", G::run, F, "cpu or cuda[:N]", &TrainConfig::device, "cpu|cuda:N"),
+                      [](const TrainConfig& c) { Device::parse(c.device); }));  // throws naming the device string
+  t.push_back(
+      recipe(number("--epochs", "epochs", G::run, F,
+                    "epochs to train; on --resume without freezing it may grow when the LR of every step already "
+                    "taken stays the same (constant or inverse-sqrt schedules, explicit --milestones)",
+                    &TrainConfig::epochs, Rule<int64_t>{[](int64_t v) { return v > 0; }, "positive"}),
+             [](TrainConfig& c, int) {
+    if (recipe_of(c) == Recipe::image_folder) c.epochs = 90;
+    if (recipe_of(c) == Recipe::image_folder_mobilenet) c.epochs = 150;
+      }));
   t.push_back(number("--seed", "seed", G::run, F, "seed of the initialisation, shuffling and augmentation",
                      &TrainConfig::seed));
   t.push_back(number("--threads", "threads", G::run, OnResume::warn,
-                     "CPU threads (0: all cores; config.json records the count used)", &TrainConfig::threads));
+                     "CPU threads (0: all cores; config.json records the count used)", &TrainConfig::threads,
+                     Rule<int>{[](int v) { return v >= 0; }, "0 (all cores) or a positive count"}));
   t.push_back(choice("--cpu-winograd", "cpu_winograd", G::run, F,
                      "Winograd for the CPU's 3x3 convolutions with >= 32 channels where oneDNN has it (AVX-512); "
                      "off: all direct, as PyTorch (default on, or off when EG_CPU_WINOGRAD=0; config.json records "
@@ -181,66 +238,84 @@ std::vector<Option> make_options() {
   t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",
                           &TrainConfig::resume));
   t.push_back(number("--checkpoint-every", "checkpoint_every", G::run, Free,
-                     "also checkpoint every N steps (0: at epoch ends only)", &TrainConfig::checkpoint_every));
+                     "also checkpoint every N steps (0: at epoch ends only)", &TrainConfig::checkpoint_every,
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   t.push_back(number("--keep-checkpoints", "keep_checkpoints", G::run, Free,
                      "keep the newest N checkpoints (checkpoint-<step>.safetensors beside checkpoint.safetensors); "
                      "--resume falls back to an older one when the newest cannot be read",
-                     &TrainConfig::keep_checkpoints));
+                     &TrainConfig::keep_checkpoints, Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   t.push_back(number("--log-every", "log_every", G::run, Free, "metrics.jsonl and progress every N steps",
-                     &TrainConfig::log_every));
+                     &TrainConfig::log_every, Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   t.push_back(number("--eval-every", "eval_every", G::run, Free,
                      "also evaluate the loss on the validation split (test without one) every N steps, logged as "
                      "\"eval\" lines in metrics.jsonl with the perplexity; no BLEU (0: at epoch ends only)",
-                     &TrainConfig::eval_every));
+                     &TrainConfig::eval_every,
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "0 (epoch ends only) or a number of steps"}));
   t.push_back(number("--target-accuracy", "target_accuracy", G::run, F,
-                     "report the time to reach this test accuracy (0..1 or 0..100)", &TrainConfig::target_accuracy));
+                     "report the time to reach this test accuracy (0..1 or 0..100)", &TrainConfig::target_accuracy,
+                     Rule<double>{[](double v) { return v >= 0 && v <= 100; }, "in [0, 1] or [0, 100]"}));
   t.push_back(text("--init-from", "init_from", G::run, F,
                    "start from the weights in FILE (a model.safetensors, best.safetensors or checkpoint) where names "
                    "and shapes match, saying which were missing, of other shapes or not in the model",
                    &TrainConfig::init_from, "FILE"));
   t.push_back(number("--stop-after-steps", "stop_after_steps", G::hidden, Free,
-                     "testing: end this invocation after N steps, as if killed", &TrainConfig::stop_after_steps));
+                     "testing: end this invocation after N steps, as if killed", &TrainConfig::stop_after_steps,
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   // ---- data
-  t.push_back(text("--dataset", "dataset", G::data, F,
-                   "the dataset: fashion-mnist, mnist, cifar10, cifar100, synthetic, imagefolder (--data-dir DIR with "
-                   "DIR/train/<class>/* and DIR/val/<class>/*, JPEG or PNG); translation: en-es",
-                   &TrainConfig::dataset, "NAME"));
+  t.push_back(
+      recipe(text("--dataset", "dataset", G::data, F,
+                  "the dataset: fashion-mnist, mnist, cifar10, cifar100, synthetic, imagefolder (--data-dir DIR with "
+                  "DIR/train/<class>/* and DIR/val/<class>/*, JPEG or PNG); translation: en-es",
+                  &TrainConfig::dataset, "NAME"),
+             [](TrainConfig& c, int) {
+    if (recipe_of(c) == Recipe::transformer) c.dataset = "en-es";
+      }));
   t.push_back(text("--data-dir", "data_dir", G::data, Free,
                    "dataset directory (fashion-mnist defaults to Debian's package, en-es to datasets/en-es)",
                    &TrainConfig::data_dir, "DIR"));
   t.push_back(number("--image-size", "image_size", G::data, F,
                      "--dataset imagefolder: the side of the square crops the network sees (0: 224); training "
                      "takes a RandomResizedCrop of it, evaluation the centre of the image resized to size x 256/224",
-                     &TrainConfig::image_size));
+                     &TrainConfig::image_size,
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "positive (or 0: the default)"}));
   t.push_back(number("--image-channels", "image_channels", G::data, F,
                      "--dataset imagefolder: 3 (RGB, as PIL's convert(\"RGB\")) or 1 (grey, as torchvision's "
                      "Grayscale())",
-                     &TrainConfig::image_channels));
+                     &TrainConfig::image_channels,
+                     Rule<int64_t>{[](int64_t v) { return v == 1 || v == 3; }, "1 (grey) or 3 (RGB)"}));
   t.push_back(number("--crop-pct", "crop_pct", G::data, F,
                      "--dataset imagefolder: evaluation resizes the short side to --image-size / X and takes the "
                      "centre crop (timm's crop_pct; 0.875: 256 for 224; 1: the whole short side)",
-                     &TrainConfig::crop_pct));
-  t.push_back(number_list("--image-mean", "image_mean", G::data, F,
+                     &TrainConfig::crop_pct, Rule<double>{[](double v) { return v > 0 && v <= 1; }, "in (0, 1]"}));
+  t.push_back(
+      checked(number_list("--image-mean", "image_mean", G::data, F,
                           "--dataset imagefolder: per-channel mean for normalising, in [0, 1] (default ImageNet's "
                           "0.485,0.456,0.406; grey: 0.449)",
-                          &TrainConfig::image_mean));
-  t.push_back(number_list("--image-std", "image_std", G::data, F,
-                          "--dataset imagefolder: per-channel standard deviation for normalising (default "
-                          "ImageNet's 0.229,0.224,0.225; grey: 0.226)",
-                          &TrainConfig::image_std));
+                          &TrainConfig::image_mean),
+              [](const TrainConfig& c) {
+    for (double v : c.image_mean) EG_CHECK(std::isfinite(v), "--image-mean must be finite numbers, got ", v);
+      }));
+  t.push_back(checked(number_list("--image-std", "image_std", G::data, F,
+                                  "--dataset imagefolder: per-channel standard deviation for normalising (default "
+                                  "ImageNet's 0.229,0.224,0.225; grey: 0.226)",
+                                  &TrainConfig::image_std),
+                      [](const TrainConfig& c) {
+    for (double v : c.image_std) EG_CHECK(v > 0 && std::isfinite(v), "--image-std must be positive numbers, got ", v);
+  }));
   t.push_back(flag_switch("--skip-bad-images", "skip_bad_images", G::data, F,
                           "--dataset imagefolder: leave out an image file that cannot be read or decoded, warning "
                           "once with its path and the reason and counting it (summary.json images_left_out), "
                           "instead of stopping the run",
                           &TrainConfig::skip_bad_images));
   t.push_back(number("--train-limit", "train_limit", G::data, F, "use the first N training images (or sentence pairs)",
-                     &TrainConfig::train_limit));
+                     &TrainConfig::train_limit, Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   t.push_back(number("--test-limit", "test_limit", G::data, F,
-                     "use the first N test images (translation: valid and test pairs)", &TrainConfig::test_limit));
+                     "use the first N test images (translation: valid and test pairs)", &TrainConfig::test_limit,
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   t.push_back(number("--val-fraction", "val_fraction", G::data, F,
                      "hold out this fraction of the training images (seeded) as a validation split; the best epoch "
                      "and best.safetensors are then chosen on it (0: none, the best is selected on test)",
-                     &TrainConfig::val_fraction));
+                     &TrainConfig::val_fraction, Rule<double>{[](double v) { return v >= 0 && v < 1; }, "in [0, 1)"}));
   t.push_back(
       flag_switch("--no-augment", "augment", G::data, F, "no random crop and flip", &TrainConfig::augment, false));
   t.push_back(choice("--augment-mode", "augment_mode", G::data, F,
@@ -251,18 +326,48 @@ std::vector<Option> make_options() {
   t.push_back(number("--workers", "workers", G::data, Free,
                      "data loader threads, decoding and augmenting ahead of the step (0: the rank's cores less the "
                      "training threads, at least 1; config.json records the count used)",
-                     &TrainConfig::workers));
+                     &TrainConfig::workers,
+                     Rule<int>{[](int v) { return v >= 0; },
+                               "0 (one less than the cores a rank has, at least 1) or a positive count"}));
   // ---- optimisation
-  t.push_back(number("--batch-size", "batch_size", G::optimisation, F,
-                     "samples (sentences) per step on each rank; the global batch is this times the number of ranks",
-                     &TrainConfig::batch_size));
-  t.push_back(choice("--optimizer", "optimizer", G::optimisation, F, "the optimizer", &TrainConfig::optimizer,
-                     Names<OptimizerKind>{{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}));
-  t.push_back(number("--lr", "lr", G::optimisation, F, "base learning rate", &TrainConfig::lr));
-  t.push_back(number("--momentum", "momentum", G::optimisation, F, "SGD momentum", &TrainConfig::momentum));
+  t.push_back(
+      recipe(number("--batch-size", "batch_size", G::optimisation, F,
+                    "samples (sentences) per step on each rank; the global batch is this times the number of ranks",
+                    &TrainConfig::batch_size, Rule<int64_t>{[](int64_t v) { return v > 0; }, "positive"}),
+             [](TrainConfig& c, int) {
+    if (recipe_of(c) == Recipe::transformer) c.batch_size = 64;
+      }));
+  t.push_back(recipe(choice("--optimizer", "optimizer", G::optimisation, F, "the optimizer", &TrainConfig::optimizer,
+                            Names<OptimizerKind>{{"sgd", OptimizerKind::sgd}, {"adamw", OptimizerKind::adamw}}),
+                     [](TrainConfig& c, int) {
+    const Recipe r = recipe_of(c);
+    if (r == Recipe::transformer) c.optimizer = OptimizerKind::adamw;
+    if (r == Recipe::image_folder || r == Recipe::image_folder_mobilenet) c.optimizer = OptimizerKind::sgd;
+  }));
+  t.push_back(recipe(number("--lr", "lr", G::optimisation, F, "base learning rate", &TrainConfig::lr,
+                            Rule<double>{[](double v) { return v > 0 && std::isfinite(v); }, "a positive number"}),
+                     [](TrainConfig& c, int world) {
+    const Recipe r = recipe_of(c);
+    if (r == Recipe::transformer) c.lr = 5e-4;
+    if (r == Recipe::image_folder) c.lr = 0.1 * global_batch(c, world) / 256;
+    if (r == Recipe::image_folder_mobilenet) c.lr = 0.05 * global_batch(c, world) / 256;
+  }));
+  t.push_back(recipe(number("--momentum", "momentum", G::optimisation, F, "SGD momentum", &TrainConfig::momentum,
+                            Rule<double>{[](double v) { return v >= 0 && v < 1; }, "in [0, 1)"}),
+                     [](TrainConfig& c, int) {
+    const Recipe r = recipe_of(c);
+    if (r == Recipe::image_folder || r == Recipe::image_folder_mobilenet) c.momentum = 0.9;
+  }));
   t.push_back(
       flag_switch("--nesterov", "nesterov", G::optimisation, F, "SGD with Nesterov momentum", &TrainConfig::nesterov));
-  t.push_back(number("--weight-decay", "weight_decay", G::optimisation, F, "weight decay", &TrainConfig::weight_decay));
+  t.push_back(recipe(number("--weight-decay", "weight_decay", G::optimisation, F, "weight decay",
+                            &TrainConfig::weight_decay, Rule<double>{[](double v) { return v >= 0; }, "non-negative"}),
+                     [](TrainConfig& c, int) {
+    const Recipe r = recipe_of(c);
+    if (r == Recipe::transformer) c.weight_decay = 0;
+    if (r == Recipe::image_folder) c.weight_decay = 1e-4;
+    if (r == Recipe::image_folder_mobilenet) c.weight_decay = 4e-5;
+  }));
   {
     Option o = row("--adam-betas", "adam_betas", G::optimisation, F, "AdamW beta1,beta2", "B1,B2");
     o.get = [](const TrainConfig& c) { return json::array({c.adam_beta1, c.adam_beta2}); };
@@ -278,41 +383,84 @@ std::vector<Option> make_options() {
       c.adam_beta1 = to_number<double>("--adam-betas", v[0]);
       c.adam_beta2 = to_number<double>("--adam-betas", v[1]);
     };
+    o.check = [](const TrainConfig& c) {
+      EG_CHECK(c.adam_beta1 >= 0 && c.adam_beta1 < 1 && c.adam_beta2 >= 0 && c.adam_beta2 < 1,
+               "--adam-betas must both be in [0, 1), got ", c.adam_beta1, ",", c.adam_beta2);
+    };
+    o.recipe_default = [](TrainConfig& c, int) {
+      if (recipe_of(c) == Recipe::transformer) c.adam_beta1 = 0.9, c.adam_beta2 = 0.98;
+    };
     t.push_back(o);
   }
-  t.push_back(choice("--lr-schedule", "lr_schedule", G::optimisation, F, "the learning-rate schedule",
-                     &TrainConfig::lr_schedule,
-                     Names<Schedule>{{"step", Schedule::step},
-                                     {"multistep", Schedule::step},
-                                     {"cosine", Schedule::cosine},
-                                     {"constant", Schedule::constant},
-                                     {"inverse-sqrt", Schedule::inverse_sqrt},
-                                     {"linear", Schedule::linear}}));
-  t.push_back(number_list("--milestones", "milestones", G::optimisation, F,
-                          "epochs at which step multiplies the LR by --gamma (default: half and three quarters of "
-                          "--epochs, rounded down; image folders: a third, two thirds and 8/9)",
-                          &TrainConfig::milestones, "E1,E2,..."));
-  t.push_back(number("--gamma", "gamma", G::optimisation, F, "the step schedule's LR factor", &TrainConfig::gamma));
-  t.push_back(number("--warmup-steps", "warmup_steps", G::optimisation, F, "linear LR warmup over N steps",
-                     &TrainConfig::warmup_steps));
-  t.push_back(number("--label-smoothing", "label_smoothing", G::optimisation, F,
-                     "label smoothing of the training loss, as PyTorch's CrossEntropyLoss(label_smoothing=X) "
-                     "(default 0; Transformers 0.1); evaluation losses are unsmoothed",
-                     &TrainConfig::label_smoothing));
+  t.push_back(recipe(choice("--lr-schedule", "lr_schedule", G::optimisation, F, "the learning-rate schedule",
+                            &TrainConfig::lr_schedule,
+                            Names<Schedule>{{"step", Schedule::step},
+                                            {"multistep", Schedule::step},
+                                            {"cosine", Schedule::cosine},
+                                            {"constant", Schedule::constant},
+                                            {"inverse-sqrt", Schedule::inverse_sqrt},
+                                            {"linear", Schedule::linear}}),
+                     [](TrainConfig& c, int) {
+    const Recipe r = recipe_of(c);
+    if (r == Recipe::transformer) c.lr_schedule = Schedule::inverse_sqrt;
+    if (r == Recipe::image_folder) c.lr_schedule = Schedule::step;
+    if (r == Recipe::image_folder_mobilenet) c.lr_schedule = Schedule::cosine;
+  }));
+  t.push_back(recipe(
+      checked(
+          number_list("--milestones", "milestones", G::optimisation, F,
+                      "epochs at which step multiplies the LR by --gamma (default: half and three quarters of "
+                      "--epochs, rounded down; image folders: a third, two thirds and 8/9)",
+                      &TrainConfig::milestones, "E1,E2,..."),
+          [](const TrainConfig& c) {
+    EG_CHECK(std::is_sorted(c.milestones.begin(), c.milestones.end()), "--milestones must be ascending");
+    for (int64_t m : c.milestones) EG_CHECK(m > 0, "--milestones must be positive epochs, got ", m);
+          }),
+      [](TrainConfig& c, int) {
+    if (recipe_of(c) != Recipe::image_folder || c.lr_schedule != Schedule::step) return;
+    const int64_t e = c.epochs;  // 30, 60, 80 of 90
+    c.milestones.clear();
+    for (int64_t m : {e / 3, 2 * e / 3, 8 * e / 9})
+      if (m > 0 && (c.milestones.empty() || m > c.milestones.back())) c.milestones.push_back(m);
+  }));
+  t.push_back(number("--gamma", "gamma", G::optimisation, F, "the step schedule's LR factor", &TrainConfig::gamma,
+                     Rule<double>{[](double v) { return v > 0 && v <= 1; }, "in (0, 1]"}));
+  t.push_back(
+      recipe(number("--warmup-steps", "warmup_steps", G::optimisation, F, "linear LR warmup over N steps",
+                    &TrainConfig::warmup_steps, Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}),
+             [](TrainConfig& c, int) {
+    // A shorter warmup for the smaller models, which see fewer steps.
+    if (recipe_of(c) == Recipe::transformer) c.warmup_steps = c.model == "transformer-base" ? 4000 : 1000;
+      }));
+  t.push_back(
+      recipe(number("--label-smoothing", "label_smoothing", G::optimisation, F,
+                    "label smoothing of the training loss, as PyTorch's CrossEntropyLoss(label_smoothing=X) "
+                    "(default 0; Transformers 0.1); evaluation losses are unsmoothed",
+                    &TrainConfig::label_smoothing, Rule<double>{[](double v) { return v >= 0 && v < 1; }, "in [0, 1)"}),
+             [](TrainConfig& c, int) {
+    if (recipe_of(c) == Recipe::transformer) c.label_smoothing = 0.1;
+      }));
   t.push_back(number("--grad-clip", "grad_clip", G::optimisation, F,
                      "clip the gradients' global L2 norm to X before each step (0: no clipping); step lines in "
                      "metrics.jsonl then log grad_norm, the norm before clipping",
-                     &TrainConfig::grad_clip));
+                     &TrainConfig::grad_clip,
+                     Rule<double>{[](double v) { return v >= 0; }, "non-negative (0: no clipping)"}));
   // ---- data-parallel training
   t.push_back(number("--bucket-cap-mb", "bucket_cap_mb", G::parallel, OnResume::warn,
                      "gradient buckets after the first (1 MiB) hold up to this many MiB; each is all-reduced as one",
-                     &TrainConfig::bucket_cap_mb));
+                     &TrainConfig::bucket_cap_mb,
+                     Rule<double>{[](double v) { return v > 0 && v <= 4096; }, "in (0, 4096] MiB"}));
   t.push_back(choice("--grad-sync-overlap", "grad_sync_overlap", G::parallel, Free,
                      "on: all-reduce each gradient bucket during backward, as soon as its gradients are complete; "
                      "off: all of them after backward",
                      &TrainConfig::grad_sync_overlap, kOnOff));
   // ---- freezing
-  t.push_back(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", &TrainConfig::freeze, "POLICY"));
+  t.push_back(
+      checked(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", &TrainConfig::freeze, "POLICY"),
+              [](const TrainConfig& c) {
+    EG_CHECK(member(freeze::policy_names(), c.freeze), "--freeze: unknown policy '", c.freeze,
+             "' (known: ", joined(freeze::policy_names()), ")");
+      }));
   t.push_back(choice("--freeze-modules", "freeze_modules", G::freezing, F,
                      "freezing units: auto (the paper's: stages, large ones split) or layers (every layer module)",
                      &TrainConfig::freeze_modules,
@@ -324,7 +472,7 @@ std::vector<Option> make_options() {
   t.push_back(number("--freeze-interval", "freeze_interval", G::freezing, F,
                      "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least "
                      "10; autofreeze, one epoch)",
-                     &TrainConfig::freeze_interval));
+                     &TrainConfig::freeze_interval, Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   {
     Option o = row("--freeze-bootstrap-interval", "freeze_bootstrap_interval", G::freezing, F,
                    "egeria: iterations between the bootstrapping stage's checks, each comparing the mean training loss "
@@ -345,15 +493,20 @@ std::vector<Option> make_options() {
                j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
       c.freeze_bootstrap_interval = v;
     };
+    o.check = [](const TrainConfig& c) {
+      EG_CHECK(c.freeze_bootstrap_interval >= -1,
+               "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got ",
+               c.freeze_bootstrap_interval);
+    };
     t.push_back(o);
   }
   t.push_back(number("--freeze-window", "freeze_window", G::freezing, F, "egeria: W, stale readings before freezing",
-                     &TrainConfig::freeze_window));
+                     &TrainConfig::freeze_window, Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   t.push_back(number("--freeze-window-min", "freeze_window_min", G::freezing, F,
                      "egeria: W halves after each unfreeze, but not below this (1: the paper)",
-                     &TrainConfig::freeze_window_min));
+                     &TrainConfig::freeze_window_min, Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   t.push_back(number("--freeze-tolerance", "freeze_tolerance", G::freezing, F, "egeria: T coefficient",
-                     &TrainConfig::freeze_tolerance));
+                     &TrainConfig::freeze_tolerance, Rule<double>{[](double v) { return v > 0; }, "positive"}));
   t.push_back(choice("--freeze-tolerance-from", "freeze_tolerance_from", G::freezing, F,
                      "egeria: T = coefficient x the largest |slope| of a module's first 3 fits (first3, the paper) or "
                      "of all its fits so far (peak: for modules already settled when bootstrapping ends)",
@@ -394,25 +547,32 @@ std::vector<Option> make_options() {
                      &TrainConfig::freeze_apply,
                      Names<FreezeApply>{{"next", FreezeApply::next}, {"arrival", FreezeApply::arrival}}));
   t.push_back(number("--freeze-threads", "freeze_threads", G::freezing, F, "egeria: threads of each background thread",
-                     &TrainConfig::freeze_threads));
+                     &TrainConfig::freeze_threads, Rule<int>{[](int v) { return v >= 1; }, "at least 1"}));
   t.push_back(number("--static-modules", "static_modules", G::freezing, F,
                      "static: number of front units to freeze (-1: half)", &TrainConfig::static_modules));
   t.push_back(number("--static-epoch", "static_epoch", G::freezing, F, "static: epoch at which they freeze (-1: half)",
                      &TrainConfig::static_epoch));
   t.push_back(number("--freezeout-t0", "freezeout_t0", G::freezing, F,
-                     "freezeout: fraction of training when the first unit freezes", &TrainConfig::freezeout_t0));
+                     "freezeout: fraction of training when the first unit freezes", &TrainConfig::freezeout_t0,
+                     Rule<double>{[](double v) { return v > 0 && v <= 1; }, "in (0, 1]"}));
   t.push_back(number("--autofreeze-percentile", "autofreeze_percentile", G::freezing, F,
-                     "autofreeze: gradient-change percentile", &TrainConfig::autofreeze_percentile));
+                     "autofreeze: gradient-change percentile", &TrainConfig::autofreeze_percentile,
+                     Rule<double>{[](double v) { return v >= 0 && v <= 100; }, "in [0, 100]"}));
   // ---- reference model
-  t.push_back(
+  t.push_back(checked(
       text("--freeze-reference", "freeze_reference", G::reference, F,
            "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU",
-           &TrainConfig::freeze_reference, "PRECISION"));
+           &TrainConfig::freeze_reference, "PRECISION"),
+      [](const TrainConfig& c) {
+    EG_CHECK(member(quant::reference_precisions(), c.freeze_reference), "--freeze-reference must be one of ",
+             joined(quant::reference_precisions()), ", got '", c.freeze_reference, "'");
+      }));
   t.push_back(number("--freeze-reference-calibration", "freeze_reference_calibration", G::reference, F,
                      "egeria, int8 reference: calibrate each convolution's input scale on this many batches after "
                      "every refresh of the reference, then keep it (static quantisation, the paper); 0: every batch "
                      "its own scales (dynamic)",
-                     &TrainConfig::freeze_reference_calibration));
+                     &TrainConfig::freeze_reference_calibration,
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, ">= 0 batches (0: every batch its own scales)"}));
   t.push_back(choice("--freeze-reference-scope", "freeze_reference_scope", G::reference, F,
                      "egeria: what the reference runs for an evaluation: only the front unit, on the training model's "
                      "input to it (unit: its cost does not grow with the depth of the front), or the network from the "
@@ -439,6 +599,13 @@ std::vector<Option> make_options() {
                "number in (0, 100] without %, got ", j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
       c.freeze_reference_max_load = v;
     };
+    o.check = [](const TrainConfig& c) {
+      const double v = c.freeze_reference_max_load;
+      EG_CHECK(v == 0 || (v > 0 && v <= 100),
+               "--freeze-reference-max-load must be auto or a percentage of the machine's CPU, a number in (0, 100] "
+               "without %, got ",
+               v);
+    };
     t.push_back(o);
   }
   // ---- activation cache
@@ -451,12 +618,18 @@ std::vector<Option> make_options() {
                    "is kept in memory when it takes at most half the available memory, else in a file in --out",
                    &TrainConfig::freeze_cache_dir, "DIR"));
   // ---- translation
-  t.push_back(number("--vocab-size", "vocab_size", G::translation, F,
-                     "SentencePiece vocabulary, shared by both languages", &TrainConfig::vocab_size));
+  t.push_back(checked(number("--vocab-size", "vocab_size", G::translation, F,
+                             "SentencePiece vocabulary, shared by both languages", &TrainConfig::vocab_size),
+                      [](const TrainConfig& c) {
+    EG_CHECK(c.vocab_size > 4, "--vocab-size must exceed the 4 special tokens (pad, bos, eos, unk), got ",
+             c.vocab_size);
+  }));
   t.push_back(number("--max-len", "max_len", G::translation, F,
-                     "tokens per sentence; longer training pairs are dropped", &TrainConfig::max_len));
+                     "tokens per sentence; longer training pairs are dropped", &TrainConfig::max_len,
+                     Rule<int64_t>{[](int64_t v) { return v >= 2; }, "at least 2 tokens"}));
   t.push_back(number("--max-tokens", "max_tokens", G::translation, F,
-                     "batch by this many tokens instead of --batch-size (0: by sentences)", &TrainConfig::max_tokens));
+                     "batch by this many tokens instead of --batch-size (0: by sentences)", &TrainConfig::max_tokens,
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   return t;
 }
 
