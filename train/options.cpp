@@ -1,11 +1,9 @@
 // The table of options (train/config.h): each row names a flag, its config.json key,
-// its group in --help, what a resume may do with it, and how its value is read and
-// written. The command line, config.json and the resume check all come from here.
-#include <algorithm>
+// its group in --help, what a resume may do with it, how its value is read and written,
+// its own rule and its recipe defaults (the builders: train/option_rows.h). The command
+// line, config.json, validation, the recipes and the resume check all come from here.
 #include <cmath>
-#include <functional>
 #include <nlohmann/json.hpp>
-#include <type_traits>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -13,194 +11,14 @@
 #include "models/model.h"
 #include "quant/reference.h"
 #include "train/config.h"
+#include "train/option_rows.h"
 
 namespace eg::train {
 
 using json = nlohmann::json;
 
 namespace {
-
-// A number from JSON, or from the command line's text (a JSON string).
-template <class T>
-T to_number(const std::string& flag, const json& j) {
-  if (j.is_number()) {
-    if constexpr (std::is_integral_v<T>)
-      EG_CHECK(j.is_number_integer() || j.is_number_unsigned(), flag, " must be a whole number, got ", j.dump());
-    if constexpr (std::is_unsigned_v<T>)
-      EG_CHECK(!(j.is_number_integer() && j.get<int64_t>() < 0), flag, " must be a non-negative whole number, got ",
-               j.dump());
-    return j.get<T>();
-  }
-  EG_CHECK(j.is_string(), flag, " must be a number, got ", j.dump());
-  const std::string s = j.get<std::string>();
-  size_t used = 0;
-  T v{};
-  try {
-    if constexpr (std::is_floating_point_v<T>) {
-      v = T(std::stod(s, &used));
-    } else if constexpr (std::is_unsigned_v<T>) {
-      EG_CHECK(s.find('-') == std::string::npos, flag, " must be a non-negative whole number, got '", s, "'");
-      v = T(std::stoull(s, &used));
-    } else {
-      v = T(std::stoll(s, &used));
-    }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  EG_CHECK(used == s.size() && !s.empty(), flag, " must be ",
-           std::is_floating_point_v<T> ? "a number" : "a whole number", ", got '", s, "'");
-  if constexpr (std::is_floating_point_v<T>)
-    EG_CHECK(std::isfinite(v), flag, " must be a finite number, got '", s, "'");
-  return v;
-}
-
-template <class E>
-using Names = std::vector<std::pair<std::string, E>>;
-
-template <class E>
-std::string names_text(const Names<E>& names, const char* sep) {
-  std::string t;
-  for (auto& [n, v] : names) {
-    bool alias = false;  // a later name for a value already listed (multistep for step)
-    for (auto& [m, w] : names) {
-      if (&m == &n) break;
-      alias |= w == v;
-    }
-    if (!alias) t += (t.empty() ? "" : sep) + n;
-  }
-  return t;
-}
-
-Option row(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, std::string value_text) {
-  Option o;
-  o.flag = flag, o.key = key, o.group = g, o.on_resume = r, o.help = std::move(help),
-  o.value_text = std::move(value_text);
-  return o;
-}
-
-// A number's own rule: `ok` holds for the values it accepts, and `says` ends the
-// sentence "FLAG must be ..." that names the others.
-template <class T>
-struct Rule {
-  bool (*ok)(T) = nullptr;
-  const char* says = "";
-};
-
-template <class T>
-Option number(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, T TrainConfig::*m,
-              Rule<T> rule = {}) {
-  Option o = row(flag, key, g, r, std::move(help), std::is_floating_point_v<T> ? "X" : "N");
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
-  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) { c.*m = to_number<T>(f, j); };
-  if (rule.ok)
-    o.check = [m, rule, f = std::string(flag)](const TrainConfig& c) {
-      EG_CHECK(rule.ok(c.*m), f, " must be ", rule.says, ", got ", c.*m);
-    };
-  return o;
-}
-
-// A row with a rule of its own beyond a number's range (a known name, several values).
-Option checked(Option o, std::function<void(const TrainConfig&)> check) {
-  o.check = std::move(check);
-  return o;
-}
-
-// A row with defaults of its own under the other recipes (Note [Model-dependent defaults]).
-Option recipe(Option o, std::function<void(TrainConfig&, int world_size)> defaults) {
-  o.recipe_default = std::move(defaults);
-  return o;
-}
-
-// The global batch, which the image-folder recipes scale the LR by (Goyal et al.).
-double global_batch(const TrainConfig& c, int world_size) {
-  return double(c.batch_size) * double(std::max(world_size, 1));
-}
-
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
-
-bool member(const std::vector<std::string>& v, const std::string& x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
-}
-
-Option text(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, std::string TrainConfig::*m,
-            std::string value_text = "TEXT") {
-  Option o = row(flag, key, g, r, std::move(help), std::move(value_text));
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
-  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) {
-    EG_CHECK(j.is_string(), f, " must be text, got ", j.dump());
-    c.*m = j.get<std::string>();
-  };
-  return o;
-}
-
-// One of a few names (an enum, or on/off for a bool).
-template <class E>
-Option choice(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, E TrainConfig::*m,
-              Names<E> names) {
-  Option o = row(flag, key, g, r, std::move(help), names_text(names, "|"));
-  o.get = [m, names](const TrainConfig& c) {
-    for (auto& [n, v] : names)
-      if (v == c.*m) return json(n);
-    return json(nullptr);
-  };
-  o.set = [m, names, f = std::string(flag)](TrainConfig& c, const json& j) {
-    if constexpr (std::is_same_v<E, bool>)
-      if (j.is_boolean()) return void(c.*m = j.get<bool>());
-    if (j.is_null()) return void(c.*m = TrainConfig{}.*m);  // a value no name shows (--cpu-winograd unset)
-    if (j.is_string())
-      for (auto& [n, v] : names)
-        if (n == j.get<std::string>()) return void(c.*m = v);
-    EG_THROW(f, " must be ", names_text(names, " or "), ", got ",
-             j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
-  };
-  return o;
-}
-
-const Names<bool> kOnOff = {{"on", true}, {"off", false}};
-
-// Numbers separated by commas (a JSON array in config.json).
-template <class T>
-Option number_list(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help,
-                   std::vector<T> TrainConfig::*m, std::string value_text = "X1,X2,...") {
-  Option o = row(flag, key, g, r, std::move(help), std::move(value_text));
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
-  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) {
-    std::vector<T> v;
-    if (j.is_array()) {
-      for (auto& e : j) v.push_back(to_number<T>(f, e));
-    } else {
-      EG_CHECK(j.is_string(), f, " must be numbers separated by commas, got ", j.dump());
-      const std::string s = j.get<std::string>();
-      for (size_t b = 0; b <= s.size();) {
-        const size_t e = std::min(s.find(',', b), s.size());
-        v.push_back(to_number<T>(f, json(s.substr(b, e - b))));
-        b = e + 1;
-      }
-    }
-    c.*m = std::move(v);
-  };
-  return o;
-}
-
-// A flag without a value: giving it sets the field to `when_given`.
-Option flag_switch(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, bool TrainConfig::*m,
-                   bool when_given = true) {
-  Option o = row(flag, key, g, r, std::move(help), "");
-  o.is_switch = true;
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
-  o.set = [m, when_given, f = std::string(flag)](TrainConfig& c, const json& j) {
-    if (j.is_boolean()) return void(c.*m = j.get<bool>());
-    EG_CHECK(j.is_string() && j.get<std::string>().empty(), f, " takes no value");
-    c.*m = when_given;
-  };
-  return o;
-}
+using namespace rows;
 
 std::vector<Option> make_options() {
   using G = OptionGroup;

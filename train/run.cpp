@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <thread>
 
 #include "autograd/node.h"
 #include "core/allocator.h"
@@ -18,7 +17,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/freezing.h"
-#include "train/run_state.h"
+#include "train/run_setup.h"
 
 namespace eg::train {
 
@@ -37,14 +36,6 @@ std::string human_time(double s) {
 }
 
 const char* split_name(Split s) { return s == Split::valid ? "valid" : "test"; }
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, models::Model& m) {
-  if (c.optimizer == OptimizerKind::sgd)
-    return std::make_unique<optim::SGD>(m.parameters(), c.lr,
-                                        optim::SgdOptions{c.momentum, 0.0, c.weight_decay, c.nesterov});
-  return std::make_unique<optim::AdamW>(m.parameters(), c.lr,
-                                        optim::AdamWOptions{c.adam_beta1, c.adam_beta2, 1e-8, c.weight_decay});
-}
 
 // "test accuracy 91.23%  test loss 0.2345" for a split's metrics.
 std::string metrics_text(Split s, const Metrics& m) {
@@ -66,143 +57,6 @@ Metadata weights_metadata(const TrainConfig& c, const json& config, Metadata mor
   more["model"] = c.model, more["dataset"] = c.dataset;
   if (config.contains("classes")) more["classes"] = config["classes"].dump();
   return more;
-}
-
-// Everything one invocation of fit() holds, built phase by phase.
-struct Run {
-  Run(Task& t, const TrainConfig& given, dist::Communicator& comm)
-      : given(given), c(given), dp(comm, given.device, given.grad_sync_overlap), task(t) {}
-
-  const TrainConfig& given;
-  TrainConfig c;  // as this process resolved it: its GPU, threads, workers, batch size
-  dist::Strategy dp;
-  Task& task;
-  models::Model* model = nullptr;
-  std::unique_ptr<optim::Optimizer> opt;
-  std::unique_ptr<optim::LrSchedule> sched;
-  std::unique_ptr<FreezeRun> freezing;
-  std::unique_ptr<Checkpoints> ckpts;
-  json config;  // config.json
-  std::string metrics;  // metrics.jsonl
-  int64_t steps_per_epoch = 0, steps_this_run = 0;
-  LoopState state;
-
-  bool lead() const { return dp.lead(); }
-  RunParts parts() { return {*model, *opt, *freezing, task, dp}; }
-  // config.json and the resume check see --device as given, not the GPU each rank took.
-  TrainConfig as_recorded() const {
-    TrainConfig r = c;
-    r.device = given.device;
-    return r;
-  }
-  void log(const json& line) const {
-    if (lead()) append_json_line(metrics, line);
-  }
-};
-
-// ---- the process: threads, loader workers, convolution algorithms (config.json records them)
-void set_up_process(Run& r) {
-  TrainConfig& c = r.c;
-  c.device = r.dp.device().str();
-  const int local_ranks = r.dp.comm().local_size(), cores = int(std::thread::hardware_concurrency());
-  if (c.threads == 0 && r.dp.size() > 1) {  // the machine's cores shared between its ranks (torchrun: 1 each)
-    set_num_threads(0);  // the cores this process may run on (mpirun may bind it to some)
-    c.threads = std::max(1, std::min(num_threads(), cores / local_ranks));
-  }
-  set_num_threads(c.threads);
-  c.threads = num_threads();
-  if (c.workers == 0)  // the loader decodes and augments on the cores training leaves this rank
-    c.workers = std::max(1, cores / local_ranks - c.threads);
-  if (c.cpu_winograd != Winograd::process) set_cpu_winograd(c.cpu_winograd == Winograd::on);
-  c.cpu_winograd = cpu_winograd() ? Winograd::on : Winograd::off;
-}
-
-// ---- the resume: every rank reads the checkpoint; its world size may change the per-rank batch
-std::optional<Checkpoint> plan_resume(Run& r) {
-  TrainConfig& c = r.c;
-  r.ckpts = std::make_unique<Checkpoints>(c.out, c.keep_checkpoints,
-                                          std::vector<std::string>{"metrics.jsonl", "freeze.jsonl"});
-  Tensor found = Tensor::from_vector(std::vector<int64_t>{c.resume && r.ckpts->any() ? 1 : 0}, {1});
-  Tensor seen = found.clone();
-  r.dp.comm().all_reduce(found, dist::ReduceOp::max);
-  r.dp.comm().all_reduce(seen, dist::ReduceOp::min);
-  EG_CHECK(found.item() == seen.item(), "--resume: some ranks see a checkpoint in '", c.out,
-           "' and others do not; --out must be on storage every rank reads");
-  if (found.item() == 0) return std::nullopt;
-  Checkpoint ck = r.ckpts->load();
-  const int64_t W = r.dp.size(), saved_world = ck.state.value("world_size", int64_t(1));
-  const int64_t saved_batch = ck.config.value("batch_size", c.batch_size), global = saved_batch * saved_world;
-  if (saved_world != W) {
-    EG_CHECK(global % W == 0, "--resume: '", ck.path, "' was trained on ", saved_world,
-             " rank(s) with a global batch of ", global, " (", saved_world, " x --batch-size ", saved_batch,
-             "), which ", W, " ranks cannot share evenly; resume on a number of ranks that divides ", global);
-    if (r.lead())
-      std::printf("resuming a run of %lld rank(s) on %lld: --batch-size %lld per rank keeps the global batch of %lld\n",
-                  (long long)saved_world, (long long)W, (long long)(global / W), (long long)global);
-    c.batch_size = global / W;
-    ck.config["batch_size"] = c.batch_size;  // checked above; the other options as usual
-  }
-  return ck;
-}
-
-// ---- the run: the task's data and model, the optimizer and schedule, the freezing
-void build_run(Run& r, bool resuming) {
-  const TrainConfig& c = r.c;
-  r.task.setup(c, r.dp.comm());
-  r.model = &r.task.model();
-  if (!c.init_from.empty() && !resuming) {  // a resume takes the checkpoint's weights instead
-    const InitFromReport rep = init_from(*r.model, c.init_from);
-    if (r.lead()) std::printf("%s\n", rep.text(c.init_from).c_str());
-  }
-  if (r.dp.rank() > 0) r.task.generator().set_state(r.dp.rank_seed(c.seed), 0);
-  r.opt = make_optimizer(c, *r.model);
-  const size_t cap = size_t(c.bucket_cap_mb * double(1 << 20));
-  r.opt->set_bucket_caps(cap, std::min(optim::kDefaultFirstBucketCap, cap));
-  r.steps_per_epoch = r.task.batches_per_epoch();
-  EG_CHECK(r.steps_per_epoch > 0, "an epoch of this training set has no full batch of --batch-size ", c.batch_size,
-           r.dp.size() > 1 ? " x " + std::to_string(r.dp.size()) + " ranks" : std::string());
-  r.sched = make_schedule(c, r.steps_per_epoch);
-  r.config = to_json(r.as_recorded());
-  r.config.update(r.task.resolved());
-  if (const std::string d = r.task.description(); r.lead() && !d.empty()) std::printf("%s\n", d.c_str());
-  if (const std::string d = r.dp.describe(c.batch_size, c.threads); r.lead() && !d.empty())
-    std::printf("%s\n", d.c_str());
-
-  if (r.lead()) make_dirs(c.out);
-  r.metrics = c.out + "/metrics.jsonl";
-  freeze::PolicyConfig pc = policy_config(c);
-  r.task.configure_freezing(pc);
-  pc.total_steps = c.epochs * r.steps_per_epoch;
-  pc.steps_per_epoch = r.steps_per_epoch;
-  pc.tracker.final_lr = r.sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
-  r.freezing = std::make_unique<FreezeRun>(c, *r.model, pc, c.out, r.dp);
-  r.task.attach(*r.freezing);
-}
-
-// ---- the run's files: a checkpoint put back, or a fresh directory; config.json
-void start_or_resume(Run& r, std::optional<Checkpoint>& ck) {
-  if (ck) {
-    RunParts p = r.parts();
-    r.state = restore_checkpoint(*ck, p, r.as_recorded(), r.steps_per_epoch);
-    r.dp.comm().barrier();  // every rank has read the checkpoint before rank 0 touches the directory
-    if (r.lead()) {
-      r.ckpts->cut_logs(*ck);  // checked and loaded: now the logs go back to this checkpoint
-      std::printf("resuming %s from epoch %lld, batch %lld (step %lld)\n", ck->path.c_str(),
-                  (long long)r.state.epoch + 1, (long long)r.state.batch, (long long)r.state.step);
-    }
-    ck.reset();
-  } else if (r.lead()) {
-    if (r.c.resume) std::printf("--resume: no checkpoint in '%s' yet; starting from the beginning\n", r.c.out.c_str());
-    r.ckpts->start_fresh();
-  }
-  if (r.lead()) write_file_atomic(r.c.out + "/config.json", r.config.dump(2) + "\n");
-}
-
-// Collective; rank 0 writes.
-void save_checkpoint(Run& r) {
-  RunParts p = r.parts();
-  const CheckpointContents all = checkpoint_contents(p, r.state, r.c.batch_size * r.dp.size());
-  if (r.lead()) r.ckpts->save(all.tensors, all.state, r.config, r.state.step);
 }
 
 Metrics evaluate(Run& r, Split s, bool loss_only = false) {

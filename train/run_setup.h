@@ -1,0 +1,66 @@
+// The training loop's state and set-up phases (train/run.cpp's fit() is the recipe that
+// calls them): the Run every phase works on; the process, the resume plan, the run's
+// parts, its files, and the checkpoint (train/run_setup.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "dist/strategy.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/freezing.h"
+#include "train/run_state.h"
+#include "train/task.h"
+
+namespace eg::train {
+
+// Everything one invocation of fit() holds, built phase by phase.
+struct Run {
+  Run(Task& t, const TrainConfig& given, dist::Communicator& comm)
+      : given(given), c(given), dp(comm, given.device, given.grad_sync_overlap), task(t) {}
+
+  const TrainConfig& given;
+  TrainConfig c;  // as this process resolved it: its GPU, threads, workers, batch size
+  dist::Strategy dp;
+  Task& task;
+  models::Model* model = nullptr;
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<optim::LrSchedule> sched;
+  std::unique_ptr<FreezeRun> freezing;
+  std::unique_ptr<Checkpoints> ckpts;
+  nlohmann::json config;  // config.json
+  std::string metrics;  // metrics.jsonl
+  int64_t steps_per_epoch = 0, steps_this_run = 0;
+  LoopState state;
+
+  bool lead() const { return dp.lead(); }
+  RunParts parts() { return {*model, *opt, *freezing, task, dp}; }
+  // config.json and the resume check see --device as given, not the GPU each rank took.
+  TrainConfig as_recorded() const {
+    TrainConfig r = c;
+    r.device = given.device;
+    return r;
+  }
+  void log(const nlohmann::json& line) const {
+    if (lead()) append_json_line(metrics, line);
+  }
+};
+
+// The process: threads, loader workers, convolution algorithms (config.json records them).
+void set_up_process(Run& r);
+// Every rank reads the checkpoint to resume from (none: a fresh run); its world size may
+// change the per-rank batch.
+std::optional<Checkpoint> plan_resume(Run& r);
+// The task's data and model, the optimizer and schedule, the freezing.
+void build_run(Run& r, bool resuming);
+// The run's files: the checkpoint put back (into r.state), or a fresh directory; config.json.
+void start_or_resume(Run& r, std::optional<Checkpoint>& ck);
+// A checkpoint of the run as it is (collective; rank 0 writes).
+void save_checkpoint(Run& r);
+
+}  // namespace eg::train
