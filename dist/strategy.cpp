@@ -84,19 +84,17 @@ StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer&
   return r;
 }
 
-void average_running_stats(models::Model& m, Communicator& comm) {
-  if (comm.size() == 1) return;
+void Strategy::average_running_stats(models::Model& m) const {
+  if (size() == 1) return;
   for (auto& [name, mod] : m.named_modules())
     if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod))
       for (Tensor* t : {&bn->running_mean, &bn->running_var}) {
         Tensor h = t->device().is_cpu() ? *t : t->to(Device::cpu());
-        comm.all_reduce(h);
-        ops::call(ops::scale, h, h, 1.0 / comm.size());
+        comm_.all_reduce(h);
+        ops::call(ops::scale, h, h, 1.0 / comm_.size());
         if (!t->device().is_cpu()) t->copy_(h);
       }
 }
-
-void Strategy::average_running_stats(models::Model& m) const { dist::average_running_stats(m, comm_); }
 
 void Strategy::save(nlohmann::json& state) const {
   if (sync_) state["gradient_sync_bytes"] = sync_->stats().bytes;

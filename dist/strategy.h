@@ -105,7 +105,4 @@ class Strategy {
   std::unique_ptr<GradSync> sync_;
 };
 
-// BatchNorm running statistics averaged over `comm`'s ranks (a no-op on one).
-void average_running_stats(models::Model& m, Communicator& comm);
-
 }  // namespace eg::dist

@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "kernels/ops.h"
 #include "layers/layers.h"
 #include "quant/reference.h"
 #include "train/checkpoint.h"
