@@ -74,45 +74,73 @@ ImageDataset synthetic_images(int64_t n, int64_t c, int64_t s, int64_t classes, 
   return d;
 }
 
-Normalization default_normalization(const std::string& ds) {
+namespace {
+
+// The channels given; the others (unused by a dataset with fewer) keep mean 0, std 1.
+Normalization norm_of(std::vector<float> mean, std::vector<float> std) {
   Normalization n;
-  if (ds == "fashion-mnist") {
-    n.mean[0] = 0.2860f;
-    n.std[0] = 0.3530f;
-  } else if (ds == "mnist") {
-    n.mean[0] = 0.1307f;
-    n.std[0] = 0.3081f;
-  } else if (ds == "cifar10" || ds == "cifar100") {
-    const float m[3] = {0.4914f, 0.4822f, 0.4465f}, s[3] = {0.2470f, 0.2435f, 0.2616f};
-    for (int i = 0; i < 3; ++i) n.mean[i] = m[i], n.std[i] = s[i];
-  } else {
-    for (int i = 0; i < 3; ++i) n.mean[i] = 0.5f, n.std[i] = 0.25f;
-  }
+  for (size_t i = 0; i < mean.size() && i < 3; ++i) n.mean[i] = mean[i], n.std[i] = std[i];
   return n;
 }
 
-std::vector<std::string> image_dataset_names() {
-  return {"fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic"};
+DatasetInfo mnist_format(const char* name, const char* default_dir, float mean, float std) {
+  const std::string dataset = name, fallback = default_dir;
+  return {name, DataKind::images, 10, norm_of({mean}, {std}), [dataset, fallback](const std::string& dir, bool train) {
+            EG_CHECK(!dir.empty() || !fallback.empty(), "dataset ", dataset, " needs --data-dir");
+            return load_mnist_split(dir.empty() ? fallback : dir, train ? "train" : "t10k");
+          }};
+}
+
+DatasetInfo cifar(int classes) {
+  const std::string dataset = "cifar" + std::to_string(classes);
+  return {dataset, DataKind::images, classes, norm_of({0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}),
+          [dataset, classes](const std::string& dir, bool train) {
+            EG_CHECK(!dir.empty(), "dataset ", dataset,
+                     " needs --data-dir pointing at the unpacked binary version "
+                     "(https://www.cs.toronto.edu/~kriz/cifar.html)");
+            return load_cifar(dir, train, classes);
+          }};
+}
+
+}  // namespace
+
+const std::vector<DatasetInfo>& datasets() {
+  static const std::vector<DatasetInfo> table = {
+      mnist_format("fashion-mnist", "/usr/share/datasets/fashion-mnist", 0.2860f, 0.3530f),
+      mnist_format("mnist", "", 0.1307f, 0.3081f),
+      cifar(10),
+      cifar(100),
+      {"synthetic", DataKind::images, 10, norm_of({0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}),
+       [](const std::string&, bool train) { return synthetic_images(train ? 4096 : 1024, 3, 32, 10, train ? 1 : 2); }},
+      {"imagefolder", DataKind::image_folder, 0, {}, {}},
+      {"en-es", DataKind::sentence_pairs, 0, {}, {}},
+  };
+  return table;
+}
+
+std::vector<std::string> dataset_names() {
+  std::vector<std::string> n;
+  for (auto& d : datasets()) n.push_back(d.name);
+  return n;
+}
+
+const DatasetInfo* find_dataset(const std::string& name) {
+  for (auto& d : datasets())
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+const DatasetInfo& dataset_info(const std::string& name) {
+  if (const DatasetInfo* d = find_dataset(name)) return *d;
+  std::string known;
+  for (auto& n : dataset_names()) known += (known.empty() ? "" : ", ") + n;
+  EG_THROW("unknown dataset '", name, "' (known: ", known, ")");
 }
 
 ImageDataset load_image_dataset(const DatasetSpec& spec, bool train) {
-  ImageDataset d;
-  if (spec.name == "fashion-mnist" || spec.name == "mnist") {
-    std::string dir =
-        spec.dir.empty() ? (spec.name == "fashion-mnist" ? "/usr/share/datasets/fashion-mnist" : "") : spec.dir;
-    EG_CHECK(!dir.empty(), "dataset mnist needs --data-dir");
-    d = load_mnist_split(dir, train ? "train" : "t10k");
-  } else if (spec.name == "cifar10" || spec.name == "cifar100") {
-    EG_CHECK(!spec.dir.empty(), "dataset ", spec.name,
-             " needs --data-dir pointing at the unpacked binary version (https://www.cs.toronto.edu/~kriz/cifar.html)");
-    d = load_cifar(spec.dir, train, spec.name == "cifar10" ? 10 : 100);
-  } else if (spec.name == "synthetic") {
-    d = synthetic_images(train ? 4096 : 1024, 3, 32, 10, train ? 1 : 2);
-  } else {
-    std::string known;
-    for (auto& n : image_dataset_names()) known += (known.empty() ? "" : ", ") + n;
-    EG_THROW("unknown dataset '", spec.name, "' (known: ", known, ")");
-  }
+  const DatasetInfo& info = dataset_info(spec.name);
+  EG_CHECK(info.read, "dataset ", spec.name, " is not an in-memory image dataset");
+  ImageDataset d = info.read(spec.dir, train);
   if (spec.limit > 0 && spec.limit < d.size()) {
     d.images = d.images.slice(0, spec.limit);
     d.labels = d.labels.slice(0, spec.limit);

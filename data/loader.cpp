@@ -7,13 +7,11 @@ namespace eg::data {
 
 namespace {
 
-// An in-memory image dataset, augmented as the loader's options say.
 class ImageSamples final : public SampleSource {
  public:
-  ImageSamples(std::shared_ptr<const ImageDataset> d, const LoaderOptions& o) : d_(std::move(d)), aug_(o.aug) {
+  ImageSamples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug, bool per_sample)
+      : d_(std::move(d)), aug_(aug), per_sample_(per_sample) {
     EG_CHECK(d_ && d_->size() > 0, "loader: the dataset is empty");
-    if (!o.augment) aug_.crop_padding = 0, aug_.hflip = false;
-    per_sample_ = o.augment_per_sample;
   }
   int64_t size() const override { return d_->size(); }
   Shape sample_shape() const override { return {d_->images.size(1), d_->images.size(2), d_->images.size(3)}; }
@@ -30,8 +28,15 @@ class ImageSamples final : public SampleSource {
 
 }  // namespace
 
+std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug,
+                                                  bool augment_per_sample) {
+  return std::make_shared<ImageSamples>(std::move(d), aug, augment_per_sample);
+}
+
 Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o)
-    : Loader(std::make_shared<ImageSamples>(std::move(data), o), o) {}
+    : Loader(image_samples(std::move(data),
+                           o.augment ? o.aug : AugmentOptions{0, false, o.aug.norm}, o.augment_per_sample),
+             o) {}
 
 Loader::Loader(std::shared_ptr<const SampleSource> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {
   EG_CHECK(data_ && data_->size() > 0, "loader: the dataset is empty");

@@ -50,6 +50,12 @@ class SampleSource {
   virtual void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const = 0;
 };
 
+// An in-memory image dataset as a sample source: sample `id` cropped, flipped and
+// normalised as `aug` says (augment_into), drawn anew every epoch or, with
+// `augment_per_sample`, once for the whole run.
+std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug,
+                                                  bool augment_per_sample = false);
+
 struct LoaderOptions {
   int64_t batch_size = 128;
   bool shuffle = true;

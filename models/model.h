@@ -74,6 +74,9 @@ struct ModelConfig {
 // the known names.
 ModelPtr build_model(const ModelConfig& c, Generator& g);
 std::vector<std::string> model_names();  // sorted
+// Whether `name` trains on sentence pairs (the built-in Transformers); every other model,
+// a user's registered ones included, classifies images.
+bool is_translation_model(const std::string& name);
 
 // A model's builder: a new model for the configuration (its classes, input channels and
 // size come from the data), initialised from `g`. Egeria builds its reference model

@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "autograd/node.h"
 
@@ -13,9 +14,15 @@
 namespace eg::models {
 
 namespace {
-const std::map<std::string, ModelBuilder>& builtins() {
-  static const std::map<std::string, ModelBuilder> b = [] {
-    std::map<std::string, ModelBuilder> m;
+// The built-in models' builders, and which of them translate (the Transformers).
+struct Builtins {
+  std::map<std::string, ModelBuilder> builders;
+  std::set<std::string> translation;
+};
+const Builtins& builtin_models() {
+  static const Builtins b = [] {
+    Builtins r;
+    auto& m = r.builders;
     for (int d : {20, 32, 44, 56, 110})
       m["resnet" + std::to_string(d)] = [d](const ModelConfig& c, Generator& g) {
         return ResNet::cifar(d, c.num_classes, c.in_channels, g);
@@ -27,14 +34,17 @@ const std::map<std::string, ModelBuilder>& builtins() {
     m["mobilenetv2"] = [](const ModelConfig& c, Generator& g) {
       return std::make_shared<MobileNetV2>(c.num_classes, c.in_channels, c.image_size, c.width, c.small_input, g);
     };
-    for (const char* n : {"transformer-base", "transformer-small", "transformer-tiny"})
+    for (const char* n : {"transformer-base", "transformer-small", "transformer-tiny"}) {
       m[n] = [n](const ModelConfig& c, Generator& g) {
         return std::make_shared<Transformer>(transformer_preset(n, c.vocab), g);
       };
-    return m;
+      r.translation.insert(n);
+    }
+    return r;
   }();
   return b;
 }
+const std::map<std::string, ModelBuilder>& builtins() { return builtin_models().builders; }
 
 // A user's models (register_model), beside the built-in ones; guarded because loader
 // workers and the reference's thread build models while a program may still register.
@@ -55,6 +65,8 @@ ModelBuilder find_builder(const std::string& name) {
   return it == u.builders.end() ? ModelBuilder() : it->second;
 }
 }  // namespace
+
+bool is_translation_model(const std::string& name) { return builtin_models().translation.count(name) > 0; }
 
 void register_model(const std::string& name, ModelBuilder builder) {
   EG_CHECK(!name.empty(), "register_model: a model needs a name");

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "core/error.h"
 #include "data/loader.h"
 
 using namespace eg;
@@ -219,4 +220,40 @@ TEST(Loader, BadSamplesStopTheLoaderOrAreLeftOutOfTheirBatch) {
   }
   EXPECT_EQ(ids, (std::vector<std::vector<int64_t>>{{0, 1}, {3}, {6, 7, 8}, {9, 10, 11}}));
   EXPECT_EQ(left_out, (std::vector<std::vector<int64_t>>{{2}, {4, 5}, {}, {}}));
+}
+
+// The dataset table: each in-memory row's reader gives images of its classes, normalised
+// by its own statistics through image_samples; other kinds have no reader; names outside
+// the table are a user's data (find_dataset) or an error naming the known ones.
+TEST(DatasetTable, RowsDescribeWhatTheirReadersGive) {
+  std::set<std::string> names;
+  for (auto& d : data::datasets()) {
+    EXPECT_TRUE(names.insert(d.name).second) << d.name << " twice";
+    EXPECT_EQ(bool(d.read), d.kind == data::DataKind::images) << d.name;
+    if (d.kind == data::DataKind::images) {
+      EXPECT_GT(d.classes, 0) << d.name;
+    }
+  }
+  const data::DatasetInfo& s = data::dataset_info("synthetic");
+  const data::ImageDataset test = data::load_image_dataset({"synthetic", "", 100}, false);
+  ASSERT_EQ(test.size(), 100);
+  for (int64_t i = 0; i < test.size(); ++i) EXPECT_LT(test.labels.data<int64_t>()[i], s.classes);
+  // Sample 0 through image_samples without augmentation: (x / 255 - mean) / std, channel by channel.
+  auto src = data::image_samples(std::make_shared<data::ImageDataset>(test), {0, false, s.norm});
+  std::vector<float> x(size_t(3 * 32 * 32));
+  src->load(0, 1, 0, x.data());
+  for (int64_t ch = 0; ch < 3; ++ch) {
+    const float u = float(test.images.data<uint8_t>()[ch * 32 * 32]);
+    EXPECT_NEAR(x[size_t(ch * 32 * 32)], (u / 255.f - s.norm.mean[ch]) / s.norm.std[ch], 1e-5f);
+  }
+  EXPECT_EQ(data::dataset_info("cifar100").classes, 100);
+  EXPECT_EQ(data::dataset_info("en-es").kind, data::DataKind::sentence_pairs);
+  EXPECT_EQ(data::find_dataset("my-own-data"), nullptr);
+  try {
+    data::dataset_info("imagenet22k");
+    FAIL() << "an unknown dataset was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown dataset 'imagenet22k' (known: fashion-mnist"), std::string::npos)
+        << e.what();
+  }
 }

@@ -48,10 +48,8 @@ std::string shown(const nlohmann::json& v) {
 
 // The values an option takes, from its registry where there is one.
 std::string value_text(const Option& o) {
-  std::vector<std::string> datasets = eg::data::image_dataset_names();
-  datasets.push_back("en-es");
   if (o.key == "model") return joined(eg::models::model_names(), "|");
-  if (o.key == "dataset") return joined(datasets, "|");
+  if (o.key == "dataset") return joined(eg::data::dataset_names(), "|");
   if (o.key == "freeze") return joined(eg::freeze::policy_names(), "|");
   if (o.key == "freeze_reference") return joined(eg::quant::reference_precisions(), "|");
   return o.value_text;
@@ -240,13 +238,13 @@ int run_cli(int argc, char** argv) {
           {"batch_size", bo.batch_size},
           {"device", bo.device},
           {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
-          {eg::train::is_translation_model(bo.model) ? "tokens_per_second" : "images_per_second", r.samples_per_second},
+          {eg::models::is_translation_model(bo.model) ? "tokens_per_second" : "images_per_second", r.samples_per_second},
           {"median_step_ms", r.median_step_ms},
           {"iterations", r.iterations},
           {"frozen_units", r.frozen_units},
           {"frozen_parameters", r.frozen_parameters},
           {"parameters", r.parameters}};
-      if (eg::train::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
+      if (eg::models::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
       if (r.world_size > 1) {
         j["world_size"] = r.world_size;
         j["global_batch_size"] = bo.batch_size * r.world_size;

@@ -10,6 +10,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "data/dataset.h"
 #include "freeze/policy.h"
 #include "models/model.h"
 #include "optim/schedule.h"
@@ -19,11 +20,17 @@ namespace eg::train {
 
 using json = nlohmann::json;
 
-bool is_translation_model(const std::string& m) { return m.rfind("transformer", 0) == 0; }
+using models::is_translation_model;
+
+// Where --dataset is one of the table's (data::datasets()), of kind `k`; false for a user's data.
+bool dataset_is(const TrainConfig& c, data::DataKind k) {
+  const data::DatasetInfo* d = data::find_dataset(c.dataset);
+  return d && d->kind == k;
+}
 
 Recipe recipe_of(const TrainConfig& c) {
   if (is_translation_model(c.model)) return Recipe::transformer;
-  if (c.dataset != "imagefolder") return Recipe::images;
+  if (!dataset_is(c, data::DataKind::image_folder)) return Recipe::images;
   return c.model == "mobilenetv2" ? Recipe::image_folder_mobilenet : Recipe::image_folder;
 }
 
@@ -64,17 +71,18 @@ void validate(const TrainConfig& c) {
              "--no-augment): with a new crop and flip every epoch no cached output is ever reused");
   }
   if (is_translation_model(c.model)) {
-    EG_CHECK(c.dataset == "en-es", "--model ", c.model,
+    EG_CHECK(dataset_is(c, data::DataKind::sentence_pairs), "--model ", c.model,
              " trains on sentence pairs: use --dataset en-es (with --data-dir ",
              "pointing at a directory of train/valid/test.tsv), not '", c.dataset, "'");
     EG_CHECK(c.target_accuracy == 0, "--target-accuracy applies to image models; translation runs report BLEU");
     EG_CHECK(c.val_fraction == 0, "--val-fraction holds out training images; translation has its own validation split ",
              "(valid.tsv), on which it chooses its best epoch");
   } else {
-    EG_CHECK(c.dataset != "en-es", "--dataset en-es is English-Spanish sentence pairs: train it with --model ",
-             "transformer-tiny, transformer-small or transformer-base, not ", c.model);
+    EG_CHECK(!dataset_is(c, data::DataKind::sentence_pairs), "--dataset ", c.dataset,
+             " is sentence pairs: train it with --model transformer-tiny, transformer-small or transformer-base, not ",
+             c.model);
   }
-  const bool folder = c.dataset == "imagefolder";
+  const bool folder = dataset_is(c, data::DataKind::image_folder);
   EG_CHECK(c.image_size == 0 || folder, "--image-size applies to --dataset imagefolder; ", c.dataset,
            " has images of its own size");
   EG_CHECK(

@@ -142,8 +142,6 @@ struct TrainConfig {
 void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given = {}, int world_size = 1);
 TrainConfig default_config(const std::string& model, const std::string& dataset = "");
 
-bool is_translation_model(const std::string& model);  // "transformer-*"
-
 // Every problem named in the flag's terms (eg::Error): each option's own rule
 // (Option::check), then the rules between options.
 void validate(const TrainConfig& c);

@@ -13,8 +13,6 @@
 
 namespace eg::train {
 
-int64_t num_classes(const std::string& dataset) { return dataset == "cifar100" ? 100 : 10; }
-
 data::FolderTransform folder_transform(const TrainConfig& c, bool train) {
   data::FolderTransform t;
   t.size = c.image_size > 0 ? c.image_size : 224;
@@ -92,37 +90,29 @@ void warn_left_out(const std::vector<std::pair<int64_t, std::string>>& left_out)
 
 }  // namespace
 
-void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
-  c_ = c;
-  comm_ = &comm;
-  dev_ = Device::parse(c.device);
-  if (user_) return setup_user(c, comm);
-  if (c.dataset == "imagefolder") return setup_folder(c, comm);
-  auto train = data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true);
+ImageSplits in_memory_splits(const TrainConfig& c) {
+  const data::DatasetInfo& info = data::dataset_info(c.dataset);
+  ImageSplits s;
+  s.num_classes = info.classes;
+  auto train = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true));
   if (c.val_fraction > 0) {
-    EG_CHECK(train.size() >= 2, "--val-fraction needs at least 2 training images, got ", train.size());
-    auto [valid, rest] = hold_out(train, c.val_fraction, c.seed);
-    valid_ = std::make_shared<data::ImageDataset>(std::move(valid));
-    train = std::move(rest);
+    EG_CHECK(train->size() >= 2, "--val-fraction needs at least 2 training images, got ", train->size());
+    auto [valid, rest] = hold_out(*train, c.val_fraction, c.seed);
+    s.valid = data::image_samples(std::make_shared<data::ImageDataset>(std::move(valid)), {0, false, info.norm});
+    *train = std::move(rest);
   }
-  train_ = std::make_shared<data::ImageDataset>(std::move(train));
-  test_ = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false));
-  build_model(train_->size(), valid_ ? " images after --val-fraction" : " images");
-
-  data::LoaderOptions lo;
-  lo.batch_size = c.batch_size;
-  lo.augment = c.augment;
-  lo.augment_per_sample = c.augment_mode == AugmentMode::sample;
-  lo.aug.crop_padding = c.augment ? (train_->images.size(2) >= 32 ? 4 : 2) : 0;
-  lo.aug.hflip = c.augment;
-  lo.aug.norm = data::default_normalization(c.dataset);
-  lo.workers = c.workers;
-  lo.seed = c.seed;
-  lo.shard_rank = comm.rank(), lo.shards = comm.size();
-  loader_ = std::make_unique<data::Loader>(train_, lo);
+  s.train_what = c.val_fraction > 0 ? " images after --val-fraction" : " images";
+  data::AugmentOptions aug{0, false, info.norm};
+  if (c.augment) aug.crop_padding = train->images.size(2) >= 32 ? 4 : 2, aug.hflip = true;
+  s.train = data::image_samples(train, aug, c.augment_mode == AugmentMode::sample);
+  s.test = data::image_samples(
+      std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false)),
+      {0, false, info.norm});
+  s.eval_batch = 500, s.eval_workers = 1;
+  return s;
 }
 
-void ImageTask::setup_folder(const TrainConfig& c, dist::Communicator& comm) {
+ImageSplits folder_splits(const TrainConfig& c) {
   data::ImageFolder train = data::scan_image_folder(c.data_dir + "/train");
   data::ImageFolder test = data::scan_image_folder(c.data_dir + "/val", &train.classes);
   auto limit = [](data::ImageFolder& f, int64_t n) {
@@ -131,15 +121,23 @@ void ImageTask::setup_folder(const TrainConfig& c, dist::Communicator& comm) {
   };
   limit(train, c.train_limit);
   limit(test, c.test_limit);
+  ImageSplits s;
+  s.num_classes = int64_t(train.classes.size());
+  s.resolved = {{"classes", train.classes}};
+  s.train_what = " images in " + c.data_dir + "/train";
+  s.description = c.data_dir + ": " + std::to_string(train.classes.size()) + " classes, " +
+                  std::to_string(train.size()) + " training images, " + std::to_string(test.size()) + " in val/, " +
+                  std::to_string(c.image_size > 0 ? c.image_size : 224) + " pixels square";
+  if (train.left_out + test.left_out > 0)
+    s.description += "; " + std::to_string(train.left_out + test.left_out) +
+                     " files not named *.jpg, *.jpeg or *.png left out";
   // Without augmentation training sees the evaluation's centre crops.
-  folder_train_ = std::make_shared<data::FolderSamples>(std::move(train), folder_transform(c, c.augment));
-  folder_test_ = std::make_shared<data::FolderSamples>(std::move(test), folder_transform(c, false));
-  build_model(folder_train_->size(), " images in " + c.data_dir + "/train");
-  make_loader(folder_train_, comm);
+  s.train = std::make_shared<data::FolderSamples>(std::move(train), folder_transform(c, c.augment));
+  s.test = std::make_shared<data::FolderSamples>(std::move(test), folder_transform(c, false));
+  return s;
 }
 
-void ImageTask::setup_user(const TrainConfig& c, dist::Communicator& comm) {
-  ImageData& d = *user_;
+ImageSplits user_splits(ImageData d, const TrainConfig& c) {
   EG_CHECK(d.train && d.test, "ImageData: the training and test samples are both needed (train, test)");
   if (d.num_classes == 0) d.num_classes = int64_t(d.classes.size());
   EG_CHECK(d.num_classes > 0, "ImageData: how many classes? set num_classes (or name them in classes)");
@@ -155,51 +153,55 @@ void ImageTask::setup_user(const TrainConfig& c, dist::Communicator& comm) {
       EG_CHECK((*split)->sample_shape() == shape, "ImageData: the ", split == &d.test ? "test" : "validation",
                " samples' shape ", shape_str((*split)->sample_shape()), " differs from the training samples' ",
                shape_str(shape));
-  d.train = first(d.train, c.train_limit);
-  d.test = first(d.test, c.test_limit);
-  EG_CHECK(d.test->size() > 0, "ImageData: the test split has no samples");
-  build_model(d.train->size(), " training samples");
-  make_loader(d.train, comm);
+  ImageSplits s;
+  s.train = first(d.train, c.train_limit);
+  s.test = first(d.test, c.test_limit);
+  s.valid = d.valid;
+  EG_CHECK(s.test->size() > 0, "ImageData: the test split has no samples");
+  s.num_classes = d.num_classes;
+  s.resolved = {{"num_classes", d.num_classes}};
+  if (!d.classes.empty()) s.resolved["classes"] = d.classes;
+  s.train_what = " training samples";
+  s.description = c.dataset + ": " + std::to_string(d.num_classes) + " classes, " + std::to_string(s.train->size()) +
+                  " training samples of " + shape_str(shape) + ", " + std::to_string(s.test->size()) + " test" +
+                  (s.valid ? ", " + std::to_string(s.valid->size()) + " validation" : std::string());
+  return s;
 }
 
-void ImageTask::make_loader(std::shared_ptr<const data::SampleSource> train, dist::Communicator& comm) {
+void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
+  c_ = c;
+  comm_ = &comm;
+  dev_ = Device::parse(c.device);
+  if (user_) data_ = user_splits(*user_, c);
+  else if (data::dataset_info(c.dataset).kind == data::DataKind::image_folder) data_ = folder_splits(c);
+  else data_ = in_memory_splits(c);
+  build_model();
   data::LoaderOptions lo;
-  lo.batch_size = c_.batch_size;
-  lo.workers = c_.workers;
-  lo.seed = c_.seed;
+  lo.batch_size = c.batch_size;
+  lo.workers = c.workers;
+  lo.seed = c.seed;
   lo.shard_rank = comm.rank(), lo.shards = comm.size();
-  lo.skip_bad = c_.skip_bad_images;
-  loader_ = std::make_unique<data::Loader>(std::move(train), lo);
+  lo.skip_bad = c.skip_bad_images;
+  loader_ = std::make_unique<data::Loader>(data_.train, lo);
 }
 
-void ImageTask::build_model(int64_t train_size, const std::string& what) {
-  EG_CHECK(train_size >= c_.batch_size * comm_->size(), "--batch-size ", c_.batch_size,
+void ImageTask::build_model() {
+  EG_CHECK(data_.train->size() >= c_.batch_size * comm_->size(), "--batch-size ", c_.batch_size,
            comm_->size() > 1 ? " x " + std::to_string(comm_->size()) + " ranks" : std::string(),
-           " is larger than the training set (", train_size, what, ")");
+           " is larger than the training set (", data_.train->size(), data_.train_what, ")");
   Generator g(c_.seed);
   model_ = models::build_model(model_config(), g);
   model_->to(dev_);
 }
 
 models::ModelConfig ImageTask::model_config() const {
+  const Shape s = data_.train->sample_shape();
   models::ModelConfig mc;
   mc.name = c_.model;
-  if (user_) {
-    const Shape s = user_->train->sample_shape();
-    mc.in_channels = s[0];
-    mc.image_size = s[1];
-    mc.num_classes = user_->num_classes;
-    mc.small_input = mc.image_size <= 64;
-  } else if (folder_train_) {
-    mc.in_channels = folder_train_->sample_shape()[0];
-    mc.image_size = folder_train_->sample_shape()[1];
-    mc.num_classes = int64_t(folder_train_->folder().classes.size());
-    mc.small_input = mc.image_size <= 64;  // the ImageNet stem (7x7 stride 2, max pool) for ImageNet-sized inputs
-  } else {
-    mc.in_channels = train_->images.size(1);
-    mc.image_size = train_->images.size(2);
-    mc.num_classes = num_classes(c_.dataset);
-  }
+  mc.in_channels = s[0];
+  mc.image_size = s[1];
+  mc.num_classes = data_.num_classes;
+  mc.small_input = mc.image_size <= 64;  // the ImageNet stem (7x7 stride 2, max pool) for ImageNet-sized inputs
   return mc;
 }
 
@@ -213,38 +215,13 @@ void ImageTask::configure_freezing(freeze::PolicyConfig& pc) const {
 
 void ImageTask::attach(FreezeRun& fr) {
   if (c_.freeze_cache)
-    fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir,
-                 user_           ? user_->train->size()
-                 : folder_train_ ? folder_train_->size()
-                                 : train_->size(),
+    fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir, data_.train->size(),
                  !c_.freeze_cache_dir.empty());
 }
 
-nlohmann::json ImageTask::resolved() const {
-  if (user_) {
-    nlohmann::json r = {{"num_classes", user_->num_classes}};
-    if (!user_->classes.empty()) r["classes"] = user_->classes;
-    return r;
-  }
-  if (!folder_train_) return nlohmann::json::object();
-  return {{"classes", folder_train_->folder().classes}};
-}
+nlohmann::json ImageTask::resolved() const { return data_.resolved; }
 
-std::string ImageTask::description() const {
-  if (user_)
-    return c_.dataset + ": " + std::to_string(user_->num_classes) + " classes, " +
-           std::to_string(user_->train->size()) + " training samples of " + shape_str(user_->train->sample_shape()) +
-           ", " + std::to_string(user_->test->size()) + " test" +
-           (user_->valid ? ", " + std::to_string(user_->valid->size()) + " validation" : std::string());
-  if (!folder_train_) return "";
-  const data::ImageFolder &tr = folder_train_->folder(), &te = folder_test_->folder();
-  std::string d = c_.data_dir + ": " + std::to_string(tr.classes.size()) + " classes, " + std::to_string(tr.size()) +
-                  " training images, " + std::to_string(te.size()) + " in val/, " +
-                  std::to_string(c_.image_size > 0 ? c_.image_size : 224) + " pixels square";
-  if (tr.left_out + te.left_out > 0)
-    d += "; " + std::to_string(tr.left_out + te.left_out) + " files not named *.jpg, *.jpeg or *.png left out";
-  return d;
-}
+std::string ImageTask::description() const { return data_.description; }
 
 bool ImageTask::next_batch() {
   if (!loader_->next(batch_)) return false;
@@ -280,17 +257,14 @@ StepOutput ImageTask::training_step(FreezeRun& fr) {
 }
 
 std::vector<Split> ImageTask::epoch_splits() const {
-  if (valid_ || (user_ && user_->valid)) return {Split::valid, Split::test};
+  if (data_.valid) return {Split::valid, Split::test};
   return {Split::test};
 }
 
 Metrics ImageTask::evaluate(Split s) {
-  if (user_)
-    return evaluate_samples(*model_, s == Split::valid ? user_->valid : user_->test, dev_, c_.workers, comm_, nullptr,
-                            c_.skip_bad_images);
-  if (folder_test_)
-    return evaluate_samples(*model_, folder_test_, dev_, c_.workers, comm_, nullptr, c_.skip_bad_images);
-  return evaluate_images(*model_, s == Split::valid ? *valid_ : *test_, c_.dataset, dev_, comm_);
+  return evaluate_samples(*model_, s == Split::valid ? data_.valid : data_.test, dev_,
+                          data_.eval_workers > 0 ? data_.eval_workers : c_.workers, comm_, nullptr, c_.skip_bad_images,
+                          data_.eval_batch);
 }
 
 namespace {
@@ -353,23 +327,20 @@ data::LoaderOptions eval_options(int64_t batch, int workers, dist::Communicator*
 }  // namespace
 
 Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
-                         dist::Communicator* comm, PerClass* per_class, bool skip_bad) {
-  data::Loader l(std::move(s), eval_options(100, workers, comm, skip_bad));
+                         dist::Communicator* comm, PerClass* per_class, bool skip_bad, int64_t batch) {
+  data::Loader l(std::move(s), eval_options(batch, workers, comm, skip_bad));
   return evaluate_batches(m, l, dev, comm, per_class);
 }
 
 Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,
                         dist::Communicator* comm, PerClass* per_class) {
-  data::LoaderOptions o = eval_options(500, 1, comm);
-  o.aug.norm = data::default_normalization(dataset);
-  data::Loader l(std::make_shared<data::ImageDataset>(d), o);
-  return evaluate_batches(m, l, dev, comm, per_class);
+  auto s = data::image_samples(std::make_shared<data::ImageDataset>(d), {0, false, data::dataset_info(dataset).norm});
+  return evaluate_samples(m, std::move(s), dev, 1, comm, per_class, false, 500);
 }
 
 void ImageTask::summarize(nlohmann::json& sj) const {
   if (c_.skip_bad_images) sj["images_left_out"] = left_out_total_;
-  if (folder_train_) sj["classes"] = folder_train_->folder().classes.size();
-  if (user_) sj["classes"] = user_->num_classes;
+  if (!data_.resolved.empty()) sj["classes"] = data_.num_classes;  // an image folder's or a user's
   sj["parameters"] = model_->num_parameters();
   sj["flops_per_sample"] = model_->flops_per_sample();
 }

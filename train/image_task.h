@@ -1,8 +1,9 @@
 // Image classification as a task of the training loop (train/task.h): an image model
 // (built-in, or a user's made known by models::register_model) on an in-memory image
-// dataset, an ImageNet-style image folder (decoded as it is loaded) or a user's own
-// samples (ImageData), cross-entropy, accuracy and loss on the test split (and on a
-// validation split), with the activation cache of the frozen prefix.
+// dataset of the table (data::datasets()), an ImageNet-style image folder (decoded as it
+// is loaded) or a user's own samples (ImageData), every split a data::SampleSource;
+// cross-entropy, accuracy and loss on the test split (and on a validation split), with
+// the activation cache of the frozen prefix.
 #pragma once
 #include <memory>
 #include <optional>
@@ -27,6 +28,28 @@ struct ImageData {
   std::vector<std::string> classes;  // optional: the classes' names, in label order (config.json, weights)
 };
 
+// The data an image task trains on, whichever way it came: each split a SampleSource (an
+// in-memory dataset through data::image_samples, an image folder's data::FolderSamples, a
+// user's own), and what the run records of it.
+struct ImageSplits {
+  std::shared_ptr<const data::SampleSource> train, valid, test;  // valid: optional
+  int64_t num_classes = 0;
+  std::string train_what;  // the training samples, for messages: " images in DIR/train"
+  std::string description;  // the run's line on its data (empty: the dataset's name says it all)
+  nlohmann::json resolved = nlohmann::json::object();  // what config.json records of the data
+  // Evaluation's global batch and loader workers (0: --workers). In-memory datasets keep
+  // their 500 on one worker, as their stored results were measured.
+  int64_t eval_batch = 100;
+  int eval_workers = 0;
+};
+
+// The three ways in: --dataset's in-memory datasets (with --val-fraction's hold-out and
+// the loader's augmentation), --dataset imagefolder, and a user's ImageData (after
+// --train-limit / --test-limit).
+ImageSplits in_memory_splits(const TrainConfig& c);
+ImageSplits folder_splits(const TrainConfig& c);
+ImageSplits user_splits(ImageData d, const TrainConfig& c);
+
 class ImageTask : public Task {
  public:
   ImageTask() = default;  // the data named by --dataset
@@ -50,17 +73,13 @@ class ImageTask : public Task {
   std::string description() const override;
 
  private:
-  void setup_folder(const TrainConfig& c, dist::Communicator& comm);
-  void setup_user(const TrainConfig& c, dist::Communicator& comm);
-  void make_loader(std::shared_ptr<const data::SampleSource> train, dist::Communicator& comm);
   models::ModelConfig model_config() const;
-  void build_model(int64_t train_size, const std::string& what);  // checks the batch fits
+  void build_model();  // checks the batch fits
   TrainConfig c_;
   dist::Communicator* comm_ = nullptr;
   Device dev_;
-  std::shared_ptr<data::ImageDataset> train_, valid_, test_;  // in-memory datasets
-  std::shared_ptr<data::FolderSamples> folder_train_, folder_test_;  // --dataset imagefolder
-  std::optional<ImageData> user_;  // a user's samples (after --train-limit / --test-limit)
+  std::optional<ImageData> user_;  // a user's samples, as given
+  ImageSplits data_;
   models::ModelPtr model_;
   std::unique_ptr<data::Loader> loader_;
   data::Batch batch_;
@@ -68,8 +87,6 @@ class ImageTask : public Task {
   // last checkpoint), and by this rank since the run started or resumed.
   int64_t left_out_total_ = 0, left_out_restored_ = 0, left_out_here_ = 0;
 };
-
-int64_t num_classes(const std::string& dataset);
 
 // An image folder's transform for training or evaluation from the run's options
 // (--image-size, --image-channels, --crop-pct, --image-mean, --image-std, --augment-mode).
@@ -81,14 +98,15 @@ struct PerClass {
   std::vector<int64_t> correct, total;
 };
 
-// Accuracy and mean cross-entropy of `m` on every sample of `s`, in eval mode; with
-// `comm`, each rank evaluates its share and the counts are summed.
+// Accuracy and mean cross-entropy of `m` on every sample of `s`, in eval mode, in global
+// batches of `batch`; with `comm`, each rank evaluates its share and the counts are summed.
 // With `skip_bad`, a sample that cannot be loaded (data::BadSample) is left out, and
 // counted as "images_left_out" when there are any.
 Metrics evaluate_samples(models::Model& m, std::shared_ptr<const data::SampleSource> s, Device dev, int workers,
-                         dist::Communicator* comm = nullptr, PerClass* per_class = nullptr, bool skip_bad = false);
+                         dist::Communicator* comm = nullptr, PerClass* per_class = nullptr, bool skip_bad = false,
+                         int64_t batch = 100);
 
-// The same on an in-memory dataset (normalised as `dataset` is).
+// The same on an in-memory dataset (normalised as the table's `dataset` is), 500 a batch.
 Metrics evaluate_images(models::Model& m, const data::ImageDataset& d, const std::string& dataset, Device dev,
                         dist::Communicator* comm = nullptr, PerClass* per_class = nullptr);
 

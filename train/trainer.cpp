@@ -19,7 +19,7 @@ namespace eg::train {
 using json = nlohmann::json;
 
 std::unique_ptr<Task> make_task(const TrainConfig& c, const models::TransformerConfig* arch) {
-  if (arch || is_translation_model(c.model))
+  if (arch || models::is_translation_model(c.model))
     return std::make_unique<TranslationTask>(arch ? std::optional<models::TransformerConfig>(*arch) : std::nullopt);
   return std::make_unique<ImageTask>();
 }
@@ -73,10 +73,10 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   EG_CHECK(ckpts.any(), "cannot open '", ckpts.newest_path(), "': no checkpoint in '", out, "'");
   const Checkpoint ck = ckpts.load();
   const json& cfg = ck.config;
-  if (is_translation_model(cfg.at("model")))
+  if (models::is_translation_model(cfg.at("model")))
     return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
   const std::string dataset = cfg.at("dataset");
-  if (dataset == "imagefolder") {  // its val/ split, with the run's classes and crop size
+  if (data::dataset_info(dataset).kind == data::DataKind::image_folder) {  // its val/ split, with the run's classes and crop size
     const std::vector<std::string> classes = cfg.at("classes");
     const std::string dir = data_dir.empty() ? cfg.value("data_dir", "") : data_dir;
     data::ImageFolder val = data::scan_image_folder(dir + "/val", &classes);
@@ -115,7 +115,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   mc.name = cfg.at("model");
   mc.in_channels = test.images.size(1);
   mc.image_size = test.images.size(2);
-  mc.num_classes = num_classes(dataset);
+  mc.num_classes = data::dataset_info(dataset).classes;
   Generator g(0);
   auto m = models::build_model(mc, g);
   m->load_state_dict(model_tensors(ck.tensors));
@@ -139,7 +139,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
   mc.small_input = mc.image_size == 32;
   mc.num_classes = o.model == "resnet50" || o.model == "resnet18" ? 1000 : 10;
-  const bool transformer = is_translation_model(o.model);
+  const bool transformer = models::is_translation_model(o.model);
   EG_CHECK(!transformer || (o.seq_len >= 2 && o.seq_len <= 256), "bench step: --seq-len must be in [2, 256], got ",
            o.seq_len);
   Generator g(0);
