@@ -95,10 +95,10 @@ DatasetInfo cifar(int classes) {
   const std::string dataset = "cifar" + std::to_string(classes);
   return {dataset, DataKind::images, classes, norm_of({0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}),
           [dataset, classes](const std::string& dir, bool train) {
-            EG_CHECK(!dir.empty(), "dataset ", dataset,
-                     " needs --data-dir pointing at the unpacked binary version "
-                     "(https://www.cs.toronto.edu/~kriz/cifar.html)");
-            return load_cifar(dir, train, classes);
+    EG_CHECK(!dir.empty(), "dataset ", dataset,
+             " needs --data-dir pointing at the unpacked binary version "
+             "(https://www.cs.toronto.edu/~kriz/cifar.html)");
+    return load_cifar(dir, train, classes);
           }};
 }
 

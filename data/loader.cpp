@@ -34,8 +34,8 @@ std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDat
 }
 
 Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o)
-    : Loader(image_samples(std::move(data),
-                           o.augment ? o.aug : AugmentOptions{0, false, o.aug.norm}, o.augment_per_sample),
+    : Loader(image_samples(std::move(data), o.augment ? o.aug : AugmentOptions{0, false, o.aug.norm},
+                           o.augment_per_sample),
              o) {}
 
 Loader::Loader(std::shared_ptr<const SampleSource> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {

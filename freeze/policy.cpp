@@ -174,14 +174,9 @@ std::shared_ptr<const Snapshot> take_snapshot(const models::Model& m) {
 class EgeriaPolicy : public FreezePolicy {
  public:
   EgeriaPolicy(const PolicyConfig& c, int64_t modules) : c_(c), tracker_(modules, with_interval(c, modules)) {
-    ControllerOptions o;
-    o.precision = c.reference;
+    ControllerOptions o = c.reference;
     if (c.device.is_cuda()) o.gpu = c.device;
-    o.synchronous = c.synchronous;
-    o.threads = c.reference_threads;
-    o.capacity = c.queue_capacity;
-    o.calibration_batches = c.reference_calibration;
-    o.max_cpu_load = c.reference_max_cpu_load;
+    o.max_cpu_load = c.max_cpu_load(c.device);
     tracker_.custom_unfreeze = c.unfreeze_hook;
     ctl_ = std::make_unique<PlasticityController>(c.make_model ? c.make_model : quant::model_factory(c.model), o);
   }
@@ -274,7 +269,7 @@ class EgeriaPolicy : public FreezePolicy {
               {"interval", n()},
               {"bootstrap_interval", bootstrap_n()},
               {"window", tracker_.window()},
-              {"reference", c_.reference},
+              {"reference", c_.reference.precision},
               {"unit_scope_submissions", unit_scope_submissions_},
               {"reference_max_cpu_load", ctl_->max_cpu_load()},
               {"reference_deferred", ctl_->deferred()},
@@ -345,6 +340,14 @@ class EgeriaPolicy : public FreezePolicy {
 
 }  // namespace
 
+double FreezeOptions::max_cpu_load(Device training) const {
+  // auto: the paper's gate where it fits, beside GPU training whose results are acted
+  // on when they arrive; acting at the next evaluation, training waits for each result
+  // there, so a reference held back by the gate would stall it.
+  if (reference_max_load == 0) return training.is_cuda() && apply_on_arrival ? 0.5 : 1.0;
+  return reference_max_load / 100;
+}
+
 std::vector<std::string> policy_names() { return {"none", "static", "freezeout", "autofreeze", "egeria"}; }
 
 std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& cin, int64_t layers) {
@@ -358,12 +361,12 @@ std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& cin, int64_t layer
   EG_CHECK(c.partition.units().back().end == layers, "the freezing units cover ", c.partition.units().back().end,
            " layer modules, but the model has ", layers);
   const int64_t modules = c.partition.size();
-  if (c.name == "none") return std::make_unique<NonePolicy>();
-  if (c.name == "static") return std::make_unique<StaticPolicy>(c, modules);
-  if (c.name == "freezeout") return std::make_unique<FreezeOutPolicy>(c, modules);
-  if (c.name == "autofreeze") return std::make_unique<AutoFreezePolicy>(c, modules);
-  if (c.name == "egeria") return std::make_unique<EgeriaPolicy>(c, modules);
-  EG_THROW("--freeze: unknown policy '", c.name, "' (none, static, freezeout, autofreeze, egeria)");
+  if (c.policy == "none") return std::make_unique<NonePolicy>();
+  if (c.policy == "static") return std::make_unique<StaticPolicy>(c, modules);
+  if (c.policy == "freezeout") return std::make_unique<FreezeOutPolicy>(c, modules);
+  if (c.policy == "autofreeze") return std::make_unique<AutoFreezePolicy>(c, modules);
+  if (c.policy == "egeria") return std::make_unique<EgeriaPolicy>(c, modules);
+  EG_THROW("--freeze: unknown policy '", c.policy, "' (none, static, freezeout, autofreeze, egeria)");
 }
 
 }  // namespace eg::freeze

@@ -15,12 +15,14 @@
 //               (freeze/tracker.h), evaluated asynchronously (freeze/controller.h)
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "freeze/controller.h"
 #include "freeze/partition.h"
 #include "freeze/tracker.h"
 #include "models/model.h"
@@ -28,8 +30,59 @@
 
 namespace eg::freeze {
 
-struct PolicyConfig {
-  std::string name = "none";
+enum class FrozenBn { batch, running };  // Note [Frozen BatchNorm semantics]
+enum class ReferenceScope { unit, network };  // Note [The reference's scope]
+
+// The freezing options as a user sets them: a TrainConfig holds one (`freezing`), the
+// rows of the option table (train/options.cpp) point into it, and the policies, the
+// tracker (`tracker`) and the controller (`reference`) read it as it is. A new freezing
+// option is a field here (or in TrackerOptions, ControllerOptions), its row, and the code
+// that reads it.
+struct FreezeOptions {
+  std::string policy = "none";  // policy_names()
+  PartitionMode units = PartitionMode::automatic;  // the freezing units (freeze/partition.h)
+  std::string unit_regex;  // non-empty: units by parameter name
+  TrackerOptions tracker;  // egeria's Algorithm 1 (interval also used by autofreeze)
+  // egeria's reference model. Its `gpu` is the training device's and its `max_cpu_load`
+  // comes from reference_max_load (max_cpu_load()), when the policy starts.
+  ControllerOptions reference;
+  ReferenceScope reference_scope = ReferenceScope::unit;
+  // The reference forward runs only while the machine's CPU load is at most this
+  // percentage; 0 is "auto": 50 when training on a GPU with apply_on_arrival, as the
+  // paper, else 100 (never waiting: CPU training keeps the cores busy by design, and
+  // acting at the next evaluation step would wait there for a held-back reference).
+  double reference_max_load = 0;
+  // egeria, evaluated in the background: act on an evaluation's result as soon as it
+  // arrives (the paper; the step it lands on depends on timing, so two runs with the same
+  // seed can decide differently), instead of at the next evaluation step, waiting for it
+  // there if it is late (the default: the same run makes the same decisions).
+  bool apply_on_arrival = false;
+  FrozenBn bn = FrozenBn::batch;
+  // egeria, for embedders with cyclic LR schedules: called at every step while a unit is
+  // frozen with (step, LR); true unfreezes every unit (freeze.jsonl: an "unfreeze" with
+  // reason "custom"), as an LR fall does. Its answers must be a function of (step, LR)
+  // for a resumed run to repeat the same decisions. Not an option: it is not in
+  // config.json and a resume cannot check it.
+  std::function<bool(int64_t, double)> unfreeze_hook;
+  int64_t static_modules = -1, static_epoch = -1;  // static (-1: half the modules / epochs)
+  double freezeout_t0 = 0.5;
+  double autofreeze_percentile = 50;
+  // The activation cache of the frozen prefix (cache/, the paper's §4.3): skips the
+  // prefix's forward for samples seen since the last freeze; needs bn running and
+  // per-sample augmentation (or none).
+  bool cache = false;
+  std::string cache_dir;  // set: its entries go to a file there; empty: in memory when
+      // they take at most half the available memory, else in the run's folder
+
+  // The reference's CPU-load gate as a share of the machine (ControllerOptions::max_cpu_load)
+  // when training on `training`.
+  double max_cpu_load(Device training) const;
+};
+
+// What a policy is made from: the options, and what the run derives.
+struct PolicyConfig : FreezeOptions {
+  PolicyConfig() = default;
+  explicit PolicyConfig(FreezeOptions o) : FreezeOptions(std::move(o)) {}
   models::ModelConfig model;
   // The freezing units the policy counts in (freeze/partition.h); empty: every layer
   // module is a unit. Policies decide in units; the trainer maps a prefix of units to
@@ -39,30 +92,7 @@ struct PolicyConfig {
   // reference (empty: models::build_model(model)).
   quant::ModelFactory make_model;
   int64_t total_steps = 0, steps_per_epoch = 0;
-  TrackerOptions tracker;  // egeria (interval also used by autofreeze)
-  std::string reference = "int8";  // quant::reference_precisions()
-  // int8: convolution inputs calibrated on this many batches (0: per batch; Note [Static activation scales]).
-  int64_t reference_calibration = quant::kCalibrationBatches;
   Device device = Device::cpu();  // the training device (a "-gpu" reference runs there)
-  bool synchronous = false;  // egeria: evaluate inline (deterministic; tests)
-  // egeria, evaluated in the background: act on an evaluation's result as soon as it
-  // arrives (the paper; the step it lands on depends on timing, so two runs with the same
-  // seed can decide differently), instead of at the next evaluation step, waiting for it
-  // there if it is late (the default: the same run makes the same decisions).
-  bool apply_on_arrival = false;
-  // egeria: the unfreezing hook for cyclic LR schedules (§4.2.2), called at every step
-  // while a unit is frozen with (step, LR); true unfreezes every unit (freeze.jsonl: an
-  // "unfreeze" with reason "custom"), as an LR fall does. Its answers must be a function
-  // of (step, LR) for a resumed run to repeat the same decisions.
-  std::function<bool(int64_t, double)> unfreeze_hook;
-  int reference_threads = 1;
-  // egeria: the reference forward waits until the machine's CPU load is at most this
-  // share (1: never waits; ControllerOptions::max_cpu_load).
-  double reference_max_cpu_load = 1.0;
-  int queue_capacity = 2;
-  int64_t static_modules = -1, static_epoch = -1;  // static (-1: half the modules / epochs)
-  double freezeout_t0 = 0.5;
-  double autofreeze_percentile = 50;
 };
 
 struct StepInfo {

@@ -191,7 +191,7 @@ class FreezeTracker {
 
   // Cyclic schedules: called every step with (step, lr) while a unit is frozen;
   // returning true unfreezes all. Set from PolicyConfig::unfreeze_hook (the C++ API's
-  // TrainConfig::freeze_unfreeze_hook).
+  // FreezeOptions::unfreeze_hook).
   std::function<bool(int64_t, double)> custom_unfreeze;
 
   std::vector<Event> take_events();

@@ -194,12 +194,12 @@ void check_batchnorm(dist::Communicator& w, const std::string& work) {
 void check_freezing(dist::Communicator& w, const std::string& work, const std::string& policy) {
   RecordingImageTask task;
   auto c = image_config(work + "/" + policy);
-  c.freeze = policy;
+  c.freezing.policy = policy;
   c.epochs = 4;
   c.milestones = {3};
   if (policy == "static") {
-    c.static_modules = 2;
-    c.static_epoch = 1;
+    c.freezing.static_modules = 2;
+    c.freezing.static_epoch = 1;
   } else {
     eg::testing::use_fast_egeria(c);
   }

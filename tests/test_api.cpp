@@ -275,7 +275,7 @@ TEST(Api, FitStartsFromInitFromsWeights) {
   register_user_cnn();
   const std::string a = testing::fresh_dir("api_init_a"), b = testing::fresh_dir("api_init_b");
   train::TrainConfig c = user_run(a);
-  c.freeze = "none";
+  c.freezing.policy = "none";
   c.epochs = 1;
   {
     train::ImageTask task(quadrant_data());

@@ -146,13 +146,13 @@ TEST(ActivationCache, AFullDiskIsAnErrorNamingTheSpaceNeeded) {
 
 train::TrainConfig cached_cfg(const std::string& out, bool cache) {
   train::TrainConfig c = eg::testing::small_image_run(out);
-  c.freeze = "static";  // the first 4 layer modules freeze at the start of epoch 2
-  c.freeze_modules = train::FreezeUnits::layers;
-  c.static_modules = 4;
-  c.static_epoch = 1;
-  c.freeze_bn = train::FrozenBn::running;
+  c.freezing.policy = "static";  // the first 4 layer modules freeze at the start of epoch 2
+  c.freezing.units = train::FreezeUnits::layers;
+  c.freezing.static_modules = 4;
+  c.freezing.static_epoch = 1;
+  c.freezing.bn = train::FrozenBn::running;
   c.augment_mode = train::AugmentMode::sample;
-  c.freeze_cache = cache;
+  c.freezing.cache = cache;
   return c;
 }
 
@@ -177,7 +177,7 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
   // Killed while the cache is serving, resumed: the cache starts empty and refills,
   // and the run still ends where the uninterrupted one did (this one on disk).
   auto c = cached_cfg(killed, true);
-  c.freeze_cache_dir = killed;  // the disk tier, end to end
+  c.freezing.cache_dir = killed;  // the disk tier, end to end
   c.checkpoint_every = 1;
   c.stop_after_steps = 40;
   EXPECT_FALSE(train::run_training(c).completed);
@@ -200,13 +200,13 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
 TEST(CacheTrainer, UnitScopeReadingsFromCachedInputsAreTheRecomputedOnes) {
   auto egeria = [](const std::string& out, bool cache) {
     auto c = cached_cfg(out, cache);
-    c.freeze = "egeria";
-    c.freeze_reference_scope = train::ReferenceScope::unit;
-    c.freeze_sync = true;
-    c.freeze_interval = 2;
-    c.freeze_bootstrap_interval = -1;  // every n, the paper
-    c.freeze_window = 2;
-    c.freeze_tolerance = 0.5;  // as the trainer tests (test_freeze_train.cpp)
+    c.freezing.policy = "egeria";
+    c.freezing.reference_scope = train::ReferenceScope::unit;
+    c.freezing.reference.synchronous = true;
+    c.freezing.tracker.interval = 2;
+    c.freezing.tracker.bootstrap_interval = -1;  // every n, the paper
+    c.freezing.tracker.window = 2;
+    c.freezing.tracker.tolerance_coef = 0.5;  // as the trainer tests (test_freeze_train.cpp)
     return c;
   };
   const std::string a = tmpdir("unit_off"), b = tmpdir("unit_on");
@@ -239,13 +239,13 @@ TEST(CacheTrainer, RefusesConfigurationsWhereACachedOutputWouldBeWrong) {
     }
   };
   auto c = cached_cfg(tmpdir("refuse"), true);
-  c.freeze_bn = train::FrozenBn::batch;
+  c.freezing.bn = train::FrozenBn::batch;
   expect_error(c, "--freeze-bn running");
   c = cached_cfg(tmpdir("refuse"), true);
   c.augment_mode = train::AugmentMode::epoch;
   expect_error(c, "--augment-mode sample");
   c = cached_cfg(tmpdir("refuse"), true);
-  c.freeze = "none";
+  c.freezing.policy = "none";
   expect_error(c, "--freeze none");
   auto expect_bad_text = [](const char* flag, const char* text, const std::string& needle) {
     train::TrainConfig d;

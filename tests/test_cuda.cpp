@@ -7,8 +7,8 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "autograd/functions.h"
 #include "core/caching_allocator.h"
@@ -252,11 +252,11 @@ TEST(Cuda, GpuReferenceModelMatchesTheCpuOneAndTrains) {
     c.epochs = 2;
     c.device = "cuda:0";
     c.out = std::string("/tmp/eg_cuda_gpu_reference_") + precision;
-    c.freeze = "egeria";
-    c.freeze_reference = precision;
-    c.freeze_interval = 2;
-    c.freeze_bootstrap_interval = -1;  // every n, the paper
-    c.freeze_window = 2;
+    c.freezing.policy = "egeria";
+    c.freezing.reference.precision = precision;
+    c.freezing.tracker.interval = 2;
+    c.freezing.tracker.bootstrap_interval = -1;  // every n, the paper
+    c.freezing.tracker.window = 2;
     auto s = train::run_training(c);
     ASSERT_TRUE(s.completed) << precision;
     auto sum = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));

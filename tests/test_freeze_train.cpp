@@ -402,7 +402,7 @@ std::vector<nlohmann::json> jsonl(const std::string& p) {
 train::TrainConfig run_cfg(const std::string& out, const std::string& policy) {
   train::TrainConfig c = eg::testing::small_image_run(out);
   eg::testing::use_fast_egeria(c);
-  c.freeze = policy;
+  c.freezing.policy = policy;
   return c;
 }
 
@@ -508,13 +508,13 @@ TEST(FreezeTrainer, EgeriaEvaluatesFreezesLogsAndResumesBitIdentically) {
   EXPECT_EQ(readings(c), readings(a));
 }
 
-// The cyclic-schedule hook of the C++ API (TrainConfig::freeze_unfreeze_hook): asked at
+// The cyclic-schedule hook of the C++ API (FreezeOptions::unfreeze_hook): asked at
 // every step while a unit is frozen, and when it says so every unit unfreezes there, as
 // on an LR fall, with the reason "custom" in freeze.jsonl.
 TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
   std::string a = tmpdir("egeria_nohook"), b = tmpdir("egeria_hook");
   auto c = run_cfg(a, "egeria");
-  c.freeze_unfreeze = train::Unfreeze::never;  // only the hook unfreezes
+  c.freezing.tracker.unfreeze_on_lr_fall = false;  // only the hook unfreezes
   ASSERT_TRUE(train::run_training(c).completed);
   bool froze = false;
   for (auto& j : jsonl(a + "/freeze.jsonl")) froze |= j["type"] == "freeze";
@@ -522,7 +522,7 @@ TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
   // The tracker asks while a unit is frozen; the hook says yes the third time.
   int64_t asked = 0, said_yes_at = -1;
   c.out = b;
-  c.freeze_unfreeze_hook = [&](int64_t step, double lr) {
+  c.freezing.unfreeze_hook = [&](int64_t step, double lr) {
     EXPECT_GT(lr, 0.0);
     if (++asked != 3) return false;
     said_yes_at = step;
@@ -554,7 +554,7 @@ TEST(FreezeTrainer, TheUnfreezeHookUnfreezesWhereItSays) {
 TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
   std::string d = tmpdir("egeria_lastoff");
   auto c = run_cfg(d, "egeria");
-  c.freeze_last_phase = false;
+  c.freezing.tracker.freeze_last_phase = false;
   ASSERT_TRUE(train::run_training(c).completed);
   const int64_t last_phase_start = 3 * (256 / 16);
   int freezes_before = 0, marks = 0;
@@ -588,7 +588,7 @@ TEST(FreezeTrainer, LastPhaseOffTrainsTheLastPhaseWhole) {
 TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
   std::string d = tmpdir("egeria_firstoff");
   auto c = run_cfg(d, "egeria");
-  c.freeze_first_phase = false;
+  c.freezing.tracker.freeze_first_phase = false;
   ASSERT_TRUE(train::run_training(c).completed);
   const int64_t decay = 3 * (256 / 16);
   int holds = 0, applied = 0;
@@ -634,10 +634,10 @@ TEST(FreezeTrainer, FirstPhaseOffAppliesTheHeldFreezesAtTheDecay) {
 TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFront) {
   std::string a = tmpdir("egeria_scope_network"), u = tmpdir("egeria_scope_unit");
   auto c = run_cfg(a, "egeria");
-  c.freeze_reference_scope = train::ReferenceScope::network;
+  c.freezing.reference_scope = train::ReferenceScope::network;
   ASSERT_TRUE(train::run_training(c).completed);
   c = run_cfg(u, "egeria");
-  EXPECT_EQ(c.freeze_reference_scope, train::ReferenceScope::unit) << "the default";
+  EXPECT_EQ(c.freezing.reference_scope, train::ReferenceScope::unit) << "the default";
   ASSERT_TRUE(train::run_training(c).completed);
   auto na = jsonl(a + "/freeze.jsonl"), nu = jsonl(u + "/freeze.jsonl");
   size_t i = 0;
@@ -704,8 +704,8 @@ TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
   for (const char* p : {"static", "freezeout", "autofreeze"}) {
     std::string d = tmpdir(p);
     auto c = run_cfg(d, p);
-    c.static_epoch = 1;
-    c.static_modules = 3;
+    c.freezing.static_epoch = 1;
+    c.freezing.static_modules = 3;
     c.milestones = {};
     c.lr_schedule = train::Schedule::constant;
     c.log_every = 1;
@@ -739,7 +739,7 @@ TEST(FreezeTrainer, EveryBaselinePolicyRunsAndFreezes) {
 TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
   std::string a = tmpdir("egeria_bg_a"), b = tmpdir("egeria_bg_b");
   auto ca = run_cfg(a, "egeria");
-  ca.freeze_sync = false;
+  ca.freezing.reference.synchronous = false;
   ASSERT_TRUE(train::run_training(ca).completed);
   auto sum = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
   EXPECT_EQ(sum["freeze_stats"]["apply"], "next");
@@ -766,7 +766,7 @@ TEST(FreezeTrainer, BackgroundEgeriaDecidesTheSameWhateverTheTiming) {
   // Evaluated inline (--freeze-sync), a result is acted on at the same step: the same run.
   std::string c = tmpdir("egeria_bg_sync");
   auto cc = run_cfg(c, "egeria");
-  ASSERT_TRUE(cc.freeze_sync);
+  ASSERT_TRUE(cc.freezing.reference.synchronous);
   ASSERT_TRUE(train::run_training(cc).completed);
   EXPECT_EQ(decisions(c, true), da);
 }
@@ -790,9 +790,9 @@ struct SlowReferenceTask : train::ImageTask {
 TEST(FreezeTrainer, AsynchronousEgeriaNeverBlocksAndCountsDrops) {
   std::string d = tmpdir("egeria_async");
   auto c = run_cfg(d, "egeria");
-  c.freeze_sync = false;
-  c.freeze_apply = train::FreezeApply::arrival;
-  c.freeze_interval = 1;  // an evaluation every step
+  c.freezing.reference.synchronous = false;
+  c.freezing.apply_on_arrival = true;
+  c.freezing.tracker.interval = 1;  // an evaluation every step
   SlowReferenceTask task;
   const auto s = train::fit(task, c);
   ASSERT_TRUE(s.completed);
@@ -811,7 +811,7 @@ namespace {
 TEST(FreezeTrainer, GpuReferenceIsAClearErrorWithoutAGpu) {
   for (const char* precision : {"fp32-gpu", "fp16-gpu"}) {
     auto c = run_cfg(tmpdir("gpu_ref"), "egeria");
-    c.freeze_reference = precision;
+    c.freezing.reference.precision = precision;
     try {
       train::validate(c);
       ADD_FAILURE() << precision << " accepted for a CPU run";
@@ -855,10 +855,10 @@ train::TrainConfig expect_resume_refused(train::TrainConfig c, const std::functi
 TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
   std::string d = tmpdir("units_resume");
   auto c = expect_resume_refused(
-      run_cfg(d, "static"), [](train::TrainConfig& r) { r.freeze_modules = train::FreezeUnits::automatic; },
+      run_cfg(d, "static"), [](train::TrainConfig& r) { r.freezing.units = train::FreezeUnits::automatic; },
       "--freeze-modules layers, not auto");
   auto sum_units = [&] {
-    c.freeze_modules = train::FreezeUnits::layers;
+    c.freezing.units = train::FreezeUnits::layers;
     c.stop_after_steps = 0;
     return train::run_training(c).completed;
   };
@@ -871,11 +871,11 @@ TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
 // other (a checkpoint from before the flag was read with the network).
 TEST(FreezeTrainer, ResumeRefusesAnotherReferenceScope) {
   auto c = run_cfg(tmpdir("scope_resume"), "egeria");
-  c.freeze_reference_scope = train::ReferenceScope::network;
+  c.freezing.reference_scope = train::ReferenceScope::network;
   c = expect_resume_refused(
-      c, [](train::TrainConfig& r) { r.freeze_reference_scope = train::ReferenceScope::unit; },
+      c, [](train::TrainConfig& r) { r.freezing.reference_scope = train::ReferenceScope::unit; },
       "--freeze-reference-scope network");
-  c.freeze_reference_scope = train::ReferenceScope::network;
+  c.freezing.reference_scope = train::ReferenceScope::network;
   c.stop_after_steps = 4;
   EXPECT_FALSE(train::run_training(c).completed) << "resumed, and stopped again";
 }
@@ -884,10 +884,11 @@ TEST(FreezeTrainer, ResumeRefusesAnotherReferenceScope) {
 // quantised every batch with its own scales, as --freeze-reference-calibration 0).
 TEST(FreezeTrainer, ResumeRefusesAnotherReferenceCalibration) {
   auto c = run_cfg(tmpdir("calibration_resume"), "egeria");
-  c.freeze_reference_calibration = 0;
+  c.freezing.reference.calibration_batches = 0;
   c = expect_resume_refused(
-      c, [](train::TrainConfig& r) { r.freeze_reference_calibration = 3; }, "--freeze-reference-calibration 0");
-  c.freeze_reference_calibration = 0;
+      c, [](train::TrainConfig& r) { r.freezing.reference.calibration_batches = 3; },
+      "--freeze-reference-calibration 0");
+  c.freezing.reference.calibration_batches = 0;
   c.stop_after_steps = 4;
   EXPECT_FALSE(train::run_training(c).completed) << "resumed, and stopped again";
   auto cfg = nlohmann::json::parse(std::ifstream(c.out + "/config.json"));
@@ -902,7 +903,7 @@ TEST(FreezeTrainer, ResumeRefusesAnotherReferenceCalibration) {
 TEST(FreezeTrainer, TheBootstrappingCheckSpansATenthOfAShortRun) {
   const std::string d = tmpdir("bootstrap_span");
   auto c = run_cfg(d, "egeria");
-  c.freeze_bootstrap_interval = 0;
+  c.freezing.tracker.bootstrap_interval = 0;
   ASSERT_TRUE(train::run_training(c).completed);  // 4 epochs of 16 steps, n = 2
   int64_t checks = 0;
   for (auto& j : jsonl(d + "/freeze.jsonl"))

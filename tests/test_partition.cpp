@@ -121,7 +121,7 @@ TEST(Partition, RegexErrorsNameTheProblem) {
 TEST(Partition, PoliciesCountInUnits) {
   auto m = model("resnet20", 16);
   freeze::PolicyConfig c;
-  c.name = "static";
+  c.policy = "static";
   c.partition = freeze::make_partition(*m, freeze::PartitionMode::automatic);
   c.static_modules = 2;
   c.static_epoch = 0;
@@ -141,14 +141,14 @@ TEST(Partition, PoliciesCountInUnits) {
 TEST(Partition, PoliciesTakeNoReadingFromAStepThatTrainedNothing) {
   auto m = model("resnet20", 16);
   freeze::PolicyConfig c;
-  c.name = "egeria";
+  c.policy = "egeria";
   c.model.name = "resnet20";
   c.model.image_size = 16;
   c.partition = freeze::make_partition(*m, freeze::PartitionMode::automatic);
   c.total_steps = 100;
   c.tracker.interval = 1;
   c.tracker.bootstrap_interval = 2;
-  c.synchronous = true;
+  c.reference.synchronous = true;
   const int64_t layers = int64_t(m->layer_modules().size());
   auto egeria = freeze::make_policy(c, layers);
   const std::vector<std::pair<double, bool>> steps = {{2.0, true},  {2.0, true},  {1.0, true}, {0.0, false},
@@ -167,7 +167,7 @@ TEST(Partition, PoliciesTakeNoReadingFromAStepThatTrainedNothing) {
   const std::vector<std::pair<int64_t, double>> want = {{2, 2.0}, {4, 1.0}, {8, 0.5}};
   EXPECT_EQ(checks, want);
 
-  c.name = "autofreeze";
+  c.policy = "autofreeze";
   auto autofreeze = freeze::make_policy(c, layers);
   auto step = [&](int64_t k, double grad, bool trained) {
     for (auto& p : m->parameters()) p.set_grad(Tensor::full(p.shape(), grad));

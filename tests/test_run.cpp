@@ -179,13 +179,13 @@ train::TrainConfig translation_run(const std::string& data, const std::string& o
   c.log_every = 1;
   c.seed = 4;
   c.checkpoint_every = 4;
-  c.freeze = "egeria";
-  c.freeze_modules = train::FreezeUnits::layers;
-  c.freeze_sync = true;
-  c.freeze_interval = 1;
-  c.freeze_bootstrap_interval = -1;
-  c.freeze_window = 2;
-  c.freeze_tolerance = 0.5;  // the first unit freezes at step 13
+  c.freezing.policy = "egeria";
+  c.freezing.units = train::FreezeUnits::layers;
+  c.freezing.reference.synchronous = true;
+  c.freezing.tracker.interval = 1;
+  c.freezing.tracker.bootstrap_interval = -1;
+  c.freezing.tracker.window = 2;
+  c.freezing.tracker.tolerance_coef = 0.5;  // the first unit freezes at step 13
   return c;
 }
 
@@ -224,7 +224,7 @@ TEST(Run, ResumeRefusesAChangedLearningRateForEitherTask) {
   arch.d_model = 32, arch.heads = 2, arch.ffn = 64, arch.enc_layers = arch.dec_layers = 1, arch.max_len = 64;
   for (bool translation : {false, true}) {
     auto c = translation ? translation_run(data, tmpdir("lr_tr")) : image_run(tmpdir("lr_img"));
-    c.freeze = "none";
+    c.freezing.policy = "none";
     c.checkpoint_every = 2;
     c.stop_after_steps = 3;  // the log one step past the checkpoint
     auto run = [&] { return translation ? train::run_translation(c, &arch) : train::run_training(c); };
@@ -252,7 +252,7 @@ TEST(Run, ResumeRefusesAChangedLearningRateForEitherTask) {
 
 TEST(Run, EpochsGrowOnResumeOnlyWhereTheLearningRateSoFarStays) {
   auto c = image_run(tmpdir("extend"));
-  c.freeze = "none";
+  c.freezing.policy = "none";
   c.epochs = 1;
   c.lr_schedule = train::Schedule::constant;
   ASSERT_TRUE(train::run_training(c).completed);
@@ -285,7 +285,7 @@ TEST(Run, EpochsGrowOnResumeOnlyWhereTheLearningRateSoFarStays) {
     EXPECT_NE(std::string(e.what()).find("cannot change its length"), std::string::npos) << e.what();
   }
   c = image_run(tmpdir("extend_step"));
-  c.freeze = "none";
+  c.freezing.policy = "none";
   c.milestones = {};  // half and three quarters of --epochs: the past depends on the length
   c.epochs = 2;
   ASSERT_TRUE(train::run_training(c).completed);
@@ -302,7 +302,7 @@ TEST(Run, EpochsGrowOnResumeOnlyWhereTheLearningRateSoFarStays) {
 TEST(Run, ConfigJsonHoldsEveryOptionAndReadsBack) {
   const std::string d = tmpdir("config");
   auto c = image_run(d);
-  c.freeze_cache_dir = d + "/cache";
+  c.freezing.cache_dir = d + "/cache";
   c.keep_checkpoints = 3;
   c.epochs = 1;
   c.train_limit = 64;
@@ -329,7 +329,7 @@ TEST(Run, ConfigJsonHoldsEveryOptionAndReadsBack) {
 TEST(Run, ResumeFallsBackToAnOlderCheckpoint) {
   const std::string full = tmpdir("keep_full"), d = tmpdir("keep");
   auto c = image_run(full);
-  c.freeze = "none";
+  c.freezing.policy = "none";
   c.epochs = 1;
   c.checkpoint_every = 2;
   c.keep_checkpoints = 3;
@@ -356,7 +356,7 @@ TEST(Run, ResumeFallsBackToAnOlderCheckpoint) {
 TEST(Run, ValidationSplitChoosesTheBestEpoch) {
   const std::string d = tmpdir("val");
   auto c = image_run(d);
-  c.freeze = "none";
+  c.freezing.policy = "none";
   c.val_fraction = 0.25;
   ASSERT_TRUE(train::run_training(c).completed);
   const json sum = json::parse(std::ifstream(d + "/summary.json"));
@@ -376,7 +376,7 @@ TEST(Run, ValidationSplitChoosesTheBestEpoch) {
   // 64 of the 256 images held out: 12 batches of 16 an epoch.
   EXPECT_EQ(sum["steps"], 3 * 12);
   c = image_run(tmpdir("noval"));
-  c.freeze = "none";
+  c.freezing.policy = "none";
   c.epochs = 1;
   ASSERT_TRUE(train::run_training(c).completed);
   EXPECT_EQ(json::parse(std::ifstream(c.out + "/summary.json"))["best_selected_on"], "test");
@@ -385,7 +385,7 @@ TEST(Run, ValidationSplitChoosesTheBestEpoch) {
 
 TEST(Run, GradClipClipsTheNormAndLogsIt) {
   auto c = image_run(tmpdir("clip"));
-  c.freeze = "none";
+  c.freezing.policy = "none";
   c.epochs = 1;
   c.train_limit = 64;
   c.grad_clip = 0.05;

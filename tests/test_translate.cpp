@@ -195,12 +195,12 @@ TEST(Translate, EgeriaFreezesATransformerAndResumesBitIdentically) {
   c.epochs = 3;
   c.train_limit = 320;  // 10 batches per epoch
   c.test_limit = 8;
-  c.freeze = "egeria";
-  c.freeze_modules = train::FreezeUnits::layers;
-  c.freeze_sync = true;
-  c.freeze_interval = 1;
-  c.freeze_bootstrap_interval = -1;  // every n, the paper
-  c.freeze_window = 2;
+  c.freezing.policy = "egeria";
+  c.freezing.units = train::FreezeUnits::layers;
+  c.freezing.reference.synchronous = true;
+  c.freezing.tracker.interval = 1;
+  c.freezing.tracker.bootstrap_interval = -1;  // every n, the paper
+  c.freezing.tracker.window = 2;
   ASSERT_TRUE(train::run_translation(c, &arch).completed);
   auto log = records(a + "/freeze.jsonl", "evaluation");
   EXPECT_GT(log.size(), 3u) << "no plasticity evaluations in 30 steps with n=1";

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 
@@ -64,13 +64,13 @@ inline train::TrainConfig small_image_run(const std::string& out) {
 // steps the stem alone reaches W stale readings; the paper's coarser units are tested
 // in test_partition.cpp).
 inline void use_fast_egeria(train::TrainConfig& c) {
-  c.freeze = "egeria";
-  c.freeze_interval = 2;
-  c.freeze_bootstrap_interval = -1;
-  c.freeze_window = 2;
-  c.freeze_tolerance = 0.5;
-  c.freeze_sync = true;
-  c.freeze_modules = train::FreezeUnits::layers;
+  c.freezing.policy = "egeria";
+  c.freezing.tracker.interval = 2;
+  c.freezing.tracker.bootstrap_interval = -1;
+  c.freezing.tracker.window = 2;
+  c.freezing.tracker.tolerance_coef = 0.5;
+  c.freezing.reference.synchronous = true;
+  c.freezing.units = train::FreezeUnits::layers;
 }
 
 }  // namespace eg::testing

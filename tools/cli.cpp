@@ -233,17 +233,17 @@ int run_cli(int argc, char** argv) {
       bo.unit_per_layer = bunits == "layers";
       eg::dist::Communicator& w = eg::dist::world();
       auto r = eg::train::bench_step(bo, w);
-      nlohmann::json j = {
-          {"model", bo.model},
-          {"batch_size", bo.batch_size},
-          {"device", bo.device},
-          {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
-          {eg::models::is_translation_model(bo.model) ? "tokens_per_second" : "images_per_second", r.samples_per_second},
-          {"median_step_ms", r.median_step_ms},
-          {"iterations", r.iterations},
-          {"frozen_units", r.frozen_units},
-          {"frozen_parameters", r.frozen_parameters},
-          {"parameters", r.parameters}};
+      nlohmann::json j = {{"model", bo.model},
+                          {"batch_size", bo.batch_size},
+                          {"device", bo.device},
+                          {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
+                          {eg::models::is_translation_model(bo.model) ? "tokens_per_second" : "images_per_second",
+                           r.samples_per_second},
+                          {"median_step_ms", r.median_step_ms},
+                          {"iterations", r.iterations},
+                          {"frozen_units", r.frozen_units},
+                          {"frozen_parameters", r.frozen_parameters},
+                          {"parameters", r.parameters}};
       if (eg::models::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
       if (r.world_size > 1) {
         j["world_size"] = r.world_size;

@@ -54,16 +54,17 @@ void validate(const TrainConfig& c) {
   for (auto& o : options())
     if (o.check) o.check(c);
   // ---- the rules between options
-  if (c.freeze == "egeria")
-    EG_CHECK(!quant::reference_on_gpu(c.freeze_reference) || Device::parse(c.device).is_cuda(), "--freeze-reference ",
-             c.freeze_reference,
+  if (c.freezing.policy == "egeria")
+    EG_CHECK(!quant::reference_on_gpu(c.freezing.reference.precision) || Device::parse(c.device).is_cuda(),
+             "--freeze-reference ", c.freezing.reference.precision,
              " runs the reference model on the training GPU; it needs --device cuda[:N] (training on ", c.device, ")");
-  if (c.freeze_cache) {
+  if (c.freezing.cache) {
     // See Note [Activation cache validity].
     EG_CHECK(!is_translation_model(c.model), "--freeze-cache on caches image models' frozen prefix; ", c.model,
              " batches sentences of varying length, use --freeze-cache off");
-    EG_CHECK(c.freeze != "none", "--freeze-cache on caches the frozen prefix; with --freeze none nothing freezes");
-    EG_CHECK(c.freeze_bn == FrozenBn::running,
+    EG_CHECK(c.freezing.policy != "none",
+             "--freeze-cache on caches the frozen prefix; with --freeze none nothing freezes");
+    EG_CHECK(c.freezing.bn == FrozenBn::running,
              "--freeze-cache on needs --freeze-bn running: with batch statistics a "
              "frozen sample's output depends on the rest of its batch, so a cached one would be wrong");
     EG_CHECK(!c.augment || c.augment_mode == AugmentMode::sample,
@@ -152,9 +153,9 @@ void check_resume(const TrainConfig& c, const json& saved, int64_t spe, int64_t 
       // Extension: the run so far must be the one the new length would have trained. A
       // freezing policy derives its schedule from the run's length (the default n and
       // bootstrapping span, static's epoch, FreezeOut's times, the final LR phase).
-      EG_CHECK(c.freeze == "none", "--resume: '", ckpt, "' was trained with --epochs ", shown(was),
-               "; a run with --freeze ", c.freeze, " cannot change its length, as the policy's decisions so far ",
-               "depend on it");
+      EG_CHECK(c.freezing.policy == "none", "--resume: '", ckpt, "' was trained with --epochs ", shown(was),
+               "; a run with --freeze ", c.freezing.policy,
+               " cannot change its length, as the policy's decisions so far ", "depend on it");
       EG_CHECK(c.epochs * spe >= resume_step, "--resume: '", ckpt, "' has trained ", resume_step, " steps, more than ",
                "--epochs ", c.epochs, " holds (", c.epochs * spe, ")");
       TrainConfig before = c;

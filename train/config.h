@@ -12,8 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "freeze/partition.h"
-#include "freeze/tracker.h"
+#include "freeze/policy.h"
 
 namespace eg::optim {
 class LrSchedule;
@@ -25,11 +24,8 @@ enum class OptimizerKind { sgd, adamw };
 enum class Schedule { step, cosine, constant, inverse_sqrt, linear };
 enum class AugmentMode { epoch, sample };  // a new crop/flip every epoch, or one per sample
 using FreezeUnits = freeze::PartitionMode;
-enum class ToleranceFrom { first3, peak };
-enum class Unfreeze { lr, never };
-enum class FrozenBn { batch, running };  // Note [Frozen BatchNorm semantics]
-enum class FreezeApply { next, arrival };
-enum class ReferenceScope { unit, network };  // Note [The reference's scope]
+using FrozenBn = freeze::FrozenBn;
+using ReferenceScope = freeze::ReferenceScope;
 enum class Winograd { process, on, off };  // process: leave EG_CPU_WINOGRAD's choice
 
 struct TrainConfig {
@@ -73,49 +69,9 @@ struct TrainConfig {
   // ---- data-parallel training (several ranks under an MPI launcher; train/run.h)
   double bucket_cap_mb = 25;  // gradient buckets after the first (1 MiB), as PyTorch DDP
   bool grad_sync_overlap = true;  // all-reduce each bucket as soon as its gradients are complete
-  // ---- layer freezing (freeze/policy.h): none, static, freezeout, autofreeze, egeria
-  std::string freeze = "none";
-  FreezeUnits freeze_modules = FreezeUnits::automatic;
-  std::string freeze_module_regex;  // non-empty: units by parameter name
-  int64_t freeze_interval = 0;  // egeria/autofreeze n (0: the paper's guideline)
-  // egeria: steps between bootstrapping checks (0: an epoch or a tenth of a shorter run,
-  // at least n; -1: n, the paper; Note [The bootstrapping check's span] in freeze/tracker.h)
-  int64_t freeze_bootstrap_interval = 0;
-  int64_t freeze_window = 10;  // egeria W
-  int64_t freeze_window_min = 1;  // W halves after an unfreeze down to this (1: the paper)
-  double freeze_tolerance = 0.2;  // T = this x the largest of a module's first 3 slopes
-  ToleranceFrom freeze_tolerance_from = ToleranceFrom::first3;
-  freeze::RefreezeTolerance freeze_refreeze_tolerance = freeze::RefreezeTolerance::remeasure;
-  FrozenBn freeze_bn = FrozenBn::batch;
-  bool freeze_last_phase = true;  // false: the schedule's last LR phase trains whole
-  bool freeze_first_phase = true;  // false: freezes held until the LR first falls 10x
-  Unfreeze freeze_unfreeze = Unfreeze::lr;
-  // egeria, for embedders with cyclic LR schedules: called at every step while a unit is
-  // frozen with (step, LR); true unfreezes every unit (freeze::PolicyConfig::unfreeze_hook).
-  // Not an option: it is not in config.json and a resume cannot check it.
-  std::function<bool(int64_t, double)> freeze_unfreeze_hook;
-  bool freeze_sync = false;  // egeria: evaluate plasticity inline (deterministic)
-  FreezeApply freeze_apply = FreezeApply::next;
-  int freeze_threads = 1;  // egeria: threads of each background thread
-  int64_t static_modules = -1, static_epoch = -1;
-  double freezeout_t0 = 0.5, autofreeze_percentile = 50;
-  // ---- reference model (egeria)
-  std::string freeze_reference = "int8";  // quant::reference_precisions()
-  // int8: convolution inputs calibrated on this many batches after each refresh, then
-  // fixed (0: every batch its own scales; Note [Static activation scales]).
-  int64_t freeze_reference_calibration = 3;  // quant::kCalibrationBatches
-  ReferenceScope freeze_reference_scope = ReferenceScope::unit;
-  // The reference forward runs only while the machine's CPU load is at most this
-  // percentage; 0 is "auto": 50 when training on a GPU with freeze_apply arrival, as the
-  // paper, else 100 (never waiting: CPU training keeps the cores busy by design, and with
-  // "next" training would wait for a held-back reference at the next evaluation).
-  double freeze_reference_max_load = 0;
-  // ---- activation cache of the frozen prefix (cache/, the paper's §4.3): skips the
-  // prefix's forward for samples seen since the last freeze; needs freeze_bn running and
-  // augment_mode sample (or no augmentation).
-  bool freeze_cache = false;
-  std::string freeze_cache_dir;  // set: its entries go to a file there; empty: in memory when
-      // they take at most half the available memory, else in --out
+  // ---- layer freezing (freeze/policy.h): the policy (none, static, freezeout, autofreeze,
+  // egeria), its units, egeria's tracker and reference model, the activation cache
+  freeze::FreezeOptions freezing;
   // ---- translation (Transformers): shared SentencePiece vocabulary, tokens per side
   // (longer training pairs are dropped), and batching by a token budget when > 0.
   int64_t vocab_size = 8000, max_len = 128, max_tokens = 0;

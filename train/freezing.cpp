@@ -19,41 +19,10 @@ namespace {
 void append(const std::string& path, const json& j) { append_json_line(path, j); }
 }  // namespace
 
-double reference_max_cpu_load(const TrainConfig& c) {
-  // auto: the paper's gate where it fits, beside GPU training whose results are acted
-  // on when they arrive; with --freeze-apply next training waits for each result at the
-  // next evaluation, so a reference held back by the gate would stall it there.
-  if (c.freeze_reference_max_load == 0)
-    return Device::parse(c.device).is_cuda() && c.freeze_apply == FreezeApply::arrival ? 0.5 : 1.0;
-  return c.freeze_reference_max_load / 100;
-}
-
 freeze::PolicyConfig policy_config(const TrainConfig& c) {
-  freeze::PolicyConfig pc;
-  pc.name = c.freeze;
+  freeze::PolicyConfig pc(c.freezing);
   pc.model.name = c.model;
-  pc.tracker.interval = c.freeze_interval;
-  pc.tracker.bootstrap_interval = c.freeze_bootstrap_interval;
-  pc.tracker.window = c.freeze_window;
-  pc.tracker.min_window = c.freeze_window_min;
-  pc.tracker.tolerance_coef = c.freeze_tolerance;
-  pc.tracker.tolerance_from_peak = c.freeze_tolerance_from == ToleranceFrom::peak;
-  pc.tracker.refreeze_tolerance = c.freeze_refreeze_tolerance;
-  pc.tracker.freeze_last_phase = c.freeze_last_phase;
-  pc.tracker.freeze_first_phase = c.freeze_first_phase;
-  pc.tracker.unfreeze_on_lr_fall = c.freeze_unfreeze == Unfreeze::lr;
-  pc.reference = c.freeze_reference;
-  pc.reference_calibration = c.freeze_reference_calibration;
-  pc.unfreeze_hook = c.freeze_unfreeze_hook;
   pc.device = Device::parse(c.device);
-  pc.synchronous = c.freeze_sync;
-  pc.apply_on_arrival = c.freeze_apply == FreezeApply::arrival;
-  pc.reference_threads = c.freeze_threads;
-  pc.reference_max_cpu_load = reference_max_cpu_load(c);
-  pc.static_modules = c.static_modules;
-  pc.static_epoch = c.static_epoch;
-  pc.freezeout_t0 = c.freezeout_t0;
-  pc.autofreeze_percentile = c.autofreeze_percentile;
   return pc;
 }
 
@@ -65,9 +34,9 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
       metrics_(out_dir + "/metrics.jsonl"),
       log_(out_dir + "/freeze.jsonl") {
   const auto layers = model.layer_modules();
-  pc.partition = freeze::make_partition(model, c.freeze_modules, c.freeze_module_regex);
+  pc.partition = freeze::make_partition(model, c.freezing.units, c.freezing.unit_regex);
   part_ = pc.partition;
-  if (!lead_) pc.name = "none";  // See Note [Freezing across ranks]
+  if (!lead_) pc.policy = "none";  // See Note [Freezing across ranks]
   policy_ = freeze::make_policy(pc, int64_t(layers.size()));
   const std::vector<double> layer_flops = model.module_flops();
   const double params = double(model.num_parameters()), flops = std::max(model.flops_per_sample(), 1.0);
@@ -79,9 +48,11 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
                                                : double(layers[size_t(i)].second->num_parameters()) / params;
     unit_flops_.push_back(f);
   }
-  unit_scope_ = c.freeze == "egeria" && c.freeze_reference_scope == ReferenceScope::unit && model.sequential();
-  reference_on_training_cores_ = !Device::parse(c.device).is_cuda() || quant::reference_on_gpu(c.freeze_reference);
-  if (c.freeze_bn == FrozenBn::batch)
+  unit_scope_ =
+      c.freezing.policy == "egeria" && c.freezing.reference_scope == ReferenceScope::unit && model.sequential();
+  reference_on_training_cores_ =
+      !Device::parse(c.device).is_cuda() || quant::reference_on_gpu(c.freezing.reference.precision);
+  if (c.freezing.bn == FrozenBn::batch)
     for (auto& [name, mod] : model.named_modules())
       if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
 }

@@ -115,10 +115,8 @@ class FreezeRun {
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
 };
 
-// The PolicyConfig fields that come straight from the flags.
+// The policy's configuration as the run's options give it: the freezing options, the
+// model's name and the training device (the run adds the rest: freeze::PolicyConfig).
 freeze::PolicyConfig policy_config(const TrainConfig& c);
-// --freeze-reference-max-load as a share of the CPU (1: the reference never waits),
-// auto resolved for the run's device.
-double reference_max_cpu_load(const TrainConfig& c);
 
 }  // namespace eg::train

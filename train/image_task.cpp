@@ -94,7 +94,8 @@ ImageSplits in_memory_splits(const TrainConfig& c) {
   const data::DatasetInfo& info = data::dataset_info(c.dataset);
   ImageSplits s;
   s.num_classes = info.classes;
-  auto train = std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true));
+  auto train =
+      std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true));
   if (c.val_fraction > 0) {
     EG_CHECK(train->size() >= 2, "--val-fraction needs at least 2 training images, got ", train->size());
     auto [valid, rest] = hold_out(*train, c.val_fraction, c.seed);
@@ -129,8 +130,8 @@ ImageSplits folder_splits(const TrainConfig& c) {
                   std::to_string(train.size()) + " training images, " + std::to_string(test.size()) + " in val/, " +
                   std::to_string(c.image_size > 0 ? c.image_size : 224) + " pixels square";
   if (train.left_out + test.left_out > 0)
-    s.description += "; " + std::to_string(train.left_out + test.left_out) +
-                     " files not named *.jpg, *.jpeg or *.png left out";
+    s.description +=
+        "; " + std::to_string(train.left_out + test.left_out) + " files not named *.jpg, *.jpeg or *.png left out";
   // Without augmentation training sees the evaluation's centre crops.
   s.train = std::make_shared<data::FolderSamples>(std::move(train), folder_transform(c, c.augment));
   s.test = std::make_shared<data::FolderSamples>(std::move(test), folder_transform(c, false));
@@ -214,9 +215,9 @@ void ImageTask::configure_freezing(freeze::PolicyConfig& pc) const {
 }
 
 void ImageTask::attach(FreezeRun& fr) {
-  if (c_.freeze_cache)
-    fr.use_cache(c_.freeze_cache_dir.empty() ? c_.out : c_.freeze_cache_dir, data_.train->size(),
-                 !c_.freeze_cache_dir.empty());
+  if (c_.freezing.cache)
+    fr.use_cache(c_.freezing.cache_dir.empty() ? c_.out : c_.freezing.cache_dir, data_.train->size(),
+                 !c_.freezing.cache_dir.empty());
 }
 
 nlohmann::json ImageTask::resolved() const { return data_.resolved; }

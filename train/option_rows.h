@@ -14,9 +14,23 @@
 #include "core/error.h"
 #include "train/config.h"
 
+// Where a row's value lives in a TrainConfig, when it is not a member of its own (a
+// member pointer, &TrainConfig::epochs, says that): a field of a member, for const and
+// non-const configurations alike, as EG_FIELD(freezing.tracker.window).
+#define EG_FIELD(path) \
+  [](auto& c) -> auto& { return c.path; }
+
 namespace eg::train::rows {
 
 using json = nlohmann::json;
+
+// The value a field (a member pointer or EG_FIELD) reaches in c, and its type.
+template <class F, class C>
+decltype(auto) at(const F& field, C& c) {
+  return std::invoke(field, c);
+}
+template <class F>
+using FieldType = std::decay_t<std::invoke_result_t<F, TrainConfig&>>;
 
 // A number from JSON, or from the command line's text (a JSON string).
 template <class T>
@@ -87,15 +101,14 @@ struct Rule {
   const char* says = "";
 };
 
-template <class T>
-Option number(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, T TrainConfig::*m,
-              Rule<T> rule = {}) {
+template <class F, class T = FieldType<F>>
+Option number(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, F m, Rule<T> rule = {}) {
   Option o = row(flag, key, g, r, std::move(help), std::is_floating_point_v<T> ? "X" : "N");
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
-  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) { c.*m = to_number<T>(f, j); };
+  o.get = [m](const TrainConfig& c) { return json(at(m, c)); };
+  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) { at(m, c) = to_number<T>(f, j); };
   if (rule.ok)
     o.check = [m, rule, f = std::string(flag)](const TrainConfig& c) {
-      EG_CHECK(rule.ok(c.*m), f, " must be ", rule.says, ", got ", c.*m);
+      EG_CHECK(rule.ok(at(m, c)), f, " must be ", rule.says, ", got ", at(m, c));
     };
   return o;
 }
@@ -127,34 +140,36 @@ inline bool member(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
-inline Option text(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help,
-                   std::string TrainConfig::*m, std::string value_text = "TEXT") {
+template <class F>
+Option text(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, F m,
+            std::string value_text = "TEXT") {
   Option o = row(flag, key, g, r, std::move(help), std::move(value_text));
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
+  o.get = [m](const TrainConfig& c) { return json(at(m, c)); };
   o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) {
     EG_CHECK(j.is_string(), f, " must be text, got ", j.dump());
-    c.*m = j.get<std::string>();
+    at(m, c) = j.get<std::string>();
   };
   return o;
 }
 
 // One of a few names (an enum, or on/off for a bool).
-template <class E>
-Option choice(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, E TrainConfig::*m,
-              Names<E> names) {
+template <class F, class E>
+Option choice(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, F m, Names<E> names) {
+  static_assert(std::is_same_v<FieldType<F>, E>, "a choice's names are of its field's type");
   Option o = row(flag, key, g, r, std::move(help), names_text(names, "|"));
   o.get = [m, names](const TrainConfig& c) {
     for (auto& [n, v] : names)
-      if (v == c.*m) return json(n);
+      if (v == at(m, c)) return json(n);
     return json(nullptr);
   };
   o.set = [m, names, f = std::string(flag)](TrainConfig& c, const json& j) {
     if constexpr (std::is_same_v<E, bool>)
-      if (j.is_boolean()) return void(c.*m = j.get<bool>());
-    if (j.is_null()) return void(c.*m = TrainConfig{}.*m);  // a value no name shows (--cpu-winograd unset)
+      if (j.is_boolean()) return void(at(m, c) = j.get<bool>());
+    static const TrainConfig defaults;
+    if (j.is_null()) return void(at(m, c) = at(m, defaults));  // a value no name shows (--cpu-winograd unset)
     if (j.is_string())
       for (auto& [n, v] : names)
-        if (n == j.get<std::string>()) return void(c.*m = v);
+        if (n == j.get<std::string>()) return void(at(m, c) = v);
     EG_THROW(f, " must be ", names_text(names, " or "), ", got ",
              j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
   };
@@ -164,11 +179,12 @@ Option choice(const char* flag, const char* key, OptionGroup g, OnResume r, std:
 inline const Names<bool> kOnOff = {{"on", true}, {"off", false}};
 
 // Numbers separated by commas (a JSON array in config.json).
-template <class T>
-Option number_list(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help,
-                   std::vector<T> TrainConfig::*m, std::string value_text = "X1,X2,...") {
+template <class F>
+Option number_list(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, F m,
+                   std::string value_text = "X1,X2,...") {
+  using T = typename FieldType<F>::value_type;
   Option o = row(flag, key, g, r, std::move(help), std::move(value_text));
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
+  o.get = [m](const TrainConfig& c) { return json(at(m, c)); };
   o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) {
     std::vector<T> v;
     if (j.is_array()) {
@@ -182,21 +198,23 @@ Option number_list(const char* flag, const char* key, OptionGroup g, OnResume r,
         b = e + 1;
       }
     }
-    c.*m = std::move(v);
+    at(m, c) = std::move(v);
   };
   return o;
 }
 
 // A flag without a value: giving it sets the field to `when_given`.
-inline Option flag_switch(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help,
-                          bool TrainConfig::*m, bool when_given = true) {
+template <class F>
+Option flag_switch(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, F m,
+                   bool when_given = true) {
+  static_assert(std::is_same_v<FieldType<F>, bool>, "a switch sets a bool");
   Option o = row(flag, key, g, r, std::move(help), "");
   o.is_switch = true;
-  o.get = [m](const TrainConfig& c) { return json(c.*m); };
+  o.get = [m](const TrainConfig& c) { return json(at(m, c)); };
   o.set = [m, when_given, f = std::string(flag)](TrainConfig& c, const json& j) {
-    if (j.is_boolean()) return void(c.*m = j.get<bool>());
+    if (j.is_boolean()) return void(at(m, c) = j.get<bool>());
     EG_CHECK(j.is_string() && j.get<std::string>().empty(), f, " takes no value");
-    c.*m = when_given;
+    at(m, c) = when_given;
   };
   return o;
 }

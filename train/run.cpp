@@ -238,7 +238,7 @@ json summary_json(const Run& r, const SplitMetrics& last) {
              {r.task.unit() + "_per_second", rate(st)},
              {"best_selected_on", sel_split},
              {"best_epoch", st.best_epoch},
-             {"freeze", c.freeze},
+             {"freeze", c.freezing.policy},
              {"world_size", r.dp.size()},
              {"batch_size", c.batch_size},
              {"global_batch_size", c.batch_size * r.dp.size()}};

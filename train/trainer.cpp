@@ -76,7 +76,8 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   if (models::is_translation_model(cfg.at("model")))
     return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
   const std::string dataset = cfg.at("dataset");
-  if (data::dataset_info(dataset).kind == data::DataKind::image_folder) {  // its val/ split, with the run's classes and crop size
+  if (data::dataset_info(dataset).kind ==
+      data::DataKind::image_folder) {  // its val/ split, with the run's classes and crop size
     const std::vector<std::string> classes = cfg.at("classes");
     const std::string dir = data_dir.empty() ? cfg.value("data_dir", "") : data_dir;
     data::ImageFolder val = data::scan_image_folder(dir + "/val", &classes);

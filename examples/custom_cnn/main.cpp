@@ -115,7 +115,7 @@ int main(int argc, char** argv) try {
   c.lr = 0.05;
   c.weight_decay = 5e-4;
   c.lr_schedule = train::Schedule::cosine;
-  c.freeze = "egeria";  // the int8 reference runs beside training; frozen units skip their backward
+  c.freezing.policy = "egeria";  // the int8 reference runs beside training; frozen units skip their backward
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--data-dir") dir = arg_value(i, argc, argv);
@@ -125,12 +125,12 @@ int main(int argc, char** argv) try {
     else if (a == "--test-limit") c.test_limit = std::atoll(arg_value(i, argc, argv));
     else if (a == "--resume") c.resume = true;
     else if (a == "--quick") {  // short-run settings (the test suite's): Egeria decides within a few hundred steps
-      c.freeze_interval = 2;  // a plasticity reading every 2 steps (the paper's guideline: an epoch's share)
-      c.freeze_bootstrap_interval = -1;  // bootstrapping checked every n steps
-      c.freeze_window = 2;  // W readings in the slope's window
-      c.freeze_tolerance = 0.5;  // T = half the largest early slope (the paper: 0.2)
-      c.freeze_sync = true;  // the reference evaluated inline: the same decisions every run
-      c.freeze_modules = train::FreezeUnits::layers;  // every layer module its own unit
+      c.freezing.tracker.interval = 2;  // a plasticity reading every 2 steps (the paper's guideline: an epoch's share)
+      c.freezing.tracker.bootstrap_interval = -1;  // bootstrapping checked every n steps
+      c.freezing.tracker.window = 2;  // W readings in the slope's window
+      c.freezing.tracker.tolerance_coef = 0.5;  // T = half the largest early slope (the paper: 0.2)
+      c.freezing.reference.synchronous = true;  // the reference evaluated inline: the same decisions every run
+      c.freezing.units = train::FreezeUnits::layers;  // every layer module its own unit
     } else {
       EG_THROW("unknown argument '", a, "' (--data-dir DIR, --out DIR, --epochs N, --train-limit N, --test-limit N, ",
                "--resume, --quick; or train/eval/bench for the egeria CLI)");
