@@ -19,9 +19,9 @@ void run_case(benchmark::State& st, size_t idx, ops::Backend b) {
   const OpCase& c = op_cases()[idx];
   Device dev = b == ops::Backend::cuda ? Device::cuda(0) : Device::cpu();
   Tensors in;
-  for (auto& t : c.make_inputs(DType::f32)) in.push_back(t.defined() ? t.to(dev) : t);
+  for (auto& t : c.make_inputs(c.dtype)) in.push_back(t.defined() ? t.to(dev) : t);
   Tensors out = c.forward(b, in), dout(out.size());
-  for (int k : c.diff_outputs) dout[size_t(k)] = randn(out[size_t(k)].shape(), DType::f32, 5).to(dev);
+  for (int k : c.diff_outputs) dout[size_t(k)] = randn(out[size_t(k)].shape(), out[size_t(k)].dtype(), 5).to(dev);
   for (auto _ : st) {
     Tensors o = c.forward(b, in);
     if (c.bench_backward && c.backward) c.backward(b, in, o, dout);

@@ -1,6 +1,7 @@
 // Every op, declared once. An op is a function signature plus up to three
-// implementations: `ref` (plain loops, f32 and f64: the ground truth), `cpu` (the fast
-// CPU path: oneDNN, Eigen or vectorised OpenMP loops; f32) and `cuda` (cuDNN, cuBLAS or
+// implementations: `ref` (plain loops, f32 and f64: the ground truth; bf16 where an op
+// says so), `cpu` (the fast CPU path: oneDNN, Eigen or vectorised OpenMP loops; f32, and
+// bf16 where the op is marked cpu_bf16) and `cuda` (cuDNN, cuBLAS or
 // our kernels; f32). kernels/registry.cpp is the only place that wires them.
 //
 // Kernel contract: outputs are allocated by the caller with the right shape and dtype;
@@ -59,8 +60,20 @@ struct AdamWParams {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// Note [bf16 kernels]
+// Mixed precision (--precision bf16) runs convolutions with bf16 activations and
+// weights, accumulating in f32, as PyTorch's autocast does. An op that takes bf16 says so
+// in its signature's comment; its ref implementation widens the bf16 inputs exactly to
+// f64, computes as for f64 and rounds each output once to its own dtype (so a bf16 output
+// is the f32 result rounded to nearest even, as oneDNN and cuDNN round their f32
+// accumulators); its cpu implementation is marked cpu_bf16 in kernels/registry.cpp.
+// Parity cases in bf16 allow one bf16 rounding (kBf16Eps, tests/op_cases.h) beyond the
+// f32 case's tolerance; gradcheck stays in f64.
+
 // ---------------------------------------------------------------- signatures
-// Convolution. bias / db may be undefined.
+// Convolution. bias / db may be undefined. bf16 (Note [bf16 kernels]): x, w and dy bf16
+// together; y and dx bf16 or f32; dw f32 (the f32 gradient autocast keeps) or bf16; bias
+// and db f32.
 using Conv2dFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p);
 using Conv2dBwdData = void(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p);
 using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p);
@@ -184,6 +197,8 @@ struct Op {
   Fn* impl[3];
   // The cpu implementation reads and writes nChw16c tensors (Note [Blocked activations]).
   bool cpu_any_format = false;
+  // The cpu implementation also takes bf16 tensors (mixed precision; Note [bf16 kernels]).
+  bool cpu_bf16 = false;
   bool has(Backend b) const { return impl[int(b)] != nullptr; }
 };
 
@@ -209,9 +224,10 @@ EG_OP_LIST(EG_DECLARE_OP)
 #undef EG_DECLARE_OP
 
 // The backend an op runs on for this tensor: cuda for CUDA tensors; on the CPU the
-// fast path when registered and the tensor is f32, else ref. Override for tests with
-// force_backend (thread-local; Backend::ref forces the reference everywhere on CPU).
-Backend pick_backend(bool has_cpu, const Tensor& key);
+// fast path when registered and the tensor is f32 (or bf16, where `cpu_bf16`), else ref.
+// Override for tests with force_backend (thread-local; Backend::ref forces the reference
+// everywhere on CPU).
+Backend pick_backend(bool has_cpu, const Tensor& key, bool cpu_bf16 = false);
 void set_forced_cpu_backend(int b);  // -1: none
 int forced_cpu_backend();
 
@@ -255,7 +271,7 @@ void run(const Op<Fn>& op, Backend b, A&&... a) {
 template <class Fn, class... A>
 void call(const Op<Fn>& op, A&&... a) {
   const Tensor& key = detail::first_tensor(a...);
-  run(op, pick_backend(op.has(Backend::cpu), key), std::forward<A>(a)...);
+  run(op, pick_backend(op.has(Backend::cpu), key, op.cpu_bf16), std::forward<A>(a)...);
 }
 
 }  // namespace eg::ops

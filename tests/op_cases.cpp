@@ -14,7 +14,7 @@ std::vector<OpCase>& op_cases() {
 
 bool OpCase::supports(ops::Backend b) const {
   for (auto& u : uses)
-    if (!u.has(b)) return false;
+    if (!u.has(b) || (dtype == DType::bf16 && !u.has_bf16(b))) return false;
   return true;
 }
 

@@ -22,10 +22,19 @@ struct Tolerance {
   double atol = 1e-5, rtol = 1e-4;
 };
 
+// bf16's machine epsilon, 2^-7: the largest relative gap between neighbouring bf16
+// values, so a bound on the difference of two roundings of nearly the same number.
+constexpr double kBf16Eps = 0.0078125;
+// A bf16 case's tolerance: its f32 case's (the accumulation) and one bf16 rounding more.
+inline Tolerance bf16_tolerance(const Tolerance& f32) { return {f32.atol, f32.rtol + kBf16Eps}; }
+
 struct OpCase {
   std::string name;  // "<op>/<variant>", unique; [a-z0-9_/] only
-  // Inputs for floating dtype `dt` (f32 or f64) on the CPU, deterministic. Integer
-  // inputs (ids, targets, masks) keep their own dtype.
+  // The dtype its parity and benchmark run in: f32, or bf16 for the ops that take it
+  // (Note [bf16 kernels] in kernels/ops.h; gradcheck then runs the f32 case's twin).
+  DType dtype = DType::f32;
+  // Inputs for floating dtype `dt` (f32, f64 or the case's dtype) on the CPU,
+  // deterministic. Integer inputs (ids, targets, masks) keep their own dtype.
   std::function<Tensors(DType dt)> make_inputs;
   // Forward outputs from inputs already on the backend's device.
   std::function<Tensors(ops::Backend b, const Tensors& in)> forward;
@@ -36,6 +45,7 @@ struct OpCase {
   struct Use {
     const char* op;
     std::function<bool(ops::Backend)> has;
+    std::function<bool(ops::Backend)> has_bf16;  // the implementation takes bf16 tensors
   };
   std::vector<Use> uses;
   std::vector<int> diff_outputs = {0};  // outputs that carry gradient (dout given for these)
@@ -66,7 +76,8 @@ struct RegisterCases {
 
 template <class Fn>
 OpCase::Use uses(const ops::Op<Fn>& op) {
-  return {op.name, [&op](ops::Backend b) { return op.has(b); }};
+  return {op.name, [&op](ops::Backend b) { return op.has(b); },
+          [&op](ops::Backend b) { return op.cpu_bf16 && b != ops::Backend::cuda; }};
 }
 
 // Deterministic inputs: a seed per (case, input) keeps cases independent.

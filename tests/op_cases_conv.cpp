@@ -1,7 +1,8 @@
 // Op cases: 2-D convolution (forward, backward-data, backward-weight with bias grad).
 // Small gradchecked cases cover stride, padding, dilation, groups (depthwise too),
 // rectangular kernels and bias; bench cases are ResNet-56's three 3x3 layers, its
-// stride-2 transition and its stem (3 -> 16 channels) at batch 128.
+// stride-2 transition and its stem (3 -> 16 channels) at batch 128. Most have a bf16
+// twin (autocast's dtypes: bf16 activations and weights, f32 bias and weight gradient).
 #include <cmath>
 
 #include "tests/op_cases.h"
@@ -16,6 +17,7 @@ struct ConvSpec {
   bool bias = false;
   bool big = false;
   bool want_dw = true;  // false: dw undefined (frozen weight), db still computed when biased
+  DType dtype = DType::f32;  // bf16: x, w, y, dy and dx bf16; bias, dw and db f32 (autocast's)
 };
 
 ops::Conv2dParams params(int64_t stride, int64_t pad, int64_t dil = 1, int64_t groups = 1) {
@@ -27,14 +29,18 @@ ops::Conv2dParams params(int64_t stride, int64_t pad, int64_t dil = 1, int64_t g
   return p;
 }
 
+// The dtype of the f32 parameters' tensors (bias, dw, db) beside activations of `dt`.
+DType master(DType dt) { return dt == DType::bf16 ? DType::f32 : dt; }
+
 void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
   OpCase c;
-  c.name = "conv2d/" + s.variant;
+  c.name = "conv2d/" + std::string(s.dtype == DType::bf16 ? "bf16_" : "") + s.variant;
+  c.dtype = s.dtype;
   // Weights scaled by 1/sqrt(fan_in) (as initialisers do), so outputs are O(1).
   const double wscale = 1.0 / std::sqrt(double(s.w[1] * s.w[2] * s.w[3]));
   c.make_inputs = [s, wscale](DType dt) {
     Tensors in{randn(s.x, dt, 31), randn(s.w, dt, 32, wscale), Tensor()};
-    if (s.bias) in[2] = randn({s.w[0]}, dt, 33);
+    if (s.bias) in[2] = randn({s.w[0]}, master(dt), 33);
     return in;
   };
   c.forward = [p = s.p](ops::Backend b, const Tensors& in) {
@@ -45,7 +51,7 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
   c.backward = [p = s.p, want_dw = s.want_dw](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
     Tensor dx = empty_like(in[0]), dw, db;
     ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p);
-    if (want_dw) dw = empty_like(in[1]);
+    if (want_dw) dw = empty_on(in[1], in[1].shape(), master(in[1].dtype()));
     if (in[2].defined()) db = empty_like(in[2]);
     ops::run(ops::conv2d_bwd_weight, b, dout[0], in[0], dw, db, p);
     return Tensors{dx, dw, db};
@@ -64,22 +70,34 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
     c.fwd_tol = {2e-5, 1e-4};
     c.bwd_tol = {1e-4 * std::sqrt(double(y[0] * y[2] * y[3])), 1e-4};
   }
+  if (s.dtype == DType::bf16) {
+    c.gradcheck = false;  // the f32 twin's
+    c.fwd_tol = bf16_tolerance(c.fwd_tol);
+    c.bwd_tol = bf16_tolerance(c.bwd_tol);
+  }
   v.push_back(c);
 }
 
+// The case and its bf16 twin (Note [bf16 kernels]).
+void add_conv_and_bf16(std::vector<OpCase>& v, ConvSpec s) {
+  add_conv(v, s);
+  s.dtype = DType::bf16;
+  add_conv(v, s);
+}
+
 RegisterCases reg([](std::vector<OpCase>& v) {
-  add_conv(v, {"3x3_pad1_bias", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true});
-  add_conv(v, {"3x3_stride2", {2, 3, 7, 7}, {4, 3, 3, 3}, params(2, 1)});
-  add_conv(v, {"3x3_dil2", {2, 3, 6, 6}, {4, 3, 3, 3}, params(1, 2, 2)});
-  add_conv(v, {"groups3", {2, 6, 5, 5}, {6, 2, 3, 3}, params(1, 1, 1, 3), true});
-  add_conv(v, {"depthwise_stride2_bias", {2, 4, 6, 6}, {4, 1, 3, 3}, params(2, 1, 1, 4), true});
-  add_conv(v, {"1x1_stride2", {2, 4, 6, 6}, {5, 4, 1, 1}, params(2, 0)});
+  add_conv_and_bf16(v, {"3x3_pad1_bias", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true});
+  add_conv_and_bf16(v, {"3x3_stride2", {2, 3, 7, 7}, {4, 3, 3, 3}, params(2, 1)});
+  add_conv_and_bf16(v, {"3x3_dil2", {2, 3, 6, 6}, {4, 3, 3, 3}, params(1, 2, 2)});
+  add_conv_and_bf16(v, {"groups3", {2, 6, 5, 5}, {6, 2, 3, 3}, params(1, 1, 1, 3), true});
+  add_conv_and_bf16(v, {"depthwise_stride2_bias", {2, 4, 6, 6}, {4, 1, 3, 3}, params(2, 1, 1, 4), true});
+  add_conv_and_bf16(v, {"1x1_stride2", {2, 4, 6, 6}, {5, 4, 1, 1}, params(2, 0)});
   {
     ops::Conv2dParams p;  // rectangular everything: kernel 2x3, stride (1, 2), pad (0, 1), dilation (2, 1)
     p.stride_h = 1, p.stride_w = 2, p.pad_h = 0, p.pad_w = 1, p.dil_h = 2, p.dil_w = 1;
-    add_conv(v, {"rect_2x3", {2, 2, 5, 7}, {3, 2, 2, 3}, p, true});
+    add_conv_and_bf16(v, {"rect_2x3", {2, 2, 5, 7}, {3, 2, 2, 3}, p, true});
   }
-  add_conv(v, {"frozen_weight_bias_grad", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, false});
+  add_conv_and_bf16(v, {"frozen_weight_bias_grad", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, false});
   // ResNet-56 (CIFAR, batch 128): the three stages' 3x3 convs and a stage transition.
   // Blocked activations in and out (Note [Blocked activations]); a 24-channel output
   // stays plain; a plain dy into a blocked x.
@@ -93,11 +111,11 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   block_inputs(v.back(), {0}, true);
   add_conv(v, {"resnet56_c16_32x32_nchw16c", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
   block_inputs(v.back(), {0}, true);
-  add_conv(v, {"resnet56_c16_32x32", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
-  add_conv(v, {"resnet56_c32_16x16", {128, 32, 16, 16}, {32, 32, 3, 3}, params(1, 1), false, true});
-  add_conv(v, {"resnet56_c64_8x8", {128, 64, 8, 8}, {64, 64, 3, 3}, params(1, 1), false, true});
-  add_conv(v, {"resnet56_c16to32_stride2", {128, 16, 32, 32}, {32, 16, 3, 3}, params(2, 1), false, true});
-  add_conv(v, {"resnet56_stem_c3to16", {128, 3, 32, 32}, {16, 3, 3, 3}, params(1, 1), false, true});
+  add_conv_and_bf16(v, {"resnet56_c16_32x32", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
+  add_conv_and_bf16(v, {"resnet56_c32_16x16", {128, 32, 16, 16}, {32, 32, 3, 3}, params(1, 1), false, true});
+  add_conv_and_bf16(v, {"resnet56_c64_8x8", {128, 64, 8, 8}, {64, 64, 3, 3}, params(1, 1), false, true});
+  add_conv_and_bf16(v, {"resnet56_c16to32_stride2", {128, 16, 32, 32}, {32, 16, 3, 3}, params(2, 1), false, true});
+  add_conv_and_bf16(v, {"resnet56_stem_c3to16", {128, 3, 32, 32}, {16, 3, 3, 3}, params(1, 1), false, true});
 });
 
 }  // namespace

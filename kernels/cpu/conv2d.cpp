@@ -2,7 +2,10 @@
 // convolution_backward_data / convolution_backward_weights (bias gradient fused).
 // Layout: our tensors are plain NCHW / OIHW (goihw for groups); oneDNN picks its own
 // layouts (format_tag::any, in practice nChw16c / OIhw16i16o on AVX-512) and we
-// reorder in and out around each call through per-thread scratch buffers. f32.
+// reorder in and out around each call through per-thread scratch buffers. f32, and bf16
+// with f32 accumulation (Note [bf16 kernels] in kernels/ops.h; oneDNN's avx512_core_bf16
+// kernels where the CPU has them, AMX where it has that): bf16 tensors stay plain NCHW
+// outside the call (Note [Blocked activations] holds f32 only), f32 dw and db.
 //
 // Napkin math (ResNet-56, batch 128, 16 channels at 32x32, 3x3, pad 1): one pass is
 // 2*N*K*P*Q*C*R*S = 604 MFLOP. Measured on one AVX-512 core (oneDNN 2.6): the blocked
@@ -120,21 +123,32 @@ void execute(const Plan& plan, const std::vector<const Tensor*>& tensors) {
   s.wait();
 }
 
-memory::desc plain(const Shape& s, Tag tag) { return {onednn::dims(s), kF32, tag}; }
+using DT = memory::data_type;
+DT dt_of(const Tensor& t) { return t.dtype() == DType::bf16 ? DT::bf16 : kF32; }
+const char* dt_key(DT d) { return d == DT::bf16 ? "|bf16" : ""; }
+
+// The element types of a convolution's three tensors: its input (x, or dx), its weights
+// (or dw) and its output (y, or dy).
+struct Types {
+  DT x = kF32, w = kF32, y = kF32;
+  std::string key() const { return std::string(dt_key(x)) + dt_key(w) + dt_key(y); }
+};
+
+memory::desc plain(const Shape& s, Tag tag, DT d = kF32) { return {onednn::dims(s), d, tag}; }
 // The user-side descriptor of an activation, in the format the tensor is in.
-memory::desc user(const Tensor& t) { return plain(t.shape(), t.is_blocked() ? Tag::nChw16c : Tag::nchw); }
+memory::desc user(const Tensor& t) { return plain(t.shape(), t.is_blocked() ? Tag::nChw16c : Tag::nchw, dt_of(t)); }
 // Outputs are written blocked whenever the tensor can be held so.
 void choose_format(Tensor& out) { out.set_format(out.blockable() ? Format::nchw16c : Format::plain); }
 const char* fmt(const Tensor& t) { return t.is_blocked() ? "|B" : "|P"; }
-memory::desc any(const memory::dims& d) { return {d, kF32, Tag::any}; }
+memory::desc any(const memory::dims& d, DT t) { return {d, t, Tag::any}; }
 
 // Weights as oneDNN sees them: [K, C/g, R, S] oihw, or [g, K/g, C/g, R, S] goihw.
 memory::dims weight_dims(const Shape& w, int64_t groups) {
   if (groups == 1) return onednn::dims(w);
   return {groups, w[0] / groups, w[1], w[2], w[3]};
 }
-memory::desc weight_plain(const Shape& w, int64_t groups) {
-  return {weight_dims(w, groups), kF32, groups == 1 ? Tag::oihw : Tag::goihw};
+memory::desc weight_plain(const Shape& w, int64_t groups, DT d) {
+  return {weight_dims(w, groups), d, groups == 1 ? Tag::oihw : Tag::goihw};
 }
 
 struct Geometry {
@@ -178,9 +192,9 @@ std::string key(const char* kind, const Shape& x, const Shape& w, const Shape& y
 // depends on shapes alone, so a run and its resumption compute the same.
 enum class Pass { fwd, bwd_data, bwd_weights };
 
-// y: the output's (dy's) shape.
-bool winograd_wanted(const Shape& y, const Shape& w, const ops::Conv2dParams& p, Pass pass) {
-  if (!cpu_winograd() || p.groups != 1 || w[2] != 3 || w[3] != 3 || p.stride_h != 1 || p.stride_w != 1 ||
+// y: the output's (dy's) shape. oneDNN has no bf16 Winograd.
+bool winograd_wanted(const Shape& y, const Shape& w, const ops::Conv2dParams& p, Pass pass, DT x) {
+  if (!cpu_winograd() || x != kF32 || p.groups != 1 || w[2] != 3 || w[3] != 3 || p.stride_h != 1 || p.stride_w != 1 ||
       p.dil_h != 1 || p.dil_w != 1)
     return false;
   const int64_t channels = std::min(w[0], w[1]);
@@ -191,9 +205,10 @@ bool winograd_wanted(const Shape& y, const Shape& w, const ops::Conv2dParams& p,
 // The forward primitive descriptor: the plan for the forward pass and the hint for
 // both backward passes (made with the backward pass's algorithm).
 dnnl::convolution_forward::primitive_desc fwd_pd(const Shape& x, const Shape& w, const Shape& y,
-                                                 const ops::Conv2dParams& p, bool bias, dnnl::algorithm alg) {
+                                                 const ops::Conv2dParams& p, bool bias, dnnl::algorithm alg, Types t) {
   const Geometry g = geometry(p);
-  const memory::desc xm = any(onednn::dims(x)), wm = any(weight_dims(w, p.groups)), ym = any(onednn::dims(y));
+  const memory::desc xm = any(onednn::dims(x), t.x), wm = any(weight_dims(w, p.groups), t.w),
+                     ym = any(onednn::dims(y), t.y);
   using Fwd = dnnl::convolution_forward;
   auto d = bias ? Fwd::desc(dnnl::prop_kind::forward_training, alg, xm, wm, plain({w[0]}, Tag::x), ym, g.strides,
                             g.dilates, g.pad, g.pad)
@@ -219,45 +234,49 @@ const char* wino_key(bool winograd) { return winograd ? "|W" : ""; }
 // The primitive descriptors of the three passes, with the algorithm Note [Winograd
 // convolutions] chooses.
 dnnl::convolution_forward::primitive_desc fwd_plan_pd(const Shape& x, const Shape& w, const Shape& y,
-                                                      const ops::Conv2dParams& p, bool bias) {
-  return with_algorithm(winograd_wanted(y, w, p, Pass::fwd),
-                        [&](dnnl::algorithm a) { return fwd_pd(x, w, y, p, bias, a); });
+                                                      const ops::Conv2dParams& p, bool bias, Types t) {
+  return with_algorithm(winograd_wanted(y, w, p, Pass::fwd, t.x),
+                        [&](dnnl::algorithm a) { return fwd_pd(x, w, y, p, bias, a, t); });
 }
 
+// The backward passes' forward hint: the low-precision forward they differentiate.
+Types hint(Types t) { return {t.y, t.y, t.y}; }
+
 dnnl::convolution_backward_data::primitive_desc bwd_data_pd(const Shape& dx, const Shape& w, const Shape& dy,
-                                                            const ops::Conv2dParams& p) {
+                                                            const ops::Conv2dParams& p, Types t) {
   const Geometry g = geometry(p);
   using Bwd = dnnl::convolution_backward_data;
-  return with_algorithm(winograd_wanted(dy, w, p, Pass::bwd_data), [&](dnnl::algorithm a) {
-    Bwd::desc d(a, any(onednn::dims(dx)), any(weight_dims(w, p.groups)), any(onednn::dims(dy)), g.strides, g.dilates,
-                g.pad, g.pad);
-    return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(dx, w, dy, p, false, a));
+  return with_algorithm(winograd_wanted(dy, w, p, Pass::bwd_data, t.y), [&](dnnl::algorithm a) {
+    Bwd::desc d(a, any(onednn::dims(dx), t.x), any(weight_dims(w, p.groups), t.w), any(onednn::dims(dy), t.y),
+                g.strides, g.dilates, g.pad, g.pad);
+    return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(dx, w, dy, p, false, a, hint(t)));
   });
 }
 
 dnnl::convolution_backward_weights::primitive_desc bwd_weight_pd(const Shape& x, const Shape& dw, const Shape& dy,
-                                                                 const ops::Conv2dParams& p, bool bias) {
+                                                                 const ops::Conv2dParams& p, bool bias, Types t) {
   const Geometry g = geometry(p);
   using Bwd = dnnl::convolution_backward_weights;
-  const memory::desc xm = any(onednn::dims(x)), wm = any(weight_dims(dw, p.groups));
-  const memory::desc ym = any(onednn::dims(dy)), bm = plain({dw[0]}, Tag::x);
-  return with_algorithm(winograd_wanted(dy, dw, p, Pass::bwd_weights), [&](dnnl::algorithm a) {
+  const memory::desc xm = any(onednn::dims(x), t.x), wm = any(weight_dims(dw, p.groups), t.w);
+  const memory::desc ym = any(onednn::dims(dy), t.y), bm = plain({dw[0]}, Tag::x);
+  return with_algorithm(winograd_wanted(dy, dw, p, Pass::bwd_weights, t.x), [&](dnnl::algorithm a) {
     auto d = bias ? Bwd::desc(a, xm, wm, bm, ym, g.strides, g.dilates, g.pad, g.pad)
                   : Bwd::desc(a, xm, wm, ym, g.strides, g.dilates, g.pad, g.pad);
-    return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(x, dw, dy, p, bias, a));
+    return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(x, dw, dy, p, bias, a, hint(t)));
   });
 }
 
 void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
   const bool has_bias = bias.defined();
+  const Types t{dt_of(x), dt_of(w), dt_of(y)};
   choose_format(y);
-  const std::string k = key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + fmt(x) + fmt(y) +
-                        wino_key(winograd_wanted(y.shape(), w.shape(), p, Pass::fwd));
+  const std::string k = key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + fmt(x) + fmt(y) + t.key() +
+                        wino_key(winograd_wanted(y.shape(), w.shape(), p, Pass::fwd, t.x));
   const Plan& plan = onednn::cached<Plan>(k, [&] {
-    auto pd = fwd_plan_pd(x.shape(), w.shape(), y.shape(), p, has_bias);
+    auto pd = fwd_plan_pd(x.shape(), w.shape(), y.shape(), p, has_bias, t);
     Plan pl{dnnl::convolution_forward(pd), {}};
     pl.operands.push_back(operand(DNNL_ARG_SRC, false, user(x), pd.src_desc()));
-    pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups), pd.weights_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups, t.w), pd.weights_desc()));
     pl.operands.push_back(operand(DNNL_ARG_BIAS, false, plain({w.size(0)}, Tag::x), plain({w.size(0)}, Tag::x)));
     pl.operands.push_back(operand(DNNL_ARG_DST, true, user(y), pd.dst_desc()));
     return pl;
@@ -266,14 +285,15 @@ void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const 
 }
 
 void bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
+  const Types t{dt_of(dx), dt_of(w), dt_of(dy)};
   choose_format(dx);
-  const std::string k = key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + fmt(dy) + fmt(dx) +
-                        wino_key(winograd_wanted(dy.shape(), w.shape(), p, Pass::bwd_data));
+  const std::string k = key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + fmt(dy) + fmt(dx) + t.key() +
+                        wino_key(winograd_wanted(dy.shape(), w.shape(), p, Pass::bwd_data, t.y));
   const Plan& plan = onednn::cached<Plan>(k, [&] {
-    auto pd = bwd_data_pd(dx.shape(), w.shape(), dy.shape(), p);
+    auto pd = bwd_data_pd(dx.shape(), w.shape(), dy.shape(), p, t);
     Plan pl{dnnl::convolution_backward_data(pd), {}};
     pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, user(dy), pd.diff_dst_desc()));
-    pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups), pd.weights_desc()));
+    pl.operands.push_back(operand(DNNL_ARG_WEIGHTS, false, weight_plain(w.shape(), p.groups, t.w), pd.weights_desc()));
     pl.operands.push_back(operand(DNNL_ARG_DIFF_SRC, true, user(dx), pd.diff_src_desc()));
     return pl;
   });
@@ -282,7 +302,7 @@ void bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dPa
 
 // Bias gradient alone (a frozen weight with a trainable bias): a per-channel sum.
 void bias_grad(const Tensor& dy_any, Tensor& db) {
-  const Tensor dy = dy_any.to_plain();
+  const Tensor dy = dy_any.to_plain().to(DType::f32);
   const int64_t N = dy.size(0), K = dy.size(1), L = dy.size(2) * dy.size(3);
   const float* dyp = dy.data<float>();
   float* dbp = db.data<float>();
@@ -302,16 +322,17 @@ void bias_grad(const Tensor& dy_any, Tensor& db) {
 
 void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
   const bool has_bias = db.defined();
-  const std::string k = key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias) + fmt(x) + fmt(dy) +
-                        wino_key(winograd_wanted(dy.shape(), dw.shape(), p, Pass::bwd_weights));
+  const Types t{dt_of(x), dt_of(dw), dt_of(dy)};
+  const std::string k = key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias) + fmt(x) + fmt(dy) + t.key() +
+                        wino_key(winograd_wanted(dy.shape(), dw.shape(), p, Pass::bwd_weights, t.x));
   const Plan& plan = onednn::cached<Plan>(k, [&] {
-    auto pd = bwd_weight_pd(x.shape(), dw.shape(), dy.shape(), p, has_bias);
+    auto pd = bwd_weight_pd(x.shape(), dw.shape(), dy.shape(), p, has_bias, t);
     const memory::desc bm = plain({dw.size(0)}, Tag::x);
     Plan pl{dnnl::convolution_backward_weights(pd), {}};
     pl.operands.push_back(operand(DNNL_ARG_SRC, false, user(x), pd.src_desc()));
     pl.operands.push_back(operand(DNNL_ARG_DIFF_DST, false, user(dy), pd.diff_dst_desc()));
     pl.operands.push_back(
-        operand(DNNL_ARG_DIFF_WEIGHTS, true, weight_plain(dw.shape(), p.groups), pd.diff_weights_desc()));
+        operand(DNNL_ARG_DIFF_WEIGHTS, true, weight_plain(dw.shape(), p.groups, t.w), pd.diff_weights_desc()));
     pl.operands.push_back(operand(DNNL_ARG_DIFF_BIAS, true, bm, bm));
     return pl;
   });
@@ -322,10 +343,10 @@ void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const
 
 std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p) {
   const Shape y = ops::conv2d_out_shape(x, w, p);
-  if (pass == "fwd") return fwd_plan_pd(x, w, y, p, false).impl_info_str();
-  if (pass == "bwd_data") return bwd_data_pd(x, w, y, p).impl_info_str();
+  if (pass == "fwd") return fwd_plan_pd(x, w, y, p, false, {}).impl_info_str();
+  if (pass == "bwd_data") return bwd_data_pd(x, w, y, p, {}).impl_info_str();
   EG_CHECK(pass == "bwd_weight", "conv2d_implementation: pass must be fwd, bwd_data or bwd_weight, got '", pass, "'");
-  return bwd_weight_pd(x, w, y, p, false).impl_info_str();
+  return bwd_weight_pd(x, w, y, p, false, {}).impl_info_str();
 }
 
 // EG_DNNL_TRY names its first parameter `what`, the same token as dnnl::error::what(),

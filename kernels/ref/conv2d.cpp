@@ -1,7 +1,8 @@
 // 2-D convolution, reference: forward, backward-data and backward-weight (+ bias grad)
 // with stride, zero padding, dilation and groups (depthwise included).
 // Layout: x [N, C, H, W], w [K, C/groups, R, S], y [N, K, P, Q], bias [K]; all NCHW,
-// contiguous. f32 and f64. Plain loops; the weight gradient accumulates in double.
+// contiguous. f32 and f64, and bf16 through f64 (Note [bf16 kernels]). Plain loops; the
+// weight gradient accumulates in double.
 #include <algorithm>
 
 #include "kernels/ref/ref.h"
@@ -129,17 +130,33 @@ void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const
 }  // namespace
 
 void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
+  if (x.dtype() == DType::bf16) {  // Note [bf16 kernels]
+    Tensor y64 = wide_like(y);
+    fwd<double>(widened(x), widened(w), widened(bias), y64, p);
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) fwd<double>(x, w, bias, y, p);
   else fwd<float>(x, w, bias, y, p);
 }
 
 void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   if (!dx.defined()) return;
+  if (dy.dtype() == DType::bf16) {
+    Tensor dx64 = wide_like(dx);
+    bwd_data<double>(widened(dy), widened(w), dx64, p);
+    return narrowed_into(dx64, dx);
+  }
   if (dy.dtype() == DType::f64) bwd_data<double>(dy, w, dx, p);
   else bwd_data<float>(dy, w, dx, p);
 }
 
 void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
+  if (dy.dtype() == DType::bf16) {
+    Tensor dw64 = wide_like(dw), db64 = wide_like(db);
+    bwd_weight<double>(widened(dy), widened(x), dw64, db64, p);
+    narrowed_into(dw64, dw);
+    return narrowed_into(db64, db);
+  }
   if (dy.dtype() == DType::f64) bwd_weight<double>(dy, x, dw, db, p);
   else bwd_weight<float>(dy, x, dw, db, p);
 }

@@ -142,6 +142,14 @@ void sum_squares(const Tensor& x, Tensor& out) {
   else out.data<float>()[0] = float(s);
 }
 
+Tensor widened(const Tensor& t) { return t.defined() ? t.to_plain().to(DType::f64) : t; }
+
+void narrowed_into(const Tensor& wide, Tensor& out) {
+  if (out.defined()) cast(wide, out);
+}
+
+Tensor wide_like(const Tensor& out) { return out.defined() ? Tensor::empty(out.shape(), DType::f64) : Tensor(); }
+
 void cast(const Tensor& x, Tensor& y) {
   for (int64_t i = 0; i < x.numel(); ++i) {
     const double v = read_as_double(x, i);

@@ -7,4 +7,12 @@ namespace eg::ref {
 #define EG_DECLARE_IMPL(name, Fn) ops::Fn name;
 EG_OP_LIST(EG_DECLARE_IMPL)
 #undef EG_DECLARE_IMPL
+
+// Note [bf16 kernels] in kernels/ops.h: a bf16 case runs an op's f64 path. `widened` is
+// a tensor as f64 (bf16 and f32 values are exact there; undefined stays undefined);
+// `narrowed_into` rounds an f64 result once into `out`'s dtype.
+Tensor widened(const Tensor& t);
+void narrowed_into(const Tensor& wide, Tensor& out);
+// An f64 temporary shaped like `out` (undefined where `out` is).
+Tensor wide_like(const Tensor& out);
 }  // namespace eg::ref
