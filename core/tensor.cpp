@@ -50,7 +50,8 @@ std::string Tensor::str() const {
 }
 
 bool Tensor::blockable() const {
-  return defined() && dim() == 4 && dtype() == DType::f32 && device().is_cpu() && shape()[1] % kBlock == 0;
+  return defined() && dim() == 4 && (dtype() == DType::f32 || dtype() == DType::bf16) && device().is_cpu() &&
+         shape()[1] % kBlock == 0;
 }
 
 void Tensor::set_format(Format f) const {
@@ -60,7 +61,8 @@ void Tensor::set_format(Format f) const {
 
 namespace {
 // nchw16c <-> nchw: [N, C/16, L, 16] <-> [N, C, L], parallel over (n, channel block).
-void reorder_blocked(const float* src, float* dst, int64_t N, int64_t C, int64_t L, bool to_blocked) {
+template <class T>
+void reorder_blocked(const T* src, T* dst, int64_t N, int64_t C, int64_t L, bool to_blocked) {
   const int64_t CB = C / kBlock;
 #pragma omp parallel for collapse(2) schedule(static) if (N * C * L > 65536)
   for (int64_t n = 0; n < N; ++n)
@@ -81,7 +83,8 @@ Tensor Tensor::to_format(Format f) const {
   Tensor t = empty(shape(), dtype(), device());
   t.impl().format = f;
   const int64_t N = shape()[0], C = shape()[1], L = shape()[2] * shape()[3];
-  reorder_blocked(data_any<float>(), t.data_any<float>(), N, C, L, f == Format::nchw16c);
+  if (dtype() == DType::bf16) reorder_blocked(data_any<bf16_t>(), t.data_any<bf16_t>(), N, C, L, f == Format::nchw16c);
+  else reorder_blocked(data_any<float>(), t.data_any<float>(), N, C, L, f == Format::nchw16c);
   return t;
 }
 

@@ -38,7 +38,8 @@ class Tensor;
 
 // Note [Blocked activations]
 // oneDNN's fast CPU convolutions work in a channel-blocked layout, nChw16c: a 4-D f32
-// tensor [N, C, H, W] with C % 16 == 0 stored as [N, C/16, H, W, 16]. Reordering every
+// (or bf16, Note [bf16 kernels]) tensor [N, C, H, W] with C % 16 == 0 stored as
+// [N, C/16, H, W, 16]. Reordering every
 // activation to and from NCHW around each convolution cost 20% of a ResNet-56 step, so
 // CPU convolutions write their outputs in that layout when C % 16 == 0, and the CPU
 // kernels that sit between convolutions (batch norm, activations, same-shape

@@ -1,7 +1,7 @@
 // Every op, declared once. An op is a function signature plus up to three
 // implementations: `ref` (plain loops, f32 and f64: the ground truth; bf16 where an op
 // says so), `cpu` (the fast CPU path: oneDNN, Eigen or vectorised OpenMP loops; f32, and
-// bf16 where the op is marked cpu_bf16) and `cuda` (cuDNN, cuBLAS or
+// bf16 where the op takes it) and `cuda` (cuDNN, cuBLAS or
 // our kernels; f32). kernels/registry.cpp is the only place that wires them.
 //
 // Kernel contract: outputs are allocated by the caller with the right shape and dtype;
@@ -66,7 +66,9 @@ struct AdamWParams {
 // in its signature's comment; its ref implementation widens the bf16 inputs exactly to
 // f64, computes as for f64 and rounds each output once to its own dtype (so a bf16 output
 // is the f32 result rounded to nearest even, as oneDNN and cuDNN round their f32
-// accumulators); its cpu implementation is marked cpu_bf16 in kernels/registry.cpp.
+// accumulators); the op is marked bf16 in kernels/registry.cpp, and its cpu
+// implementation then takes bf16 too (on the fast path when the key tensor is bf16).
+// Elementwise ops, batch norm and activations read bf16 and compute in f32.
 // Parity cases in bf16 allow one bf16 rounding (kBf16Eps, tests/op_cases.h) beyond the
 // f32 case's tolerance; gradcheck stays in f64.
 
@@ -197,8 +199,9 @@ struct Op {
   Fn* impl[3];
   // The cpu implementation reads and writes nChw16c tensors (Note [Blocked activations]).
   bool cpu_any_format = false;
-  // The cpu implementation also takes bf16 tensors (mixed precision; Note [bf16 kernels]).
-  bool cpu_bf16 = false;
+  // The ref and cpu implementations also take bf16 tensors (Note [bf16 kernels]); a bf16
+  // tensor given to another op's CPU implementation is an error, not a misread buffer.
+  bool bf16 = false;
   bool has(Backend b) const { return impl[int(b)] != nullptr; }
 };
 
@@ -224,10 +227,11 @@ EG_OP_LIST(EG_DECLARE_OP)
 #undef EG_DECLARE_OP
 
 // The backend an op runs on for this tensor: cuda for CUDA tensors; on the CPU the
-// fast path when registered and the tensor is f32 (or bf16, where `cpu_bf16`), else ref.
+// fast path when registered and the tensor is f32 (or bf16, where the op takes bf16),
+// else ref.
 // Override for tests with force_backend (thread-local; Backend::ref forces the reference
 // everywhere on CPU).
-Backend pick_backend(bool has_cpu, const Tensor& key, bool cpu_bf16 = false);
+Backend pick_backend(bool has_cpu, const Tensor& key, bool bf16 = false);
 void set_forced_cpu_backend(int b);  // -1: none
 int forced_cpu_backend();
 
@@ -237,6 +241,11 @@ namespace detail {
 inline bool blocked(const Tensor& t) { return t.is_blocked(); }
 template <class T>
 bool blocked(const T&) {
+  return false;
+}
+inline bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
+template <class T>
+bool is_bf16(const T&) {
   return false;
 }
 inline Tensor plain_arg(const Tensor& t) { return t.to_plain(); }
@@ -263,6 +272,8 @@ const Tensor& first_tensor(const T& t, const R&... r) {
 template <class Fn, class... A>
 void run(const Op<Fn>& op, Backend b, A&&... a) {
   EG_CHECK(op.has(b), "op ", op.name, " has no ", backend_name(b), " implementation");
+  EG_CHECK(op.bf16 || b == Backend::cuda || !(detail::is_bf16(a) || ...), "op ", op.name,
+           " has no bf16 implementation on the CPU (Note [bf16 kernels])");
   if ((b == Backend::cpu && op.cpu_any_format) || !(detail::blocked(a) || ...)) op.impl[int(b)](std::forward<A>(a)...);
   else op.impl[int(b)](detail::plain_arg(std::forward<A>(a))...);
 }
@@ -271,7 +282,7 @@ void run(const Op<Fn>& op, Backend b, A&&... a) {
 template <class Fn, class... A>
 void call(const Op<Fn>& op, A&&... a) {
   const Tensor& key = detail::first_tensor(a...);
-  run(op, pick_backend(op.has(Backend::cpu), key, op.cpu_bf16), std::forward<A>(a)...);
+  run(op, pick_backend(op.has(Backend::cpu), key, op.bf16), std::forward<A>(a)...);
 }
 
 }  // namespace eg::ops

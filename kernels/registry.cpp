@@ -26,15 +26,17 @@ constexpr bool cpu_any_format(const char* n) {
   return false;
 }
 
-// The ops whose cpu implementation also takes bf16 tensors (Note [bf16 kernels]).
-constexpr bool cpu_bf16(const char* n) {
-  for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight"})
+// The ops whose ref and cpu implementations also take bf16 tensors (Note [bf16 kernels]).
+constexpr bool takes_bf16(const char* n) {
+  for (const char* op :
+       {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train", "batchnorm_fwd_infer",
+        "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy", "cast"})
     if (same(n, op)) return true;
   return false;
 }
 
 #define EG_DEFINE_OP(name, Fn) \
-  const Op<Fn> name{#name, {&ref::name, &cpu::name, EG_CUDA_IMPL(name)}, cpu_any_format(#name), cpu_bf16(#name)};
+  const Op<Fn> name{#name, {&ref::name, &cpu::name, EG_CUDA_IMPL(name)}, cpu_any_format(#name), takes_bf16(#name)};
 EG_OP_LIST(EG_DEFINE_OP)
 #undef EG_DEFINE_OP
 
@@ -60,11 +62,10 @@ Tensor& plain_arg(Tensor& t) {
 }
 }  // namespace detail
 
-Backend pick_backend(bool has_cpu, const Tensor& key, bool cpu_bf16) {
+Backend pick_backend(bool has_cpu, const Tensor& key, bool bf16) {
   if (key.is_cuda()) return Backend::cuda;
   if (g_forced >= 0) return Backend(g_forced);
-  return has_cpu && (key.dtype() == DType::f32 || (cpu_bf16 && key.dtype() == DType::bf16)) ? Backend::cpu
-                                                                                            : Backend::ref;
+  return has_cpu && (key.dtype() == DType::f32 || (bf16 && key.dtype() == DType::bf16)) ? Backend::cpu : Backend::ref;
 }
 
 }  // namespace eg::ops

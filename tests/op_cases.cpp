@@ -44,6 +44,18 @@ Tensor empty_on(const Tensor& like, const Shape& s, DType dt) { return Tensor::e
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), t.device()); }
 
+void add_bf16_twin(std::vector<OpCase>& v) {
+  OpCase c = v.back();
+  const size_t slash = c.name.find('/');
+  c.name = c.name.substr(0, slash + 1) + "bf16_" + c.name.substr(slash + 1);
+  c.dtype = DType::bf16;
+  c.gradcheck = false;
+  c.fwd_tol = bf16_tolerance(c.fwd_tol);
+  c.bwd_tol = bf16_tolerance(c.bwd_tol);
+  c.bytes /= 2;  // traffic counted in activations, now of 2 bytes
+  v.push_back(std::move(c));
+}
+
 void block_inputs(OpCase& c, std::vector<int> which, bool douts) {
   auto make = c.make_inputs;
   c.make_inputs = [make, which](DType dt) {

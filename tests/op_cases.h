@@ -27,6 +27,9 @@ struct Tolerance {
 constexpr double kBf16Eps = 0.0078125;
 // A bf16 case's tolerance: its f32 case's (the accumulation) and one bf16 rounding more.
 inline Tolerance bf16_tolerance(const Tolerance& f32) { return {f32.atol, f32.rtol + kBf16Eps}; }
+// The dtype of parameters, statistics and their gradients beside activations of `dt`:
+// f32 under bf16 activations (autocast's master weights), else `dt` itself.
+inline DType param_dtype(DType dt) { return dt == DType::bf16 ? DType::f32 : dt; }
 
 struct OpCase {
   std::string name;  // "<op>/<variant>", unique; [a-z0-9_/] only
@@ -69,6 +72,12 @@ std::vector<OpCase>& op_cases();
 // stay plain.
 void block_inputs(OpCase& c, std::vector<int> which, bool douts);
 
+// Appends the bf16 twin of v.back() (Note [bf16 kernels]): the same case made with
+// make_inputs(bf16), named "<op>/bf16_<variant>", within bf16_tolerance of ref, not
+// gradchecked (the f32 case is), its `bytes` halved (they count activations). The
+// case's functions must give parameters param_dtype(dt).
+void add_bf16_twin(std::vector<OpCase>& v);
+
 // Registration from each op_cases_<group>.cpp: static RegisterCases r([](auto& v){...});
 struct RegisterCases {
   explicit RegisterCases(const std::function<void(std::vector<OpCase>&)>& add) { add(op_cases()); }
@@ -77,7 +86,7 @@ struct RegisterCases {
 template <class Fn>
 OpCase::Use uses(const ops::Op<Fn>& op) {
   return {op.name, [&op](ops::Backend b) { return op.has(b); },
-          [&op](ops::Backend b) { return op.cpu_bf16 && b != ops::Backend::cuda; }};
+          [&op](ops::Backend b) { return op.bf16 && b != ops::Backend::cuda; }};
 }
 
 // Deterministic inputs: a seed per (case, input) keeps cases independent.

@@ -31,13 +31,17 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   for (auto [name, act] :
        {std::pair{"relu", ops::Act::relu}, std::pair{"relu6", ops::Act::relu6}, std::pair{"gelu", ops::Act::gelu}}) {
     add_act(v, name, act, {2, 3, 5, 7}, false);
+    add_bf16_twin(v);
     add_act(v, name, act, {128, 16, 32, 32}, true);
+    add_bf16_twin(v);
   }
   // nChw16c (Note [Blocked activations]): blocked x with blocked and with plain dy.
   add_act(v, "relu_nchw16c", ops::Act::relu, {2, 32, 3, 5}, false);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   add_act(v, "gelu_nchw16c_dy_plain", ops::Act::gelu, {2, 16, 3, 5}, false);
   block_inputs(v.back(), {0}, false);
+  add_bf16_twin(v);
 });
 
 }  // namespace

@@ -17,7 +17,6 @@ struct ConvSpec {
   bool bias = false;
   bool big = false;
   bool want_dw = true;  // false: dw undefined (frozen weight), db still computed when biased
-  DType dtype = DType::f32;  // bf16: x, w, y, dy and dx bf16; bias, dw and db f32 (autocast's)
 };
 
 ops::Conv2dParams params(int64_t stride, int64_t pad, int64_t dil = 1, int64_t groups = 1) {
@@ -29,18 +28,14 @@ ops::Conv2dParams params(int64_t stride, int64_t pad, int64_t dil = 1, int64_t g
   return p;
 }
 
-// The dtype of the f32 parameters' tensors (bias, dw, db) beside activations of `dt`.
-DType master(DType dt) { return dt == DType::bf16 ? DType::f32 : dt; }
-
 void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
   OpCase c;
-  c.name = "conv2d/" + std::string(s.dtype == DType::bf16 ? "bf16_" : "") + s.variant;
-  c.dtype = s.dtype;
+  c.name = "conv2d/" + s.variant;
   // Weights scaled by 1/sqrt(fan_in) (as initialisers do), so outputs are O(1).
   const double wscale = 1.0 / std::sqrt(double(s.w[1] * s.w[2] * s.w[3]));
   c.make_inputs = [s, wscale](DType dt) {
     Tensors in{randn(s.x, dt, 31), randn(s.w, dt, 32, wscale), Tensor()};
-    if (s.bias) in[2] = randn({s.w[0]}, master(dt), 33);
+    if (s.bias) in[2] = randn({s.w[0]}, param_dtype(dt), 33);
     return in;
   };
   c.forward = [p = s.p](ops::Backend b, const Tensors& in) {
@@ -51,7 +46,7 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
   c.backward = [p = s.p, want_dw = s.want_dw](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
     Tensor dx = empty_like(in[0]), dw, db;
     ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p);
-    if (want_dw) dw = empty_on(in[1], in[1].shape(), master(in[1].dtype()));
+    if (want_dw) dw = empty_on(in[1], in[1].shape(), param_dtype(in[1].dtype()));
     if (in[2].defined()) db = empty_like(in[2]);
     ops::run(ops::conv2d_bwd_weight, b, dout[0], in[0], dw, db, p);
     return Tensors{dx, dw, db};
@@ -70,19 +65,14 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
     c.fwd_tol = {2e-5, 1e-4};
     c.bwd_tol = {1e-4 * std::sqrt(double(y[0] * y[2] * y[3])), 1e-4};
   }
-  if (s.dtype == DType::bf16) {
-    c.gradcheck = false;  // the f32 twin's
-    c.fwd_tol = bf16_tolerance(c.fwd_tol);
-    c.bwd_tol = bf16_tolerance(c.bwd_tol);
-  }
   v.push_back(c);
 }
 
-// The case and its bf16 twin (Note [bf16 kernels]).
-void add_conv_and_bf16(std::vector<OpCase>& v, ConvSpec s) {
+// The case and its bf16 twin (Note [bf16 kernels]): x, w, y, dy and dx bf16; bias, dw
+// and db f32, as autocast keeps them.
+void add_conv_and_bf16(std::vector<OpCase>& v, const ConvSpec& s) {
   add_conv(v, s);
-  s.dtype = DType::bf16;
-  add_conv(v, s);
+  add_bf16_twin(v);
 }
 
 RegisterCases reg([](std::vector<OpCase>& v) {

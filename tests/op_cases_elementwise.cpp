@@ -84,9 +84,38 @@ void add_axpy_broadcast(std::vector<OpCase>& v, const std::string& variant, Shap
   v.push_back(c);
 }
 
+// The bf16 twin of a same-shape binary case, forward only (its backward's sum_to is f32
+// only; Note [bf16 kernels]).
+void add_bf16_forward_twin(std::vector<OpCase>& v) {
+  add_bf16_twin(v);
+  v.back().backward = nullptr;
+  v.back().uses = {uses(ops::binary_fwd)};
+}
+
+// z = 1.5 (x + 0.5 y), through axpy and scale (in place, as autograd accumulates
+// gradients), same shapes in any layout.
+void add_axpy_scale(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big) {
+  OpCase c;
+  c.name = "axpy_scale/" + variant;
+  c.make_inputs = [s](DType dt) { return Tensors{randn(s, dt, 51), randn(s, dt, 52)}; };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    // In place into a copy of x in its layout (only cpu kernels write nChw16c).
+    Tensor z = b == ops::Backend::cpu ? in[0].clone() : in[0].to_plain().clone();
+    ops::run(ops::axpy, b, in[1], z, 0.5);
+    ops::run(ops::scale, b, z, z, 1.5);
+    return Tensors{z};
+  };
+  c.uses = {uses(ops::axpy), uses(ops::scale)};
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(shape_numel(s)) * 4 * 5;
+  v.push_back(c);
+}
+
 RegisterCases reg([](std::vector<OpCase>& v) {
   for (ops::Binary op : {ops::Binary::add, ops::Binary::sub, ops::Binary::mul, ops::Binary::div}) {
     add_binary(v, op, "same", {2, 3, 4, 5}, {2, 3, 4, 5}, false);
+    add_bf16_forward_twin(v);
     add_binary(v, op, "channel", {2, 3, 4, 5}, {1, 3, 1, 1}, false);
     add_binary(v, op, "rows", {6, 7}, {1, 7}, false);
     add_binary(v, op, "column", {6, 7}, {6, 1}, false);
@@ -97,14 +126,26 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   // operand of a per-channel broadcast (computed plain).
   add_binary(v, ops::Binary::add, "same_nchw16c", {2, 16, 4, 5}, {2, 16, 4, 5}, false);
   block_inputs(v.back(), {0, 1}, true);
+  add_bf16_forward_twin(v);
   add_binary(v, ops::Binary::mul, "same_nchw16c_b_plain", {2, 32, 3, 3}, {2, 32, 3, 3}, false);
   block_inputs(v.back(), {0}, false);
+  add_bf16_forward_twin(v);
   add_binary(v, ops::Binary::sub, "same_plain_b_nchw16c", {2, 16, 3, 3}, {2, 16, 3, 3}, false);
   block_inputs(v.back(), {1}, true);
+  add_bf16_forward_twin(v);
   add_binary(v, ops::Binary::mul, "channel_nchw16c", {2, 16, 4, 5}, {1, 16, 1, 1}, false);
   block_inputs(v.back(), {0}, true);
   add_binary(v, ops::Binary::add, "resnet_residual", {128, 16, 32, 32}, {128, 16, 32, 32}, true);
+  add_bf16_forward_twin(v);
   add_binary(v, ops::Binary::mul, "resnet_channel", {128, 16, 32, 32}, {1, 16, 1, 1}, true);
+  add_axpy_scale(v, "small", {2, 3, 4, 5}, false);
+  add_bf16_twin(v);
+  add_axpy_scale(v, "nchw16c_x_plain", {2, 32, 3, 3}, false);
+  block_inputs(v.back(), {0}, false);
+  add_bf16_twin(v);
+  add_axpy_scale(v, "resnet", {128, 16, 32, 32}, true);
+  block_inputs(v.back(), {0, 1}, false);
+  add_bf16_twin(v);
   add_axpy_broadcast(v, "channel", {2, 3, 4, 5}, {1, 3, 1, 1}, false);
   add_axpy_broadcast(v, "middle", {2, 3, 4, 5}, {2, 1, 4, 1}, false);
   add_axpy_broadcast(v, "scalar", {4, 5}, {1, 1}, false);

@@ -13,15 +13,14 @@ namespace {
 
 // Inputs: x (offset and scaled so the statistics matter), gamma, beta, running mean
 // and running variance.
+// Under bf16 activations the parameters and statistics are f32 (param_dtype).
 Tensors bn_inputs(const Shape& s, DType dt) {
-  Tensor x = randn(s, dt, 41, 2.0);
-  if (dt == DType::f64)
-    for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] += 0.5;
-  else
-    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 0.5f;
+  Tensor x = randn(s, DType::f64, 41, 2.0);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] += 0.5;
   const int64_t c = s[1];
-  return {x, uniform({c}, dt, 42, 0.5, 1.5), randn({c}, dt, 43), randn({c}, dt, 44, 0.3),
-          uniform({c}, dt, 45, 0.5, 2.0)};
+  const DType pt = param_dtype(dt);
+  return {x.to(dt), uniform({c}, pt, 42, 0.5, 1.5), randn({c}, pt, 43), randn({c}, pt, 44, 0.3),
+          uniform({c}, pt, 45, 0.5, 2.0)};
 }
 
 constexpr double kMomentum = 0.1, kEps = 1e-5;
@@ -42,8 +41,8 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
   };
   c.forward = [relu, residual](ops::Backend b, const Tensors& in) {
     const int64_t ch = in[0].size(1);
-    Tensor y = empty_like(in[0]), mean = empty_on(in[0], {ch}, in[0].dtype());
-    Tensor invstd = empty_on(in[0], {ch}, in[0].dtype());
+    Tensor y = empty_like(in[0]), mean = empty_on(in[0], {ch}, in[1].dtype());
+    Tensor invstd = empty_on(in[0], {ch}, in[1].dtype());
     Tensor rm = in[3].clone(), rv = in[4].clone();
     ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps, relu,
              residual ? in[5] : Tensor());
@@ -93,7 +92,7 @@ void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, b
     // invstd from the running variance, as autograd computes it (on the host).
     Tensor var = in[4].to(Device::cpu()).to(DType::f64).clone();
     for (int64_t i = 0; i < var.numel(); ++i) var.data<double>()[i] = 1.0 / std::sqrt(var.data<double>()[i] + kEps);
-    Tensor invstd = var.to(in[0].dtype()).to(in[0].device());
+    Tensor invstd = var.to(in[4].dtype()).to(in[0].device());
     Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]), dr;
     if (residual) dr = empty_like(in[0]);
     ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false, relu ? out[0] : Tensor(),
@@ -197,46 +196,64 @@ void add_global_avgpool(std::vector<OpCase>& v, const std::string& variant, Shap
 
 RegisterCases reg([](std::vector<OpCase>& v) {
   add_bn_train(v, "small", {4, 3, 4, 5}, false);
+  add_bf16_twin(v);
   add_bn_train(v, "small_no_dx", {4, 3, 4, 5}, false, false, true);
+  add_bf16_twin(v);
   add_bn_train(v, "small_dx_only", {3, 2, 5, 5}, false, true, false);
   add_bn_train(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);
   // nChw16c (Note [Blocked activations]): blocked x and dy, blocked x with plain dy,
   // no dx, inference.
   add_bn_train(v, "c32_nchw16c", {4, 32, 6, 5}, false);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   add_bn_train(v, "c32_nchw16c_dy_plain", {3, 32, 5, 3}, false);
   block_inputs(v.back(), {0}, false);
+  add_bf16_twin(v);
   add_bn_train(v, "c16_nchw16c_no_dx", {4, 16, 4, 5}, false, false, true);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   add_bn_train(v, "resnet_128x16x32x32_nchw16c", {128, 16, 32, 32}, true);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   add_bn_infer(v, "c32_nchw16c", {4, 32, 6, 5}, false);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   // The fused ReLU, plain and blocked, training and inference.
   add_bn_train(v, "small_relu", {4, 3, 4, 5}, false, true, true, true);
+  add_bf16_twin(v);
   add_bn_train(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true, true, true);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   add_bn_train(v, "c16_nchw16c_relu_dy_plain_no_dx", {3, 16, 5, 3}, false, false, true, true);
   block_inputs(v.back(), {0}, false);
+  add_bf16_twin(v);
   add_bn_train(v, "resnet_128x16x32x32_nchw16c_relu", {128, 16, 32, 32}, true, true, true, true);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   // With a residual (a block's end): plain, blocked, mixed layouts, with and without ReLU.
   add_bn_train(v, "small_add_relu", {4, 3, 4, 5}, false, true, true, true, true);
+  add_bf16_twin(v);
   add_bn_train(v, "small_add", {4, 3, 4, 5}, false, true, true, false, true);
   add_bn_train(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true, true, true);
   block_inputs(v.back(), {0, 5}, true);
+  add_bf16_twin(v);
   add_bn_train(v, "c16_nchw16c_add_plain_residual_no_affine", {3, 16, 5, 3}, false, true, false, true, true);
   block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
   add_bn_train(v, "c16_plain_add_nchw16c_residual_dy", {3, 16, 5, 3}, false, true, true, true, true);
   block_inputs(v.back(), {5}, true);
+  add_bf16_twin(v);
   add_bn_train(v, "c32_nchw16c_add", {4, 32, 6, 5}, false, true, true, false, true);
   block_inputs(v.back(), {0, 5}, false);
   add_bn_train(v, "resnet_128x16x32x32_nchw16c_add_relu", {128, 16, 32, 32}, true, true, true, true, true);
   block_inputs(v.back(), {0, 5}, true);
+  add_bf16_twin(v);
   add_bn_infer(v, "small_add_relu", {4, 3, 4, 5}, false, true, true);
   add_bn_infer(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true);
   block_inputs(v.back(), {0, 5}, true);
+  add_bf16_twin(v);
   add_bn_infer(v, "small_relu", {4, 3, 4, 5}, false, true);
+  add_bf16_twin(v);
   add_bn_infer(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true);
   block_inputs(v.back(), {0}, true);
   add_bn_infer(v, "small", {4, 3, 4, 5}, false);

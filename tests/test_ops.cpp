@@ -208,3 +208,30 @@ TEST(BlockedFormat, AxpyScaleAndPlainOnlyOpsConvert) {
   EXPECT_THROW(ops::call(ops::global_avgpool_bwd, out, bad), Error);
 }
 }  // namespace eg::testing
+
+namespace eg::testing {
+// Note [bf16 kernels]: bf16 activations stay nChw16c between the ops that take bf16 (a
+// convolution's output, batch norm and ReLU through it), on the fast path; an op that
+// does not take bf16 refuses it on the CPU rather than reading its bytes as f32.
+TEST(Bf16Kernels, BlockedBetweenOpsThatTakeThemAndRefusedByOthers) {
+  Tensor x = randn({2, 16, 5, 5}, DType::bf16, 1), w = randn({32, 16, 3, 3}, DType::bf16, 2, 0.1);
+  ops::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  Tensor y = Tensor::empty({2, 32, 5, 5}, DType::bf16);
+  ops::call(ops::conv2d_fwd, x, w, Tensor(), y, p);
+  EXPECT_TRUE(y.is_blocked()) << "a bf16 convolution output of 32 channels is held nChw16c";
+  Tensor r = Tensor::empty(y.shape(), DType::bf16);
+  ops::call(ops::act_fwd, ops::Act::relu, y, r);
+  EXPECT_TRUE(r.is_blocked());
+  EXPECT_EQ(r.dtype(), DType::bf16);
+  const std::vector<float> yv = y.to(DType::f32).to_vector<float>(), rv = r.to(DType::f32).to_vector<float>();
+  for (size_t i = 0; i < yv.size(); ++i) ASSERT_EQ(rv[i], yv[i] > 0 ? yv[i] : 0.f) << i;
+  Tensor sum = Tensor::empty({1, 32, 1, 1}, DType::bf16);
+  try {
+    ops::call(ops::sum_to, r, sum);
+    FAIL() << "sum_to read a bf16 tensor";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sum_to has no bf16 implementation"), std::string::npos) << e.what();
+  }
+}
+}  // namespace eg::testing

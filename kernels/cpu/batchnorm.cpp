@@ -2,7 +2,9 @@
 // loops, parallel over channels (training forward, backward) or over (n, c) rows
 // (inference forward). Layout: x, y [N, C, H, W] contiguous, viewed as [N, C, L];
 // gamma, beta, statistics [C]. f32; rows of L are summed in float (SIMD lanes), rows
-// are combined in double.
+// are combined in double. bf16 activations (Note [bf16 kernels]) go through the blocked
+// loops, loaded to f32 (f32 parameters and statistics); a bf16 tensor whose channels are
+// not a multiple of 16 takes ref.
 //
 // Napkin math (128x16x32x32, 8 MB per tensor): one channel's slice (128 rows of 4 KB,
 // 512 KB) fits in L2, so the training forward reads x from memory once (mean pass),
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
 
 namespace eg::cpu {
 
@@ -44,20 +47,21 @@ Tiles tiles_of(const Tensor& x) {
 }
 
 // y = x * a + b (+ r) (then max(., 0)) over n values of one channel (a, b scalars) or
-// of L x 16 tile rows (a, b per lane: Lanes = 16).
-template <bool Relu, bool Res, int64_t Lanes>
-void affine_rows(const float* x, const float* r, float* y, const float* a, const float* b, int64_t rows) {
+// of L x 16 tile rows (a, b per lane: Lanes = 16). T: the activations' storage (f32 or
+// bf16; Note [bf16 kernels]), the arithmetic in f32.
+template <bool Relu, bool Res, int64_t Lanes, class T>
+void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows) {
   for (int64_t l = 0; l < rows; ++l)
 #pragma omp simd
     for (int64_t j = 0; j < Lanes; ++j) {
       const int64_t k = l * Lanes + j;
-      float v = x[k] * a[j] + b[j];
-      if (Res) v += r[k];
-      y[k] = Relu ? std::max(v, 0.f) : v;
+      float v = ld(x, k) * a[j] + b[j];
+      if (Res) v += ld(r, k);
+      st(y, k, Relu ? std::max(v, 0.f) : v);
     }
 }
-template <int64_t Lanes>
-void affine_rows(const float* x, const float* r, float* y, const float* a, const float* b, int64_t rows, bool relu) {
+template <int64_t Lanes, class T>
+void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows, bool relu) {
   if (relu)
     r ? affine_rows<true, true, Lanes>(x, r, y, a, b, rows) : affine_rows<true, false, Lanes>(x, r, y, a, b, rows);
   else r ? affine_rows<false, true, Lanes>(x, r, y, a, b, rows) : affine_rows<false, false, Lanes>(x, r, y, a, b, rows);
@@ -65,8 +69,8 @@ void affine_rows(const float* x, const float* r, float* y, const float* a, const
 
 // Per-channel scale/shift applied to every tile: y = x * sc[c] + sh[c] (+ residual rp)
 // (then max(., 0)).
-void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc, const float* sh, bool relu,
-                    const float* rp) {
+template <class T>
+void affine_blocked(const Tiles& t, const T* xp, T* yp, const float* sc, const float* sh, bool relu, const T* rp) {
 #pragma omp parallel for schedule(static) if (t.count() * t.L * kBlock > 32768)
   for (int64_t i = 0; i < t.count(); ++i) {
     const int64_t off = i * t.L * kBlock;
@@ -74,27 +78,28 @@ void affine_blocked(const Tiles& t, const float* xp, float* yp, const float* sc,
   }
 }
 
+template <class T>
 void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip,
-                          float* rmp, float* rvp, double momentum, double eps, bool relu, const float* resp) {
+                          float* rmp, float* rvp, double momentum, double eps, bool relu, const T* resp) {
   const Tiles t = tiles_of(x);
-  const float* xp = x.data_any<float>();
+  const T* xp = x.data_any<T>();
   y.set_format(Format::nchw16c);
-  float* yp = y.data_any<float>();
+  T* yp = y.data_any<T>();
   // Per tile and channel: sum and squared deviations from the tile's mean.
   std::vector<float> tsum(size_t(t.count() * kBlock)), tm2(size_t(t.count() * kBlock));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < t.count(); ++i) {
-    const float* xr = xp + i * t.L * kBlock;
+    const T* xr = xp + i * t.L * kBlock;
     float s[kBlock] = {}, q[kBlock] = {}, mu[kBlock];
     for (int64_t l = 0; l < t.L; ++l)
 #pragma omp simd
-      for (int64_t j = 0; j < kBlock; ++j) s[j] += xr[l * kBlock + j];
+      for (int64_t j = 0; j < kBlock; ++j) s[j] += ld(xr, l * kBlock + j);
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j) mu[j] = s[j] / float(t.L);
     for (int64_t l = 0; l < t.L; ++l)
 #pragma omp simd
       for (int64_t j = 0; j < kBlock; ++j) {
-        const float d = xr[l * kBlock + j] - mu[j];
+        const float d = ld(xr, l * kBlock + j) - mu[j];
         q[j] += d * d;
       }
     for (int64_t j = 0; j < kBlock; ++j) tsum[size_t(i * kBlock + j)] = s[j], tm2[size_t(i * kBlock + j)] = q[j];
@@ -125,47 +130,48 @@ void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Ten
 
 // One tile of the blocked backward. Relu: the forward fused a ReLU whose output is rr,
 // so the gradient is dy where rr > 0 (rr is not read otherwise).
-template <bool Relu>
-float grad_at(const float* rr, const float* dr, int64_t k) {
-  return !Relu || rr[k] > 0.f ? dr[k] : 0.f;
+template <bool Relu, class T>
+float grad_at(const T* rr, const T* dr, int64_t k) {
+  return !Relu || ld(rr, k) > 0.f ? ld(dr, k) : 0.f;
 }
 
 // Per-channel sum of the gradient and of gradient * (x - mu) over a tile. Store: the
 // gradient is also written to go (the residual's gradient, which the dx pass then
 // reads instead of dy and the mask).
-template <bool Relu, bool Store>
-void tile_sums(const float* dr, const float* rr, const float* xr, const float* mu, int64_t L, float* a, float* b,
-               float* go) {
+template <bool Relu, bool Store, class T>
+void tile_sums(const T* dr, const T* rr, const T* xr, const float* mu, int64_t L, float* a, float* b, T* go) {
   for (int64_t l = 0; l < L; ++l)
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j) {
       const float g = grad_at<Relu>(rr, dr, l * kBlock + j);
-      if (Store) go[l * kBlock + j] = g;
+      if (Store) st(go, l * kBlock + j, g);
       a[j] += g;
-      b[j] += g * (xr[l * kBlock + j] - mu[j]);
+      b[j] += g * (ld(xr, l * kBlock + j) - mu[j]);
     }
 }
 
 // dx = gi g - a (x - mu) - b over a tile, per-channel gi, a, b.
-template <bool Relu>
-void tile_dx(const float* dr, const float* rr, const float* xr, const float* mu, const float* gi, const float* a,
-             const float* b, int64_t L, float* o) {
+template <bool Relu, class T>
+void tile_dx(const T* dr, const T* rr, const T* xr, const float* mu, const float* gi, const float* a, const float* b,
+             int64_t L, T* o) {
   for (int64_t l = 0; l < L; ++l)
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j)
-      o[l * kBlock + j] = gi[j] * grad_at<Relu>(rr, dr, l * kBlock + j) - a[j] * (xr[l * kBlock + j] - mu[j]) - b[j];
+      st(o, l * kBlock + j,
+         gi[j] * grad_at<Relu>(rr, dr, l * kBlock + j) - a[j] * (ld(xr, l * kBlock + j) - mu[j]) - b[j]);
 }
 
 // ry: the fused ReLU's output (nullptr: none); the gradient is dy where ry > 0.
 // dres (defined: wanted): the gradient of the forward's residual, that masked dy.
+template <class T>
 void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip, Tensor& dx,
-                    float* dgp, float* dbp, bool training, const float* ryp, Tensor& dres) {
+                    float* dgp, float* dbp, bool training, const T* ryp, Tensor& dres) {
   const Tiles t = tiles_of(x);
-  const float *dyp = dy.data_any<float>(), *xp = x.data_any<float>();
-  float* drp = nullptr;
+  const T *dyp = dy.data_any<T>(), *xp = x.data_any<T>();
+  T* drp = nullptr;
   if (dres.defined()) {
     dres.set_format(Format::nchw16c);
-    drp = dres.data_any<float>();
+    drp = dres.data_any<T>();
   }
   const bool need_sums = dgp || dbp || (dx.defined() && training);
   std::vector<double> sdy(size_t(t.C)), sdyx(size_t(t.C));
@@ -174,14 +180,15 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < t.count(); ++i) {
       const int64_t off = i * t.L * kBlock;
-      const float *dr = dyp + off, *xr = xp + off, *mu = mp + t.channel0(i), *rr = ryp ? ryp + off : nullptr;
+      const T *dr = dyp + off, *xr = xp + off, *rr = ryp ? ryp + off : nullptr;
+      const float* mu = mp + t.channel0(i);
       float a[kBlock] = {}, b[kBlock] = {};
       if (drp) {
         if (ryp) tile_sums<true, true>(dr, rr, xr, mu, t.L, a, b, drp + off);
         else tile_sums<false, true>(dr, rr, xr, mu, t.L, a, b, drp + off);
       } else {
-        if (ryp) tile_sums<true, false>(dr, rr, xr, mu, t.L, a, b, nullptr);
-        else tile_sums<false, false>(dr, rr, xr, mu, t.L, a, b, nullptr);
+        if (ryp) tile_sums<true, false>(dr, rr, xr, mu, t.L, a, b, static_cast<T*>(nullptr));
+        else tile_sums<false, false>(dr, rr, xr, mu, t.L, a, b, static_cast<T*>(nullptr));
       }
       for (int64_t j = 0; j < kBlock; ++j) pa[size_t(i * kBlock + j)] = a[j], pb[size_t(i * kBlock + j)] = b[j];
     }
@@ -204,18 +211,34 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
   }
   if (!dx.defined()) return;
   dx.set_format(Format::nchw16c);
-  float* dxp = dx.data_any<float>();
+  T* dxp = dx.data_any<T>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < t.count(); ++i) {
     const int64_t c0 = t.channel0(i);
     const float *g = gi.data() + c0, *a = ca.data() + c0, *b = cb.data() + c0, *mu = mp + c0;
     const int64_t off = i * t.L * kBlock;
-    const float* xr = xp + off;
-    float* o = dxp + off;
-    if (drp) tile_dx<false>(drp + off, nullptr, xr, mu, g, a, b, t.L, o);  // already masked
+    const T* xr = xp + off;
+    T* o = dxp + off;
+    if (drp) tile_dx<false>(drp + off, static_cast<const T*>(nullptr), xr, mu, g, a, b, t.L, o);  // already masked
     else if (ryp) tile_dx<true>(dyp + off, ryp + off, xr, mu, g, a, b, t.L, o);
-    else tile_dx<false>(dyp + off, nullptr, xr, mu, g, a, b, t.L, o);
+    else tile_dx<false>(dyp + off, static_cast<const T*>(nullptr), xr, mu, g, a, b, t.L, o);
   }
+}
+
+// Inference on blocked x: the running statistics folded into one scale and shift per channel.
+template <class T>
+void bn_infer_blocked(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                      const Tensor& running_var, Tensor& y, double eps, bool relu, const T* resp) {
+  const Tiles t = tiles_of(x);
+  const float *gp = gamma.data<float>(), *bp = beta.data<float>();
+  const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
+  std::vector<float> sc(size_t(t.C)), sh(size_t(t.C));
+  for (int64_t c = 0; c < t.C; ++c) {
+    const double sd = double(gp[c]) / std::sqrt(double(vp[c]) + eps);
+    sc[size_t(c)] = float(sd), sh[size_t(c)] = float(double(bp[c]) - double(mp[c]) * sd);
+  }
+  y.set_format(Format::nchw16c);
+  affine_blocked(t, x.data_any<T>(), y.data_any<T>(), sc.data(), sh.data(), relu, resp);
 }
 
 struct Dims {
@@ -256,6 +279,19 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
                          bool relu, const Tensor& residual_in) {
   float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
   float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
+  if (x.dtype() == DType::bf16 || y.dtype() == DType::bf16) {  // Note [bf16 kernels]: held blocked
+    if (!same_dtype({&x, &y, &residual_in}) || !x.blockable()) {
+      y.set_format(Format::plain);
+      return ref::batchnorm_fwd_train(x.to_plain(), gamma, beta, y, save_mean, save_invstd, running_mean, running_var,
+                                      momentum, eps, relu, residual_in.defined() ? residual_in.to_plain() : Tensor());
+    }
+    Tensor kx, kr;
+    const Tensor& xb = in_format(x, Format::nchw16c, kx);
+    const Tensor& rb = in_format(residual_in, Format::nchw16c, kr);
+    return bn_fwd_train_blocked(xb, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
+                                save_invstd.data<float>(), rmp, rvp, momentum, eps, relu,
+                                rb.defined() ? rb.data_any<bf16_t>() : nullptr);
+  }
   Tensor keep;  // the residual in x's layout
   const Tensor& residual = in_format(residual_in, x.format(), keep);
   const float* resp = residual.defined() ? residual.data_any<float>() : nullptr;
@@ -295,22 +331,22 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                          const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual_in) {
+  if (x.dtype() == DType::bf16 || y.dtype() == DType::bf16) {
+    if (!same_dtype({&x, &y, &residual_in}) || !x.blockable()) {
+      y.set_format(Format::plain);
+      return ref::batchnorm_fwd_infer(x.to_plain(), gamma, beta, running_mean, running_var, y, eps, relu,
+                                      residual_in.defined() ? residual_in.to_plain() : Tensor());
+    }
+    Tensor kx, kr;
+    const Tensor& xb = in_format(x, Format::nchw16c, kx);
+    const Tensor& rb = in_format(residual_in, Format::nchw16c, kr);
+    return bn_infer_blocked(xb, gamma, beta, running_mean, running_var, y, eps, relu,
+                            rb.defined() ? rb.data_any<bf16_t>() : nullptr);
+  }
   Tensor keep;  // the residual in x's layout
   const Tensor& residual = in_format(residual_in, x.format(), keep);
   const float* resp = residual.defined() ? residual.data_any<float>() : nullptr;
-  if (x.is_blocked()) {
-    const Tiles t = tiles_of(x);
-    const float *gp = gamma.data<float>(), *bp = beta.data<float>();
-    const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
-    std::vector<float> sc(size_t(t.C)), sh(size_t(t.C));
-    for (int64_t c = 0; c < t.C; ++c) {
-      const double sd = double(gp[c]) / std::sqrt(double(vp[c]) + eps);
-      sc[size_t(c)] = float(sd), sh[size_t(c)] = float(double(bp[c]) - double(mp[c]) * sd);
-    }
-    y.set_format(Format::nchw16c);
-    affine_blocked(t, x.data_any<float>(), y.data_any<float>(), sc.data(), sh.data(), relu, resp);
-    return;
-  }
+  if (x.is_blocked()) return bn_infer_blocked(x, gamma, beta, running_mean, running_var, y, eps, relu, resp);
   const Dims d = dims_of(x);
   const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
   const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
@@ -331,6 +367,22 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
                    Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+  if (x.dtype() == DType::bf16 || dy_in.dtype() == DType::bf16) {
+    if (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual}) || !x.blockable()) {
+      for (Tensor* out : {&dx, &dresidual})
+        if (out->defined()) out->set_format(Format::plain);
+      return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
+                                relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
+    }
+    Tensor kx, kdy, kry;
+    const Tensor& xb = in_format(x, Format::nchw16c, kx);
+    const Tensor& dyb = in_format(dy_in, Format::nchw16c, kdy);
+    const Tensor& ryb = in_format(relu_y, Format::nchw16c, kry);
+    return bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
+                          dgamma.defined() ? dgamma.data<float>() : nullptr,
+                          dbeta.defined() ? dbeta.data<float>() : nullptr, training,
+                          ryb.defined() ? ryb.data_any<bf16_t>() : nullptr, dresidual);
+  }
   if (x.is_blocked() || dy_in.is_blocked()) {
     Tensor kx, kdy, kry;
     const Tensor& xb = in_format(x, Format::nchw16c, kx);

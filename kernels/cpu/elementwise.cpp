@@ -1,4 +1,5 @@
-// Elementwise ops, fast CPU path (f32, OpenMP, vectorised inner loops).
+// Elementwise ops, fast CPU path (f32, OpenMP, vectorised inner loops; binary on
+// same-shaped operands, scale and axpy also bf16, computed in f32: Note [bf16 kernels]).
 // binary: same-shape, per-channel ([1, C, 1, 1] on NCHW), row-vector ([1, N] on
 // [M, N]) and scalar operands get contiguous loops; other broadcasts use ref.
 // sum_to: NCHW -> per-channel and [M, N] -> [1, N] fast; others use ref.
@@ -14,10 +15,10 @@ namespace eg::cpu {
 
 namespace {
 
-template <class F>
-void same_shape(const float* a, const float* b, float* c, int64_t n, F f) {
+template <class T, class F>
+void same_shape(const T* a, const T* b, T* c, int64_t n, F f) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) c[i] = f(a[i], b[i]);
+  for (int64_t i = 0; i < n; ++i) st(c, i, f(ld(a, i), ld(b, i)));
 }
 
 // a is full-size [outer, mid, inner]; b is per-mid (or b is full and a per-mid when swapped).
@@ -79,24 +80,36 @@ bool try_fast(const Tensor& a, const Tensor& b, Tensor& c, F f) {
   return false;
 }
 
+// c = a op b, elementwise over same-shaped operands in any one format.
+template <class T>
+void same_shape_op(ops::Binary op, const T* ap, const T* bp, T* cp, int64_t n) {
+  switch (op) {
+    case ops::Binary::add: same_shape(ap, bp, cp, n, [](float x, float y) { return x + y; }); break;
+    case ops::Binary::sub: same_shape(ap, bp, cp, n, [](float x, float y) { return x - y; }); break;
+    case ops::Binary::mul: same_shape(ap, bp, cp, n, [](float x, float y) { return x * y; }); break;
+    case ops::Binary::div: same_shape(ap, bp, cp, n, [](float x, float y) { return x / y; }); break;
+  }
+}
+
 }  // namespace
 
 void binary_fwd(ops::Binary op, const Tensor& a_in, const Tensor& b_in, Tensor& c) {
   Tensor ka, kb;
   const bool same = a_in.shape() == c.shape() && b_in.shape() == c.shape();
+  const bool bf16 = c.dtype() == DType::bf16;
+  if (!same_dtype({&a_in, &b_in, &c}) || (bf16 && !same)) {  // bf16 broadcasts, mixed dtypes: ref
+    c.set_format(Format::plain);
+    return ref::binary_fwd(op, a_in.to_plain(), b_in.to_plain(), c);
+  }
   const Format f = same && (a_in.is_blocked() || b_in.is_blocked()) ? Format::nchw16c : Format::plain;
   const Tensor& a = in_format(a_in, f, ka);
   const Tensor& b = in_format(b_in, f, kb);
-  if (f != Format::plain) {
+  if (f != Format::plain || bf16) {
     c.set_format(f);
-    const float *ap = a.data_any<float>(), *bp = b.data_any<float>();
-    float* cp = c.data_any<float>();
-    switch (op) {
-      case ops::Binary::add: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x + y; }); break;
-      case ops::Binary::sub: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x - y; }); break;
-      case ops::Binary::mul: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x * y; }); break;
-      case ops::Binary::div: same_shape(ap, bp, cp, c.numel(), [](float x, float y) { return x / y; }); break;
-    }
+    with_storage(c, [&](auto t) {
+      using T = decltype(t);
+      same_shape_op(op, a.data_any<T>(), b.data_any<T>(), c.data_any<T>(), c.numel());
+    });
     return;
   }
   bool done = false;
@@ -110,24 +123,40 @@ void binary_fwd(ops::Binary op, const Tensor& a_in, const Tensor& b_in, Tensor& 
 }
 
 void scale(const Tensor& x, Tensor& y, double alpha) {
+  if (!same_dtype({&x, &y})) {
+    y.set_format(Format::plain);
+    return ref::scale(x.to_plain(), y, alpha);
+  }
   y.set_format(x.format());
-  const float* xp = x.data_any<float>();
-  float* yp = y.data_any<float>();
   const float s = float(alpha);
   const int64_t n = x.numel();
+  with_storage(x, [&](auto t) {
+    using T = decltype(t);
+    const T* xp = x.data_any<T>();
+    T* yp = y.data_any<T>();
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) yp[i] = s * xp[i];
+    for (int64_t i = 0; i < n; ++i) st(yp, i, s * ld(xp, i));
+  });
 }
 
 void axpy(const Tensor& x_in, Tensor& y, double alpha) {
+  if (!same_dtype({&x_in, &y})) {  // into a plain copy of y, then back in y's format
+    Tensor yp = y.to_plain();
+    if (yp.is_same(y)) return ref::axpy(x_in.to_plain(), y, alpha);
+    ref::axpy(x_in.to_plain(), yp, alpha);
+    return y.copy_(yp);
+  }
   Tensor keep;
   const Tensor& x = in_format(x_in, y.format(), keep);
-  const float* xp = x.data_any<float>();
-  float* yp = y.data_any<float>();
   const float s = float(alpha);
   const int64_t n = x.numel();
+  with_storage(x, [&](auto t) {
+    using T = decltype(t);
+    const T* xp = x.data_any<T>();
+    T* yp = y.data_any<T>();
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) yp[i] += s * xp[i];
+    for (int64_t i = 0; i < n; ++i) st(yp, i, ld(yp, i) + s * ld(xp, i));
+  });
 }
 
 void sum_to(const Tensor& x, Tensor& y) {

@@ -142,6 +142,16 @@ Tensor relu_masked(const Tensor& dy, const Tensor& relu_y) {
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
                          bool relu, const Tensor& residual) {
+  if (any_bf16({&x, &y, &residual})) {  // Note [bf16 kernels]: bf16 activations, f32 parameters and statistics
+    Tensor y64 = wide_like(y), m64 = wide_like(save_mean), i64 = wide_like(save_invstd);
+    Tensor rm64 = widened(running_mean), rv64 = widened(running_var);
+    batchnorm_fwd_train(widened(x), widened(gamma), widened(beta), y64, m64, i64, rm64, rv64, momentum, eps, relu,
+                        widened(residual));
+    for (auto [wide, out] :
+         {std::pair{&y64, &y}, {&m64, &save_mean}, {&i64, &save_invstd}, {&rm64, &running_mean}, {&rv64, &running_var}})
+      narrowed_into(*wide, *out);
+    return;
+  }
   if (x.dtype() == DType::f64)
     fwd_train<double>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
   else fwd_train<float>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
@@ -151,6 +161,12 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                          const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
+  if (any_bf16({&x, &y, &residual})) {
+    Tensor y64 = wide_like(y);
+    batchnorm_fwd_infer(widened(x), widened(gamma), widened(beta), widened(running_mean), widened(running_var), y64,
+                        eps, relu, widened(residual));
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) fwd_infer<double>(x, gamma, beta, running_mean, running_var, y, eps);
   else fwd_infer<float>(x, gamma, beta, running_mean, running_var, y, eps);
   if (residual.defined()) add_in_place(y, residual);
@@ -159,6 +175,14 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
                    Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+  if (any_bf16({&dy_in, &x, &dx, &relu_y, &dresidual})) {
+    Tensor dx64 = wide_like(dx), dg64 = wide_like(dgamma), db64 = wide_like(dbeta), dr64 = wide_like(dresidual);
+    batchnorm_bwd(widened(dy_in), widened(x), widened(gamma), widened(mean), widened(invstd), dx64, dg64, db64,
+                  training, widened(relu_y), dr64);
+    for (auto [wide, out] : {std::pair{&dx64, &dx}, {&dg64, &dgamma}, {&db64, &dbeta}, {&dr64, &dresidual}})
+      narrowed_into(*wide, *out);
+    return;
+  }
   const Tensor dy = relu_y.defined() ? relu_masked(dy_in, relu_y) : dy_in;
   if (dresidual.defined()) dresidual.copy_(dy);
   if (x.dtype() == DType::f64) bwd<double>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);

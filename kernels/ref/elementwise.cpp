@@ -75,11 +75,21 @@ void broadcast_to_t(const Tensor& x, Tensor& y) {
 }  // namespace
 
 void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
+  if (any_bf16({&a, &b, &c})) {  // Note [bf16 kernels]
+    Tensor c64 = wide_like(c);
+    binary_t<double>(op, widened(a), widened(b), c64);
+    return narrowed_into(c64, c);
+  }
   if (c.dtype() == DType::f64) binary_t<double>(op, a, b, c);
   else binary_t<float>(op, a, b, c);
 }
 
 void scale(const Tensor& x, Tensor& y, double alpha) {
+  if (any_bf16({&x, &y})) {
+    Tensor y64 = wide_like(y);
+    scale(widened(x), y64, alpha);
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) {
     for (int64_t i = 0; i < x.numel(); ++i) y.data<double>()[i] = alpha * x.data<double>()[i];
   } else {
@@ -88,6 +98,11 @@ void scale(const Tensor& x, Tensor& y, double alpha) {
 }
 
 void axpy(const Tensor& x, Tensor& y, double alpha) {
+  if (any_bf16({&x, &y})) {
+    Tensor y64 = widened(y);
+    axpy(widened(x), y64, alpha);
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) {
     for (int64_t i = 0; i < x.numel(); ++i) y.data<double>()[i] += alpha * x.data<double>()[i];
   } else {

@@ -1,6 +1,8 @@
 // Declarations of the ref implementations; kernels/registry.cpp wires the ones that
 // exist. An implementation of op X is eg::ref::X with the signature ops::X's type.
 #pragma once
+#include <initializer_list>
+
 #include "kernels/ops.h"
 
 namespace eg::ref {
@@ -15,4 +17,9 @@ Tensor widened(const Tensor& t);
 void narrowed_into(const Tensor& wide, Tensor& out);
 // An f64 temporary shaped like `out` (undefined where `out` is).
 Tensor wide_like(const Tensor& out);
+inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->dtype() == DType::bf16) return true;
+  return false;
+}
 }  // namespace eg::ref
