@@ -1,5 +1,6 @@
 // Input validation shared by the differentiable functions (internal).
 #pragma once
+#include "autograd/functions.h"
 #include "core/tensor.h"
 
 namespace eg::fn::detail {
@@ -21,6 +22,15 @@ inline void check_same(const Tensor& a, const Tensor& b, const char* fn, const c
 inline void check_float(const Tensor& t, const char* fn, const char* what) {
   EG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, fn, ": ", what, " must be f32 or f64, got ",
            dtype_name(t.dtype()));
+}
+// A floating input of a function that computes in f32: a bf16 one cast to f32 first
+// (fn::cast, so its gradient comes back in bf16; Note [Autocast]), then checked as
+// check_float does.
+inline Tensor f32_input(const Tensor& t, const char* fn, const char* what) {
+  check_defined(t, fn, what);
+  const Tensor x = t.dtype() == DType::bf16 ? cast(t, DType::f32) : t;
+  check_float(x, fn, what);
+  return x;
 }
 inline Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 inline Tensor empty_as(const Tensor& t, const Shape& s) { return Tensor::empty(s, t.dtype(), t.device()); }

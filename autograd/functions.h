@@ -27,6 +27,10 @@ inline Tensor gelu(const Tensor& x) { return activation(x, ops::Act::gelu); }
 Tensor pool2d(const Tensor& x, const ops::Pool2dParams& p);
 Tensor global_avg_pool(const Tensor& x);  // [N, C, H, W] -> [N, C]
 
+// ---- precision (functions_math.cpp; Note [Autocast] in autograd/autocast.h)
+// x as `dtype` (f32, f64, bf16, f16); the gradient comes back in x's dtype.
+Tensor cast(const Tensor& x, DType dtype);
+
 // ---- math (functions_math.cpp)
 Tensor add(const Tensor& a, const Tensor& b);  // numpy broadcasting
 Tensor sub(const Tensor& a, const Tensor& b);

@@ -37,10 +37,13 @@ Tensor reduce_to(const Tensor& g, const Shape& target) {
   return r.reshape(target);
 }
 
-Tensor binary(ops::Binary op, const Tensor& a, const Tensor& b, const char* name) {
-  check_defined(a, name, "first operand");
-  check_defined(b, name, "second operand");
-  check_float(a, name, "first operand");
+Tensor binary(ops::Binary op, const Tensor& a_in, const Tensor& b_in, const char* name) {
+  check_defined(a_in, name, "first operand");
+  check_defined(b_in, name, "second operand");
+  // bf16 operands of one shape stay bf16 (f32 arithmetic); any other mix computes in f32.
+  const bool bf16 = a_in.dtype() == DType::bf16 && b_in.dtype() == DType::bf16 && a_in.shape() == b_in.shape();
+  const Tensor a = bf16 ? a_in : f32_input(a_in, name, "first operand");
+  const Tensor b = bf16 ? b_in : f32_input(b_in, name, "second operand");
   check_same(a, b, name, "second operand");
   Shape cs = broadcast_shape(a.shape(), b.shape(), name);
   Tensor ap = a.reshape(pad_left(a.shape(), cs.size())), bp = b.reshape(pad_left(b.shape(), cs.size()));
@@ -98,9 +101,23 @@ Tensor sub(const Tensor& a, const Tensor& b) { return binary(ops::Binary::sub, a
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(ops::Binary::mul, a, b, "mul"); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(ops::Binary::div, a, b, "div"); }
 
+Tensor cast(const Tensor& x, DType dtype) {
+  check_defined(x, "cast", "input");
+  if (x.dtype() == dtype) return x;
+  Tensor y = Tensor::empty(x.shape(), dtype, x.device());
+  ops::call(ops::cast, x, y);
+  autograd::record_function("CastBackward", {x}, {&y}, {},
+                            [from = x.dtype()](const Tensors& g, const Tensors&, const Node&) {
+    Tensor dx = Tensor::empty(g[0].shape(), from, g[0].device());
+    ops::call(ops::cast, g[0], dx);
+    return Tensors{dx};
+  });
+  return y;
+}
+
 Tensor scale(const Tensor& x, double alpha) {
   check_defined(x, "scale", "input");
-  check_float(x, "scale", "input");
+  if (x.dtype() != DType::bf16) check_float(x, "scale", "input");
   Tensor y = empty_like(x);
   ops::call(ops::scale, x, y, alpha);
   autograd::record_function("ScaleBackward", {x}, {&y}, {}, [alpha](const Tensors& g, const Tensors&, const Node&) {
@@ -119,9 +136,8 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   return y;
 }
 
-Tensor sum(const Tensor& x, std::vector<int> dims, bool keepdim) {
-  check_defined(x, "sum", "input");
-  check_float(x, "sum", "input");
+Tensor sum(const Tensor& x_in, std::vector<int> dims, bool keepdim) {
+  const Tensor x = f32_input(x_in, "sum", "input");
   Shape keep = x.shape();
   for (int& d : dims) {
     if (d < 0) d += x.dim();
@@ -149,7 +165,8 @@ Tensor sum(const Tensor& x) {
   return sum(x, all, false);
 }
 
-Tensor argmax(const Tensor& x) {
+Tensor argmax(const Tensor& x_in) {
+  const Tensor x = x_in.dtype() == DType::bf16 ? x_in.to(DType::f32) : x_in;
   EG_CHECK(x.dim() >= 1 && x.size(-1) > 0, "argmax: needs a tensor with a non-empty last dimension, got ",
            shape_str(x.shape()));
   Shape s = x.shape();
@@ -167,9 +184,9 @@ Tensor mean(const Tensor& x, std::vector<int> dims, bool keepdim) {
 
 Tensor mean(const Tensor& x) { return scale(sum(x), 1.0 / double(std::max<int64_t>(x.numel(), 1))); }
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  check_defined(a, "matmul", "first operand");
-  check_float(a, "matmul", "first operand");
+Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
+  const Tensor a = f32_input(a_in, "matmul", "first operand");
+  const Tensor b = f32_input(b_in, "matmul", "second operand");
   check_same(a, b, "matmul", "second operand");
   EG_CHECK((a.dim() == 2 && b.dim() == 2) || (a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0)),
            "matmul: operands must both be 2-D, or 3-D with the same batch size; got ", shape_str(a.shape()), " and ",
@@ -200,9 +217,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  check_defined(x, "linear", "input");
-  check_float(x, "linear", "input");
+Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& bias) {
+  const Tensor x = f32_input(x_in, "linear", "input");
   check_dim(w, 2, "linear", "weight");
   check_same(x, w, "linear", "weight");
   check_same(x, bias, "linear", "bias");

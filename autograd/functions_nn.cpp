@@ -1,6 +1,7 @@
 // Differentiable conv2d, batch norm, activations and pooling.
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/check.h"
 #include "autograd/functions.h"
 
@@ -10,12 +11,43 @@ using namespace detail;
 using autograd::Node;
 using autograd::Tensors;
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p) {
-  check_dim(x, 4, "conv2d", "input");
+namespace {
+
+// Under autocast (Note [Autocast]): x and the weight's cached copy in the scope's dtype,
+// the output in it too, dw and db in the parameters' dtype.
+Tensor conv2d_autocast(const Tensor& x_in, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p, DType low) {
+  const Tensor x = cast(x_in, low), wl = autograd::autocast_weight(w);
+  Tensor y = Tensor::empty(ops::conv2d_out_shape(x.shape(), w.shape(), p), low, x.device());
+  ops::call(ops::conv2d_fwd, x, wl, bias, y, p);
+  autograd::record_function(
+      "Conv2dBackward", {x, w, bias}, {&y}, {x, wl},
+      [p, has_bias = bias.defined(), wt = w.dtype()](const Tensors& g, const Tensors& s, const Node& n) {
+    Tensor dx, dw, db;
+    if (n.needs_input_grad(0)) {
+      dx = empty_like(s[0]);
+      ops::call(ops::conv2d_bwd_data, g[0], s[1], dx, p);
+    }
+    if (n.needs_input_grad(1)) dw = Tensor::empty(s[1].shape(), wt, s[1].device());
+    if (has_bias && n.needs_input_grad(2)) db = Tensor::empty({s[1].size(0)}, wt, s[1].device());
+    if (dw.defined() || db.defined()) ops::call(ops::conv2d_bwd_weight, g[0], s[0], dw, db, p);
+    return Tensors{dx, dw, db};
+      });
+  return y;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p) {
+  check_dim(x_in, 4, "conv2d", "input");
   check_dim(w, 4, "conv2d", "weight");
-  check_float(x, "conv2d", "input");
-  check_same(x, w, "conv2d", "weight");
-  check_same(x, bias, "conv2d", "bias");
+  check_float(w, "conv2d", "weight");
+  // A bf16 input outside autocast (or under an f32 one) computes in the weight's dtype.
+  const DType low = autograd::autocast_dtype();
+  const Tensor x = low == DType::f32 && x_in.dtype() == DType::bf16 ? cast(x_in, w.dtype()) : x_in;
+  if (low == DType::f32) check_float(x, "conv2d", "input");
+  check_same(w, bias, "conv2d", "bias");
+  EG_CHECK(x.device() == w.device(), "conv2d: weight is on ", w.device().str(), " but the input is on ",
+           x.device().str());
   EG_CHECK(p.groups >= 1 && x.size(1) == w.size(1) * p.groups, "conv2d: input has ", x.size(1),
            " channels but the weight expects ", w.size(1) * p.groups, " (", w.size(1), " per group x ", p.groups,
            " groups)");
@@ -24,6 +56,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::C
   if (bias.defined())
     EG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "conv2d: bias must be [", w.size(0), "], got ",
              shape_str(bias.shape()));
+  if (low != DType::f32) return conv2d_autocast(x, w, bias, p, low);
+  check_same(x, w, "conv2d", "weight");
   Tensor y = empty_as(x, ops::conv2d_out_shape(x.shape(), w.shape(), p));
   ops::call(ops::conv2d_fwd, x, w, bias, y, p);
   autograd::record_function("Conv2dBackward", {x, w, bias}, {&y}, {x, w},
@@ -43,10 +77,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::C
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean, Tensor running_var,
-                  bool training, double momentum, double eps, bool relu, const Tensor& residual) {
+                  bool training, double momentum, double eps, bool relu, const Tensor& residual_in) {
   check_dim(x, 4, "batch_norm", "input");
-  check_float(x, "batch_norm", "input");
+  // bf16 activations with f32 parameters and statistics (Note [Autocast]).
+  const bool bf16 = x.dtype() == DType::bf16;
+  if (!bf16) check_float(x, "batch_norm", "input");
+  const Tensor& params = gamma;  // their dtype: the statistics' and the parameter gradients'
   const int64_t c = x.size(1);
+  // A residual of the other width (an f32 shortcut beside bf16 activations) joins x's.
+  const bool other = residual_in.defined() && (residual_in.dtype() == DType::bf16) != bf16;
+  const Tensor residual = other ? cast(residual_in, x.dtype()) : residual_in;
   if (residual.defined()) {
     check_same(x, residual, "batch_norm", "residual");
     EG_CHECK(residual.shape() == x.shape(), "batch_norm: the residual has shape ", shape_str(residual.shape()),
@@ -54,7 +94,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
   }
   for (const Tensor* t : std::initializer_list<const Tensor*>{&gamma, &beta, &running_mean, &running_var}) {
     check_defined(*t, "batch_norm", "a parameter or running statistic");
-    check_same(x, *t, "batch_norm", "a parameter or running statistic");
+    check_same(bf16 ? params : x, *t, "batch_norm", "a parameter or running statistic");
+    EG_CHECK(!bf16 || t->dtype() == DType::f32, "batch_norm: a bf16 input needs f32 parameters and statistics, got ",
+             dtype_name(t->dtype()));
     EG_CHECK(t->numel() == c, "batch_norm: input has ", c, " channels but a parameter has shape ",
              shape_str(t->shape()));
   }
@@ -63,8 +105,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
   if (training) {
     EG_CHECK(x.numel() / c > 1, "batch_norm: training needs more than one value per channel, input ",
              shape_str(x.shape()));
-    mean = empty_as(x, {c});
-    invstd = empty_as(x, {c});
+    mean = empty_as(params, {c});
+    invstd = empty_as(params, {c});
     ops::call(ops::batchnorm_fwd_train, x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps, relu,
               residual);
   } else {
@@ -75,7 +117,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
       mean = running_mean.clone();
       Tensor v = running_var.to(Device::cpu()).to(DType::f64);
       for (int64_t i = 0; i < c; ++i) v.data<double>()[i] = 1.0 / std::sqrt(v.data<double>()[i] + eps);
-      invstd = v.to(x.dtype()).to(x.device());
+      invstd = v.to(params.dtype()).to(x.device());
     }
   }
   // With the fused ReLU the backward also needs y (its mask), saved detached: a node
@@ -104,7 +146,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
 
 Tensor activation(const Tensor& x, ops::Act act) {
   check_defined(x, "activation", "input");
-  check_float(x, "activation", "input");
+  if (x.dtype() != DType::bf16) check_float(x, "activation", "input");
   Tensor y = empty_like(x);
   ops::call(ops::act_fwd, act, x, y);
   autograd::record_function("ActivationBackward", {x}, {&y}, {x},
@@ -116,9 +158,9 @@ Tensor activation(const Tensor& x, ops::Act act) {
   return y;
 }
 
-Tensor pool2d(const Tensor& x, const ops::Pool2dParams& p) {
-  check_dim(x, 4, "pool2d", "input");
-  check_float(x, "pool2d", "input");
+Tensor pool2d(const Tensor& x_in, const ops::Pool2dParams& p) {
+  check_dim(x_in, 4, "pool2d", "input");
+  const Tensor x = f32_input(x_in, "pool2d", "input");
   EG_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0,
            "pool2d: kernel and stride must be positive");
   EG_CHECK(p.pad_h * 2 <= p.kernel_h && p.pad_w * 2 <= p.kernel_w, "pool2d: padding must be at most half the kernel");
@@ -136,9 +178,9 @@ Tensor pool2d(const Tensor& x, const ops::Pool2dParams& p) {
   return y;
 }
 
-Tensor global_avg_pool(const Tensor& x) {
-  check_dim(x, 4, "global_avg_pool", "input");
-  check_float(x, "global_avg_pool", "input");
+Tensor global_avg_pool(const Tensor& x_in) {
+  check_dim(x_in, 4, "global_avg_pool", "input");
+  const Tensor x = f32_input(x_in, "global_avg_pool", "input");
   Tensor y = empty_as(x, {x.size(0), x.size(1)});
   ops::call(ops::global_avgpool_fwd, x, y);
   autograd::record_function("GlobalAvgPoolBackward", {x}, {&y}, {},

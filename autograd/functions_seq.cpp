@@ -9,10 +9,9 @@ using autograd::Node;
 using autograd::Tensors;
 
 namespace {
-Tensor softmax_impl(const Tensor& x, bool log) {
+Tensor softmax_impl(const Tensor& x_in, bool log) {
   const char* name = log ? "log_softmax" : "softmax";
-  check_defined(x, name, "input");
-  check_float(x, name, "input");
+  const Tensor x = f32_input(x_in, name, "input");
   EG_CHECK(x.dim() >= 1 && x.size(-1) > 0, name, ": input must have a non-empty last dimension");
   Tensor y = empty_like(x);
   ops::call(ops::softmax_fwd, x, y, log);
@@ -29,9 +28,9 @@ Tensor softmax_impl(const Tensor& x, bool log) {
 Tensor softmax(const Tensor& x) { return softmax_impl(x, false); }
 Tensor log_softmax(const Tensor& x) { return softmax_impl(x, true); }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, double ls, int64_t ignore_index) {
-  check_dim(logits, 2, "cross_entropy", "logits");
-  check_float(logits, "cross_entropy", "logits");
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, double ls, int64_t ignore_index) {
+  check_dim(logits_in, 2, "cross_entropy", "logits");
+  const Tensor logits = f32_input(logits_in, "cross_entropy", "logits");
   check_dim(target, 1, "cross_entropy", "target");
   EG_CHECK(target.dtype() == DType::s64, "cross_entropy: target must be s64 class indices, got ",
            dtype_name(target.dtype()));
@@ -58,9 +57,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double ls, int6
   return loss;
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
-  check_defined(x, "layer_norm", "input");
-  check_float(x, "layer_norm", "input");
+Tensor layer_norm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, double eps) {
+  const Tensor x = f32_input(x_in, "layer_norm", "input");
   check_same(x, gamma, "layer_norm", "weight");
   check_same(x, beta, "layer_norm", "bias");
   const int64_t d = x.size(-1);
@@ -107,10 +105,10 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
   return y;
 }
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+Tensor dropout(const Tensor& x_in, double p, bool training, Generator& gen) {
   EG_CHECK(p >= 0 && p < 1, "dropout: probability must be in [0, 1), got ", p);
-  if (!training || p == 0) return x;
-  check_float(x, "dropout", "input");
+  if (!training || p == 0) return x_in;
+  const Tensor x = f32_input(x_in, "dropout", "input");
   Tensor y = empty_like(x), mask = Tensor::empty(x.shape(), DType::u8, x.device());
   uint64_t offset = gen.reserve(uint64_t(x.numel()));
   ops::call(ops::dropout_fwd, x, y, mask, p, gen.seed(), offset);
@@ -122,12 +120,13 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   return y;
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
-                                    double scale) {
-  check_dim(q, 4, "attention", "query");
-  check_dim(k, 4, "attention", "key");
-  check_dim(v, 4, "attention", "value");
-  check_float(q, "attention", "query");
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& mask,
+                                    bool causal, double scale) {
+  check_dim(q_in, 4, "attention", "query");
+  check_dim(k_in, 4, "attention", "key");
+  check_dim(v_in, 4, "attention", "value");
+  const Tensor q = f32_input(q_in, "attention", "query"), k = f32_input(k_in, "attention", "key"),
+               v = f32_input(v_in, "attention", "value");
   check_same(q, k, "attention", "key");
   check_same(q, v, "attention", "value");
   EG_CHECK(k.shape() == v.shape(), "attention: key ", shape_str(k.shape()), " and value ", shape_str(v.shape()),

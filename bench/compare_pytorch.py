@@ -2,7 +2,7 @@
 """Training-step throughput, egeria vs PyTorch, measured side by side in one run.
 
   bench/compare_pytorch.py --egeria build/egeria [--model resnet56] [--batch-size 128]
-                           [--threads 2] [--device cpu] [--repeats 5]
+                           [--threads 2] [--device cpu] [--repeats 5] [--precision bf16]
 
 Runs `egeria bench step` and the same model in PyTorch (CIFAR ResNet with option-A
 shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs), alternating the
@@ -11,7 +11,10 @@ PyTorch's best eager configuration is taken: channels_last vs contiguous, whiche
 is faster; on a GPU (--device cuda:0) torch.compile is measured and compared too. On the
 CPU egeria runs twice per repeat, as it ships (Winograd for the 3x3 convolutions with
 enough channels) and with `--cpu-winograd off` (every convolution direct, as PyTorch's),
-so the ratio can be read both ways. PyTorch missing: prints a message and exits 0.
+so the ratio can be read both ways. With --precision bf16 egeria runs `bench step
+--precision bf16` and PyTorch its forward and loss under torch.autocast(device,
+torch.bfloat16), as its users write mixed precision. PyTorch missing: prints a message
+and exits 0.
 """
 import argparse
 import json
@@ -62,6 +65,7 @@ def torch_resnet(depth, nn, F):
 
 _torch_setups = {}
 TF32 = False  # --tf32: both engines may use TF32 tensor cores for f32 convs/matmuls
+PRECISION = "f32"  # --precision: bf16 runs PyTorch's forward and loss under torch.autocast
 
 
 def torch_setup(model_name, bs, threads, config, device):
@@ -95,11 +99,16 @@ def torch_setup(model_name, bs, threads, config, device):
 def bench_torch(model_name, bs, threads, iters, config, device="cpu"):
     """config: "contiguous", "channels_last" or "compile" (torch.compile of the model)."""
     fwd, opt, x, y, F = torch_setup(model_name, bs, threads, config, device)
+    import contextlib
+    import torch
+    autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if PRECISION == "bf16"
+                else contextlib.nullcontext())
     warmup = 3
     times = []
     for i in range(warmup + iters):
         t = time.perf_counter()
-        loss = F.cross_entropy(fwd(x), y)
+        with autocast:
+            loss = F.cross_entropy(fwd(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -111,7 +120,7 @@ def bench_torch(model_name, bs, threads, iters, config, device="cpu"):
 
 def bench_egeria(exe, model, bs, threads, device, iters, winograd=None):
     env = dict(os.environ)
-    extra = [] if winograd is None else ["--cpu-winograd", winograd]
+    extra = ([] if winograd is None else ["--cpu-winograd", winograd]) + ["--precision", PRECISION]
     if device.startswith("cuda"):
         env["EG_CUDNN_BENCHMARK"] = "1"  # as torch.backends.cudnn.benchmark above
         env["EG_ALLOW_TF32"] = "1" if TF32 else "0"
@@ -130,9 +139,12 @@ def main():
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tf32", action="store_true", help="GPU: allow TF32 in both engines (default: exact f32)")
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                    help="bf16: egeria's --precision bf16 against PyTorch under torch.autocast")
     a = ap.parse_args()
-    global TF32
+    global TF32, PRECISION
     TF32 = a.tf32
+    PRECISION = a.precision
     try:
         import torch
     except ImportError:
@@ -149,12 +161,13 @@ def main():
     eg, eg_direct, pt = [], [], {c: [] for c in configs}
     for _ in range(a.repeats):
         eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations))
-        if not gpu:
+        if not gpu and PRECISION == "f32":  # bf16 has no Winograd: "off" is the same run
             eg_direct.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations, "off"))
         if torch is not None:
             for c in configs:
                 pt[c].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, c, a.device))
     res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device, "tf32": a.tf32,
+           "precision": a.precision,
            "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
     if eg_direct:
         res["egeria_direct_images_per_second"] = statistics.median(eg_direct)

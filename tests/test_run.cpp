@@ -203,6 +203,33 @@ TEST(Run, ImageRunKilledAnywhereAndResumedLeavesTheUninterruptedRunsFiles) {
   expect_freezing_before(full, seen.back());
 }
 
+// The same under --precision bf16 (Note [Autocast]): autocast's casts and the weight
+// cache leave nothing a resume would compute differently; Egeria decides on f32 readings.
+TEST(Run, Bf16ImageRunKilledAndResumedLeavesTheUninterruptedRunsFiles) {
+  const std::string full = tmpdir("bf16_full"), killed = tmpdir("bf16_killed");
+  auto bf16 = [](train::TrainConfig c) {
+    c.precision = DType::bf16;
+    return c;
+  };
+  ASSERT_EQ(wait_exit(spawn(write_config(bf16(image_run(full)), full + "/run.json"), full, false)), 0);
+  const auto seen = run_killed(write_config(bf16(image_run(killed)), killed + "/run.json"), killed, {5, 18, 29});
+  ASSERT_EQ(seen.size(), 3u);
+  expect_same_run(full, killed);
+  expect_freezing_before(full, seen.back());
+  EXPECT_EQ(json::parse(eg::testing::slurp(full + "/summary.json"))["precision"], "bf16");
+  // A resume of it in f32 is refused, naming the flag and both values.
+  auto c = bf16(image_run(killed));
+  c.resume = true;
+  c.precision = DType::f32;
+  try {
+    train::run_training(c);
+    ADD_FAILURE() << "a bf16 run was resumed in f32";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--precision bf16, not f32"), std::string::npos) << m;
+  }
+}
+
 TEST(Run, TranslationRunKilledAnywhereAndResumedLeavesTheUninterruptedRunsFiles) {
   const std::string data = tmpdir("tr_data"), full = tmpdir("tr_full"), killed = tmpdir("tr_killed");
   write_toy_corpus(data);

@@ -90,6 +90,20 @@ TEST(Trainer, BadInputIsNamed) {
   c.lr = 1e30;  // the first update overflows the weights: the loss becomes inf/NaN
   c.epochs = 1;
   expect_error(c, "the training loss became");
+  // A precision the device cannot train in is refused, naming both.
+  c = small_run(d);
+  c.precision = DType::f16;
+  expect_error(c, "--precision fp16 is for GPUs");
+  c.device = "cuda:0";
+  c.precision = DType::bf16;
+  expect_error(c, "--precision bf16 on cuda:0");
+  c = small_run(d);
+  c.precision = DType::bf16;
+  c.freezing.policy = "egeria";
+  c.freezing.cache = true;
+  c.freezing.bn = train::FrozenBn::running;
+  c.augment = false;
+  expect_error(c, "with --precision bf16 use --freeze-cache off");
 }
 
 TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {

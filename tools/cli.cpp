@@ -161,6 +161,10 @@ int run_cli(int argc, char** argv) {
   step->add_option("--bucket-cap-mb", bo.bucket_cap_mb, eg::train::option("--bucket-cap-mb").help)
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  std::string bprecision = "f32";
+  step->add_option("--precision", bprecision, eg::train::option("--precision").help)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "fp16"}));
   std::string bwino;
   step->add_option("--cpu-winograd", bwino, eg::train::option("--cpu-winograd").help)
       ->check(CLI::IsMember({"on", "off"}));
@@ -231,9 +235,13 @@ int run_cli(int argc, char** argv) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
       bo.overlap = boverlap == "on";
       bo.unit_per_layer = bunits == "layers";
+      eg::train::TrainConfig parsed;  // the word, as the training option reads it
+      eg::train::set_option(parsed, "--precision", bprecision);
+      bo.precision = parsed.precision;
       eg::dist::Communicator& w = eg::dist::world();
       auto r = eg::train::bench_step(bo, w);
       nlohmann::json j = {{"model", bo.model},
+                          {"precision", bprecision},
                           {"batch_size", bo.batch_size},
                           {"device", bo.device},
                           {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},

@@ -35,6 +35,9 @@ struct TrainConfig {
   uint64_t seed = 0;
   int threads = 0;  // 0: all cores (config.json records the count used)
   Winograd cpu_winograd = Winograd::process;
+  // f32, or bf16 mixed precision (autograd::Autocast around the forward and the loss; Note
+  // [Autocast] in autograd/autocast.h); fp16 is the GPU's and not yet built.
+  DType precision = DType::f32;
   bool resume = false;
   int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only
   int64_t keep_checkpoints = 1;  // the newest N checkpoints are kept (checkpoint-<step>)

@@ -53,6 +53,13 @@ std::vector<Option> make_options() {
                      "off: all direct, as PyTorch (default on, or off when EG_CPU_WINOGRAD=0; config.json records "
                      "the choice)",
                      &TrainConfig::cpu_winograd, Names<Winograd>{{"on", Winograd::on}, {"off", Winograd::off}}));
+  t.push_back(choice("--precision", "precision", G::run, F,
+                     "f32, or bf16 mixed precision as PyTorch's autocast: convolutions with bf16 activations and "
+                     "weights (f32 accumulation), batch norm and activations on the bf16 activations with f32 "
+                     "statistics, the loss, the other layers, the master weights, gradients and optimizer in f32 "
+                     "(the CPU; fp16 with loss scaling is for GPUs)",
+                     &TrainConfig::precision,
+                     Names<DType>{{"f32", DType::f32}, {"bf16", DType::bf16}, {"fp16", DType::f16}}));
   t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",
                           &TrainConfig::resume));
   t.push_back(number("--checkpoint-every", "checkpoint_every", G::run, Free,

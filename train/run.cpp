@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "core/allocator.h"
 #include "core/device.h"
@@ -61,6 +62,7 @@ Metadata weights_metadata(const TrainConfig& c, const json& config, Metadata mor
 
 Metrics evaluate(Run& r, Split s, bool loss_only = false) {
   autograd::NoGradGuard ng;
+  autograd::Autocast ac(r.c.precision);
   r.dp.average_running_stats(*r.model);
   r.model->eval();
   Metrics m = loss_only ? r.task.evaluate_loss(s) : r.task.evaluate(s);
@@ -147,7 +149,11 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   const double lr = r.sched->lr_at(st.step);
   r.opt->set_lr(lr);
   r.freezing->start_step(st.step);
-  StepOutput out = r.task.training_step(*r.freezing);
+  StepOutput out;
+  {
+    autograd::Autocast ac(r.c.precision);  // the forward and the loss; backward in the dtypes they recorded
+    out = r.task.training_step(*r.freezing);
+  }
   // No loss: this rank's share of the global batch is empty (data parallelism, or every
   // image of the batch left out by --skip-bad-images).
   EG_CHECK(out.loss.defined() || out.samples == 0, "the task gave no loss for step ", st.step);
@@ -239,6 +245,7 @@ json summary_json(const Run& r, const SplitMetrics& last) {
              {"best_selected_on", sel_split},
              {"best_epoch", st.best_epoch},
              {"freeze", c.freezing.policy},
+             {"precision", option("--precision").get(c)},
              {"world_size", r.dp.size()},
              {"batch_size", c.batch_size},
              {"global_batch_size", c.batch_size * r.dp.size()}};

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "core/parallel.h"
 #include "dist/strategy.h"
@@ -135,6 +136,9 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   set_num_threads(o.threads);
   dist::Strategy dp(comm, o.device, o.overlap);
   const Device dev = dp.device();
+  EG_CHECK(o.precision == DType::f32 || (dev.is_cpu() && o.precision == DType::bf16), "bench step: --precision ",
+           o.precision == DType::f16 ? "fp16" : dtype_name(o.precision), " on ", dev.str(),
+           ": the CPU trains in f32 or bf16, this build's CUDA kernels in f32");
   models::ModelConfig mc;
   mc.name = o.model;
   mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
@@ -172,8 +176,9 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
         transformer ? 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4)) : (i + comm.rank()) % mc.num_classes;
   Tensor y = Tensor::from_vector(labels, {samples}, dev);
   auto forward = [&] {
+    autograd::Autocast ac(o.precision);  // as the training loop's step (train/run.cpp)
     Tensor logits = m->forward_frozen(x, x2, frozen_layers);
-    return transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits;
+    return fn::cross_entropy(transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits, y);
   };
   const dist::GradSync* sync = dp.sync();
   std::vector<double> ms, wait_ms, comm_ms;
@@ -182,7 +187,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
-    Tensor loss = fn::cross_entropy(forward(), y);
+    Tensor loss = forward();
     dp.step(loss, samples, opt, i, 0);  // the training loop's step (train/run.cpp)
     (void)loss.item();  // waits for the device
     if (i < warmup) continue;

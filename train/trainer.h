@@ -60,6 +60,7 @@ struct StepBenchOptions {
   int64_t frozen_units = 0;
   bool unit_per_layer = false;  // --freeze-modules layers: every layer module a unit (else the paper's)
   double bucket_cap_mb = 25;
+  DType precision = DType::f32;  // the forward and loss under autograd::Autocast (--precision)
 };
 struct StepBench {
   double samples_per_second = 0, median_step_ms = 0;  // samples (target tokens) of every rank
