@@ -1,5 +1,6 @@
 #include "autograd/autocast.h"
 
+#include <memory>
 #include <unordered_map>
 
 #include "autograd/node.h"
@@ -10,7 +11,9 @@ namespace eg::autograd {
 namespace {
 
 struct CachedWeight {
-  Tensor weight;  // held, so its TensorImpl (the key) cannot be reused by another tensor
+  // Not held: a cached copy never keeps a dead model's weight alive. An entry whose
+  // weight has died (its key's address perhaps reused since) is a miss, and is dropped.
+  std::weak_ptr<TensorImpl> weight;
   uint64_t version = 0;
   Tensor low;
 };
@@ -26,10 +29,12 @@ State& state() {
   return s;
 }
 
-// What survives the end of an outermost scope: the copies of weights nothing trains.
+// What survives the end of an outermost scope: the copies of live weights nothing trains.
 void drop_trained(State& s) {
-  for (auto it = s.cache.begin(); it != s.cache.end();)
-    it = it->second.weight.requires_grad() ? s.cache.erase(it) : std::next(it);
+  for (auto it = s.cache.begin(); it != s.cache.end();) {
+    const std::shared_ptr<TensorImpl> w = it->second.weight.lock();
+    it = !w || w->requires_grad ? s.cache.erase(it) : std::next(it);
+  }
 }
 
 }  // namespace
@@ -53,11 +58,12 @@ Tensor autocast_weight(const Tensor& w) {
   State& s = state();
   if (w.dtype() == s.low) return w;
   CachedWeight& e = s.cache[&w.impl()];
-  if (e.low.defined() && e.version == w.impl().version && e.low.dtype() == s.low && e.weight.is_same(w)) return e.low;
+  if (e.low.defined() && e.version == w.impl().version && e.low.dtype() == s.low && e.weight.lock() == w.impl_ptr())
+    return e.low;
   NoGradGuard ng;
   Tensor low = Tensor::empty(w.shape(), s.low, w.device());
   ops::call(ops::cast, w, low);
-  e = {w, w.impl().version, low};
+  e = {w.impl_ptr(), w.impl().version, low};
   return low;
 }
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
@@ -136,6 +137,14 @@ TEST(Autocast, WeightsAreCastOncePerScopeAndFrozenOnesOnce) {
     EXPECT_FALSE(f2.is_same(f1)) << "a changed weight is cast again";
     EXPECT_EQ(f2.to(DType::f32).to_vector<float>(), std::vector<float>(16, 0.f));
   }
+  std::weak_ptr<TensorImpl> gone;
+  {
+    Tensor dead = Tensor::randn({4, 4}, g);
+    gone = dead.impl_ptr();
+    autograd::Autocast ac(DType::bf16);
+    (void)autograd::autocast_weight(dead);
+  }
+  EXPECT_TRUE(gone.expired()) << "the cache keeps no weight alive";
 }
 
 // Outside autocast a bf16 input still computes: convolutions in their weight's dtype, the
