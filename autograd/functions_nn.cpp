@@ -83,6 +83,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
   const bool bf16 = x.dtype() == DType::bf16;
   if (!bf16) check_float(x, "batch_norm", "input");
   const Tensor& params = gamma;  // their dtype: the statistics' and the parameter gradients'
+  check_defined(gamma, "batch_norm", "a parameter or running statistic");
+  EG_CHECK(gamma.device() == x.device(), "batch_norm: the parameters are on ", gamma.device().str(),
+           " but the input is on ", x.device().str());
   const int64_t c = x.size(1);
   // A residual of the other width (an f32 shortcut beside bf16 activations) joins x's.
   const bool other = residual_in.defined() && (residual_in.dtype() == DType::bf16) != bf16;

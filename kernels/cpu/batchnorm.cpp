@@ -367,31 +367,24 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
                    Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
-  if (x.dtype() == DType::bf16 || dy_in.dtype() == DType::bf16) {
-    if (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual}) || !x.blockable()) {
-      for (Tensor* out : {&dx, &dresidual})
-        if (out->defined()) out->set_format(Format::plain);
-      return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
-                                relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
-    }
-    Tensor kx, kdy, kry;
-    const Tensor& xb = in_format(x, Format::nchw16c, kx);
-    const Tensor& dyb = in_format(dy_in, Format::nchw16c, kdy);
-    const Tensor& ryb = in_format(relu_y, Format::nchw16c, kry);
-    return bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
-                          dgamma.defined() ? dgamma.data<float>() : nullptr,
-                          dbeta.defined() ? dbeta.data<float>() : nullptr, training,
-                          ryb.defined() ? ryb.data_any<bf16_t>() : nullptr, dresidual);
+  const bool bf16 = x.dtype() == DType::bf16 || dy_in.dtype() == DType::bf16;
+  if (bf16 && (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual}) || !x.blockable())) {
+    for (Tensor* out : {&dx, &dresidual})
+      if (out->defined()) out->set_format(Format::plain);
+    return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
+                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
   }
-  if (x.is_blocked() || dy_in.is_blocked()) {
+  if (bf16 || x.is_blocked() || dy_in.is_blocked()) {  // bf16 is always held blocked here
     Tensor kx, kdy, kry;
     const Tensor& xb = in_format(x, Format::nchw16c, kx);
     const Tensor& dyb = in_format(dy_in, Format::nchw16c, kdy);
     const Tensor& ryb = in_format(relu_y, Format::nchw16c, kry);
-    return bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
-                          dgamma.defined() ? dgamma.data<float>() : nullptr,
-                          dbeta.defined() ? dbeta.data<float>() : nullptr, training,
-                          ryb.defined() ? ryb.data_any<float>() : nullptr, dresidual);
+    return with_storage(x, [&](auto t) {
+      using T = decltype(t);
+      bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
+                     dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr,
+                     training, ryb.defined() ? ryb.data_any<T>() : static_cast<T*>(nullptr), dresidual);
+    });
   }
   // Plain layout: the fused ReLU's mask as its own pass (act_bwd, into the residual's
   // gradient when that is wanted), then the plain loops.
