@@ -8,17 +8,18 @@ namespace eg::autograd {
 // Note [Autocast]
 // Within an Autocast(bf16) scope (the training step's forward and loss, and evaluation,
 // under --precision bf16), as PyTorch's autocast defines it:
-//   * convolutions run in bf16: a floating input is cast (fn::cast, an autograd node
-//     whose gradient comes back in the input's dtype), the weight's bf16 copy comes from
-//     the scope's weight cache (autocast_weight), the output is bf16, and the weight and
-//     bias gradients are written in f32 straight from bf16 operands (f32 accumulation),
-//     so the gradient buckets and the optimizer stay f32 (master weights);
+//   * convolutions, linear layers and matmuls run in bf16: a floating input is cast
+//     (fn::cast, an autograd node whose gradient comes back in the input's dtype), a
+//     weight's bf16 copy comes from the scope's weight cache (autocast_weight), the
+//     output is bf16, and weight and bias gradients are written in f32 straight from
+//     bf16 operands (f32 accumulation), so the gradient buckets and the optimizer stay
+//     f32 (master weights);
 //   * batch norm, activations, same-shape elementwise ops and gradient accumulation take
 //     the bf16 activations as they come (f32 statistics, parameters and arithmetic;
 //     Note [bf16 kernels] in kernels/ops.h);
-//   * everything else (pooling, linear layers and matmuls until their bf16 kernels land,
-//     softmax, losses, normalisation over features, reductions) casts a bf16 input to f32
-//     first (fn::detail::f32_input): the loss is f32.
+//   * everything else (pooling, attention until its bf16 kernel lands, softmax, losses,
+//     layer norm, dropout, reductions) casts a bf16 input to f32 first
+//     (fn::detail::f32_input): the loss is f32.
 // Outside a scope nothing is cast, and a bf16 tensor given to those functions is still
 // promoted, never misread. Backward runs outside the scope: each node's backward
 // produces its gradients in the dtypes its forward recorded.

@@ -1,6 +1,7 @@
 // Differentiable elementwise math with broadcasting, reductions, views and matmul.
 #include <algorithm>
 
+#include "autograd/autocast.h"
 #include "autograd/check.h"
 #include "autograd/functions.h"
 
@@ -185,8 +186,11 @@ Tensor mean(const Tensor& x, std::vector<int> dims, bool keepdim) {
 Tensor mean(const Tensor& x) { return scale(sum(x), 1.0 / double(std::max<int64_t>(x.numel(), 1))); }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
-  const Tensor a = f32_input(a_in, "matmul", "first operand");
-  const Tensor b = f32_input(b_in, "matmul", "second operand");
+  // Under autocast both operands in its dtype, the product too (Note [Autocast]).
+  const DType low = autograd::autocast_dtype();
+  const bool autocast = low == DType::bf16 && is_floating(a_in.dtype()) && is_floating(b_in.dtype());
+  const Tensor a = autocast ? cast(a_in, low) : f32_input(a_in, "matmul", "first operand");
+  const Tensor b = autocast ? cast(b_in, low) : f32_input(b_in, "matmul", "second operand");
   check_same(a, b, "matmul", "second operand");
   EG_CHECK((a.dim() == 2 && b.dim() == 2) || (a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0)),
            "matmul: operands must both be 2-D, or 3-D with the same batch size; got ", shape_str(a.shape()), " and ",
@@ -218,27 +222,35 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& bias) {
-  const Tensor x = f32_input(x_in, "linear", "input");
+  // Under autocast (Note [Autocast]): x and the weight's cached copy in its dtype, the
+  // output too; the weight's and bias's gradients in theirs.
+  const DType low = autograd::autocast_dtype();
   check_dim(w, 2, "linear", "weight");
-  check_same(x, w, "linear", "weight");
-  check_same(x, bias, "linear", "bias");
+  check_float(w, "linear", "weight");
+  check_same(w, bias, "linear", "bias");
+  const bool autocast = low == DType::bf16 && is_floating(x_in.dtype());
+  const Tensor x = autocast ? cast(x_in, low) : f32_input(x_in, "linear", "input");
+  const Tensor wl = autocast ? autograd::autocast_weight(w) : w;
+  if (!autocast) check_same(x, w, "linear", "weight");
+  EG_CHECK(x.device() == w.device(), "linear: weight is on ", w.device().str(), " but the input is on ",
+           x.device().str());
   EG_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input's last dimension is ", x.size(-1),
            " but the layer expects ", w.size(1), " features (input ", shape_str(x.shape()), ")");
   if (bias.defined()) EG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), "linear: bias must be [", w.size(0), "]");
   Tensor x2 = x.detach().reshape({-1, w.size(1)});
   Tensor y2 = empty_as(x, {x2.size(0), w.size(0)});
-  ops::call(ops::linear_fwd, x2, w, bias, y2);
+  ops::call(ops::linear_fwd, x2, wl, bias, y2);
   Shape ys = x.shape();
   ys.back() = w.size(0);
   Tensor y = y2.reshape(ys);
   autograd::record_function(
-      "LinearBackward", {x, w, bias}, {&y}, {x2, w},
-      [xs = x.shape(), has_bias = bias.defined()](const Tensors& g, const Tensors& s, const Node& n) {
+      "LinearBackward", {x, w, bias}, {&y}, {x2, wl},
+      [xs = x.shape(), has_bias = bias.defined(), wt = w.dtype()](const Tensors& g, const Tensors& s, const Node& n) {
     Tensor g2 = g[0].reshape({-1, s[1].size(0)});
     Tensor dx, dw, db;
     if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-    if (n.needs_input_grad(1)) dw = empty_like(s[1]);
-    if (has_bias && n.needs_input_grad(2)) db = empty_as(s[1], {s[1].size(0)});
+    if (n.needs_input_grad(1)) dw = Tensor::empty(s[1].shape(), wt, s[1].device());
+    if (has_bias && n.needs_input_grad(2)) db = Tensor::empty({s[1].size(0)}, wt, s[1].device());
     ops::call(ops::linear_bwd, g2, s[0], s[1], dx, dw, db);
     return Tensors{dx.defined() ? dx.reshape(xs) : dx, dw, db};
       });

@@ -68,7 +68,9 @@ struct AdamWParams {
 // is the f32 result rounded to nearest even, as oneDNN and cuDNN round their f32
 // accumulators); the op is marked bf16 in kernels/registry.cpp, and its cpu
 // implementation then takes bf16 too (on the fast path when the key tensor is bf16).
-// Elementwise ops, batch norm and activations read bf16 and compute in f32.
+// Elementwise ops, batch norm and activations read bf16 and compute in f32; gemm and
+// linear take bf16 operands with f32 accumulation (linear's bias, dw and db f32); swap12
+// moves bytes of any dtype.
 // Parity cases in bf16 allow one bf16 rounding (kBf16Eps, tests/op_cases.h) beyond the
 // f32 case's tolerance; gradcheck stays in f64.
 

@@ -28,9 +28,9 @@ constexpr bool cpu_any_format(const char* n) {
 
 // The ops whose ref and cpu implementations also take bf16 tensors (Note [bf16 kernels]).
 constexpr bool takes_bf16(const char* n) {
-  for (const char* op :
-       {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train", "batchnorm_fwd_infer",
-        "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy", "cast"})
+  for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train",
+                         "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy",
+                         "cast", "gemm", "linear_fwd", "swap12", "linear_bwd"})
     if (same(n, op)) return true;
   return false;
 }

@@ -29,6 +29,7 @@ void add_swap12(std::vector<OpCase>& v, const std::string& variant, Shape s, boo
 
 RegisterCases reg([](std::vector<OpCase>& v) {
   add_swap12(v, "small", {2, 3, 4, 5}, false);
+  add_bf16_twin(v);
   add_swap12(v, "heads_b64_t128_h8_d64", {64, 128, 8, 64}, true);
 });
 

@@ -73,7 +73,7 @@ void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
   c.name = "linear/" + l.name;
   c.make_inputs = [=](DType dt) {
     return Tensors{randn({l.m, l.k}, dt, 41), randn({l.n, l.k}, dt, 42, 1.0 / std::sqrt(double(l.k))),
-                   l.bias ? randn({l.n}, dt, 43) : Tensor()};
+                   l.bias ? randn({l.n}, param_dtype(dt), 43) : Tensor()};
   };
   c.forward = [=](ops::Backend b, const Tensors& in) {
     Tensor y = Tensor::full({l.m, l.n}, NAN, in[0].dtype(), in[0].device());
@@ -82,8 +82,9 @@ void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
   };
   c.backward = [=](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
     Tensor dx = l.want_dx ? empty_like(in[0]) : Tensor();
-    Tensor dw = l.want_dw ? empty_like(in[1]) : Tensor();
-    Tensor db = l.bias && l.want_db ? empty_on(in[0], {l.n}, in[0].dtype()) : Tensor();
+    // Under bf16 (Note [bf16 kernels]) the weight's and bias's gradients are f32, as autocast keeps them.
+    Tensor dw = l.want_dw ? empty_on(in[1], in[1].shape(), param_dtype(in[1].dtype())) : Tensor();
+    Tensor db = l.bias && l.want_db ? empty_on(in[0], {l.n}, param_dtype(in[0].dtype())) : Tensor();
     ops::run(ops::linear_bwd, b, dout[0], in[0], in[1], dx, dw, db);
     return Tensors{dx, dw, db};
   };
@@ -149,24 +150,32 @@ void add_attention(std::vector<OpCase>& v, const AttnCfg& a) {
 RegisterCases reg([](std::vector<OpCase>& v) {
   // gemm: every transpose combination, batched, alpha/beta, and the two bench sizes.
   add_gemm(v, {"nn_small", 0, 4, 5, 3, false, false, 1.0, 0.0, false});
+  add_bf16_twin(v);
   add_gemm(v, {"tn_small", 0, 4, 5, 3, true, false, 1.0, 0.0, false});
   add_gemm(v, {"nt_small", 0, 4, 5, 3, false, true, 1.0, 0.0, false});
   add_gemm(v, {"tt_small", 0, 4, 5, 3, true, true, 1.0, 0.0, false});
   add_gemm(v, {"batched_nt_small", 3, 4, 2, 5, false, true, 1.0, 0.0, false});
   add_gemm(v, {"batched_tn_alpha_small", 2, 3, 4, 5, true, false, 0.5, 0.0, false});
+  add_bf16_twin(v);
   add_gemm(v, {"alpha_beta_small", 0, 4, 5, 3, false, false, 0.5, 1.0, false});
   add_gemm(v, {"batched_beta_tt_small", 2, 3, 4, 2, true, true, 1.0, 0.75, false});
+  add_bf16_twin(v);
   add_gemm(v, {"m128_n512_k512", 0, 128, 512, 512, false, false, 1.0, 0.0, true});
+  add_bf16_twin(v);
   add_gemm(v, {"m4096_n2048_k512", 0, 4096, 2048, 512, false, false, 1.0, 0.0, true});
   add_gemm(v, {"batched_nt_b64_m128_n128_k64", 64, 128, 128, 64, false, true, 1.0, 0.0, true});
+  add_bf16_twin(v);
 
   // linear: with and without bias, and the frozen-layer (dx only) and input-layer
   // (no dx) backward skips.
   add_linear(v, {"bias_small", 6, 5, 4, true, true, true, true, false});
+  add_bf16_twin(v);
   add_linear(v, {"nobias_small", 6, 5, 4, false, true, true, true, false});
   add_linear(v, {"frozen_dx_only_small", 6, 5, 4, true, true, false, false, false});
+  add_bf16_twin(v);
   add_linear(v, {"input_layer_no_dx_small", 6, 5, 4, true, false, true, true, false});
   add_linear(v, {"m4096_k512_n2048", 4096, 512, 2048, true, true, true, true, true});
+  add_bf16_twin(v);
 
   // attention (B=2, H=2, T=S=5, D=4). Padding: batch 0 has padded keys, batch 1 none.
   // With causal + padding, batch 0's key 0 is padding, so its query 0 sees nothing.

@@ -161,3 +161,31 @@ TEST(Autocast, Bf16InputsOutsideAScopeArePromoted) {
   EXPECT_EQ(p.dtype(), DType::f32);
   EXPECT_EQ(fn::softmax(fn::cast(p, DType::bf16)).dtype(), DType::f32);
 }
+
+// Linear layers and matmuls under autocast: bf16 products (f32 accumulation), f32
+// gradients for the weight and bias, the input's gradient in its dtype.
+TEST(Autocast, LinearLayersAndMatmulsRunInBf16) {
+  Generator g(9);
+  nn::Linear lin(16, 4, true, g);
+  Tensor x = Tensor::randn({8, 16}, g).set_requires_grad(true);
+  Tensor b = Tensor::randn({4, 3}, g).set_requires_grad(true);
+  auto loss = [&](DType d, Tensor* y) {
+    autograd::Autocast ac(d);
+    *y = lin.forward(x);
+    return fn::sum(fn::matmul(*y, b));
+  };
+  Tensor y32, y16;
+  Tensor l32 = loss(DType::f32, &y32);
+  l32.backward();
+  const Tensor gw32 = lin.weight.grad().clone(), gx32 = x.grad().clone(), gb32 = b.grad().clone();
+  for (Tensor* t : {&lin.weight, &lin.bias, &x, &b}) t->set_grad(Tensor());
+  Tensor l16 = loss(DType::bf16, &y16);
+  EXPECT_EQ(y16.dtype(), DType::bf16);
+  EXPECT_EQ(l16.dtype(), DType::f32);
+  l16.backward();
+  for (const Tensor* t : {&lin.weight, &lin.bias, &x, &b}) EXPECT_EQ(t->grad().dtype(), DType::f32);
+  EXPECT_LT(max_rel_diff(y16, y32), 2 * 0.0078125) << "x and w rounded to bf16, the product once";
+  EXPECT_LT(max_rel_diff(lin.weight.grad(), gw32), 0.03);
+  EXPECT_LT(max_rel_diff(x.grad(), gx32), 0.03);
+  EXPECT_LT(max_rel_diff(b.grad(), gb32), 0.03);
+}

@@ -204,7 +204,8 @@ TEST(Run, ImageRunKilledAnywhereAndResumedLeavesTheUninterruptedRunsFiles) {
 }
 
 // The same under --precision bf16 (Note [Autocast]): autocast's casts and the weight
-// cache leave nothing a resume would compute differently; Egeria decides on f32 readings.
+// cache leave nothing a resume would compute differently; Egeria decides on f32 readings
+// (here the stem freezes at step 38, between the last two kills).
 TEST(Run, Bf16ImageRunKilledAndResumedLeavesTheUninterruptedRunsFiles) {
   const std::string full = tmpdir("bf16_full"), killed = tmpdir("bf16_killed");
   auto bf16 = [](train::TrainConfig c) {
@@ -212,7 +213,7 @@ TEST(Run, Bf16ImageRunKilledAndResumedLeavesTheUninterruptedRunsFiles) {
     return c;
   };
   ASSERT_EQ(wait_exit(spawn(write_config(bf16(image_run(full)), full + "/run.json"), full, false)), 0);
-  const auto seen = run_killed(write_config(bf16(image_run(killed)), killed + "/run.json"), killed, {5, 18, 29});
+  const auto seen = run_killed(write_config(bf16(image_run(killed)), killed + "/run.json"), killed, {5, 18, 41});
   ASSERT_EQ(seen.size(), 3u);
   expect_same_run(full, killed);
   expect_freezing_before(full, seen.back());

@@ -90,16 +90,32 @@ void linear_bwd_t(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, double alpha, double beta) {
+  if (any_bf16({&a, &b, &c})) {  // Note [bf16 kernels]
+    Tensor c64 = widened(c);  // beta reads it
+    gemm_t<double>(widened(a), widened(b), c64, trans_a, trans_b, alpha, beta);
+    return narrowed_into(c64, c);
+  }
   if (a.dtype() == DType::f64) gemm_t<double>(a, b, c, trans_a, trans_b, alpha, beta);
   else gemm_t<float>(a, b, c, trans_a, trans_b, alpha, beta);
 }
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  if (any_bf16({&x, &w, &y})) {
+    Tensor y64 = wide_like(y);
+    linear_fwd_t<double>(widened(x), widened(w), widened(bias), y64);
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) linear_fwd_t<double>(x, w, bias, y);
   else linear_fwd_t<float>(x, w, bias, y);
 }
 
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db) {
+  if (any_bf16({&dy, &x, &w, &dx})) {
+    Tensor dx64 = wide_like(dx), dw64 = wide_like(dw), db64 = wide_like(db);
+    linear_bwd_t<double>(widened(dy), widened(x), widened(w), dx64, dw64, db64);
+    for (auto [wide, out] : {std::pair{&dx64, &dx}, {&dw64, &dw}, {&db64, &db}}) narrowed_into(*wide, *out);
+    return;
+  }
   if (x.dtype() == DType::f64) linear_bwd_t<double>(dy, x, w, dx, dw, db);
   else linear_bwd_t<float>(dy, x, w, dx, dw, db);
 }
