@@ -5,8 +5,11 @@
                            [--threads 2] [--device cpu] [--repeats 5] [--precision bf16]
 
 Runs `egeria bench step` and the same model in PyTorch (CIFAR ResNet with option-A
-shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs), alternating the
-two `--repeats` times, and reports the median images/s of each and their ratio.
+shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs; or a Transformer
+preset as nn.Transformer, post-LN with tied embeddings, on random ids, --seq-len tokens a
+sentence), alternating the two `--repeats` times, and reports the median images/s (a
+Transformer's: target tokens/s; the JSON keeps the "images" names) of each and their
+ratio.
 PyTorch's best eager configuration is taken: channels_last vs contiguous, whichever
 is faster; on a GPU (--device cuda:0) torch.compile is measured and compared too. On the
 CPU egeria runs twice per repeat, as it ships (Winograd for the 3x3 convolutions with
@@ -23,6 +26,36 @@ import statistics
 import subprocess
 import sys
 import time
+
+
+# egeria's Transformer presets (models/transformer.cpp): post-LN encoder-decoder, tied
+# embedding and output projection, sinusoidal positions, dropout 0.1, bench step's vocab.
+TRANSFORMERS = {"transformer-tiny": (512, 8, 2048, 2), "transformer-small": (256, 4, 1024, 6),
+                "transformer-base": (512, 8, 2048, 6)}
+VOCAB = 8000
+
+
+def torch_transformer(name, nn, torch):
+    d, heads, ffn, layers = TRANSFORMERS[name]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, d)
+            self.core = nn.Transformer(d, heads, layers, layers, ffn, 0.1, batch_first=True)
+            pos = torch.arange(256).unsqueeze(1) * torch.exp(torch.arange(0, d, 2) * (-9.210340371976184 / d))
+            pe = torch.zeros(256, d)
+            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos), torch.cos(pos)
+            self.register_buffer("pe", pe)
+
+        def forward(self, src, tgt):
+            t = tgt.size(1)
+            embed = lambda ids: self.emb(ids) * d ** 0.5 + self.pe[:ids.size(1)]
+            mask = torch.triu(torch.full((t, t), float("-inf"), device=src.device), 1)
+            h = self.core(embed(src), embed(tgt), tgt_mask=mask)
+            return h @ self.emb.weight.t()
+
+    return Net()
 
 
 def torch_resnet(depth, nn, F):
@@ -68,7 +101,7 @@ TF32 = False  # --tf32: both engines may use TF32 tensor cores for f32 convs/mat
 PRECISION = "f32"  # --precision: bf16 runs PyTorch's forward and loss under torch.autocast
 
 
-def torch_setup(model_name, bs, threads, config, device):
+def torch_setup(model_name, bs, threads, config, device, seq_len=32):
     """Model, optimizer and a fixed batch, built once per configuration (so that
     torch.compile compiles once, not once per repeat)."""
     key = (model_name, bs, config, device)
@@ -80,11 +113,16 @@ def torch_setup(model_name, bs, threads, config, device):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     dev = torch.device(device)
-    m = torch_resnet(int(model_name[len("resnet"):]), nn, F).to(dev)
+    if model_name in TRANSFORMERS:  # (source, target input) ids and target ids, as bench step's
+        m = torch_transformer(model_name, nn, torch).to(dev)
+        x = (torch.randint(4, VOCAB, (bs, seq_len), device=dev), torch.randint(4, VOCAB, (bs, seq_len), device=dev))
+        y = torch.randint(4, VOCAB, (bs * seq_len,), device=dev)
+    else:
+        m = torch_resnet(int(model_name[len("resnet"):]), nn, F).to(dev)
+        x = torch.randn(bs, 3, 32, 32, device=dev)
+        y = torch.arange(bs, device=dev) % 10
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    x = torch.randn(bs, 3, 32, 32, device=dev)
-    y = torch.arange(bs, device=dev) % 10
-    if config == "channels_last":
+    if config == "channels_last" and model_name not in TRANSFORMERS:
         m = m.to(memory_format=torch.channels_last)
         x = x.to(memory_format=torch.channels_last)
     if dev.type == "cuda":
@@ -96,9 +134,11 @@ def torch_setup(model_name, bs, threads, config, device):
     return _torch_setups[key]
 
 
-def bench_torch(model_name, bs, threads, iters, config, device="cpu"):
-    """config: "contiguous", "channels_last" or "compile" (torch.compile of the model)."""
-    fwd, opt, x, y, F = torch_setup(model_name, bs, threads, config, device)
+def bench_torch(model_name, bs, threads, iters, config, device="cpu", seq_len=32):
+    """config: "contiguous", "channels_last" or "compile" (torch.compile of the model).
+    Images per second, or a Transformer's target tokens per second."""
+    fwd, opt, x, y, F = torch_setup(model_name, bs, threads, config, device, seq_len)
+    transformer = model_name in TRANSFORMERS
     import contextlib
     import torch
     autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if PRECISION == "bf16"
@@ -108,25 +148,29 @@ def bench_torch(model_name, bs, threads, iters, config, device="cpu"):
     for i in range(warmup + iters):
         t = time.perf_counter()
         with autocast:
-            loss = F.cross_entropy(fwd(x), y)
+            out = fwd(*x) if transformer else fwd(x)
+            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         loss.item()  # waits for the device, as egeria's bench step does
         if i >= warmup:
             times.append(time.perf_counter() - t)
-    return bs / statistics.median(times)
+    return bs * (seq_len if transformer else 1) / statistics.median(times)
 
 
-def bench_egeria(exe, model, bs, threads, device, iters, winograd=None):
+def bench_egeria(exe, model, bs, threads, device, iters, winograd=None, seq_len=32):
     env = dict(os.environ)
     extra = ([] if winograd is None else ["--cpu-winograd", winograd]) + ["--precision", PRECISION]
+    if model in TRANSFORMERS:
+        extra += ["--seq-len", str(seq_len)]
     if device.startswith("cuda"):
         env["EG_CUDNN_BENCHMARK"] = "1"  # as torch.backends.cudnn.benchmark above
         env["EG_ALLOW_TF32"] = "1" if TF32 else "0"
     out = subprocess.run([exe, "bench", "step", "--model", model, "--batch-size", str(bs), "--threads", str(threads),
                           "--device", device, "--iterations", str(iters)] + extra, check=True, capture_output=True, text=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])["images_per_second"]
+    j = json.loads(out.stdout.strip().splitlines()[-1])
+    return j["tokens_per_second" if model in TRANSFORMERS else "images_per_second"]
 
 
 def main():
@@ -139,6 +183,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tf32", action="store_true", help="GPU: allow TF32 in both engines (default: exact f32)")
+    ap.add_argument("--seq-len", type=int, default=32, help="Transformers: tokens per sentence (throughput in target tokens)")
     ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
                     help="bf16: egeria's --precision bf16 against PyTorch under torch.autocast")
     a = ap.parse_args()
@@ -155,17 +200,17 @@ def main():
         print("compare_pytorch: this PyTorch has no CUDA device; egeria only")
         torch = None
     # On the GPU also torch.compile (PyTorch >= 2); on the CPU eager in both layouts.
-    configs = ["contiguous", "channels_last"]
+    configs = ["contiguous"] if a.model in TRANSFORMERS else ["contiguous", "channels_last"]
     if gpu and torch is not None and hasattr(torch, "compile"):
         configs.append("compile")
     eg, eg_direct, pt = [], [], {c: [] for c in configs}
     for _ in range(a.repeats):
-        eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations))
-        if not gpu and PRECISION == "f32":  # bf16 has no Winograd: "off" is the same run
+        eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations, None, a.seq_len))
+        if not gpu and PRECISION == "f32" and a.model not in TRANSFORMERS:  # bf16 has no Winograd: "off" is the same run
             eg_direct.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations, "off"))
         if torch is not None:
             for c in configs:
-                pt[c].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, c, a.device))
+                pt[c].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, c, a.device, a.seq_len))
     res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device, "tf32": a.tf32,
            "precision": a.precision,
            "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
