@@ -16,8 +16,8 @@ namespace {
 
 void check_reducible(const Tensor& t, const char* call) {
   EG_CHECK(t.device().is_cpu(), call, ": the tensor must be on the CPU, got ", t.device().str());
-  EG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::s64, call,
-           ": f32, f64 or s64 tensors, got ", dtype_name(t.dtype()));
+  EG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::s64 || t.dtype() == DType::bf16,
+           call, ": f32, f64, s64 or bf16 tensors, got ", dtype_name(t.dtype()));
 }
 
 class Local final : public Communicator {
@@ -64,15 +64,28 @@ struct Rendezvous {
 };
 
 template <class T>
+T combine(T a, T b, ReduceOp op) {
+  return op == ReduceOp::sum ? a + b : op == ReduceOp::max ? std::max(a, b) : std::min(a, b);
+}
+
+template <class T>
 void reduce_into(T* out, const std::vector<std::string>& all, int64_t n, ReduceOp op) {
   // Every rank folds the contributions in rank order, so all ranks get the same bits.
   std::memcpy(out, all[0].data(), size_t(n) * sizeof(T));
   for (size_t r = 1; r < all.size(); ++r) {
     const T* in = reinterpret_cast<const T*>(all[r].data());
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = op == ReduceOp::sum   ? out[i] + in[i]
-               : op == ReduceOp::max ? std::max(out[i], in[i])
-                                     : std::min(out[i], in[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = combine(out[i], in[i], op);
+  }
+}
+
+// bf16 values (the gradient sync's 16-bit wire format) are combined in f32, in rank
+// order, and rounded once.
+void reduce_bf16_into(bf16_t* out, const std::vector<std::string>& all, int64_t n, ReduceOp op) {
+  auto at = [&](size_t r, int64_t i) { return bf16_to_float(reinterpret_cast<const bf16_t*>(all[r].data())[i]); };
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = at(0, i);
+    for (size_t r = 1; r < all.size(); ++r) acc = combine(acc, at(r, i), op);
+    out[i] = float_to_bf16(acc);
   }
 }
 
@@ -91,6 +104,7 @@ class ThreadRank final : public Communicator {
     if (t.dtype() == DType::f32) reduce_into(t.data<float>(), all, t.numel(), op);
     if (t.dtype() == DType::f64) reduce_into(t.data<double>(), all, t.numel(), op);
     if (t.dtype() == DType::s64) reduce_into(t.data<int64_t>(), all, t.numel(), op);
+    if (t.dtype() == DType::bf16) reduce_bf16_into(t.data<bf16_t>(), all, t.numel(), op);
   }
   void broadcast(Tensor& t, int root) override {
     EG_CHECK(root >= 0 && root < size(), "broadcast: no rank ", root, " in a world of ", size());

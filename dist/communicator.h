@@ -33,8 +33,9 @@ class Communicator {
   // (NCCL): the host need not wait, nor call it from a thread of its own.
   virtual bool enqueues() const { return false; }
 
-  // In place, over every rank's `t` (contiguous CPU f32, f64 or s64; with NCCL, CUDA
-  // tensors of this rank's GPU too).
+  // In place, over every rank's `t` (contiguous CPU f32, f64, s64 or bf16; with NCCL, CUDA
+  // tensors of this rank's GPU too). bf16 values are combined in f32 and rounded to bf16
+  // (by MPI at each step of its algorithm; by NCCL as it does).
   virtual void all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
   // `t` becomes rank `root`'s.
   virtual void broadcast(Tensor& t, int root) = 0;

@@ -6,6 +6,7 @@
 
 #include "autograd/node.h"
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace eg::dist {
 
@@ -31,8 +32,10 @@ StepTotals agree_on_step(Communicator& comm, double loss_sum, double count, uint
   return t;
 }
 
-GradSync::GradSync(Communicator& comm, bool overlap)
-    : comm_(comm), overlap_(overlap), use_thread_(overlap && !comm.enqueues()) {
+GradSync::GradSync(Communicator& comm, GradSyncOptions o)
+    : comm_(comm), o_(o), use_thread_(o.overlap && !comm.enqueues()) {
+  EG_CHECK(o.dtype == DType::f32 || o.dtype == DType::bf16, "--grad-sync-dtype: f32 or bf16, got ",
+           dtype_name(o.dtype));
   if (use_thread_) thread_ = std::thread([this] { worker(); });
 }
 
@@ -57,10 +60,12 @@ void GradSync::begin(const optim::GradBuckets& buckets, const std::vector<Tensor
   bucket_of_.clear();
   pending_.clear();
   flats_.clear();
+  wire_.clear();
   for (auto& b : buckets.buckets()) {
     for (size_t i : b.members) bucket_of_[params[i].impl_ptr().get()] = flats_.size();
     pending_.push_back(int64_t(b.members.size()));
     flats_.push_back(b.flat);
+    wire_.push_back(o_.dtype == DType::f32 ? b.flat : Tensor::empty(b.flat.shape(), o_.dtype, b.flat.device()));
   }
   next_ = 0, done_ = 0;
   stats_.last_step_bytes = 0;
@@ -76,7 +81,7 @@ void GradSync::ready(const TensorImpl* leaf) {
   auto it = bucket_of_.find(leaf);
   if (it == bucket_of_.end()) return;  // not a trained parameter
   --pending_[it->second];
-  if (!overlap_) return;
+  if (!o_.overlap) return;
   while (next_ < flats_.size() && pending_[next_] == 0) {
     ++stats_.buckets_launched_in_backward;
     launch(next_++);
@@ -84,11 +89,14 @@ void GradSync::ready(const TensorImpl* leaf) {
 }
 
 void GradSync::launch(size_t b) {
-  const int64_t n = int64_t(flats_[b].nbytes());
+  // The cast runs here, on the training thread, so that the communication thread runs
+  // nothing but the communicator's calls.
+  if (o_.dtype != DType::f32) ops::call(ops::cast, flats_[b], wire_[b]);
+  const int64_t n = int64_t(wire_[b].nbytes());
   stats_.bytes += n, stats_.last_step_bytes += n, ++stats_.buckets;
   if (!use_thread_) {
     const auto t0 = std::chrono::steady_clock::now();
-    comm_.all_reduce(flats_[b]);
+    comm_.all_reduce(wire_[b]);
     stats_.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++done_;
     return;
@@ -108,6 +116,8 @@ void GradSync::finish() {
     cv_.wait(l, [&] { return error_ || done_ == flats_.size(); });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
+  if (o_.dtype != DType::f32)
+    for (size_t b = 0; b < flats_.size(); ++b) ops::call(ops::cast, wire_[b], flats_[b]);
   stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.steps;
 }
@@ -124,7 +134,7 @@ void GradSync::worker() {
     }
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      comm_.all_reduce(flats_[b]);
+      comm_.all_reduce(wire_[b]);
     } catch (...) {
       std::lock_guard<std::mutex> l(mu_);
       error_ = std::current_exception();

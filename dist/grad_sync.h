@@ -39,7 +39,7 @@
 namespace eg::dist {
 
 struct GradSyncStats {
-  int64_t bytes = 0;  // sent (all-reduced) by this rank over the run
+  int64_t bytes = 0;  // sent (all-reduced) by this rank over the run, in the wire dtype
   int64_t last_step_bytes = 0;
   int64_t steps = 0;
   int64_t buckets_launched_in_backward = 0;  // launched before backward ended: overlap
@@ -58,10 +58,18 @@ struct StepTotals {
 };
 StepTotals agree_on_step(Communicator& comm, double loss_sum, double count, uint64_t layout, int64_t step);
 
+// How the buckets travel (--grad-sync-overlap, --grad-sync-dtype).
+struct GradSyncOptions {
+  bool overlap = true;  // false: every bucket is all-reduced after backward, on the calling thread
+  // f32, or bf16: each bucket is rounded to bf16 for the all-reduce (half the bytes, as
+  // DDP's bf16_compress_hook), summed in f32 where the backend allows, and widened back
+  // into the f32 bucket. Every rank gets the same bits either way.
+  DType dtype = DType::f32;
+};
+
 class GradSync {
  public:
-  // `overlap` false: every bucket is all-reduced after backward, on the calling thread.
-  GradSync(Communicator& comm, bool overlap);
+  GradSync(Communicator& comm, GradSyncOptions o);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -73,7 +81,8 @@ class GradSync {
   void backward(const Tensor& loss);
   // The hook: `leaf`'s gradient is final in this backward.
   void ready(const TensorImpl* leaf);
-  // After backward: launches the rest, in order, and waits for every bucket.
+  // After backward: launches the rest, in order, waits for every bucket, and widens
+  // bf16 ones back into the buckets.
   void finish();
 
   const GradSyncStats& stats() const { return stats_; }
@@ -85,11 +94,12 @@ class GradSync {
   void worker();
 
   Communicator& comm_;
-  const bool overlap_;
+  const GradSyncOptions o_;
   const bool use_thread_;  // overlap on a host communicator
   std::unordered_map<const TensorImpl*, size_t> bucket_of_;
   std::vector<int64_t> pending_;  // members whose gradient is not final yet, per bucket
   std::vector<Tensor> flats_;
+  std::vector<Tensor> wire_;  // what is all-reduced: the flats, or their bf16 copies
   size_t next_ = 0;  // the next bucket to launch
   GradSyncStats stats_;
 

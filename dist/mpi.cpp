@@ -25,16 +25,51 @@ std::string mpi_error_string(int code) {
 }
 #define EG_MPI_CHECK(expr) EG_CHECK_GEN(expr, MPI_SUCCESS, mpi_error_string)
 
+// MPI has no bf16: it travels as a 2-byte type of ours, reduced by ops of ours that
+// combine in f32 and round back (made once MPI is initialised; MPI_Finalize frees them).
+template <ReduceOp Op>
+void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16_t* a = static_cast<const bf16_t*>(in);
+  bf16_t* b = static_cast<bf16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+    b[i] = float_to_bf16(Op == ReduceOp::sum ? x + y : Op == ReduceOp::max ? std::max(x, y) : std::min(x, y));
+  }
+}
+
+struct Bf16Mpi {
+  MPI_Datatype type;
+  MPI_Op sum, max, min;
+};
+
+const Bf16Mpi& bf16_mpi() {
+  static const Bf16Mpi b = [] {
+    Bf16Mpi m{};
+    EG_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &m.type));
+    EG_MPI_CHECK(MPI_Type_commit(&m.type));
+    EG_MPI_CHECK(MPI_Op_create(bf16_op<ReduceOp::sum>, 1, &m.sum));
+    EG_MPI_CHECK(MPI_Op_create(bf16_op<ReduceOp::max>, 1, &m.max));
+    EG_MPI_CHECK(MPI_Op_create(bf16_op<ReduceOp::min>, 1, &m.min));
+    return m;
+  }();
+  return b;
+}
+
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
     case DType::s64: return MPI_INT64_T;
-    default: EG_THROW("MPI collectives take f32, f64 or s64 tensors, got ", dtype_name(t));
+    case DType::bf16: return bf16_mpi().type;
+    default: EG_THROW("MPI collectives take f32, f64, s64 or bf16 tensors, got ", dtype_name(t));
   }
 }
 
-MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : op == ReduceOp::max ? MPI_MAX : MPI_MIN; }
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::bf16)
+    return op == ReduceOp::sum ? bf16_mpi().sum : op == ReduceOp::max ? bf16_mpi().max : bf16_mpi().min;
+  return op == ReduceOp::sum ? MPI_SUM : op == ReduceOp::max ? MPI_MAX : MPI_MIN;
+}
 
 void finalize_at_exit() {
   int finalized = 0;
@@ -81,8 +116,8 @@ class Mpi final : public Communicator {
     char* p = static_cast<char*>(t.raw());
     for (int64_t done = 0; done < t.numel(); done += kChunk) {
       const int n = int(std::min(kChunk, t.numel() - done));
-      EG_MPI_CHECK(
-          MPI_Allreduce(MPI_IN_PLACE, p + done * int64_t(dtype_size(t.dtype())), n, type, mpi_op(op), MPI_COMM_WORLD));
+      EG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + done * int64_t(dtype_size(t.dtype())), n, type,
+                                 mpi_op(op, t.dtype()), MPI_COMM_WORLD));
     }
   }
   void broadcast(Tensor& t, int root) override {

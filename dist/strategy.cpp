@@ -28,12 +28,12 @@ Device rank_device(const Communicator& comm, const std::string& device) {
 
 }  // namespace
 
-Strategy::Strategy(Communicator& comm, const std::string& device, bool overlap)
-    : comm_(comm), device_(rank_device(comm, device)) {
+Strategy::Strategy(Communicator& comm, const std::string& device, GradSyncOptions sync)
+    : comm_(comm), device_(rank_device(comm, device)), sync_options_(sync) {
   if (comm.size() == 1) return;
   kind_ = device_.is_cuda() ? Kind::gpu_ranks : Kind::cpu_ranks;
   if (kind_ == Kind::gpu_ranks) nccl_ = make_nccl(comm, device_);
-  sync_ = std::make_unique<GradSync>(nccl_ ? *nccl_ : comm, overlap);
+  sync_ = std::make_unique<GradSync>(nccl_ ? *nccl_ : comm, sync);
 }
 
 Strategy::~Strategy() = default;
@@ -104,13 +104,14 @@ void Strategy::load(const nlohmann::json& state) {
   if (sync_) sync_->set_bytes(state.value("gradient_sync_bytes", int64_t(0)));
 }
 
-void Strategy::summarize(nlohmann::json& sj, bool overlap) const {
+void Strategy::summarize(nlohmann::json& sj) const {
   if (!sync_) return;
   const GradSyncStats& gs = sync_->stats();
   sj["gradient_sync_bytes"] = gs.bytes;  // this rank's, over the run
   sj["gradient_sync_bytes_per_step"] = gs.last_step_bytes;  // the last step's (freezing lowers it)
   sj["gradient_sync_wait_seconds"] = gs.wait_seconds;  // this invocation's
-  sj["gradient_sync_overlap"] = overlap;
+  sj["gradient_sync_overlap"] = sync_options_.overlap;
+  sj["gradient_sync_dtype"] = dtype_name(sync_options_.dtype);
   sj["gradient_buckets_launched_in_backward"] = gs.buckets_launched_in_backward;
   sj["gradient_buckets_launched"] = gs.buckets;
 }

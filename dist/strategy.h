@@ -62,8 +62,8 @@ class Strategy {
   enum class Kind { single, cpu_ranks, gpu_ranks };
 
   // `device` as --device gives it ("cpu", "cuda", "cuda:1"); throws when it names a GPU
-  // this build or machine lacks. `overlap`: all-reduce buckets during backward.
-  Strategy(Communicator& comm, const std::string& device, bool overlap);
+  // this build or machine lacks. `sync`: how the gradient buckets travel.
+  Strategy(Communicator& comm, const std::string& device, GradSyncOptions sync);
   ~Strategy();
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
@@ -95,12 +95,13 @@ class Strategy {
   // Checkpoints and summary.json: the gradient sync's byte count and statistics.
   void save(nlohmann::json& state) const;
   void load(const nlohmann::json& state);
-  void summarize(nlohmann::json& summary, bool overlap) const;
+  void summarize(nlohmann::json& summary) const;
 
  private:
   Communicator& comm_;
   Kind kind_ = Kind::single;
   Device device_;
+  GradSyncOptions sync_options_;
   std::unique_ptr<Communicator> nccl_;  // GPU ranks' gradients
   std::unique_ptr<GradSync> sync_;
 };

@@ -42,6 +42,12 @@ int main(int argc, char** argv) {
     Tensor k = Tensor::from_vector<int64_t>({int64_t(rank) << 40, 7}, {2});
     w.all_reduce(k);
     check(k.to_vector<int64_t>() == std::vector<int64_t>{int64_t(1) << 40, 14}, "s64 sum");
+    // bf16 (the gradient sync's wire format): summed in f32 and rounded to nearest even.
+    Tensor h =
+        Tensor::from_vector<float>({rank ? 3.f : 1.5f, rank ? 0.00390625f : 1.f, 0.00390625f}, {3}).to(DType::bf16);
+    w.all_reduce(h);
+    check(h.dtype() == DType::bf16 && h.to(DType::f32).to_vector<float>() == std::vector<float>{4.5f, 1.f, 0.0078125f},
+          "bf16 sum (1 + 2^-8 rounds to 1)");
     Tensor big = Tensor::full({3 << 20}, float(rank + 1));
     w.all_reduce(big);
     check(big.to_vector<float>()[(3 << 20) - 1] == 3.f, "a 12 MB all-reduce");
@@ -55,7 +61,7 @@ int main(int argc, char** argv) {
     try {
       w.all_reduce(i32);
     } catch (const Error& e) {
-      refused = std::string(e.what()).find("f32, f64 or s64") != std::string::npos;
+      refused = std::string(e.what()).find("f32, f64, s64 or bf16") != std::string::npos;
     }
     check(refused, "an s32 all-reduce is a named error");
     w.barrier();

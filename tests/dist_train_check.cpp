@@ -190,6 +190,32 @@ void check_batchnorm(dist::Communicator& w, const std::string& work) {
   }
 }
 
+// --grad-sync-dtype bf16: the same run as check_batchnorm's with half the bytes sent, the
+// ranks bit-identical, the first step's loss the f32 run's (no gradient has travelled yet)
+// and the second's within bf16's rounding of the first step's gradients.
+void check_bf16_sync(dist::Communicator& w, const std::string& work) {
+  RecordingImageTask task;
+  auto c = image_config(work + "/bf16-sync");
+  c.grad_sync.dtype = DType::bf16;
+  train::fit(task, c, w);
+  check(same_on_every_rank(w, model_bytes(task.model())), "bf16 sync: the weights differ across ranks");
+  if (rank == 0) {
+    const auto f32 = jsonl(work + "/bn/metrics.jsonl", "step"), bf16 = jsonl(c.out + "/metrics.jsonl", "step");
+    check(bf16.size() == 32 && f32.size() == 32, "bf16 sync: 32 steps");
+    if (bf16.size() == 32 && f32.size() == 32) {
+      check(bf16[0]["loss"] == f32[0]["loss"], "bf16 sync: the first step's loss differs from f32's");
+      const double a = f32[1]["loss"], b = bf16[1]["loss"];
+      check(std::abs(a - b) <= 1e-3 * std::abs(a),
+            "bf16 sync: step 2's loss " + std::to_string(b) + " is not within 1e-3 of f32's " + std::to_string(a));
+      check(bf16[0]["gradient_sync_bytes"].get<int64_t>() * 2 == f32[0]["gradient_sync_bytes"].get<int64_t>(),
+            "bf16 sync: not half the bytes: " + bf16[0].dump() + " vs " + f32[0].dump());
+      check(bf16.back()["loss"].get<double>() < bf16.front()["loss"].get<double>(), "bf16 sync: the loss did not fall");
+    }
+    const json sj = json::parse(std::ifstream(c.out + "/summary.json"));
+    check(sj["gradient_sync_dtype"] == "bf16", "summary's gradient_sync_dtype: " + sj.dump());
+  }
+}
+
 // Each step's all-reduced bytes are the unfrozen parameters' bytes, exactly.
 void check_freezing(dist::Communicator& w, const std::string& work, const std::string& policy) {
   RecordingImageTask task;
@@ -291,6 +317,7 @@ int main(int argc, char** argv) {
     const std::string work = argv[1];
     check_equivalence(w, work);
     check_batchnorm(w, work);
+    check_bf16_sync(w, work);
     check_freezing(w, work, "static");
     check_freezing(w, work, "egeria");
     check_skip_bad(w, work);

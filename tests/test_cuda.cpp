@@ -284,7 +284,8 @@ TEST(Cuda, NcclOneRankGradientSyncMatchesTheUnsyncedStep) {
   mc.name = "resnet20";
   mc.image_size = 16;
   std::vector<std::vector<float>> after;
-  for (bool synced : {false, true}) {
+  enum Sync { none, f32, bf16 };  // bf16: the buckets rounded to bf16 on the wire (--grad-sync-dtype)
+  for (Sync synced : {none, f32, bf16}) {
     Generator g(3);
     auto m = models::build_model(mc, g);
     m->to(Device::cuda(0));
@@ -295,12 +296,13 @@ TEST(Cuda, NcclOneRankGradientSyncMatchesTheUnsyncedStep) {
     Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8}).to(Device::cuda(0));
     Tensor loss = fn::cross_entropy(m->forward(x), y);
     opt.zero_grad();
-    if (synced) {
-      dist::GradSync sync(*nccl, true);
+    if (synced != none) {
+      dist::GradSync sync(*nccl, {true, synced == bf16 ? DType::bf16 : DType::f32});
       sync.begin(opt.grad_buckets(), opt.params());
       sync.backward(loss);
       sync.finish();
       EXPECT_GT(sync.stats().buckets_launched_in_backward, 1);
+      EXPECT_EQ(sync.stats().last_step_bytes * (synced == bf16 ? 2 : 1), int64_t(opt.grad_buckets().bytes()));
     } else {
       loss.backward();
     }
@@ -313,7 +315,8 @@ TEST(Cuda, NcclOneRankGradientSyncMatchesTheUnsyncedStep) {
   // Not bit-equal: two identical steps on a GPU can differ in the last bits (cuDNN may
   // pick backward algorithms that add with atomics; on an H100, weights 1e-8 apart). A
   // sync that reduced wrongly (twice, or the wrong bucket) moves weights by lr x grad,
-  // some 1e-3.
+  // some 1e-3; rounding the gradients to bf16 moves them by lr x grad x 2^-8 at most.
   ASSERT_EQ(after[0].size(), after[1].size());
   for (size_t i = 0; i < after[0].size(); ++i) ASSERT_NEAR(after[0][i], after[1][i], 1e-6) << "weight " << i;
+  for (size_t i = 0; i < after[0].size(); ++i) ASSERT_NEAR(after[0][i], after[2][i], 1e-4) << "bf16 weight " << i;
 }

@@ -180,7 +180,7 @@ TEST(GradSync, TheLastLayersBucketIsAllReducedBeforeTheFirstLayersGradientExists
     });
   }
   Tensor loss = fn::sum(m.last.forward(probed));
-  dist::GradSync sync(rec, true);
+  dist::GradSync sync(rec, {});
   sync.begin(opt.grad_buckets(), opt.params());
   sync.backward(loss);
   sync.finish();
@@ -194,11 +194,14 @@ TEST(GradSync, TheLastLayersBucketIsAllReducedBeforeTheFirstLayersGradientExists
 }
 
 // Two ranks as threads, each with its own data: after the sync every rank holds the sum
-// of both ranks' gradients, the same with and without overlap.
+// of both ranks' gradients, the same with and without overlap; with bf16 on the wire,
+// each rank's gradient rounded to bf16, summed in f32 and rounded once, in half the bytes.
 TEST(GradSync, EveryRankEndsWithTheSumOfTheRanksGradients) {
-  for (bool overlap : {true, false}) {
+  auto bf16 = [](float v) { return bf16_to_float(float_to_bf16(v)); };
+  for (auto [overlap, dtype] : {std::pair{true, DType::f32}, {false, DType::f32}, {true, DType::bf16}}) {
     auto group = dist::make_thread_group(2);
     std::vector<std::vector<float>> synced(2), local(2);
+    std::vector<int64_t> sent(2), bucket_bytes(2);
     auto rank_main = [&](int r) {
       Generator g(7);  // the same weights on both ranks
       TwoLayers m(g);
@@ -211,17 +214,23 @@ TEST(GradSync, EveryRankEndsWithTheSumOfTheRanksGradients) {
       loss().backward();
       local[size_t(r)] = m.first.weight.grad().to_vector<float>();
       opt.zero_grad();
-      dist::GradSync sync(*group[size_t(r)], overlap);
+      dist::GradSync sync(*group[size_t(r)], {overlap, dtype});
       sync.begin(opt.grad_buckets(), opt.params());
       sync.backward(loss());
       sync.finish();
       synced[size_t(r)] = m.first.weight.grad().to_vector<float>();
+      sent[size_t(r)] = sync.stats().last_step_bytes;
+      bucket_bytes[size_t(r)] = int64_t(opt.grad_buckets().bytes());
     };
     std::thread t1(rank_main, 1);
     rank_main(0);
     t1.join();
-    EXPECT_EQ(synced[0], synced[1]) << "overlap " << overlap;
-    for (size_t i = 0; i < synced[0].size(); ++i)
-      ASSERT_NEAR(synced[0][i], local[0][i] + local[1][i], 1e-5) << i << " overlap " << overlap;
+    const std::string what = std::string("overlap ") + (overlap ? "on" : "off") + ", " + dtype_name(dtype);
+    EXPECT_EQ(synced[0], synced[1]) << what;
+    EXPECT_EQ(sent[0], dtype == DType::f32 ? bucket_bytes[0] : bucket_bytes[0] / 2) << what;
+    for (size_t i = 0; i < synced[0].size(); ++i) {
+      if (dtype == DType::f32) ASSERT_NEAR(synced[0][i], local[0][i] + local[1][i], 1e-5) << i << " " << what;
+      else ASSERT_EQ(synced[0][i], bf16(bf16(local[0][i]) + bf16(local[1][i]))) << i << " " << what;
+    }
   }
 }

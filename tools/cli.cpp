@@ -165,6 +165,10 @@ int run_cli(int argc, char** argv) {
   step->add_option("--precision", bprecision, eg::train::option("--precision").help)
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "fp16"}));
+  std::string bsyncdtype = "f32";
+  step->add_option("--grad-sync-dtype", bsyncdtype, eg::train::option("--grad-sync-dtype").help)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   std::string bwino;
   step->add_option("--cpu-winograd", bwino, eg::train::option("--cpu-winograd").help)
       ->check(CLI::IsMember({"on", "off"}));
@@ -233,11 +237,13 @@ int run_cli(int argc, char** argv) {
       std::printf("%s", eg::train::run_report(report_out, report_against).c_str());
     } else if (*step) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
-      bo.overlap = boverlap == "on";
       bo.unit_per_layer = bunits == "layers";
-      eg::train::TrainConfig parsed;  // the word, as the training option reads it
+      eg::train::TrainConfig parsed;  // the words, as the training options read them
       eg::train::set_option(parsed, "--precision", bprecision);
+      eg::train::set_option(parsed, "--grad-sync-overlap", boverlap);
+      eg::train::set_option(parsed, "--grad-sync-dtype", bsyncdtype);
       bo.precision = parsed.precision;
+      bo.sync = parsed.grad_sync;
       eg::dist::Communicator& w = eg::dist::world();
       auto r = eg::train::bench_step(bo, w);
       nlohmann::json j = {{"model", bo.model},
@@ -256,7 +262,8 @@ int run_cli(int argc, char** argv) {
       if (r.world_size > 1) {
         j["world_size"] = r.world_size;
         j["global_batch_size"] = bo.batch_size * r.world_size;
-        j["grad_sync_overlap"] = bo.overlap;
+        j["grad_sync_overlap"] = bo.sync.overlap;
+        j["grad_sync_dtype"] = bsyncdtype;
         j["gradient_sync_bytes_per_step"] = r.sync_bytes_per_step;
         j["median_sync_wait_ms"] = r.median_sync_wait_ms;
         j["median_allreduce_ms"] = r.median_comm_ms;

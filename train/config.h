@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/grad_sync.h"
 #include "freeze/policy.h"
 
 namespace eg::optim {
@@ -71,7 +72,7 @@ struct TrainConfig {
   double label_smoothing = 0;  // of the training loss (Transformers: 0.1); evaluation losses are plain
   // ---- data-parallel training (several ranks under an MPI launcher; train/run.h)
   double bucket_cap_mb = 25;  // gradient buckets after the first (1 MiB), as PyTorch DDP
-  bool grad_sync_overlap = true;  // all-reduce each bucket as soon as its gradients are complete
+  dist::GradSyncOptions grad_sync;  // overlapped with backward, and in which dtype
   // ---- layer freezing (freeze/policy.h): the policy (none, static, freezeout, autofreeze,
   // egeria), its units, egeria's tracker and reference model, the activation cache
   freeze::FreezeOptions freezing;

@@ -278,7 +278,11 @@ std::vector<Option> make_options() {
   t.push_back(choice("--grad-sync-overlap", "grad_sync_overlap", G::parallel, Free,
                      "on: all-reduce each gradient bucket during backward, as soon as its gradients are complete; "
                      "off: all of them after backward",
-                     &TrainConfig::grad_sync_overlap, kOnOff));
+                     EG_FIELD(grad_sync.overlap), kOnOff));
+  t.push_back(choice("--grad-sync-dtype", "grad_sync_dtype", G::parallel, F,
+                     "f32, or bf16: gradient buckets rounded to bf16 for the all-reduce, half the bytes (as DDP's "
+                     "bf16_compress_hook), summed in f32 where the backend allows; the optimizer gets f32 gradients",
+                     EG_FIELD(grad_sync.dtype), Names<DType>{{"f32", DType::f32}, {"bf16", DType::bf16}}));
   // ---- freezing
   t.push_back(
       checked(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", EG_FIELD(freezing.policy), "POLICY"),

@@ -249,7 +249,7 @@ json summary_json(const Run& r, const SplitMetrics& last) {
              {"world_size", r.dp.size()},
              {"batch_size", c.batch_size},
              {"global_batch_size", c.batch_size * r.dp.size()}};
-  r.dp.summarize(sj, c.grad_sync_overlap);
+  r.dp.summarize(sj);
   if (auto t = last.find("test"); t != last.end())
     for (auto& [k, v] : t->second) sj["final_test_" + k] = v;
   if (auto b = st.best.find(sel_split); b != st.best.end())

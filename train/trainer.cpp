@@ -134,7 +134,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   using Clock = std::chrono::steady_clock;
   EG_CHECK(o.batch_size > 0 && o.iterations > 0, "bench step: batch size and iterations must be positive");
   set_num_threads(o.threads);
-  dist::Strategy dp(comm, o.device, o.overlap);
+  dist::Strategy dp(comm, o.device, o.sync);
   const Device dev = dp.device();
   EG_CHECK(o.precision == DType::f32 || (dev.is_cpu() && o.precision == DType::bf16), "bench step: --precision ",
            o.precision == DType::f16 ? "fp16" : dtype_name(o.precision), " on ", dev.str(),

@@ -56,7 +56,7 @@ struct StepBenchOptions {
   int64_t batch_size = 128;  // per rank (sentences for a Transformer)
   int64_t seq_len = 32;  // Transformers: source and target tokens per sentence
   int iterations = 10, threads = 0;
-  bool overlap = true;
+  dist::GradSyncOptions sync;  // --grad-sync-overlap, --grad-sync-dtype
   int64_t frozen_units = 0;
   bool unit_per_layer = false;  // --freeze-modules layers: every layer module a unit (else the paper's)
   double bucket_cap_mb = 25;
