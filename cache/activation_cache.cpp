@@ -14,8 +14,9 @@
 namespace eg::cache {
 
 // Napkin math: ResNet-20 on Fashion-MNIST with stem + first stage frozen caches
-// 16x28x28 f32 = 50 KB per sample, 3.0 GB for 60,000 images; a batch of 128 is 6.4 MB
-// to gather, about 1 ms of memcpy against a ~130 ms step, and done in the background.
+// 16x28x28 f32 = 50 KB per sample (25 KB in bf16), 3.0 GB for 60,000 images; a batch of
+// 128 is 6.4 MB to gather, about 1 ms of memcpy against a ~130 ms step, and done in the
+// background.
 // On disk the file is mapped shared, so the kernel's page cache keeps what fits in memory.
 
 namespace {
@@ -54,7 +55,7 @@ ActivationCache::~ActivationCache() {
 }
 
 void ActivationCache::unmap() {
-  if (base_) ::munmap(base_, size_t(num_samples_ * entry_floats_) * sizeof(float));
+  if (base_) ::munmap(base_, size_t(num_samples_ * entry_bytes_));
   base_ = nullptr;
   if (stats_.on_disk) ::ftruncate(fd_, 0);  // gives the blocks back
   stats_.bytes_reserved = 0;
@@ -82,16 +83,16 @@ void ActivationCache::release() {
   unmap();
 }
 
-void ActivationCache::map(int64_t entry_floats) {
+void ActivationCache::map(int64_t entry_bytes) {
   unmap();
-  entry_floats_ = entry_floats;
-  const int64_t bytes = num_samples_ * entry_floats * int64_t(sizeof(float));
+  entry_bytes_ = entry_bytes;
+  const int64_t bytes = num_samples_ * entry_bytes;
   const double gib = double(bytes) / double(1 << 30);
   if (tier_ == Tier::memory || (tier_ == Tier::automatic && bytes <= available_memory() / 2 / sharers_)) {
     void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     EG_CHECK(p != MAP_FAILED, "activation cache: cannot allocate ", gib, " GiB of memory: ", std::strerror(errno));
     ::madvise(p, size_t(bytes), MADV_HUGEPAGE);  // 2 MB pages: fewer faults while it fills
-    base_ = static_cast<float*>(p);
+    base_ = static_cast<char*>(p);
     stats_.bytes_reserved = bytes;
     stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, bytes);
     return;
@@ -105,13 +106,13 @@ void ActivationCache::map(int64_t entry_floats) {
     ::ftruncate(fd_, 0);
     stats_.bytes_reserved = 0;
     EG_THROW("activation cache: it needs ", gib, " GiB in '", dir_, "' (", num_samples_, " samples x ",
-             double(entry_floats) * 4 / 1024, " KiB) and cannot reserve it: ", std::strerror(rc),
+             double(entry_bytes) / 1024, " KiB) and cannot reserve it: ", std::strerror(rc),
              ". Free space there, point --freeze-cache-dir at a larger disk, or use --freeze-cache off");
   }
   void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
   EG_CHECK(p != MAP_FAILED, "activation cache: cannot map its ", gib, " GiB file in '", dir_,
            "': ", std::strerror(errno));
-  base_ = static_cast<float*>(p);
+  base_ = static_cast<char*>(p);
   stats_.bytes_reserved = bytes;
   stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, bytes);
   stats_.on_disk = stats_.ever_on_disk = true;
@@ -142,10 +143,10 @@ std::vector<int64_t> ActivationCache::missing(const std::vector<int64_t>& ids) c
 Tensor ActivationCache::gather_now(const std::vector<int64_t>& ids) const {
   Shape s = sample_shape_;
   s.insert(s.begin(), int64_t(ids.size()));
-  Tensor out = Tensor::empty(s);
-  float* o = out.data<float>();
-  const size_t n = size_t(entry_floats_);
-  for (size_t i = 0; i < ids.size(); ++i) std::memcpy(o + i * n, base_ + size_t(ids[i]) * n, n * sizeof(float));
+  Tensor out = Tensor::empty(s, dtype_);
+  char* o = static_cast<char*>(out.raw());
+  const size_t n = size_t(entry_bytes_);
+  for (size_t i = 0; i < ids.size(); ++i) std::memcpy(o + i * n, base_ + size_t(ids[i]) * n, n);
   return out;
 }
 
@@ -166,23 +167,26 @@ Tensor ActivationCache::gather(const std::vector<int64_t>& ids) {
 void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
   check_ids(ids, "store");
   EG_CHECK(key_ >= 0, "activation cache: store before set_key()");
-  EG_CHECK(h.defined() && h.dtype() == DType::f32 && h.dim() >= 2 && h.size(0) == int64_t(ids.size()),
+  EG_CHECK(h.defined() && (h.dtype() == DType::f32 || h.dtype() == DType::bf16) && h.dim() >= 2 &&
+               h.size(0) == int64_t(ids.size()),
            "activation cache: store of ", h.defined() ? h.str() : std::string("an undefined tensor"), " for ",
-           ids.size(), " sample ids; need f32 [", ids.size(), ", ...]");
+           ids.size(), " sample ids; need f32 or bf16 [", ids.size(), ", ...]");
   Tensor p = h.to(Device::cpu()).to_plain();
   const Shape sample(p.shape().begin() + 1, p.shape().end());
   if (sample_shape_.empty()) {
     wait_prefetch();
-    if (!base_ || shape_numel(sample) != entry_floats_) map(shape_numel(sample));
+    const int64_t bytes = shape_numel(sample) * int64_t(dtype_size(p.dtype()));
+    if (!base_ || bytes != entry_bytes_) map(bytes);
     sample_shape_ = sample;
+    dtype_ = p.dtype();
   }
-  EG_CHECK(sample == sample_shape_, "activation cache: store of ", p.str(), " into a cache of per-sample shape ",
-           Tensor::empty(sample_shape_).str());
-  const float* src = p.data<float>();
-  const size_t n = size_t(entry_floats_);
+  EG_CHECK(sample == sample_shape_ && p.dtype() == dtype_, "activation cache: store of ", p.str(),
+           " into a cache of per-sample ", Tensor::empty(sample_shape_, dtype_).str());
+  const char* src = static_cast<const char*>(p.raw());
+  const size_t n = size_t(entry_bytes_);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (valid_[size_t(ids[i])]) continue;  // the same values (Note [Activation cache validity]), maybe being prefetched
-    std::memcpy(base_ + size_t(ids[i]) * n, src + i * n, n * sizeof(float));
+    std::memcpy(base_ + size_t(ids[i]) * n, src + i * n, n);
     valid_[size_t(ids[i])] = 1;
     ++stats_.entries;
     ++stats_.stored;

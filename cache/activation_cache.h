@@ -23,8 +23,9 @@
 // (3) a sample's output does not depend on the rest of its batch: the prefix's
 // BatchNorms must use running statistics (`--freeze-bn running`, the paper's
 // inference mode). The trainer refuses `--freeze-cache on` without (2) and (3).
-// Entries hold f32 values exactly as the prefix computed them, so a step from the
-// cache sees the same numbers as a step that recomputes the prefix.
+// Entries hold the values exactly as the prefix computed them, in its output's dtype (f32,
+// or bf16 under --precision bf16: half the bytes), so a step from the cache sees the same
+// numbers as a step that recomputes the prefix.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -73,13 +74,15 @@ class ActivationCache {
   // Whether every id has an entry; the positions in `ids` of those without one.
   bool contains(const std::vector<int64_t>& ids) const;
   std::vector<int64_t> missing(const std::vector<int64_t>& ids) const;
-  // The entries of `ids` as one f32 tensor [B, sample shape...] on the CPU; every id
+  // The entries of `ids` as one tensor [B, sample shape...] on the CPU in the entries'
+  // dtype; every id
   // must have an entry. Served from the background gather when prefetch() was called
   // with the same ids.
   Tensor gather(const std::vector<int64_t>& ids);
-  // Stores row i of `h` (f32 [B, ...], any device or layout) as the entry of ids[i]
+  // Stores row i of `h` (f32 or bf16 [B, ...], any device or layout) as the entry of ids[i]
   // (ids that already have one keep it: by Note [Activation cache validity] it is the same).
-  // The first store under a key sizes the store (num_samples entries of this shape);
+  // The first store under a key sizes the store (num_samples entries of this shape and
+  // dtype);
   // on disk it reserves the file's blocks: a disk that cannot hold it is an error
   // naming the directory and the size, raised before anything is written.
   void store(const std::vector<int64_t>& ids, const Tensor& h);
@@ -104,7 +107,7 @@ class ActivationCache {
 
  private:
   void wait_prefetch();
-  void map(int64_t entry_floats);
+  void map(int64_t entry_bytes);
   void unmap();
   void check_ids(const std::vector<int64_t>& ids, const char* what) const;
   Tensor gather_now(const std::vector<int64_t>& ids) const;
@@ -114,9 +117,10 @@ class ActivationCache {
   int64_t num_samples_ = 0, key_ = -1;
   int sharers_ = 1;
   int fd_ = -1;
-  float* base_ = nullptr;
-  int64_t entry_floats_ = 0;
+  char* base_ = nullptr;
+  int64_t entry_bytes_ = 0;
   Shape sample_shape_;
+  DType dtype_ = DType::f32;  // the entries'; set with sample_shape_
   std::vector<uint8_t> valid_;
   std::vector<int64_t> pending_ids_;
   std::future<Tensor> pending_;

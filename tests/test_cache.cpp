@@ -102,6 +102,24 @@ TEST(ActivationCache, StoresBlockedAndPlainAlike) {
   EXPECT_EQ(got.to_vector<float>(), h.to_vector<float>());
 }
 
+// Under --precision bf16 the prefix outputs bf16: entries keep it, in half the bytes.
+TEST(ActivationCache, KeepsBf16EntriesInHalfTheBytes) {
+  cache::ActivationCache c(tmpdir("bf16"), 4, cache::Tier::memory);
+  c.set_key(0);
+  Generator g(4);
+  Tensor h = Tensor::randn({2, 16, 3, 3}, g).to(DType::bf16);
+  c.store({2, 0}, h.to_format(Format::nchw16c));
+  EXPECT_EQ(c.stats().bytes_reserved, 4 * 16 * 3 * 3 * 2);
+  Tensor got = c.gather({2, 0});
+  EXPECT_EQ(got.dtype(), DType::bf16);
+  EXPECT_EQ(got.to(DType::f32).to_vector<float>(), h.to(DType::f32).to_vector<float>());
+  EXPECT_THROW(c.store({1}, Tensor::randn({1, 16, 3, 3}, g)), Error) << "f32 into a bf16 cache";
+  c.set_key(1);  // another prefix: sized anew, here in f32
+  c.store({1}, Tensor::randn({1, 16, 3, 3}, g));
+  EXPECT_EQ(c.gather({1}).dtype(), DType::f32);
+  EXPECT_EQ(c.stats().bytes_reserved, 4 * 16 * 3 * 3 * 4);
+}
+
 TEST(ActivationCache, BadInputIsAClearError) {
   EXPECT_THROW(cache::ActivationCache("/nonexistent/dir/for/egeria", 4), Error);
   cache::ActivationCache c(tmpdir("bad"), 4);
@@ -192,6 +210,24 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
   // The backing file never outlives the run.
   for (auto& e : std::filesystem::directory_iterator(killed))
     EXPECT_EQ(e.path().filename().string().find(".egeria-activation-cache"), std::string::npos) << e.path();
+}
+
+// The same under --precision bf16: the entries are the prefix's bf16 output, so the cached
+// run still ends with the recomputing run's weights, bit for bit, its cache half the size.
+TEST(CacheTrainer, Bf16CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
+  const std::string a = tmpdir("bf16_off"), b = tmpdir("bf16_on");
+  auto bf16 = [](train::TrainConfig c) {
+    c.precision = DType::bf16;
+    return c;
+  };
+  ASSERT_TRUE(train::run_training(bf16(cached_cfg(a, false))).completed);
+  ASSERT_TRUE(train::run_training(bf16(cached_cfg(b, true))).completed);
+  const auto ac = nlohmann::json::parse(std::ifstream(b + "/summary.json"))["activation_cache"];
+  EXPECT_EQ(ac["hit_samples"].get<int64_t>(), 2 * 256 - 16) << ac.dump();
+  // 256 samples of the 4th layer module's output (ResNet-20's first stage: 16 x 32 x 32), 2 bytes each.
+  EXPECT_EQ(ac["peak_bytes_reserved"].get<int64_t>(), 256 * 16 * 32 * 32 * 2) << ac.dump();
+  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
 }
 
 // Egeria with --freeze-reference-scope unit: the front unit's input is the frozen

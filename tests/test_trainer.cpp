@@ -97,13 +97,6 @@ TEST(Trainer, BadInputIsNamed) {
   c.device = "cuda:0";
   c.precision = DType::bf16;
   expect_error(c, "--precision bf16 on cuda:0");
-  c = small_run(d);
-  c.precision = DType::bf16;
-  c.freezing.policy = "egeria";
-  c.freezing.cache = true;
-  c.freezing.bn = train::FrozenBn::running;
-  c.augment = false;
-  expect_error(c, "with --precision bf16 use --freeze-cache off");
 }
 
 TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {

@@ -61,8 +61,6 @@ void validate(const TrainConfig& c) {
              "the CPU train with --precision bf16 (as PyTorch's CPU autocast) or f32");
     EG_CHECK(d.is_cpu(), "--precision ", precision, " on ", c.device,
              ": this build's CUDA kernels train in f32 only; use --precision f32 there (bf16 trains on the CPU)");
-    EG_CHECK(!c.freezing.cache, "--freeze-cache on stores f32 activations; with --precision ", precision,
-             " use --freeze-cache off");
   }
   if (c.freezing.policy == "egeria")
     EG_CHECK(!quant::reference_on_gpu(c.freezing.reference.precision) || Device::parse(c.device).is_cuda(),
