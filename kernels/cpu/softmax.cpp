@@ -1,5 +1,6 @@
 // Softmax / log-softmax (last dim) and cross-entropy, fast CPU path: rows in
-// parallel, float math with a running max, vectorised exp/sum. f32.
+// parallel, float math with a running max, vectorised max and sums (exp is libm's scalar
+// expf, as ref's). f32.
 // Napkin math: 3 passes over each row, ~12 bytes/element; exp-bound for wide rows.
 #include <algorithm>
 #include <cmath>
@@ -17,8 +18,9 @@ void softmax_fwd(const Tensor& x, Tensor& y, bool log) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = xp + r * d;
     float* out = yp + r * d;
-    float m = -INFINITY;
-    for (int64_t i = 0; i < d; ++i) m = std::fmax(m, in[i]);
+    float m = -INFINITY;  // the largest value that is not NaN (a NaN makes the sum NaN below)
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < d; ++i) m = in[i] > m ? in[i] : m;
     float s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < d; ++i) {
@@ -71,8 +73,9 @@ void cross_entropy_fwd(const Tensor& logits, const Tensor& target, Tensor& loss,
 #pragma omp parallel for schedule(static) reduction(+ : total, count) if (logits.numel() > 16384)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = lp + i * c;
-    float m = -INFINITY;
-    for (int64_t k = 0; k < c; ++k) m = std::fmax(m, row[k]);
+    float m = -INFINITY;  // the largest logit that is not NaN (a NaN makes the sum NaN below)
+#pragma omp simd reduction(max : m)
+    for (int64_t k = 0; k < c; ++k) m = row[k] > m ? row[k] : m;
     float s = 0, sum = 0;
 #pragma omp simd reduction(+ : s, sum)
     for (int64_t k = 0; k < c; ++k) {
