@@ -70,7 +70,7 @@ struct AdamWParams {
 // implementation then takes bf16 too (on the fast path when the key tensor is bf16).
 // Elementwise ops, batch norm and activations read bf16 and compute in f32; gemm and
 // linear take bf16 operands with f32 accumulation (linear's bias, dw and db f32); swap12
-// moves bytes of any dtype.
+// moves bytes of any dtype; dropout scales bf16 as it does f32, with the same mask.
 // Parity cases in bf16 allow one bf16 rounding (kBf16Eps, tests/op_cases.h) beyond the
 // f32 case's tolerance; gradcheck stays in f64.
 
@@ -156,7 +156,8 @@ using EmbeddingFwd = void(const Tensor& ids, const Tensor& table, Tensor& y);
 using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
 
 // Dropout: element i is kept when philox_uniform(seed, offset, i) >= p, and scaled by
-// 1/(1-p). mask (u8) records kept elements. Same mask on every device.
+// 1/(1-p). mask (u8) records kept elements. Same mask on every device. bf16 (Note [bf16
+// kernels]): x, y (dy, dx) bf16 together.
 using DropoutFwd = void(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset);
 using DropoutBwd = void(const Tensor& dy, const Tensor& mask, Tensor& dx, double p);
 

@@ -30,7 +30,7 @@ constexpr bool cpu_any_format(const char* n) {
 constexpr bool takes_bf16(const char* n) {
   for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train",
                          "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy",
-                         "cast", "gemm", "linear_fwd", "swap12", "linear_bwd"})
+                         "cast", "gemm", "linear_fwd", "swap12", "linear_bwd", "dropout_fwd", "dropout_bwd"})
     if (same(n, op)) return true;
   return false;
 }

@@ -125,7 +125,9 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_embedding(v, "tokens_64x128_vocab32000", {64, 128}, 32000, 512, true);
   add_dropout(v, "p01", {4, 50}, 0.1, false);
   add_dropout(v, "p05", {4, 50}, 0.5, false);
+  add_bf16_twin(v);
   add_dropout(v, "ffn_128x512x512", {128, 512, 512}, 0.1, true);
+  add_bf16_twin(v);
   add_reductions(v, "small", 1000, false);
   add_reductions(v, "resnet56_params", 853018, true);
   add_cast(v, "f32_to_bf16", DType::f32, DType::bf16, 1000, false);

@@ -118,28 +118,40 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
   }
 }
 
-void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
-  const int64_t n = x.numel();
-  const float s = float(1.0 / (1.0 - p)), pf = float(p);
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
-  uint8_t* mp = mask.data<uint8_t>();
+namespace {
+// Every argument by value: the compiler vectorises the Philox rounds only when it can see
+// that the stores alias none of them.
+template <class T>
+void dropout_loop(const T* xp, T* yp, uint8_t* mp, int64_t n, float s, float pf, uint64_t seed, uint64_t offset) {
 #pragma omp parallel for schedule(static) if (n > 16384)
   for (int64_t i = 0; i < n; ++i) {
     const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= pf;
     mp[i] = keep;
-    yp[i] = keep ? xp[i] * s : 0.f;
+    st(yp, i, keep ? ld(xp, i) * s : 0.f);
   }
+}
+template <class T>
+void dropout_bwd_loop(const T* gp, const uint8_t* mp, T* out, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) st(out, i, mp[i] ? ld(gp, i) * s : 0.f);
+}
+}  // namespace
+
+void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
+  if (!same_dtype({&x, &y})) return ref::dropout_fwd(x, y, mask, p, seed, offset);
+  const float s = float(1.0 / (1.0 - p)), pf = float(p);
+  with_storage(x, [&](auto t) {  // f32, or bf16 activations (Note [bf16 kernels])
+    using T = decltype(t);
+    dropout_loop(x.data<T>(), y.data<T>(), mask.data<uint8_t>(), x.numel(), s, pf, seed, offset);
+  });
 }
 
 void dropout_bwd(const Tensor& dy, const Tensor& mask, Tensor& dx, double p) {
-  const int64_t n = dy.numel();
-  const float s = float(1.0 / (1.0 - p));
-  const float* gp = dy.data<float>();
-  const uint8_t* mp = mask.data<uint8_t>();
-  float* out = dx.data<float>();
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) out[i] = mp[i] ? gp[i] * s : 0.f;
+  if (!same_dtype({&dy, &dx})) return ref::dropout_bwd(dy, mask, dx, p);
+  with_storage(dy, [&](auto t) {
+    using T = decltype(t);
+    dropout_bwd_loop(dy.data<T>(), mask.data<uint8_t>(), dx.data<T>(), dy.numel(), float(1.0 / (1.0 - p)));
+  });
 }
 
 void sum_squares(const Tensor& x, Tensor& out) {

@@ -127,10 +127,20 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
   else emb_bwd_t<float>(dy, ids, dt);
 }
 void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
+  if (any_bf16({&x, &y})) {  // Note [bf16 kernels]
+    Tensor y64 = wide_like(y);
+    dropout_fwd_t<double>(widened(x), y64, mask, p, seed, offset);
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) dropout_fwd_t<double>(x, y, mask, p, seed, offset);
   else dropout_fwd_t<float>(x, y, mask, p, seed, offset);
 }
 void dropout_bwd(const Tensor& dy, const Tensor& mask, Tensor& dx, double p) {
+  if (any_bf16({&dy, &dx})) {
+    Tensor dx64 = wide_like(dx);
+    dropout_bwd_t<double>(widened(dy), mask, dx64, p);
+    return narrowed_into(dx64, dx);
+  }
   if (dy.dtype() == DType::f64) dropout_bwd_t<double>(dy, mask, dx, p);
   else dropout_bwd_t<float>(dy, mask, dx, p);
 }
