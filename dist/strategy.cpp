@@ -28,8 +28,8 @@ Device rank_device(const Communicator& comm, const std::string& device) {
 
 }  // namespace
 
-Strategy::Strategy(Communicator& comm, const std::string& device, GradSyncOptions sync)
-    : comm_(comm), device_(rank_device(comm, device)), sync_options_(sync) {
+Strategy::Strategy(Communicator& comm, const std::string& device, GradSyncOptions sync, optim::LossScaleOptions scaling)
+    : comm_(comm), device_(rank_device(comm, device)), sync_options_(sync), scaler_(scaling) {
   if (comm.size() == 1) return;
   kind_ = device_.is_cuda() ? Kind::gpu_ranks : Kind::cpu_ranks;
   if (kind_ == Kind::gpu_ranks) nccl_ = make_nccl(comm, device_);
@@ -68,12 +68,19 @@ StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer&
     r.not_finite = StepResult::NotFinite::loss;
     return r;
   }
+  if (scaler_.enabled() && scaled.defined()) scaled = fn::scale(scaled, scaler_.scale());
   if (sync_) {
     sync_->begin(opt.grad_buckets(), opt.params());
     sync_->backward(scaled);
     sync_->finish();
   } else if (scaled.defined()) {
     scaled.backward();
+  }
+  if (scaler_.enabled()) {
+    r.loss_scale = scaler_.scale();
+    r.skipped_overflow = scaler_.unscale(opt.grad_buckets());
+    scaler_.update(r.skipped_overflow);
+    if (r.skipped_overflow) return r;  // the weights stay as they were
   }
   r.grad_norm = grad_clip > 0 ? opt.clip_grad_norm(grad_clip) : NAN;
   if (grad_clip > 0 && !std::isfinite(r.grad_norm)) {
@@ -98,13 +105,19 @@ void Strategy::average_running_stats(models::Model& m) const {
 
 void Strategy::save(nlohmann::json& state) const {
   if (sync_) state["gradient_sync_bytes"] = sync_->stats().bytes;
+  if (scaler_.enabled()) scaler_.save(state);
 }
 
 void Strategy::load(const nlohmann::json& state) {
   if (sync_) sync_->set_bytes(state.value("gradient_sync_bytes", int64_t(0)));
+  if (scaler_.enabled()) scaler_.load(state);
 }
 
 void Strategy::summarize(nlohmann::json& sj) const {
+  if (scaler_.enabled()) {
+    sj["loss_scale_final"] = scaler_.scale();
+    sj["steps_skipped_overflow"] = scaler_.skipped();
+  }
   if (!sync_) return;
   const GradSyncStats& gs = sync_->stats();
   sj["gradient_sync_bytes"] = gs.bytes;  // this rank's, over the run

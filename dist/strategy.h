@@ -37,6 +37,7 @@
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "dist/grad_sync.h"
+#include "optim/loss_scaler.h"
 
 namespace eg::models {
 class Model;
@@ -55,6 +56,10 @@ struct StepResult {
   // What was not finite when the step stopped before backward (the loss) or before the
   // optimizer (the gradient norm).
   enum class NotFinite { none, loss, grad_norm } not_finite = NotFinite::none;
+  // Loss scaling (optim/loss_scaler.h): the scale this step's loss was multiplied by (0:
+  // no scaling), and whether its gradients overflowed, so the optimizer step was skipped.
+  double loss_scale = 0;
+  bool skipped_overflow = false;
 };
 
 class Strategy {
@@ -62,8 +67,9 @@ class Strategy {
   enum class Kind { single, cpu_ranks, gpu_ranks };
 
   // `device` as --device gives it ("cpu", "cuda", "cuda:1"); throws when it names a GPU
-  // this build or machine lacks. `sync`: how the gradient buckets travel.
-  Strategy(Communicator& comm, const std::string& device, GradSyncOptions sync);
+  // this build or machine lacks. `sync`: how the gradient buckets travel; `scaling`: the
+  // loss scaling of 16-bit gradients.
+  Strategy(Communicator& comm, const std::string& device, GradSyncOptions sync, optim::LossScaleOptions scaling = {});
   ~Strategy();
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
@@ -82,9 +88,10 @@ class Strategy {
 
   // One step after the forward: the global loss (agreed over the ranks, scaling this
   // rank's `loss`, a mean over its `samples`, by its share of the global count), backward
-  // with the gradient sync, clipping to `grad_clip` (> 0), and the optimizer's step when
-  // any rank had a sample. Stops before backward (non-finite loss) or before the
-  // optimizer (non-finite gradient norm), saying which in the result.
+  // with the gradient sync (and the loss scale, when scaling), clipping to `grad_clip`
+  // (> 0), and the optimizer's step when any rank had a sample. Stops before backward
+  // (non-finite loss) or before the optimizer (non-finite gradient norm), saying which in
+  // the result; under loss scaling a non-finite gradient skips the step instead.
   StepResult step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
 
   // Every rank's BatchNorm running statistics become their mean over the ranks (in place).
@@ -92,7 +99,8 @@ class Strategy {
 
   // The gradient sync's figures (data-parallel runs only).
   const GradSync* sync() const { return sync_.get(); }
-  // Checkpoints and summary.json: the gradient sync's byte count and statistics.
+  // Checkpoints and summary.json: the gradient sync's byte count and statistics, the
+  // loss scaler's state.
   void save(nlohmann::json& state) const;
   void load(const nlohmann::json& state);
   void summarize(nlohmann::json& summary) const;
@@ -102,6 +110,7 @@ class Strategy {
   Kind kind_ = Kind::single;
   Device device_;
   GradSyncOptions sync_options_;
+  optim::LossScaler scaler_;
   std::unique_ptr<Communicator> nccl_;  // GPU ranks' gradients
   std::unique_ptr<GradSync> sync_;
 };

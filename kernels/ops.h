@@ -179,6 +179,11 @@ using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
 
 // Sum of squares of x into out [1] (f32 or f64 accumulator; for gradient clipping).
 using SumSquares = void(const Tensor& x, Tensor& out);
+// Loss scaling's unscale (optim/loss_scaler.h), torch's
+// _amp_foreach_non_finite_check_and_unscale_: grad *= inv_scale in place, and found_inf
+// (f32 [1]) set to 1 when an element of grad is inf or NaN, else left as it is, so one
+// flag gathers every bucket's. grad f32 (f64 on ref).
+using AmpUnscale = void(Tensor& grad, Tensor& found_inf, double inv_scale);
 // Layout: x [A, B, C, D] -> y [A, C, B, D] (splitting heads out of [B, T, H, Dh] and
 // back). Its own adjoint: the backward is the same op on the gradient.
 using Swap12 = void(const Tensor& x, Tensor& y);
@@ -211,19 +216,19 @@ struct Op {
 #define EG_OP_LIST(X)                                                                                                  \
   X(conv2d_fwd, Conv2dFwd)                                                                                             \
   X(conv2d_bwd_data, Conv2dBwdData)                                                                                    \
-  X(conv2d_bwd_weight, Conv2dBwdWeight) X(batchnorm_fwd_train, BatchNormFwdTrain)                                      \
-      X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd) X(act_fwd, ActFwd) X(act_bwd, ActBwd)   \
-          X(pool2d_fwd, Pool2dFwd) X(pool2d_bwd, Pool2dBwd) X(global_avgpool_fwd, GlobalAvgPoolFwd)                    \
-              X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm) X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd)  \
-                  X(binary_fwd, BinaryFwd) X(scale, Scale) X(axpy, Axpy) X(sum_to, SumTo) X(broadcast_to, BroadcastTo) \
-                      X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd) X(cross_entropy_fwd, CrossEntropyFwd)      \
-                          X(cross_entropy_bwd, CrossEntropyBwd) X(layernorm_fwd, LayerNormFwd)                         \
-                              X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd)                            \
-                                  X(embedding_bwd, EmbeddingBwd) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd) \
-                                      X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd)                    \
-                                          X(sgd_step, SgdStep) X(adamw_step, AdamWStep) X(sum_squares, SumSquares)     \
-                                              X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)    \
-                                                  X(argmax_rows, ArgmaxRows)
+  X(conv2d_bwd_weight, Conv2dBwdWeight)                                                                                \
+  X(batchnorm_fwd_train, BatchNormFwdTrain) X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd)   \
+      X(act_fwd, ActFwd) X(act_bwd, ActBwd) X(pool2d_fwd, Pool2dFwd) X(pool2d_bwd, Pool2dBwd)                          \
+          X(global_avgpool_fwd, GlobalAvgPoolFwd) X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm)                \
+              X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd) X(binary_fwd, BinaryFwd) X(scale, Scale) X(axpy, Axpy) \
+                  X(sum_to, SumTo) X(broadcast_to, BroadcastTo) X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd)  \
+                      X(cross_entropy_fwd, CrossEntropyFwd) X(cross_entropy_bwd, CrossEntropyBwd)                      \
+                          X(layernorm_fwd, LayerNormFwd) X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd) \
+                              X(embedding_bwd, EmbeddingBwd) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)     \
+                                  X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd) X(sgd_step, SgdStep)   \
+                                      X(adamw_step, AdamWStep) X(sum_squares, SumSquares) X(amp_unscale, AmpUnscale)   \
+                                          X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)        \
+                                              X(argmax_rows, ArgmaxRows)
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
 EG_OP_LIST(EG_DECLARE_OP)

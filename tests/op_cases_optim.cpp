@@ -1,4 +1,4 @@
-// Op cases: fused optimizer steps (sgd_step, adamw_step). The forward is one step: it
+// Op cases: fused optimizer steps (sgd_step, adamw_step) and loss scaling's unscale. The forward is one step: it
 // clones param and state (the kernels update in place, and the inputs are shared by
 // every backend's run) and returns the updated tensors. No backward.
 #include <cmath>
@@ -55,6 +55,34 @@ void add_adamw(std::vector<OpCase>& v, const std::string& name, int64_t n, ops::
   v.push_back(c);
 }
 
+// found_inf starts 0; `inf_at` >= 0 puts an inf there (and a NaN after it), so the flag
+// must be raised. A power-of-two scale, as the loss scaler's, is exact.
+void add_unscale(std::vector<OpCase>& v, const std::string& name, int64_t n, int64_t inf_at, bool big) {
+  OpCase c;
+  c.name = "amp_unscale/" + name;
+  c.make_inputs = [=](DType dt) {
+    Tensor g = randn({n}, dt, 75, 1e4);
+    if (inf_at >= 0) {
+      std::vector<double> vals = g.to(DType::f64).to_vector<double>();
+      vals[size_t(inf_at)] = INFINITY;
+      vals[size_t(std::min(inf_at + 1, n - 1))] = NAN;
+      g = Tensor::from_vector(vals, {n}).to(dt);
+    }
+    return Tensors{g};
+  };
+  c.forward = [=](ops::Backend b, const Tensors& in) {
+    Tensor g = in[0].clone(), found = Tensor::zeros({1}, DType::f32, in[0].device());
+    ops::run(ops::amp_unscale, b, g, found, 1.0 / 65536);
+    return Tensors{inf_at >= 0 ? Tensor::zeros({1}, in[0].dtype(), in[0].device()) : g, found};
+  };
+  c.uses = {uses(ops::amp_unscale)};
+  c.fwd_tol = {0, 0};
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(n) * 4 * (2 + 2);
+  v.push_back(c);
+}
+
 ops::SgdParams sgd(double lr, double momentum, double dampening, double wd, bool nesterov, bool first) {
   ops::SgdParams p;
   p.lr = lr;
@@ -85,6 +113,11 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_sgd(v, "nesterov_first_step", n, sgd(0.1, 0.9, 0, 5e-4, true, true), false);
   add_sgd(v, "nesterov_wd_n850k", 850000, sgd(0.1, 0.9, 0, 5e-4, true, false), true);
   add_sgd(v, "nesterov_wd_n25600k", 25600000, sgd(0.1, 0.9, 0, 5e-4, true, false), true);
+
+  add_unscale(v, "finite", n, -1, false);
+  add_unscale(v, "inf_and_nan", n, 700, false);
+  add_unscale(v, "inf_last", n, n - 1, false);
+  add_unscale(v, "n850k", 850000, -1, true);
 
   add_adamw(v, "step1", n, adamw(1e-3, 0.01, 1), false);
   add_adamw(v, "step10", n, adamw(1e-3, 0.01, 10), false);

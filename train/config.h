@@ -14,6 +14,7 @@
 
 #include "dist/grad_sync.h"
 #include "freeze/policy.h"
+#include "optim/loss_scaler.h"
 
 namespace eg::optim {
 class LrSchedule;
@@ -73,6 +74,7 @@ struct TrainConfig {
   // ---- data-parallel training (several ranks under an MPI launcher; train/run.h)
   double bucket_cap_mb = 25;  // gradient buckets after the first (1 MiB), as PyTorch DDP
   dist::GradSyncOptions grad_sync;  // overlapped with backward, and in which dtype
+  optim::LossScaleOptions loss_scale;  // dynamic loss scaling (default: with fp16)
   // ---- layer freezing (freeze/policy.h): the policy (none, static, freezeout, autofreeze,
   // egeria), its units, egeria's tracker and reference model, the activation cache
   freeze::FreezeOptions freezing;

@@ -270,6 +270,22 @@ std::vector<Option> make_options() {
                      "metrics.jsonl then log grad_norm, the norm before clipping",
                      &TrainConfig::grad_clip,
                      Rule<double>{[](double v) { return v >= 0; }, "non-negative (0: no clipping)"}));
+  t.push_back(recipe(choice("--loss-scale", "loss_scale", G::optimisation, F,
+                            "off, or dynamic: the loss multiplied by a scale before backward and the gradients "
+                            "divided by it after, a step whose gradients overflow skipped and the scale halved, "
+                            "doubled after --loss-scale-growth-interval clean steps (torch.cuda.amp.GradScaler; "
+                            "default: dynamic with --precision fp16, else off)",
+                            EG_FIELD(loss_scale.dynamic), Names<bool>{{"off", false}, {"dynamic", true}}),
+                     [](TrainConfig& c, int) {
+    if (c.precision == DType::f16) c.loss_scale.dynamic = true;
+  }));
+  t.push_back(number("--loss-scale-init", "loss_scale_init", G::optimisation, F,
+                     "--loss-scale dynamic: the first scale (2^16, as GradScaler's)", EG_FIELD(loss_scale.init),
+                     Rule<double>{[](double v) { return v > 0 && std::isfinite(v); }, "a positive number"}));
+  t.push_back(number("--loss-scale-growth-interval", "loss_scale_growth_interval", G::optimisation, F,
+                     "--loss-scale dynamic: clean steps in a row after which the scale doubles",
+                     EG_FIELD(loss_scale.growth_interval),
+                     Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   // ---- data-parallel training
   t.push_back(number("--bucket-cap-mb", "bucket_cap_mb", G::parallel, OnResume::warn,
                      "gradient buckets after the first (1 MiB) hold up to this many MiB; each is all-reduced as one",

@@ -124,6 +124,8 @@ void log_step(const Run& r, const dist::StepResult& s, double lr) {
             {unit + "_per_second", rate(st)}};
   j[unit] = s.count;  // this step's images or target tokens (of every rank)
   if (r.c.grad_clip > 0) j["grad_norm"] = s.grad_norm;
+  if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale;
+  if (s.skipped_overflow) j["skipped"] = "overflow";
   if (const dist::GradSync* sync = r.dp.sync()) j["gradient_sync_bytes"] = sync->stats().last_step_bytes;
   j.update(r.freezing->step_fields());
   r.log(j);
@@ -164,7 +166,7 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   st.samples += s.count;
   if (s.count > 0) st.epoch_loss_sum += s.loss, ++st.epoch_loss_n;
   st.train_seconds += seconds_since(t0);
-  if (st.step % r.c.log_every == 0) log_step(r, s, lr);
+  if (st.step % r.c.log_every == 0 || s.skipped_overflow) log_step(r, s, lr);
   const double eta = seconds_since(epoch_start) / double(steps_this_epoch) * double(r.steps_per_epoch - st.batch);
   if (r.lead()) print_progress(r, s.loss, lr, eta);
   if (r.c.eval_every > 0 && st.step % r.c.eval_every == 0) evaluate_between_steps(r);

@@ -22,7 +22,7 @@ namespace eg::train {
 // Everything one invocation of fit() holds, built phase by phase.
 struct Run {
   Run(Task& t, const TrainConfig& given, dist::Communicator& comm)
-      : given(given), c(given), dp(comm, given.device, given.grad_sync), task(t) {}
+      : given(given), c(given), dp(comm, given.device, given.grad_sync, given.loss_scale), task(t) {}
 
   const TrainConfig& given;
   TrainConfig c;  // as this process resolved it: its GPU, threads, workers, batch size

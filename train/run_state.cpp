@@ -78,8 +78,8 @@ CheckpointContents checkpoint_contents(RunParts& p, const LoopState& loop, int64
     for (auto& r : p.strategy.comm().all_gather(json::array({g.seed(), g.offset()}).dump()))
       ranks.push_back(json::parse(r));
     c.state["rng_ranks"] = ranks;
-    p.strategy.save(c.state);
   }
+  p.strategy.save(c.state);
   return c;
 }
 

@@ -1,5 +1,5 @@
 // Optimizer updates, fast CPU path: SGD and AdamW as one fused OpenMP + SIMD pass over
-// the flat tensors, updating param and state in place. PyTorch semantics as in
+// the flat tensors, updating param and state in place; loss scaling's unscale. PyTorch semantics as in
 // kernels/ops.h (same arithmetic as kernels/ref/optim.cpp). f32.
 //
 // Napkin math: bandwidth-bound. SGD with momentum moves 20 bytes per element (read p,
@@ -54,6 +54,20 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const ops
   float* mb = momentum_buf.data<float>();
   if (p.first_step) sgd_nesterov<true, true>(w, g, mb, n, p);
   else sgd_nesterov<true, false>(w, g, mb, n, p);
+}
+
+void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
+  float* g = grad.data<float>();
+  const int64_t n = grad.numel();
+  const float s = float(inv_scale);
+  int bad = 0;
+  // x - x is 0 for a finite x and NaN for inf or NaN: a test that vectorises.
+#pragma omp parallel for simd schedule(static) reduction(max : bad) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    bad = std::max(bad, int(g[i] - g[i] != 0.f));
+    g[i] *= s;
+  }
+  if (bad) found_inf.data<float>()[0] = 1.f;
 }
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p) {

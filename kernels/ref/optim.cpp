@@ -45,7 +45,23 @@ void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::A
   }
 }
 
+template <class T>
+void unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
+  T* g = grad.data<T>();
+  bool bad = false;
+  for (int64_t i = 0; i < grad.numel(); ++i) {
+    bad = bad || !std::isfinite(g[i]);
+    g[i] = T(double(g[i]) * inv_scale);
+  }
+  if (bad) found_inf.data<float>()[0] = 1.f;
+}
+
 }  // namespace
+
+void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
+  if (grad.dtype() == DType::f64) unscale<double>(grad, found_inf, inv_scale);
+  else unscale<float>(grad, found_inf, inv_scale);
+}
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const ops::SgdParams& p) {
   if (param.dtype() == DType::f64) sgd<double>(param, grad, momentum_buf, p);
