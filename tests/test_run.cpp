@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/device.h"
 #include "models/transformer.h"
 #include "tests/test_util.h"
 #include "train/safetensors.h"
@@ -334,7 +335,10 @@ TEST(Run, ConfigJsonHoldsEveryOptionAndReadsBack) {
   c.keep_checkpoints = 3;
   c.epochs = 1;
   c.train_limit = 64;
+  c.tf32 = train::Switch::on;  // the process's switch, recorded (no effect on the CPU)
   ASSERT_TRUE(train::run_training(c).completed);
+  EXPECT_TRUE(allow_tf32());
+  set_allow_tf32(false);
   const json written = json::parse(std::ifstream(d + "/config.json"));
   for (auto& o : train::options())
     if (o.group != train::OptionGroup::hidden && o.key != "resume") {
@@ -342,6 +346,7 @@ TEST(Run, ConfigJsonHoldsEveryOptionAndReadsBack) {
     }
   EXPECT_EQ(written["threads"], 2);
   EXPECT_TRUE(written["cpu_winograd"] == "on" || written["cpu_winograd"] == "off") << "the choice made";
+  EXPECT_EQ(written["tf32"], "on");
   EXPECT_EQ(written["freeze_cache_dir"], d + "/cache");
   EXPECT_EQ(train::to_json(train::from_json(written)), written);
   try {

@@ -28,7 +28,9 @@ enum class AugmentMode { epoch, sample };  // a new crop/flip every epoch, or on
 using FreezeUnits = freeze::PartitionMode;
 using FrozenBn = freeze::FrozenBn;
 using ReferenceScope = freeze::ReferenceScope;
-enum class Winograd { process, on, off };  // process: leave EG_CPU_WINOGRAD's choice
+// A process-wide kernel choice: process leaves the environment's (EG_CPU_WINOGRAD,
+// EG_ALLOW_TF32); config.json records what the run used.
+enum class Switch { process, on, off };
 
 struct TrainConfig {
   // ---- run
@@ -36,7 +38,10 @@ struct TrainConfig {
   int64_t epochs = 15;
   uint64_t seed = 0;
   int threads = 0;  // 0: all cores (config.json records the count used)
-  Winograd cpu_winograd = Winograd::process;
+  Switch cpu_winograd = Switch::process;
+  // TF32 tensor cores for CUDA f32 convolutions and GEMMs (torch.backends.cudnn.allow_tf32
+  // and torch.backends.cuda.matmul.allow_tf32); off keeps IEEE f32.
+  Switch tf32 = Switch::process;
   // f32, or bf16 mixed precision (autograd::Autocast around the forward and the loss; Note
   // [Autocast] in autograd/autocast.h); fp16 is the GPU's and not yet built.
   DType precision = DType::f32;
@@ -147,7 +152,7 @@ const Option& option(const std::string& flag_or_key);
 // Parses one option's command-line text into c (throws eg::Error naming the flag).
 void set_option(TrainConfig& c, const std::string& flag, const std::string& text);
 
-// config.json: every option, with `threads` and `cpu_winograd` as this process resolved
+// config.json: every option, with `threads`, `cpu_winograd` and `tf32` as this process resolved
 // them. from_json starts from `base` and sets each key present; an unknown key is an error
 // naming it (keys a task adds beside the options, such as "arch", are listed in `extra`).
 nlohmann::json to_json(const TrainConfig& c);

@@ -52,7 +52,12 @@ std::vector<Option> make_options() {
                      "Winograd for the CPU's 3x3 convolutions with >= 32 channels where oneDNN has it (AVX-512); "
                      "off: all direct, as PyTorch (default on, or off when EG_CPU_WINOGRAD=0; config.json records "
                      "the choice)",
-                     &TrainConfig::cpu_winograd, Names<Winograd>{{"on", Winograd::on}, {"off", Winograd::off}}));
+                     &TrainConfig::cpu_winograd, Names<Switch>{{"on", Switch::on}, {"off", Switch::off}}));
+  t.push_back(choice("--tf32", "tf32", G::run, F,
+                     "TF32 tensor cores for CUDA f32 convolutions and matmuls (PyTorch's allow_tf32; its default is "
+                     "on for convolutions): faster, with 10-bit mantissas in the products (default off, or on when "
+                     "EG_ALLOW_TF32=1; config.json records the choice; no effect on the CPU)",
+                     &TrainConfig::tf32, Names<Switch>{{"on", Switch::on}, {"off", Switch::off}}));
   t.push_back(choice("--precision", "precision", G::run, F,
                      "f32, or bf16 mixed precision as PyTorch's autocast: convolutions with bf16 activations and "
                      "weights (f32 accumulation), batch norm and activations on the bf16 activations with f32 "

@@ -34,8 +34,10 @@ void set_up_process(Run& r) {
   c.threads = num_threads();
   if (c.workers == 0)  // the loader decodes and augments on the cores training leaves this rank
     c.workers = std::max(1, cores / local_ranks - c.threads);
-  if (c.cpu_winograd != Winograd::process) set_cpu_winograd(c.cpu_winograd == Winograd::on);
-  c.cpu_winograd = cpu_winograd() ? Winograd::on : Winograd::off;
+  if (c.cpu_winograd != Switch::process) set_cpu_winograd(c.cpu_winograd == Switch::on);
+  c.cpu_winograd = cpu_winograd() ? Switch::on : Switch::off;
+  if (c.tf32 != Switch::process) set_allow_tf32(c.tf32 == Switch::on);
+  c.tf32 = allow_tf32() ? Switch::on : Switch::off;
 }
 
 std::optional<Checkpoint> plan_resume(Run& r) {
