@@ -188,25 +188,18 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
   EXPECT_GE(ac["whole_batches_from_cache"].get<int64_t>(), 16) << ac.dump();
   EXPECT_GT(ac["prefetched_batches"].get<int64_t>(), 12) << ac.dump();
   EXPECT_GT(ac["forward_flops_saved_fraction"].get<double>(), 0.1) << ac.dump();
-  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
-  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  eg::testing::expect_same_weights(a, b);
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(b + "/config.json"))["freeze_cache"], "on");
 
   // Killed while the cache is serving, resumed: the cache starts empty and refills,
   // and the run still ends where the uninterrupted one did (this one on disk).
   auto c = cached_cfg(killed, true);
   c.freezing.cache_dir = killed;  // the disk tier, end to end
-  c.checkpoint_every = 1;
-  c.stop_after_steps = 40;
-  EXPECT_FALSE(train::run_training(c).completed);
-  c.resume = true;
-  c.stop_after_steps = 0;
-  ASSERT_TRUE(train::run_training(c).completed);
+  eg::testing::run_stopped_and_resumed(c, 40);
   EXPECT_TRUE(
       nlohmann::json::parse(std::ifstream(killed + "/summary.json"))["activation_cache"]["on_disk"].get<bool>());
   EXPECT_FALSE(ac["on_disk"].get<bool>()) << "a few MB: in memory";
-  auto wk = train::load_safetensors(killed + "/model.safetensors");
-  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wk.at(k).to_vector<float>()) << k;
+  eg::testing::expect_same_weights(a, killed);
   // The backing file never outlives the run.
   for (auto& e : std::filesystem::directory_iterator(killed))
     EXPECT_EQ(e.path().filename().string().find(".egeria-activation-cache"), std::string::npos) << e.path();
@@ -226,8 +219,7 @@ TEST(CacheTrainer, Bf16CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
   EXPECT_EQ(ac["hit_samples"].get<int64_t>(), 2 * 256 - 16) << ac.dump();
   // 256 samples of the 4th layer module's output (ResNet-20's first stage: 16 x 32 x 32), 2 bytes each.
   EXPECT_EQ(ac["peak_bytes_reserved"].get<int64_t>(), 256 * 16 * 32 * 32 * 2) << ac.dump();
-  auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");
-  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  eg::testing::expect_same_weights(a, b);
 }
 
 // Egeria with --freeze-reference-scope unit: the front unit's input is the frozen

@@ -94,9 +94,7 @@ TEST(LossScale, APowerOfTwoScaleWithoutOverflowTrainsTheSameWeights) {
   c.out = b;
   c.loss_scale = {true, 1024, 1000000};
   ASSERT_TRUE(train::run_training(c).completed);
-  const auto wa = train::load_safetensors(a + "/model.safetensors"),
-             wb = train::load_safetensors(b + "/model.safetensors");
-  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k;
+  eg::testing::expect_same_weights(a, b);
   const json sj = json::parse(std::ifstream(b + "/summary.json"));
   EXPECT_EQ(sj["loss_scale_final"], 1024);
   EXPECT_EQ(sj["steps_skipped_overflow"], 0);
@@ -139,16 +137,8 @@ TEST(LossScale, OverflowsAreSkippedNeverWrittenAndTheScaleResumes) {
   EXPECT_EQ(sj["steps_skipped_overflow"], skipped);
   EXPECT_TRUE(all_finite(train::load_safetensors(full + "/model.safetensors")));
 
-  auto c = config(killed);
-  c.checkpoint_every = 1;
-  c.stop_after_steps = 12;
-  EXPECT_FALSE(train::run_training(c).completed);
-  c.resume = true;
-  c.stop_after_steps = 0;
-  ASSERT_TRUE(train::run_training(c).completed);
-  const auto wf = train::load_safetensors(full + "/model.safetensors"),
-             wk = train::load_safetensors(killed + "/model.safetensors");
-  for (auto& [k, t] : wf) EXPECT_EQ(t.to_vector<float>(), wk.at(k).to_vector<float>()) << k;
+  eg::testing::run_stopped_and_resumed(config(killed), 12);
+  eg::testing::expect_same_weights(full, killed);
   const json sk = json::parse(std::ifstream(killed + "/summary.json"));
   EXPECT_EQ(sk["loss_scale_final"], sj["loss_scale_final"]);
   EXPECT_EQ(sk["steps_skipped_overflow"], sj["steps_skipped_overflow"]);

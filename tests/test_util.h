@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "train/config.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
 
 namespace eg::testing {
 
@@ -71,6 +73,24 @@ inline void use_fast_egeria(train::TrainConfig& c) {
   c.freezing.tracker.tolerance_coef = 0.5;
   c.freezing.reference.synchronous = true;
   c.freezing.units = train::FreezeUnits::layers;
+}
+
+// `c` run as if killed after `stop` steps (a checkpoint every step), then resumed to its end.
+inline void run_stopped_and_resumed(train::TrainConfig c, int64_t stop) {
+  c.checkpoint_every = 1;
+  c.stop_after_steps = stop;
+  EXPECT_FALSE(train::run_training(c).completed) << "stopped after " << stop << " steps";
+  c.resume = true;
+  c.stop_after_steps = 0;
+  ASSERT_TRUE(train::run_training(c).completed);
+}
+
+// Every tensor of run a's model.safetensors is run b's, bit for bit.
+inline void expect_same_weights(const std::string& a, const std::string& b) {
+  const auto wa = train::load_safetensors(a + "/model.safetensors"),
+             wb = train::load_safetensors(b + "/model.safetensors");
+  ASSERT_EQ(wa.size(), wb.size());
+  for (auto& [k, t] : wa) EXPECT_EQ(t.to_vector<float>(), wb.at(k).to_vector<float>()) << k << ": " << a << " vs " << b;
 }
 
 }  // namespace eg::testing
