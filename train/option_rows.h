@@ -219,4 +219,8 @@ Option flag_switch(const char* flag, const char* key, OptionGroup g, OnResume r,
   return o;
 }
 
+// The freezing, reference-model and activation-cache rows (train/options_freezing.cpp),
+// appended to `t` in the table's order.
+void add_freezing_options(std::vector<Option>& t);
+
 }  // namespace eg::train::rows

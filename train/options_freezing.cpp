@@ -1,0 +1,185 @@
+// The table's freezing rows (train/options.cpp has the rest): the policy, Egeria's
+// tracker, the reference model and the activation cache, in the table's order.
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "freeze/policy.h"
+#include "quant/reference.h"
+#include "train/config.h"
+#include "train/option_rows.h"
+
+namespace eg::train::rows {
+
+void add_freezing_options(std::vector<Option>& t) {
+  using G = OptionGroup;
+  const OnResume F = OnResume::fixed, Free = OnResume::free;
+  // ---- freezing
+  t.push_back(
+      checked(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", EG_FIELD(freezing.policy), "POLICY"),
+              [](const TrainConfig& c) {
+    EG_CHECK(member(freeze::policy_names(), c.freezing.policy), "--freeze: unknown policy '", c.freezing.policy,
+             "' (known: ", joined(freeze::policy_names()), ")");
+      }));
+  t.push_back(choice("--freeze-modules", "freeze_modules", G::freezing, F,
+                     "freezing units: auto (the paper's: stages, large ones split) or layers (every layer module)",
+                     EG_FIELD(freezing.units),
+                     Names<FreezeUnits>{{"auto", FreezeUnits::automatic}, {"layers", FreezeUnits::layers}}));
+  t.push_back(text("--freeze-module-regex", "freeze_module_regex", G::freezing, F,
+                   "freezing units by parameter name: parameters whose match of this regex (its first group, if any) "
+                   "is the same form one unit, e.g. '^(layer[0-9]+)\\.'",
+                   EG_FIELD(freezing.unit_regex), "REGEX"));
+  t.push_back(number("--freeze-interval", "freeze_interval", G::freezing, F,
+                     "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least "
+                     "10; autofreeze, one epoch)",
+                     EG_FIELD(freezing.tracker.interval),
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
+  {
+    Option o = row("--freeze-bootstrap-interval", "freeze_bootstrap_interval", G::freezing, F,
+                   "egeria: iterations between the bootstrapping stage's checks, each comparing the mean training loss "
+                   "over its iterations with the previous check's: auto (an epoch, or a tenth of a shorter run, and at "
+                   "least n), n (every n iterations, the paper) or a number",
+                   "auto|n|N");
+    // config.json keeps TrainConfig's number (0: auto, -1: n), as runs before the table did.
+    o.get = [](const TrainConfig& c) { return json(c.freezing.tracker.bootstrap_interval); };
+    o.set = [](TrainConfig& c, const json& j) {
+      if (j == "auto" || j == 0) return void(c.freezing.tracker.bootstrap_interval = 0);
+      if (j == "n" || j == -1) return void(c.freezing.tracker.bootstrap_interval = -1);
+      int64_t v = 0;
+      try {
+        v = to_number<int64_t>("--freeze-bootstrap-interval", j);
+      } catch (const Error&) {
+      }
+      EG_CHECK(v >= 1, "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got ",
+               j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
+      c.freezing.tracker.bootstrap_interval = v;
+    };
+    o.check = [](const TrainConfig& c) {
+      EG_CHECK(c.freezing.tracker.bootstrap_interval >= -1,
+               "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got ",
+               c.freezing.tracker.bootstrap_interval);
+    };
+    t.push_back(o);
+  }
+  t.push_back(number("--freeze-window", "freeze_window", G::freezing, F, "egeria: W, stale readings before freezing",
+                     EG_FIELD(freezing.tracker.window), Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
+  t.push_back(number("--freeze-window-min", "freeze_window_min", G::freezing, F,
+                     "egeria: W halves after each unfreeze, but not below this (1: the paper)",
+                     EG_FIELD(freezing.tracker.min_window),
+                     Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
+  t.push_back(number("--freeze-tolerance", "freeze_tolerance", G::freezing, F, "egeria: T coefficient",
+                     EG_FIELD(freezing.tracker.tolerance_coef),
+                     Rule<double>{[](double v) { return v > 0; }, "positive"}));
+  t.push_back(choice("--freeze-tolerance-from", "freeze_tolerance_from", G::freezing, F,
+                     "egeria: T = coefficient x the largest |slope| of a module's first 3 fits (first3, the paper) or "
+                     "of all its fits so far (peak: for modules already settled when bootstrapping ends)",
+                     EG_FIELD(freezing.tracker.tolerance_from_peak), Names<bool>{{"first3", false}, {"peak", true}}));
+  using RT = freeze::RefreezeTolerance;
+  t.push_back(choice("--freeze-refreeze-tolerance", "freeze_refreeze_tolerance", G::freezing, F,
+                     "egeria: the T a module refreezes with after an LR unfreeze: measured again from its first 3 fits "
+                     "at the new LR (remeasure), the T of its first fits ever (keep, the paper), or that T scaled by "
+                     "the LR's fall (scaled)",
+                     EG_FIELD(freezing.tracker.refreeze_tolerance),
+                     Names<RT>{{"remeasure", RT::remeasure}, {"keep", RT::keep}, {"scaled", RT::scaled}}));
+  t.push_back(choice("--freeze-first-phase", "freeze_first_phase", G::freezing, F,
+                     "egeria: on (the paper) freezes as soon as a module is found converged; off holds those freezes "
+                     "until the LR first falls 10x below its peak, then applies them at once",
+                     EG_FIELD(freezing.tracker.freeze_first_phase), kOnOff));
+  t.push_back(choice("--freeze-unfreeze", "freeze_unfreeze", G::freezing, F,
+                     "egeria: lr (the paper) unfreezes every module when the LR has fallen 10x since the front one "
+                     "froze; never keeps what froze frozen to the end, as AutoFreeze",
+                     EG_FIELD(freezing.tracker.unfreeze_on_lr_fall), Names<bool>{{"lr", true}, {"never", false}}));
+  t.push_back(
+      choice("--freeze-last-phase", "freeze_last_phase", G::freezing, F,
+             "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR within "
+             "10x of its final value) whole, unfreezing what is frozen when it begins",
+             EG_FIELD(freezing.tracker.freeze_last_phase), kOnOff));
+  t.push_back(
+      choice("--freeze-bn", "freeze_bn", G::freezing, F,
+             "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
+             "or normalise with their running statistics (running: a fixed function, as the activation cache "
+             "needs)",
+             EG_FIELD(freezing.bn), Names<FrozenBn>{{"batch", FrozenBn::batch}, {"running", FrozenBn::running}}));
+  t.push_back(flag_switch("--freeze-sync", "freeze_sync", G::freezing, F,
+                          "egeria: evaluate plasticity inline (deterministic, slower)",
+                          EG_FIELD(freezing.reference.synchronous)));
+  t.push_back(choice("--freeze-apply", "freeze_apply", G::freezing, F,
+                     "egeria: act on a background evaluation's result at the next evaluation step, waiting for it if "
+                     "late (next: the same run makes the same decisions), or as soon as it arrives (arrival: never "
+                     "waits, as the paper; decisions then depend on timing)",
+                     EG_FIELD(freezing.apply_on_arrival), Names<bool>{{"next", false}, {"arrival", true}}));
+  t.push_back(number("--freeze-threads", "freeze_threads", G::freezing, F, "egeria: threads of each background thread",
+                     EG_FIELD(freezing.reference.threads), Rule<int>{[](int v) { return v >= 1; }, "at least 1"}));
+  t.push_back(number("--static-modules", "static_modules", G::freezing, F,
+                     "static: number of front units to freeze (-1: half)", EG_FIELD(freezing.static_modules)));
+  t.push_back(number("--static-epoch", "static_epoch", G::freezing, F, "static: epoch at which they freeze (-1: half)",
+                     EG_FIELD(freezing.static_epoch)));
+  t.push_back(number("--freezeout-t0", "freezeout_t0", G::freezing, F,
+                     "freezeout: fraction of training when the first unit freezes", EG_FIELD(freezing.freezeout_t0),
+                     Rule<double>{[](double v) { return v > 0 && v <= 1; }, "in (0, 1]"}));
+  t.push_back(number("--autofreeze-percentile", "autofreeze_percentile", G::freezing, F,
+                     "autofreeze: gradient-change percentile", EG_FIELD(freezing.autofreeze_percentile),
+                     Rule<double>{[](double v) { return v >= 0 && v <= 100; }, "in [0, 100]"}));
+  // ---- reference model
+  t.push_back(checked(
+      text("--freeze-reference", "freeze_reference", G::reference, F,
+           "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU",
+           EG_FIELD(freezing.reference.precision), "PRECISION"),
+      [](const TrainConfig& c) {
+    EG_CHECK(member(quant::reference_precisions(), c.freezing.reference.precision),
+             "--freeze-reference must be one of ", joined(quant::reference_precisions()), ", got '",
+             c.freezing.reference.precision, "'");
+      }));
+  t.push_back(number("--freeze-reference-calibration", "freeze_reference_calibration", G::reference, F,
+                     "egeria, int8 reference: calibrate each convolution's input scale on this many batches after "
+                     "every refresh of the reference, then keep it (static quantisation, the paper); 0: every batch "
+                     "its own scales (dynamic)",
+                     EG_FIELD(freezing.reference.calibration_batches),
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, ">= 0 batches (0: every batch its own scales)"}));
+  t.push_back(choice("--freeze-reference-scope", "freeze_reference_scope", G::reference, F,
+                     "egeria: what the reference runs for an evaluation: only the front unit, on the training model's "
+                     "input to it (unit: its cost does not grow with the depth of the front), or the network from the "
+                     "images through the front unit (network, the paper); Transformers always run network",
+                     EG_FIELD(freezing.reference_scope),
+                     Names<ReferenceScope>{{"unit", ReferenceScope::unit}, {"network", ReferenceScope::network}}));
+  {
+    Option o = row("--freeze-reference-max-load", "freeze_reference_max_load", G::reference, F,
+                   "egeria: run the reference forward only while the machine's CPU load is at most this percentage "
+                   "(auto: 50 when training on a GPU with --freeze-apply arrival, as the paper; else 100, never "
+                   "waiting)",
+                   "auto|PERCENT");
+    o.get = [](const TrainConfig& c) {
+      return c.freezing.reference_max_load == 0 ? json("auto") : json(c.freezing.reference_max_load);
+    };
+    o.set = [](TrainConfig& c, const json& j) {
+      if (j == "auto") return void(c.freezing.reference_max_load = 0);
+      double v = -1;
+      try {
+        v = to_number<double>("--freeze-reference-max-load", j);
+      } catch (const Error&) {
+      }
+      EG_CHECK(v > 0 && v <= 100, "--freeze-reference-max-load must be auto or a percentage of the machine's CPU, a ",
+               "number in (0, 100] without %, got ", j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
+      c.freezing.reference_max_load = v;
+    };
+    o.check = [](const TrainConfig& c) {
+      const double v = c.freezing.reference_max_load;
+      EG_CHECK(v == 0 || (v > 0 && v <= 100),
+               "--freeze-reference-max-load must be auto or a percentage of the machine's CPU, a number in (0, 100] "
+               "without %, got ",
+               v);
+    };
+    t.push_back(o);
+  }
+  // ---- activation cache
+  t.push_back(choice("--freeze-cache", "freeze_cache", G::cache, F,
+                     "on: keep the frozen prefix's output per sample and skip its forward when the sample comes again "
+                     "(the paper's activation cache; needs --freeze-bn running and --augment-mode sample)",
+                     EG_FIELD(freezing.cache), kOnOff));
+  t.push_back(text("--freeze-cache-dir", "freeze_cache_dir", G::cache, Free,
+                   "keep the activation cache in a file in this directory (deleted when the run ends); by default it "
+                   "is kept in memory when it takes at most half the available memory, else in a file in --out",
+                   EG_FIELD(freezing.cache_dir), "DIR"));
+}
+
+}  // namespace eg::train::rows
