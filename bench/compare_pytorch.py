@@ -5,7 +5,9 @@
                            [--threads 2] [--device cpu] [--repeats 5] [--precision bf16]
 
 Runs `egeria bench step` and the same model in PyTorch (CIFAR ResNet with option-A
-shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs; or a Transformer
+shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs; ResNet-50 as
+torchvision's, which ours matches parameter for parameter, on random 224x224x3 inputs of
+1000 classes; or a Transformer
 preset as nn.Transformer, post-LN with tied embeddings, on random ids, --seq-len tokens a
 sentence), alternating the two `--repeats` times, and reports the median images/s (a
 Transformer's: target tokens/s; the JSON keeps the "images" names) of each and their
@@ -16,8 +18,10 @@ CPU egeria runs twice per repeat, as it ships (Winograd for the 3x3 convolutions
 enough channels) and with `--cpu-winograd off` (every convolution direct, as PyTorch's),
 so the ratio can be read both ways. With --precision bf16 egeria runs `bench step
 --precision bf16` and PyTorch its forward and loss under torch.autocast(device,
-torch.bfloat16), as its users write mixed precision. PyTorch missing: prints a message
-and exits 0.
+torch.bfloat16), as its users write mixed precision; --pytorch-precision sets PyTorch's
+alone (egeria f32 against PyTorch's autocast, say, where egeria has no bf16 on the device).
+--configs picks PyTorch's configurations (e.g. channels_last, to skip a long compile).
+PyTorch missing: prints a message and exits 0.
 """
 import argparse
 import json
@@ -98,7 +102,8 @@ def torch_resnet(depth, nn, F):
 
 _torch_setups = {}
 TF32 = False  # --tf32: both engines may use TF32 tensor cores for f32 convs/matmuls
-PRECISION = "f32"  # --precision: bf16 runs PyTorch's forward and loss under torch.autocast
+PRECISION = "f32"  # --precision: egeria's bench step --precision
+TORCH_PRECISION = "f32"  # --pytorch-precision (default --precision's): bf16 runs PyTorch under torch.autocast
 
 
 def torch_setup(model_name, bs, threads, config, device, seq_len=32):
@@ -117,6 +122,11 @@ def torch_setup(model_name, bs, threads, config, device, seq_len=32):
         m = torch_transformer(model_name, nn, torch).to(dev)
         x = (torch.randint(4, VOCAB, (bs, seq_len), device=dev), torch.randint(4, VOCAB, (bs, seq_len), device=dev))
         y = torch.randint(4, VOCAB, (bs * seq_len,), device=dev)
+    elif model_name == "resnet50":  # egeria's resnet50 is torchvision's (v1.5, 25,557,032 parameters)
+        import torchvision
+        m = torchvision.models.resnet50().to(dev)
+        x = torch.randn(bs, 3, 224, 224, device=dev)
+        y = torch.arange(bs, device=dev) % 1000
     else:
         m = torch_resnet(int(model_name[len("resnet"):]), nn, F).to(dev)
         x = torch.randn(bs, 3, 32, 32, device=dev)
@@ -141,7 +151,7 @@ def bench_torch(model_name, bs, threads, iters, config, device="cpu", seq_len=32
     transformer = model_name in TRANSFORMERS
     import contextlib
     import torch
-    autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if PRECISION == "bf16"
+    autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if TORCH_PRECISION == "bf16"
                 else contextlib.nullcontext())
     warmup = 3
     times = []
@@ -186,10 +196,16 @@ def main():
     ap.add_argument("--seq-len", type=int, default=32, help="Transformers: tokens per sentence (throughput in target tokens)")
     ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
                     help="bf16: egeria's --precision bf16 against PyTorch under torch.autocast")
+    ap.add_argument("--pytorch-precision", choices=["f32", "bf16"],
+                    help="PyTorch's precision when it differs from egeria's (default: --precision)")
+    ap.add_argument("--out", help="also write the JSON result to this file")
+    ap.add_argument("--configs", help="PyTorch's configurations, comma-separated, of contiguous, channels_last, "
+                    "compile (default: both eager layouts, and compile on a GPU)")
     a = ap.parse_args()
-    global TF32, PRECISION
+    global TF32, PRECISION, TORCH_PRECISION
     TF32 = a.tf32
     PRECISION = a.precision
+    TORCH_PRECISION = a.pytorch_precision or a.precision
     try:
         import torch
     except ImportError:
@@ -203,6 +219,13 @@ def main():
     configs = ["contiguous"] if a.model in TRANSFORMERS else ["contiguous", "channels_last"]
     if gpu and torch is not None and hasattr(torch, "compile"):
         configs.append("compile")
+    if a.configs:
+        configs = a.configs.split(",")
+        bad = [c for c in configs if c not in ("contiguous", "channels_last", "compile")]
+        if bad or not [c for c in configs if c != "compile"]:
+            ap.error(f"--configs: {a.configs!r} needs one of contiguous, channels_last (and may add compile)")
+    if a.model == "resnet50" and not gpu:
+        print("compare_pytorch: note: ResNet-50 at 224 px on the CPU takes seconds a step", file=sys.stderr)
     eg, eg_direct, pt = [], [], {c: [] for c in configs}
     for _ in range(a.repeats):
         eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations, None, a.seq_len))
@@ -212,7 +235,8 @@ def main():
             for c in configs:
                 pt[c].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, c, a.device, a.seq_len))
     res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device, "tf32": a.tf32,
-           "precision": a.precision,
+           "seq_len": a.seq_len if a.model in TRANSFORMERS else None,
+           "precision": a.precision, "pytorch_precision": TORCH_PRECISION,
            "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
     if eg_direct:
         res["egeria_direct_images_per_second"] = statistics.median(eg_direct)
@@ -237,6 +261,9 @@ def main():
         if "compile" in pt:
             res["ratio_egeria_over_torch_compile"] = res["egeria_images_per_second"] / statistics.median(pt["compile"])
     print(json.dumps(res, indent=2))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""One GPU session's object for docs/gpu-results.json, from tools/gpu-experiments' results.
+
+  bench/gpu_results_entry.py --results DIR [--commit SHA] [--gpu NAME] > entry.json
+
+DIR holds what the experiments wrote: r50.json and r50-f32.json (bench/compare_pytorch.py
+--out: egeria's ResNet-50 step against PyTorch AMP and against PyTorch f32), folder/
+summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
+(transformer-small against PyTorch AMP), and tools/gpu-check's outputs where they ran
+(gpu-check-tests/tests.log, gpu-check-bench/compare_pytorch_cuda.json). A figure that was not measured, or that the
+engine cannot produce yet, is null, and "missing" says why; nothing is filled in.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--commit", default=os.environ.get("EG_COMMIT"))
+    ap.add_argument("--gpu")
+    a = ap.parse_args()
+    gpu = a.gpu
+    if gpu is None:
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, check=True).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            gpu = None
+    r50, r50f, folder, tfm = (load(os.path.join(a.results, n))
+                              for n in ("r50.json", "r50-f32.json", "folder/summary.json", "tfm.json"))
+    e = {"date": datetime.date.today().isoformat(), "gpu": gpu, "commit": a.commit, "missing": {}}
+
+    def put(key, src, field, why):
+        v = src.get(field) if src else None
+        e[key] = v
+        if v is None:
+            e["missing"][key] = why
+
+    cuda_bf16 = "egeria has no CUDA bf16 kernels yet (issue 40, item 3): --precision bf16 is refused on CUDA"
+    e["resnet50_bf16_synthetic_img_s"] = None
+    e["missing"]["resnet50_bf16_synthetic_img_s"] = cuda_bf16
+    e["resnet50_bf16_folder_img_s"] = None
+    e["missing"]["resnet50_bf16_folder_img_s"] = cuda_bf16
+    put("resnet50_f32_synthetic_img_s", r50, "egeria_images_per_second", "the r50 step did not finish")
+    put("resnet50_f32_folder_img_s", folder, "images_per_second", "the folder step did not finish")
+    put("pytorch_amp_resnet50_img_s", r50, "pytorch_images_per_second", "the r50 step did not finish")
+    put("pytorch_f32_resnet50_img_s", r50f, "pytorch_images_per_second", "the r50-f32 step did not finish")
+    e["host_syncs_per_step"] = None
+    e["missing"]["host_syncs_per_step"] = "the host-sync counter is not built yet (issue 41, item 2)"
+    put("transformer_small_f32_tok_s", tfm, "egeria_images_per_second", "the tfm step did not finish")
+    put("pytorch_amp_transformer_small_tok_s", tfm, "pytorch_images_per_second", "the tfm step did not finish")
+    if r50:
+        e["resnet50_batch_size"] = r50.get("batch_size")
+        e["resnet50_ratio_by_repeat_vs_pytorch_amp"] = r50.get("ratio_by_repeat")
+    if r50f:
+        e["resnet50_ratio_by_repeat_vs_pytorch_f32"] = r50f.get("ratio_by_repeat")
+    if tfm:
+        e["transformer_small_batch"] = [tfm.get("batch_size"), tfm.get("seq_len")]
+        e["transformer_small_ratio_by_repeat_vs_pytorch_amp"] = tfm.get("ratio_by_repeat")
+    if folder:
+        e["resnet50_folder_run"] = {k: folder.get(k) for k in ("steps", "median_step_ms", "workers", "threads",
+                                                               "loader_wait_fraction") if k in folder}
+    r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
+    if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
+        e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")
+        e["pytorch_f32_resnet56_img_s"] = r56.get("pytorch_images_per_second")
+    try:
+        with open(os.path.join(a.results, "gpu-check-tests", "tests.log")) as f:
+            log = f.read()
+        passed = re.findall(r"^\[  PASSED  \] (\d+) test", log, re.M)
+        e["cuda_tests"] = {"passed": int(passed[-1]) if passed else 0,
+                           "failed": sorted(set(re.findall(r"^\[  FAILED  \] (\S+\.\S+) \(", log, re.M)))}
+    except OSError:
+        pass
+    e["tf32"] = "on in both engines for the ResNet-50 and transformer-small figures, off for ResNet-56's"
+    e["pytorch_version"] = (r50 or tfm or {}).get("pytorch_version")
+    print(json.dumps(e, indent=2))
+
+
+if __name__ == "__main__":
+    main()
