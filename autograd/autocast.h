@@ -22,7 +22,9 @@ namespace eg::autograd {
 //     (fn::detail::f32_input): the loss is f32.
 // Outside a scope nothing is cast, and a bf16 tensor given to those functions is still
 // promoted, never misread. Backward runs outside the scope: each node's backward
-// produces its gradients in the dtypes its forward recorded.
+// produces its gradients in the dtypes its forward recorded. An Autocast(f16) scope
+// (--precision fp16, CUDA only: the CPU kernels take bf16, not f16) does the same in
+// f16, its loss scaled against f16's narrow range (optim/loss_scaler.h).
 class Autocast {
  public:
   explicit Autocast(DType low);  // f32: a scope that casts nothing

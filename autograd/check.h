@@ -28,7 +28,7 @@ inline void check_float(const Tensor& t, const char* fn, const char* what) {
 // check_float does.
 inline Tensor f32_input(const Tensor& t, const char* fn, const char* what) {
   check_defined(t, fn, what);
-  const Tensor x = t.dtype() == DType::bf16 ? cast(t, DType::f32) : t;
+  const Tensor x = is_half(t.dtype()) ? cast(t, DType::f32) : t;
   check_float(x, fn, what);
   return x;
 }

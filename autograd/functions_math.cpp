@@ -41,10 +41,11 @@ Tensor reduce_to(const Tensor& g, const Shape& target) {
 Tensor binary(ops::Binary op, const Tensor& a_in, const Tensor& b_in, const char* name) {
   check_defined(a_in, name, "first operand");
   check_defined(b_in, name, "second operand");
-  // bf16 operands of one shape stay bf16 (f32 arithmetic); any other mix computes in f32.
-  const bool bf16 = a_in.dtype() == DType::bf16 && b_in.dtype() == DType::bf16 && a_in.shape() == b_in.shape();
-  const Tensor a = bf16 ? a_in : f32_input(a_in, name, "first operand");
-  const Tensor b = bf16 ? b_in : f32_input(b_in, name, "second operand");
+  // 16-bit operands of one dtype and shape stay so (f32 arithmetic); any other mix
+  // computes in f32.
+  const bool half = is_half(a_in.dtype()) && b_in.dtype() == a_in.dtype() && a_in.shape() == b_in.shape();
+  const Tensor a = half ? a_in : f32_input(a_in, name, "first operand");
+  const Tensor b = half ? b_in : f32_input(b_in, name, "second operand");
   check_same(a, b, name, "second operand");
   Shape cs = broadcast_shape(a.shape(), b.shape(), name);
   Tensor ap = a.reshape(pad_left(a.shape(), cs.size())), bp = b.reshape(pad_left(b.shape(), cs.size()));
@@ -118,7 +119,7 @@ Tensor cast(const Tensor& x, DType dtype) {
 
 Tensor scale(const Tensor& x, double alpha) {
   check_defined(x, "scale", "input");
-  if (x.dtype() != DType::bf16) check_float(x, "scale", "input");
+  if (!is_half(x.dtype())) check_float(x, "scale", "input");
   Tensor y = empty_like(x);
   ops::call(ops::scale, x, y, alpha);
   autograd::record_function("ScaleBackward", {x}, {&y}, {}, [alpha](const Tensors& g, const Tensors&, const Node&) {
@@ -167,7 +168,7 @@ Tensor sum(const Tensor& x) {
 }
 
 Tensor argmax(const Tensor& x_in) {
-  const Tensor x = x_in.dtype() == DType::bf16 ? x_in.to(DType::f32) : x_in;
+  const Tensor x = is_half(x_in.dtype()) ? x_in.to(DType::f32) : x_in;
   EG_CHECK(x.dim() >= 1 && x.size(-1) > 0, "argmax: needs a tensor with a non-empty last dimension, got ",
            shape_str(x.shape()));
   Shape s = x.shape();
@@ -188,7 +189,7 @@ Tensor mean(const Tensor& x) { return scale(sum(x), 1.0 / double(std::max<int64_
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   // Under autocast both operands in its dtype, the product too (Note [Autocast]).
   const DType low = autograd::autocast_dtype();
-  const bool autocast = low == DType::bf16 && is_floating(a_in.dtype()) && is_floating(b_in.dtype());
+  const bool autocast = low != DType::f32 && is_floating(a_in.dtype()) && is_floating(b_in.dtype());
   const Tensor a = autocast ? cast(a_in, low) : f32_input(a_in, "matmul", "first operand");
   const Tensor b = autocast ? cast(b_in, low) : f32_input(b_in, "matmul", "second operand");
   check_same(a, b, "matmul", "second operand");
@@ -228,7 +229,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& bias) {
   check_dim(w, 2, "linear", "weight");
   check_float(w, "linear", "weight");
   check_same(w, bias, "linear", "bias");
-  const bool autocast = low == DType::bf16 && is_floating(x_in.dtype());
+  const bool autocast = low != DType::f32 && is_floating(x_in.dtype());
   const Tensor x = autocast ? cast(x_in, low) : f32_input(x_in, "linear", "input");
   const Tensor wl = autocast ? autograd::autocast_weight(w) : w;
   if (!autocast) check_same(x, w, "linear", "weight");

@@ -41,9 +41,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& bias, const ops
   check_dim(x_in, 4, "conv2d", "input");
   check_dim(w, 4, "conv2d", "weight");
   check_float(w, "conv2d", "weight");
-  // A bf16 input outside autocast (or under an f32 one) computes in the weight's dtype.
+  // A 16-bit input outside autocast (or under an f32 one) computes in the weight's dtype.
   const DType low = autograd::autocast_dtype();
-  const Tensor x = low == DType::f32 && x_in.dtype() == DType::bf16 ? cast(x_in, w.dtype()) : x_in;
+  const Tensor x = low == DType::f32 && is_half(x_in.dtype()) ? cast(x_in, w.dtype()) : x_in;
   if (low == DType::f32) check_float(x, "conv2d", "input");
   check_same(w, bias, "conv2d", "bias");
   EG_CHECK(x.device() == w.device(), "conv2d: weight is on ", w.device().str(), " but the input is on ",
@@ -79,16 +79,17 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& bias, const ops
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean, Tensor running_var,
                   bool training, double momentum, double eps, bool relu, const Tensor& residual_in) {
   check_dim(x, 4, "batch_norm", "input");
-  // bf16 activations with f32 parameters and statistics (Note [Autocast]).
-  const bool bf16 = x.dtype() == DType::bf16;
-  if (!bf16) check_float(x, "batch_norm", "input");
+  // 16-bit activations with f32 parameters and statistics (Note [Autocast]).
+  const bool half = is_half(x.dtype());
+  if (!half) check_float(x, "batch_norm", "input");
   const Tensor& params = gamma;  // their dtype: the statistics' and the parameter gradients'
   check_defined(gamma, "batch_norm", "a parameter or running statistic");
   EG_CHECK(gamma.device() == x.device(), "batch_norm: the parameters are on ", gamma.device().str(),
            " but the input is on ", x.device().str());
   const int64_t c = x.size(1);
-  // A residual of the other width (an f32 shortcut beside bf16 activations) joins x's.
-  const bool other = residual_in.defined() && (residual_in.dtype() == DType::bf16) != bf16;
+  // A residual of the other width (an f32 shortcut beside 16-bit activations) joins x's.
+  const bool other =
+      residual_in.defined() && residual_in.dtype() != x.dtype() && (half || is_half(residual_in.dtype()));
   const Tensor residual = other ? cast(residual_in, x.dtype()) : residual_in;
   if (residual.defined()) {
     check_same(x, residual, "batch_norm", "residual");
@@ -97,9 +98,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
   }
   for (const Tensor* t : std::initializer_list<const Tensor*>{&gamma, &beta, &running_mean, &running_var}) {
     check_defined(*t, "batch_norm", "a parameter or running statistic");
-    check_same(bf16 ? params : x, *t, "batch_norm", "a parameter or running statistic");
-    EG_CHECK(!bf16 || t->dtype() == DType::f32, "batch_norm: a bf16 input needs f32 parameters and statistics, got ",
-             dtype_name(t->dtype()));
+    check_same(half ? params : x, *t, "batch_norm", "a parameter or running statistic");
+    EG_CHECK(!half || t->dtype() == DType::f32, "batch_norm: a ", dtype_name(x.dtype()),
+             " input needs f32 parameters and statistics, got ", dtype_name(t->dtype()));
     EG_CHECK(t->numel() == c, "batch_norm: input has ", c, " channels but a parameter has shape ",
              shape_str(t->shape()));
   }
@@ -149,7 +150,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
 
 Tensor activation(const Tensor& x, ops::Act act) {
   check_defined(x, "activation", "input");
-  if (x.dtype() != DType::bf16) check_float(x, "activation", "input");
+  if (!is_half(x.dtype())) check_float(x, "activation", "input");
   Tensor y = empty_like(x);
   ops::call(ops::act_fwd, act, x, y);
   autograd::record_function("ActivationBackward", {x}, {&y}, {x},

@@ -108,8 +108,8 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
 Tensor dropout(const Tensor& x_in, double p, bool training, Generator& gen) {
   EG_CHECK(p >= 0 && p < 1, "dropout: probability must be in [0, 1), got ", p);
   if (!training || p == 0) return x_in;
-  // bf16 activations stay bf16 (as under torch.autocast, which lists no dtype for dropout).
-  const Tensor x = x_in.dtype() == DType::bf16 ? x_in : f32_input(x_in, "dropout", "input");
+  // 16-bit activations stay so (as under torch.autocast, which lists no dtype for dropout).
+  const Tensor x = is_half(x_in.dtype()) ? x_in : f32_input(x_in, "dropout", "input");
   Tensor y = empty_like(x), mask = Tensor::empty(x.shape(), DType::u8, x.device());
   uint64_t offset = gen.reserve(uint64_t(x.numel()));
   ops::call(ops::dropout_fwd, x, y, mask, p, gen.seed(), offset);

@@ -167,10 +167,10 @@ Tensor ActivationCache::gather(const std::vector<int64_t>& ids) {
 void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
   check_ids(ids, "store");
   EG_CHECK(key_ >= 0, "activation cache: store before set_key()");
-  EG_CHECK(h.defined() && (h.dtype() == DType::f32 || h.dtype() == DType::bf16) && h.dim() >= 2 &&
+  EG_CHECK(h.defined() && (h.dtype() == DType::f32 || is_half(h.dtype())) && h.dim() >= 2 &&
                h.size(0) == int64_t(ids.size()),
            "activation cache: store of ", h.defined() ? h.str() : std::string("an undefined tensor"), " for ",
-           ids.size(), " sample ids; need f32 or bf16 [", ids.size(), ", ...]");
+           ids.size(), " sample ids; need f32, bf16 or f16 [", ids.size(), ", ...]");
   Tensor p = h.to(Device::cpu()).to_plain();
   const Shape sample(p.shape().begin() + 1, p.shape().end());
   if (sample_shape_.empty()) {

@@ -79,7 +79,7 @@ class ActivationCache {
   // must have an entry. Served from the background gather when prefetch() was called
   // with the same ids.
   Tensor gather(const std::vector<int64_t>& ids);
-  // Stores row i of `h` (f32 or bf16 [B, ...], any device or layout) as the entry of ids[i]
+  // Stores row i of `h` (f32, bf16 or f16 [B, ...], any device or layout) as the entry of ids[i]
   // (ids that already have one keep it: by Note [Activation cache validity] it is the same).
   // The first store under a key sizes the store (num_samples entries of this shape and
   // dtype);

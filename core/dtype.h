@@ -12,6 +12,8 @@ size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& name);
 inline bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16; }
+// bf16 or f16: mixed precision's activation dtypes (Note [Autocast] in autograd/autocast.h).
+inline bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // Storage types for the 16-bit floats (bit patterns; arithmetic goes through float).
 struct bf16_t {

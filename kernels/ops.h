@@ -66,8 +66,9 @@ struct AdamWParams {
 // in its signature's comment; its ref implementation widens the bf16 inputs exactly to
 // f64, computes as for f64 and rounds each output once to its own dtype (so a bf16 output
 // is the f32 result rounded to nearest even, as oneDNN and cuDNN round their f32
-// accumulators); the op is marked bf16 in kernels/registry.cpp, and its cpu
-// implementation then takes bf16 too (on the fast path when the key tensor is bf16).
+// accumulators); the op is marked bf16 in kernels/registry.cpp, and its cpu and cuda
+// implementations then take bf16 too (the cpu one on the fast path when the key tensor
+// is bf16; the cuda one in f32 arithmetic, Note [16-bit CUDA kernels]).
 // Elementwise ops, batch norm and activations read bf16 and compute in f32; gemm and
 // linear take bf16 operands with f32 accumulation (linear's bias, dw and db f32); swap12
 // moves bytes of any dtype; dropout scales bf16 as it does f32, with the same mask.
@@ -207,8 +208,9 @@ struct Op {
   Fn* impl[3];
   // The cpu implementation reads and writes nChw16c tensors (Note [Blocked activations]).
   bool cpu_any_format = false;
-  // The ref and cpu implementations also take bf16 tensors (Note [bf16 kernels]); a bf16
-  // tensor given to another op's CPU implementation is an error, not a misread buffer.
+  // Every implementation also takes bf16 tensors (Note [bf16 kernels]; on CUDA f16 too,
+  // Note [16-bit CUDA kernels]); a bf16 tensor given to another op's CPU implementation
+  // is an error, not a misread buffer.
   bool bf16 = false;
   bool has(Backend b) const { return impl[int(b)] != nullptr; }
 };

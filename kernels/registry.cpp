@@ -26,7 +26,8 @@ constexpr bool cpu_any_format(const char* n) {
   return false;
 }
 
-// The ops whose ref and cpu implementations also take bf16 tensors (Note [bf16 kernels]).
+// The ops whose implementations also take bf16 tensors (Note [bf16 kernels]): ref, cpu and
+// cuda (Note [16-bit CUDA kernels] in kernels/cuda/common.cuh).
 constexpr bool takes_bf16(const char* n) {
   for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train",
                          "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy",

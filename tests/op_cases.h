@@ -86,7 +86,7 @@ struct RegisterCases {
 template <class Fn>
 OpCase::Use uses(const ops::Op<Fn>& op) {
   return {op.name, [&op](ops::Backend b) { return op.has(b); },
-          [&op](ops::Backend b) { return op.bf16 && b != ops::Backend::cuda; }};
+          [&op](ops::Backend) { return op.bf16; }};
 }
 
 // Deterministic inputs: a seed per (case, input) keeps cases independent.

@@ -94,9 +94,6 @@ TEST(Trainer, BadInputIsNamed) {
   c = small_run(d);
   c.precision = DType::f16;
   expect_error(c, "--precision fp16 is for GPUs");
-  c.device = "cuda:0";
-  c.precision = DType::bf16;
-  expect_error(c, "--precision bf16 on cuda:0");
 }
 
 TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {

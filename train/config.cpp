@@ -54,14 +54,9 @@ void validate(const TrainConfig& c) {
   for (auto& o : options())
     if (o.check) o.check(c);
   // ---- the rules between options
-  if (c.precision != DType::f32) {
-    const Device d = Device::parse(c.device);
-    const char* precision = c.precision == DType::f16 ? "fp16" : dtype_name(c.precision);  // the flag's word
-    EG_CHECK(!(d.is_cpu() && c.precision == DType::f16), "--precision fp16 is for GPUs (fp16 with loss scaling); on ",
-             "the CPU train with --precision bf16 (as PyTorch's CPU autocast) or f32");
-    EG_CHECK(d.is_cpu(), "--precision ", precision, " on ", c.device,
-             ": this build's CUDA kernels train in f32 only; use --precision f32 there (bf16 trains on the CPU)");
-  }
+  // bf16 trains on the CPU and CUDA, fp16 on CUDA (PyTorch's CPU autocast is bf16 only).
+  EG_CHECK(!(Device::parse(c.device).is_cpu() && c.precision == DType::f16), "--precision fp16 is for GPUs (fp16 with ",
+           "loss scaling); on the CPU train with --precision bf16 (as PyTorch's CPU autocast) or f32");
   if (c.freezing.policy == "egeria")
     EG_CHECK(!quant::reference_on_gpu(c.freezing.reference.precision) || Device::parse(c.device).is_cuda(),
              "--freeze-reference ", c.freezing.reference.precision,

@@ -43,7 +43,8 @@ struct TrainConfig {
   // and torch.backends.cuda.matmul.allow_tf32); off keeps IEEE f32.
   Switch tf32 = Switch::process;
   // f32, or bf16 mixed precision (autograd::Autocast around the forward and the loss; Note
-  // [Autocast] in autograd/autocast.h); fp16 is the GPU's and not yet built.
+  // [Autocast] in autograd/autocast.h), on the CPU and CUDA; or fp16, the same on CUDA
+  // with loss scaling.
   DType precision = DType::f32;
   bool resume = false;
   int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only

@@ -130,7 +130,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
     freeze::StepInfo si = s;
     si.x2 = x2_;
     // Readings are f32 whatever the training precision (bf16 activations under autocast).
-    auto f32 = [](const Tensor& t) { return t.defined() && t.dtype() == DType::bf16 ? t.to(DType::f32) : t; };
+    auto f32 = [](const Tensor& t) { return t.defined() && is_half(t.dtype()) ? t.to(DType::f32) : t; };
     si.unit_input = f32(capture_.input);
     policy_->after_step(si, x_, f32(capture_.output), model_);
   }

@@ -60,7 +60,7 @@ std::vector<Option> make_options() {
                      "f32, or bf16 mixed precision as PyTorch's autocast: convolutions with bf16 activations and "
                      "weights (f32 accumulation), batch norm and activations on the bf16 activations with f32 "
                      "statistics, the loss, the other layers, the master weights, gradients and optimizer in f32 "
-                     "(the CPU; fp16 with loss scaling is for GPUs)",
+                     "(the CPU and CUDA); or fp16 the same way with loss scaling (--loss-scale), on GPUs",
                      &TrainConfig::precision,
                      Names<DType>{{"f32", DType::f32}, {"bf16", DType::bf16}, {"fp16", DType::f16}}));
   t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",

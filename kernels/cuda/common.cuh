@@ -1,6 +1,9 @@
 // Shared helpers for the CUDA kernels: launch geometry, warp/block reductions, and
 // shape descriptors passed by value to kernels (up to 8 dims).
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "core/cuda_context.h"
@@ -17,6 +20,34 @@ inline cudaStream_t stream() { return cuda::current_stream(); }
 
 inline void require_f32(const Tensor& t, const char* op) {
   EG_CHECK(t.dtype() == DType::f32, op, " on CUDA supports f32 tensors, got ", dtype_name(t.dtype()));
+}
+
+// Note [16-bit CUDA kernels]
+// The ops that mixed precision sends bf16 (or f16) activations (Note [bf16 kernels] in
+// kernels/ops.h; marked in kernels/registry.cpp) take each tensor in its own dtype, as
+// the ref does: a kernel gets raw pointers with a dtype code per operand, widens every
+// load to f32 (ld), computes in f32 and rounds each store once to its output's dtype
+// (st, round to nearest even). The code is the same for every thread of a launch, so the
+// branch costs nothing beside the memory traffic these kernels are bound by; f32
+// operands take the same arithmetic as before, bit for bit.
+enum DtCode : int { kF32 = 0, kBf16 = 1, kF16 = 2 };
+inline int dt_code(const Tensor& t, const char* op) {
+  switch (t.dtype()) {
+    case DType::f32: return kF32;
+    case DType::bf16: return kBf16;
+    case DType::f16: return kF16;
+    default: EG_THROW(op, " on CUDA supports f32, bf16 and f16 tensors, got ", dtype_name(t.dtype()));
+  }
+}
+__device__ __forceinline__ float ld(const void* p, int dt, int64_t i) {
+  if (dt == kBf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (dt == kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void st(void* p, int dt, int64_t i, float v) {
+  if (dt == kBf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  else if (dt == kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else static_cast<float*>(p)[i] = v;
 }
 
 // Grid-stride loop over [0, n).

@@ -1,12 +1,13 @@
-// Convolution and batch norm on CUDA through cuDNN 9 (legacy API), f32, NCHW. The
-// convolution's forward also takes f16 tensors (x, w, bias and y all f16, products
-// accumulated in f32 on tensor cores: cuDNN's PSEUDO_HALF_CONFIG), for the fp16
-// reference model (quant/reference.h); its backward is f32 only.
-// conv: a plan per (shapes, params, math mode) holds the descriptors and, per pass, the
+// Convolution on CUDA through cuDNN 9 (legacy API), NCHW: f32, or bf16 or f16 (x, w, y,
+// dy and dx of one 16-bit dtype, products accumulated in f32 on tensor cores: cuDNN's
+// PSEUDO_*_CONFIG). Beside 16-bit data the bias and its gradient are f32 and the weight
+// gradient f32 or the data's dtype: cuDNN writes it in the data's dtype and an f32 one is
+// cast from that, as autocast's cast node does with PyTorch's bf16 weight gradient. A
+// biased 16-bit forward runs on f32 copies (Note [One rounding with a bias]).
+// (Batch norm: batchnorm.cu.)
+// A plan per (shapes, params, math mode, dtype) holds the descriptors and, per pass, the
 // algorithm from cudnnGet*Algorithm_v7 (or timed by cudnnFind*, EG_CUDNN_BENCHMARK=1):
-// the fastest whose workspace fits 256 MiB. Workspaces come from the caching allocator. BN: cuDNN's spatial batch norm (saveInvVariance is exactly our
-// invstd = 1/sqrt(var + eps); running variance is the unbiased one, as ops.h); the
-// inference-mode backward (frozen statistics) is our kernel.
+// the fastest whose workspace fits 256 MiB. Workspaces come from the caching allocator.
 #include <array>
 #include <cstdlib>
 #include <map>
@@ -14,28 +15,13 @@
 #include <mutex>
 #include <string>
 
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cudnn_desc.cuh"
 
 namespace eg::cudak {
 
 namespace {
 
 constexpr size_t kMaxWorkspace = size_t(256) << 20;
-
-cudnnDataType_t cudnn_type(DType t) {
-  EG_CHECK(t == DType::f32 || t == DType::f16, "internal: cuDNN descriptor for ", dtype_name(t));
-  return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
-}
-
-struct TensorDesc {
-  cudnnTensorDescriptor_t d = nullptr;
-  explicit TensorDesc(const Shape& s, DType t = DType::f32) {
-    EG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    EG_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, cudnn_type(t), int(s[0]), int(s[1]), int(s[2]), int(s[3])));
-  }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
-};
 
 struct ConvDescs {
   TensorDesc x, y;
@@ -52,8 +38,8 @@ struct ConvDescs {
                                                    CUDNN_DATA_FLOAT));  // f32 accumulation for f16 too
     EG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, int(p.groups)));
     // CUDNN_DEFAULT_MATH lets cuDNN use TF32 tensor cores on Ampere and newer; FMA_MATH
-    // keeps IEEE f32 (see eg::set_allow_tf32). f16 data always may use tensor cores.
-    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, t == DType::f16 ? CUDNN_TENSOR_OP_MATH
+    // keeps IEEE f32 (see eg::set_allow_tf32). 16-bit data always may use tensor cores.
+    EG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, t != DType::f32 ? CUDNN_TENSOR_OP_MATH
                                                      : allow_tf32()  ? CUDNN_DEFAULT_MATH
                                                                      : CUDNN_FMA_MATH));
   }
@@ -119,42 +105,41 @@ ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops
 
 Tensor workspace(size_t bytes, Device d) { return Tensor::empty({int64_t(std::max<size_t>(bytes, 1))}, DType::u8, d); }
 
-__global__ void bn_infer_bwd_dx_kernel(const float* dy, const float* gamma, const float* invstd, float* dx, int64_t c,
-                                       int64_t hw, int64_t n) {
-  EG_CUDA_LOOP(i, n) {
-    const int64_t ch = (i / hw) % c;
-    dx[i] = dy[i] * gamma[ch] * invstd[ch];
-  }
-}
-// Per channel: dgamma = sum dy (x - mean) invstd, dbeta = sum dy.
-__global__ void bn_param_grad_kernel(const float* dy, const float* x, const float* mean, const float* invstd, float* dg,
-                                     float* db, int64_t n, int64_t c, int64_t hw) {
-  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
-    float sg = 0.f, sb = 0.f;
-    for (int64_t k = threadIdx.x; k < n * hw; k += blockDim.x) {
-      const int64_t i = (k / hw) * c * hw + ch * hw + k % hw;
-      sg += dy[i] * (x[i] - mean[ch]) * invstd[ch];
-      sb += dy[i];
-    }
-    sg = block_sum(sg);
-    sb = block_sum(sb);
-    if (threadIdx.x == 0) {
-      if (dg) dg[ch] = sg;
-      if (db) db[ch] = sb;
-    }
-  }
+// The dtype every data operand of a convolution shares (x, w, y; dy, dx), f32 or 16-bit.
+DType conv_dtype(std::initializer_list<const Tensor*> data, const char* pass) {
+  const DType t = (*data.begin())->dtype();
+  EG_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, "conv2d", pass,
+           " on CUDA supports f32, bf16 and f16 tensors, got ", dtype_name(t));
+  for (const Tensor* d : data)
+    EG_CHECK(d->dtype() == t, "conv2d", pass, " on CUDA: its data tensors share one dtype, got ", dtype_name(t),
+             " and ", dtype_name(d->dtype()));
+  return t;
 }
 
 }  // namespace
 
 // ---- convolution
 void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
-  const DType t = x.dtype();
-  EG_CHECK(t == DType::f32 || t == DType::f16, "conv2d on CUDA supports f32 and f16 tensors, got ", dtype_name(t));
-  EG_CHECK(w.dtype() == t && y.dtype() == t && (!bias.defined() || bias.dtype() == t),
-           "conv2d on CUDA: input, weight, bias and output must share one dtype, got ", dtype_name(t), ", ",
-           dtype_name(w.dtype()), ", ", bias.defined() ? dtype_name(bias.dtype()) : "none", ", ",
-           dtype_name(y.dtype()));
+  const DType t = conv_dtype({&x, &w, &y}, "");
+  EG_CHECK(!bias.defined() || bias.dtype() == t || bias.dtype() == DType::f32, "conv2d on CUDA: the bias is f32 or ",
+           dtype_name(t), ", got ", dtype_name(bias.dtype()));
+  // Note [One rounding with a bias]
+  // cuDNN's and cuBLAS's 16-bit configurations round their f32 accumulator into the
+  // 16-bit output; adding an f32 bias after that rounds twice, and where the bias cancels
+  // most of the product (outputs near zero) the first rounding, 2^-9 of the product, is
+  // most of the result (seen on an H100: 0.0011 for 0.0007). ref and oneDNN round once,
+  // after the bias. So a biased 16-bit convolution (or linear layer, gemm.cu) computes
+  // in f32 and rounds once: exact for the products (a bf16 or f16 value, and the product
+  // of two, is an f32 value), at f32 speed; the models' convolutions have no bias (batch
+  // norm follows), their linear layers pay one f32 output and a cast.
+  if (t != DType::f32 && bias.defined() && bias.dtype() == DType::f32) {
+    Tensor x32 = Tensor::empty(x.shape(), DType::f32, x.device()), w32 = Tensor::empty(w.shape(), DType::f32, w.device());
+    Tensor y32 = Tensor::empty(y.shape(), DType::f32, y.device());
+    cast(x, x32);
+    cast(w, w32);
+    conv2d_fwd(x32, w32, bias, y32, p);
+    return cast(y32, y);
+  }
   cudnnHandle_t h = cuda::cudnn_handle();
   ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p, t);
   if (!c.has_fwd) {
@@ -178,9 +163,9 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
 }
 
 void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
-  require_f32(dy, "conv2d backward");
+  const DType t = conv_dtype({&dy, &w, &dx}, " backward");
   cudnnHandle_t h = cuda::cudnn_handle();
-  ConvPlan& c = conv_plan(dx.shape(), w.shape(), dy.shape(), p);
+  ConvPlan& c = conv_plan(dx.shape(), w.shape(), dy.shape(), p, t);
   if (!c.has_bwd_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[16];
     int found = 0;
@@ -201,11 +186,14 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
 }
 
 void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
-  require_f32(dy, "conv2d backward");
+  const DType t = conv_dtype({&dy, &x}, " backward");
+  for (const Tensor* g : {&dw, &db})
+    EG_CHECK(!g->defined() || g->dtype() == t || g->dtype() == DType::f32, "conv2d backward on CUDA: a parameter ",
+             "gradient is f32 or ", dtype_name(t), ", got ", dtype_name(g->dtype()));
   cudnnHandle_t h = cuda::cudnn_handle();
   const float one = 1.f, zero = 0.f;
   if (dw.defined()) {
-    ConvPlan& c = conv_plan(x.shape(), dw.shape(), dy.shape(), p);
+    ConvPlan& c = conv_plan(x.shape(), dw.shape(), dy.shape(), p, t);
     if (!c.has_bwd_filter) {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[16];
       int found = 0;
@@ -221,81 +209,18 @@ void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db
       c.has_bwd_filter = true;
     }
     Tensor buf = workspace(c.bwd_filter_ws, dy.device());
+    // cuDNN writes the data's dtype: an f32 gradient of 16-bit data is cast from it.
+    Tensor g = dw.dtype() == t ? dw : Tensor::empty(dw.shape(), t, dw.device());
     EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, c.d.x.d, x.raw(), c.d.y.d, dy.raw(), c.d.conv, c.bwd_filter,
-                                                  buf.raw(), c.bwd_filter_ws, &zero, c.d.w, dw.raw()));
+                                                  buf.raw(), c.bwd_filter_ws, &zero, c.d.w, g.raw()));
+    if (g.raw() != dw.raw()) cast(g, dw);
   }
-  if (db.defined()) {
-    TensorDesc yd(dy.shape()), bd({1, db.numel(), 1, 1});
+  if (db.defined() && db.dtype() == t) {
+    TensorDesc yd(dy.shape(), t), bd({1, db.numel(), 1, 1}, t);
     EG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, yd.d, dy.raw(), &zero, bd.d, db.raw()));
+  } else if (db.defined()) {
+    channel_sum(dy, db);
   }
-}
-
-// ---- batch norm
-void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
-                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                         bool relu, const Tensor& residual) {
-  require_f32(x, "batch_norm");
-  cudnnHandle_t h = cuda::cudnn_handle();
-  TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
-  const float one = 1.f, zero = 0.f;
-  const bool run = running_mean.defined() && running_var.defined();
-  EG_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d, y.raw(), pd.d, gamma.raw(), beta.raw(), momentum,
-      run ? running_mean.raw() : nullptr, run ? running_var.raw() : nullptr, std::max(eps, CUDNN_BN_MIN_EPSILON),
-      save_mean.raw(), save_invstd.raw()));
-  // Residual and ReLU as their own elementwise passes, in place (cuDNN's fused
-  // BN-add-activation wants NHWC half).
-  if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
-  if (relu) act_fwd(ops::Act::relu, y, y);
-}
-
-void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
-  require_f32(x, "batch_norm");
-  cudnnHandle_t h = cuda::cudnn_handle();
-  TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
-  const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d,
-                                                         y.raw(), pd.d, gamma.raw(), beta.raw(), running_mean.raw(),
-                                                         running_var.raw(), std::max(eps, CUDNN_BN_MIN_EPSILON)));
-  if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
-  if (relu) act_fwd(ops::Act::relu, y, y);
-}
-
-void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
-  require_f32(x, "batch_norm backward");
-  // The fused ReLU's mask as its own pass (cuDNN's fused BN-activation backward wants NHWC
-  // half), written into the residual's gradient when that is wanted.
-  Tensor dy = dy_in;
-  if (relu_y.defined()) {
-    dy = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape(), DType::f32, dy_in.device());
-    act_bwd(ops::Act::relu, dy_in, relu_y, dy);
-  } else if (dresidual.defined()) {
-    dresidual.copy_(dy_in);
-  }
-  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-  if (!training) {  // statistics are constants
-    if (dx.defined() && x.numel())
-      bn_infer_bwd_dx_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
-          dy.data<float>(), gamma.data<float>(), invstd.data<float>(), dx.data<float>(), c, hw, x.numel());
-    if (dgamma.defined() || dbeta.defined())
-      bn_param_grad_kernel<<<unsigned(std::min<int64_t>(c, 65535)), kThreads, 0, stream()>>>(
-          dy.data<float>(), x.data<float>(), mean.data<float>(), invstd.data<float>(),
-          dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr, n, c, hw);
-    cuda::after_launch("batchnorm_bwd(inference)");
-    return;
-  }
-  cudnnHandle_t h = cuda::cudnn_handle();
-  TensorDesc xd(x.shape()), pd({1, c, 1, 1});
-  // cuDNN writes all three gradients; skipped ones go to scratch.
-  Tensor gx = dx.defined() ? dx : Tensor::empty(x.shape(), DType::f32, x.device());
-  Tensor gg = dgamma.defined() ? dgamma : Tensor::empty({c}, DType::f32, x.device());
-  Tensor gb = dbeta.defined() ? dbeta : Tensor::empty({c}, DType::f32, x.device());
-  const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x.raw(),
-                                                 xd.d, dy.raw(), xd.d, gx.raw(), pd.d, gamma.raw(), gg.raw(), gb.raw(),
-                                                 CUDNN_BN_MIN_EPSILON, mean.raw(), invstd.raw()));
 }
 
 }  // namespace eg::cudak

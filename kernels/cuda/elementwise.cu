@@ -1,6 +1,8 @@
-// Elementwise ops on CUDA, f32: binary add/sub/mul/div with broadcasting (stride
+// Elementwise ops on CUDA: binary add/sub/mul/div with broadcasting (stride
 // descriptors, one thread per output element), scale, axpy, sum_to (one block per
-// output element, block reduction over the broadcast dims) and broadcast_to.
+// output element, block reduction over the broadcast dims) and broadcast_to. binary,
+// scale and axpy take each operand in f32, bf16 or f16 (Note [16-bit CUDA kernels]);
+// sum_to and broadcast_to are f32.
 // Napkin math: binary moves 12 B/elem (broadcast operands hit in cache): 128x16x32x32
 // = 25 MB -> ~10 us at 3 TB/s; launch latency dominates small tensors.
 #include "kernels/cuda/common.cuh"
@@ -9,14 +11,19 @@ namespace eg::cudak {
 
 // ---- kernels
 namespace {
-__global__ void binary_kernel(int op, const float* a, const float* b, float* c, Dims da, Dims db, int64_t n) {
+__global__ void binary_kernel(int op, const void* a, int ta, const void* b, int tb, void* c, int tc, Dims da, Dims db,
+                              int64_t n) {
   EG_CUDA_LOOP(i, n) {
-    const float x = a[offset_of(i, da)], y = b[offset_of(i, db)];
-    c[i] = op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y;
+    const float x = ld(a, ta, offset_of(i, da)), y = ld(b, tb, offset_of(i, db));
+    st(c, tc, i, op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y);
   }
 }
-__global__ void scale_kernel(const float* x, float* y, float s, int64_t n) { EG_CUDA_LOOP(i, n) y[i] = s * x[i]; }
-__global__ void axpy_kernel(const float* x, float* y, float s, int64_t n) { EG_CUDA_LOOP(i, n) y[i] += s * x[i]; }
+__global__ void scale_kernel(const void* x, int tx, void* y, int ty, float s, int64_t n) {
+  EG_CUDA_LOOP(i, n) st(y, ty, i, s * ld(x, tx, i));
+}
+__global__ void axpy_kernel(const void* x, int tx, void* y, int ty, float s, int64_t n) {
+  EG_CUDA_LOOP(i, n) st(y, ty, i, ld(y, ty, i) + s * ld(x, tx, i));
+}
 // y[j] = sum_r x[kept(j) + red(r)]
 __global__ void sum_to_kernel(const float* x, float* y, Dims kept, Dims red, int64_t ny, int64_t r) {
   for (int64_t j = blockIdx.x; j < ny; j += gridDim.x) {
@@ -34,28 +41,28 @@ __global__ void broadcast_kernel(const float* x, float* y, Dims dx, int64_t n) {
 
 // ---- launchers
 void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
-  require_f32(c, "binary op");
+  const int ta = dt_code(a, "binary op"), tb = dt_code(b, "binary op"), tc = dt_code(c, "binary op");
   const int64_t n = c.numel();
   if (!n) return;
-  binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(op), a.data<float>(), b.data<float>(), c.data<float>(),
+  binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(op), a.raw(), ta, b.raw(), tb, c.raw(), tc,
                                                           broadcast_dims(a.shape(), c.shape()),
                                                           broadcast_dims(b.shape(), c.shape()), n);
   cuda::after_launch("binary_fwd");
 }
 
 void scale(const Tensor& x, Tensor& y, double alpha) {
-  require_f32(x, "scale");
+  const int tx = dt_code(x, "scale"), ty = dt_code(y, "scale");
   const int64_t n = x.numel();
   if (!n) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), float(alpha), n);
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), n);
   cuda::after_launch("scale");
 }
 
 void axpy(const Tensor& x, Tensor& y, double alpha) {
-  require_f32(x, "axpy");
+  const int tx = dt_code(x, "axpy"), ty = dt_code(y, "axpy");
   const int64_t n = x.numel();
   if (!n) return;
-  axpy_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), float(alpha), n);
+  axpy_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), n);
   cuda::after_launch("axpy");
 }
 

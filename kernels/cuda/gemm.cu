@@ -1,7 +1,11 @@
 // GEMM and linear layers on CUDA through cuBLAS, f32 (exact FP32 math unless
-// eg::set_allow_tf32(true)). The forward also takes f16 operands (a and b, or x and w,
-// both f16) with an f32 or f16 output, accumulated in f32 on tensor cores
-// (cublasGemmStridedBatchedEx), for the fp16 reference model; the backward is f32 only.
+// eg::set_allow_tf32(true)), or 16-bit: a and b both bf16 or both f16 (mixed precision's
+// operands; f16 also the fp16 reference model's) with an output of their dtype or f32,
+// accumulated in f32 on tensor cores (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F).
+// Linear's bias and bias gradient are f32 beside 16-bit activations (Note [bf16
+// kernels] in kernels/ops.h), its weight gradient f32 (autocast's master weights); a
+// biased 16-bit output is computed in f32 and rounded once (Note [One rounding with a
+// bias] in conv2d.cu).
 // Row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T, so
 // the operands are passed swapped with their own leading dimensions.
 // Napkin math: 4096x512x2048 is 8.6 GFLOP -> ~0.2 ms at ~50 TFLOP/s FP32 (H100).
@@ -13,22 +17,30 @@ namespace {
 __global__ void add_bias_kernel(float* y, const float* b, int64_t m, int64_t n) {
   EG_CUDA_LOOP(i, m * n) y[i] += b[i % n];
 }
-__global__ void column_sum_kernel(const float* x, float* out, int64_t m, int64_t n) {
+__global__ void column_sum_kernel(const void* x, int tx, float* out, int64_t m, int64_t n) {
   EG_CUDA_LOOP(j, n) {
     float s = 0.f;
-    for (int64_t r = 0; r < m; ++r) s += x[r * n + j];
+    for (int64_t r = 0; r < m; ++r) s += ld(x, tx, r * n + j);
     out[j] = s;
   }
+}
+cudaDataType_t cublas_type(DType t) {
+  return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
 }
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double alpha, double beta) {
-  const bool half = a.dtype() == DType::f16;
+  const DType t = a.dtype();
+  const bool half = t == DType::f16 || t == DType::bf16;
   if (half)
-    EG_CHECK(b.dtype() == DType::f16 && (c.dtype() == DType::f32 || c.dtype() == DType::f16),
-             "gemm on CUDA: an f16 a needs an f16 b and an f32 or f16 output, got ", dtype_name(b.dtype()), " and ",
-             dtype_name(c.dtype()));
-  else require_f32(a, "gemm");
+    EG_CHECK(b.dtype() == t && (c.dtype() == DType::f32 || c.dtype() == t), "gemm on CUDA: a ", dtype_name(t),
+             " a needs a ", dtype_name(t), " b and an f32 or ", dtype_name(t), " output, got ", dtype_name(b.dtype()),
+             " and ", dtype_name(c.dtype()));
+  else {
+    require_f32(a, "gemm");
+    require_f32(b, "gemm");
+    require_f32(c, "gemm");
+  }
   const int r = a.dim();
   const int64_t batch = r == 3 ? a.size(0) : 1;
   const int64_t m = c.size(r - 2), n = c.size(r - 1), k = ta ? a.size(r - 2) : a.size(r - 1);
@@ -43,11 +55,11 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
     return;
   }
   if (half) {
-    const cudaDataType_t ct = c.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
     EG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &al, b.raw(),
-        CUDA_R_16F, int(ldb), b.numel() / batch, a.raw(), CUDA_R_16F, int(lda), a.numel() / batch, &be, c.raw(), ct,
-        int(ldc), c.numel() / batch, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        cublas_type(t), int(ldb), b.numel() / batch, a.raw(), cublas_type(t), int(lda), a.numel() / batch, &be,
+        c.raw(), cublas_type(c.dtype()), int(ldc), c.numel() / batch, int(batch), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
     return;
   }
   EG_CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
@@ -57,9 +69,13 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
 }
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
-  EG_CHECK(!bias.defined() || (bias.dtype() == DType::f32 && y.dtype() == DType::f32),
-           "linear on CUDA: a bias needs an f32 bias and output, got ", dtype_name(bias.dtype()), " and ",
-           dtype_name(y.dtype()));
+  EG_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear on CUDA: the bias is f32 (beside 16-bit ",
+           "activations too), got ", dtype_name(bias.dtype()));
+  if (bias.defined() && y.dtype() != DType::f32) {  // Note [One rounding with a bias]
+    Tensor y32 = Tensor::empty(y.shape(), DType::f32, y.device());
+    linear_fwd(x, w, bias, y32);
+    return cast(y32, y);
+  }
   gemm(x, w, y, false, true, 1.0, 0.0);
   if (bias.defined() && y.numel()) {
     add_bias_kernel<<<blocks_for(y.numel()), kThreads, 0, stream()>>>(y.data<float>(), bias.data<float>(), y.size(0),
@@ -72,8 +88,9 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, 
   if (dx.defined()) gemm(dy, w, dx, false, false, 1.0, 0.0);
   if (dw.defined()) gemm(dy, x, dw, true, false, 1.0, 0.0);
   if (db.defined() && db.numel()) {
-    column_sum_kernel<<<blocks_for(db.numel()), kThreads, 0, stream()>>>(dy.data<float>(), db.data<float>(), dy.size(0),
-                                                                         dy.size(1));
+    require_f32(db, "linear's bias gradient");
+    column_sum_kernel<<<blocks_for(db.numel()), kThreads, 0, stream()>>>(dy.raw(), dt_code(dy, "linear backward"),
+                                                                         db.data<float>(), dy.size(0), dy.size(1));
     cuda::after_launch("linear bias gradient");
   }
 }

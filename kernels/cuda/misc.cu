@@ -1,4 +1,5 @@
-// Embedding, dropout, sum of squares and casts on CUDA.
+// Embedding, dropout, sum of squares and casts on CUDA. Dropout takes f32, bf16 or f16
+// (x and y of one dtype; Note [16-bit CUDA kernels]).
 // Dropout draws eg::philox_uniform(seed, offset, i) per element, the same function
 // the CPU paths use, so masks match bit for bit across devices.
 #include <cuda_bf16.h>
@@ -17,16 +18,16 @@ __global__ void embedding_fwd_kernel(const int64_t* ids, const float* table, flo
 __global__ void embedding_bwd_kernel(const float* dy, const int64_t* ids, float* dt, int64_t n, int64_t d) {
   EG_CUDA_LOOP(i, n * d) atomicAdd(&dt[ids[i / d] * d + i % d], dy[i]);
 }
-__global__ void dropout_fwd_kernel(const float* x, float* y, uint8_t* mask, float p, float s, uint64_t seed,
+__global__ void dropout_fwd_kernel(const void* x, void* y, int t, uint8_t* mask, float p, float s, uint64_t seed,
                                    uint64_t offset, int64_t n) {
   EG_CUDA_LOOP(i, n) {
     const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= p;
     mask[i] = keep;
-    y[i] = keep ? x[i] * s : 0.f;
+    st(y, t, i, keep ? ld(x, t, i) * s : 0.f);
   }
 }
-__global__ void dropout_bwd_kernel(const float* dy, const uint8_t* mask, float* dx, float s, int64_t n) {
-  EG_CUDA_LOOP(i, n) dx[i] = mask[i] ? dy[i] * s : 0.f;
+__global__ void dropout_bwd_kernel(const void* dy, const uint8_t* mask, void* dx, int t, float s, int64_t n) {
+  EG_CUDA_LOOP(i, n) st(dx, t, i, mask[i] ? ld(dy, t, i) * s : 0.f);
 }
 __global__ void sum_squares_kernel(const float* x, float* out, int64_t n) {
   float s = 0.f;
@@ -79,19 +80,23 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
 }
 
 void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
-  require_f32(x, "dropout");
+  const int t = dt_code(x, "dropout");
+  EG_CHECK(y.dtype() == x.dtype(), "dropout on CUDA: input and output share one dtype, got ", dtype_name(x.dtype()),
+           " and ", dtype_name(y.dtype()));
   const int64_t n = x.numel();
   if (!n) return;
-  dropout_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), mask.data<uint8_t>(),
-                                                               float(p), float(1.0 / (1.0 - p)), seed, offset, n);
+  dropout_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw(), y.raw(), t, mask.data<uint8_t>(), float(p),
+                                                               float(1.0 / (1.0 - p)), seed, offset, n);
   cuda::after_launch("dropout_fwd");
 }
 
 void dropout_bwd(const Tensor& dy, const Tensor& mask, Tensor& dx, double p) {
-  require_f32(dy, "dropout backward");
+  const int t = dt_code(dy, "dropout backward");
+  EG_CHECK(dx.dtype() == dy.dtype(), "dropout backward on CUDA: dy and dx share one dtype, got ",
+           dtype_name(dy.dtype()), " and ", dtype_name(dx.dtype()));
   const int64_t n = dy.numel();
   if (!n) return;
-  dropout_bwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(dy.data<float>(), mask.data<uint8_t>(), dx.data<float>(),
+  dropout_bwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(dy.raw(), mask.data<uint8_t>(), dx.raw(), t,
                                                                float(1.0 / (1.0 - p)), n);
   cuda::after_launch("dropout_bwd");
 }

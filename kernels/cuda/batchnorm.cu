@@ -1,0 +1,375 @@
+// Batch norm on CUDA. f32: cuDNN's spatial batch norm (saveInvVariance is exactly our
+// invstd = 1/sqrt(var + eps); running variance is the unbiased one, as ops.h), and our
+// kernels for the inference-mode backward (frozen statistics). bf16 and f16 activations
+// (mixed precision; parameters, statistics and their gradients f32, Note [bf16 kernels]
+// in kernels/ops.h): our kernels, in three passes each way (Note [16-bit batch norm]).
+#include <algorithm>
+
+#include "kernels/cuda/cudnn_desc.cuh"
+
+namespace eg::cudak {
+
+// Note [16-bit batch norm]
+// Forward: (1) per (channel, slice of the batch) block, sums of x - K and (x - K)^2 in
+// f32, K the channel's first element (a shift that keeps the sum of squares from
+// cancelling), each thread's (count, mean, M2) merged by Chan's rule into a partial per
+// block; (2) one thread per channel merges its partials in f64 into the batch mean,
+// invstd and the running statistics; (3) y = (x - mean) invstd gamma + beta [+ residual]
+// [relu], rounded once to y's dtype. Backward: (1) per block, partial sums of dy' and
+// dy' xhat (dy' = dy where relu_y > 0; xhat = (x - mean) invstd); (2) per channel
+// dbeta and dgamma; (3) dx = gamma invstd (dy' - [dbeta + xhat dgamma] / M), the
+// bracket only with batch statistics, and dresidual = dy'. The slices give the GPU
+// about four blocks per SM whatever the channel count (ResNet-50's stem has 64 channels
+// of 1.6M values each at batch 128).
+namespace {
+
+constexpr int kBnThreads = 256;
+
+struct Slices {
+  int64_t s, n, c, hw;
+};
+Slices slices_for(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  const int64_t want = std::max<int64_t>(1, (4 * 132 + c - 1) / c);
+  return {std::min(n, want), n, c, hw};
+}
+
+// Chan's rule: (count, mean, M2) of two disjoint sets merged.
+struct Moments {
+  float n, mean, m2;
+};
+__device__ __forceinline__ Moments merge(Moments a, Moments b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float d = b.mean - a.mean, f = b.n / n;
+  return {n, a.mean + d * f, a.m2 + b.m2 + d * d * a.n * f};
+}
+__device__ __forceinline__ Moments warp_merge(Moments m) {
+  for (int o = 16; o > 0; o >>= 1) {
+    Moments other{__shfl_xor_sync(0xffffffffu, m.n, o), __shfl_xor_sync(0xffffffffu, m.mean, o),
+                  __shfl_xor_sync(0xffffffffu, m.m2, o)};
+    m = merge(m, other);
+  }
+  return m;
+}
+
+// Samples [n0, n1) of block (channel, slice); element k of the slice at
+// ((n0 + k / hw) C + ch) hw + k % hw.
+__device__ __forceinline__ int64_t slice_index(uint32_t k, uint32_t hw, int64_t n0, int64_t c, int64_t ch) {
+  return ((n0 + k / hw) * c + ch) * int64_t(hw) + k % hw;
+}
+__device__ __forceinline__ void slice_range(const Slices& sl, int64_t& n0, int64_t& n1) {
+  n0 = sl.n * blockIdx.y / sl.s;
+  n1 = sl.n * (blockIdx.y + 1) / sl.s;
+}
+
+__global__ void bn16_stats_kernel(const void* x, int tx, Slices sl, float3* part) {
+  const int64_t ch = blockIdx.x;
+  int64_t n0, n1;
+  slice_range(sl, n0, n1);
+  const float shift = ld(x, tx, ch * sl.hw);
+  const uint32_t count = uint32_t((n1 - n0) * sl.hw), hw = uint32_t(sl.hw);
+  float s1 = 0.f, s2 = 0.f, cnt = 0.f;
+  for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) {
+    const float v = ld(x, tx, slice_index(k, hw, n0, sl.c, ch)) - shift;
+    s1 += v;
+    s2 += v * v;
+    cnt += 1.f;
+  }
+  const float mean = cnt > 0.f ? s1 / cnt : 0.f;
+  Moments m{cnt, mean, cnt > 0.f ? fmaxf(s2 - s1 * mean, 0.f) : 0.f};
+  m = warp_merge(m);
+  __shared__ Moments sh[kBnThreads / 32];
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Moments t = sh[0];
+    for (int w = 1; w < int(blockDim.x >> 5); ++w) t = merge(t, sh[w]);
+    part[ch * sl.s + blockIdx.y] = make_float3(t.n, t.mean + shift, t.m2);
+  }
+}
+
+__global__ void bn16_stats_final_kernel(const float3* part, int64_t s, int64_t c, float* mean, float* invstd,
+                                        float* run_mean, float* run_var, float momentum, float eps) {
+  EG_CUDA_LOOP(ch, c) {
+    double n = 0, mu = 0, m2 = 0;
+    for (int64_t j = 0; j < s; ++j) {
+      const float3 p = part[ch * s + j];
+      const double tn = n + p.x;
+      if (tn == 0) continue;
+      const double d = double(p.y) - mu, f = double(p.x) / tn;
+      mu += d * f;
+      m2 += double(p.z) + d * d * n * f;
+      n = tn;
+    }
+    const double var = m2 / n;
+    mean[ch] = float(mu);
+    invstd[ch] = float(1.0 / std::sqrt(var + double(eps)));
+    if (run_mean) {
+      run_mean[ch] = float((1.0 - momentum) * run_mean[ch] + momentum * mu);
+      run_var[ch] = float((1.0 - momentum) * run_var[ch] + momentum * (n > 1 ? m2 / (n - 1) : var));
+    }
+  }
+}
+
+// invstd given, or (var_given) the running variance, from which invstd = 1/sqrt(var + eps).
+__global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* gamma,
+                                  const float* beta, const float* mean, const float* scale, bool var_given, float eps,
+                                  bool relu, int64_t c, int64_t hw, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const int64_t ch = (i / hw) % c;
+    const float is = var_given ? 1.f / sqrtf(scale[ch] + eps) : scale[ch];
+    float v = (ld(x, tx, i) - mean[ch]) * is * gamma[ch] + beta[ch];
+    if (res) v += ld(res, tr, i);
+    st(y, ty, i, relu ? fmaxf(v, 0.f) : v);
+  }
+}
+
+__device__ __forceinline__ float masked_dy(const void* dy, int tdy, const void* relu_y, int tr, int64_t i) {
+  return relu_y && !(ld(relu_y, tr, i) > 0.f) ? 0.f : ld(dy, tdy, i);
+}
+
+// Per block: sum of dy' and of dy' xhat over its slice of the channel.
+__global__ void bn16_bwd_sums_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
+                                     const float* mean, const float* invstd, Slices sl, float2* part) {
+  const int64_t ch = blockIdx.x;
+  int64_t n0, n1;
+  slice_range(sl, n0, n1);
+  const uint32_t count = uint32_t((n1 - n0) * sl.hw), hw = uint32_t(sl.hw);
+  const float mu = mean[ch], is = invstd[ch];
+  float sd = 0.f, sdx = 0.f;
+  for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) {
+    const int64_t i = slice_index(k, hw, n0, sl.c, ch);
+    const float g = masked_dy(dy, tdy, relu_y, tr, i);
+    sd += g;
+    sdx += g * (ld(x, tx, i) - mu) * is;
+  }
+  sd = block_sum(sd);
+  sdx = block_sum(sdx);
+  if (threadIdx.x == 0) part[ch * sl.s + blockIdx.y] = make_float2(sd, sdx);
+}
+
+__global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, float* sum_dy, float* sum_dyx) {
+  EG_CUDA_LOOP(ch, c) {
+    double a = 0, b = 0;
+    for (int64_t j = 0; j < s; ++j) a += part[ch * s + j].x, b += part[ch * s + j].y;
+    sum_dy[ch] = float(a);
+    sum_dyx[ch] = float(b);
+  }
+}
+
+__global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
+                                   const float* gamma, const float* mean, const float* invstd, const float* sum_dy,
+                                   const float* sum_dyx, bool training, float inv_m, void* dx, int tdx, void* dres,
+                                   int tdr, int64_t c, int64_t hw, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const int64_t ch = (i / hw) % c;
+    const float g = masked_dy(dy, tdy, relu_y, tr, i);
+    if (dres) st(dres, tdr, i, g);
+    if (!dx) continue;
+    float v = g;
+    if (training) v -= (sum_dy[ch] + (ld(x, tx, i) - mean[ch]) * invstd[ch] * sum_dyx[ch]) * inv_m;
+    st(dx, tdx, i, v * gamma[ch] * invstd[ch]);
+  }
+}
+
+// f32, inference-mode backward (statistics are constants).
+__global__ void bn_infer_bwd_dx_kernel(const float* dy, const float* gamma, const float* invstd, float* dx, int64_t c,
+                                       int64_t hw, int64_t n) {
+  EG_CUDA_LOOP(i, n) {
+    const int64_t ch = (i / hw) % c;
+    dx[i] = dy[i] * gamma[ch] * invstd[ch];
+  }
+}
+// Per channel: dgamma = sum dy (x - mean) invstd, dbeta = sum dy.
+__global__ void bn_param_grad_kernel(const float* dy, const float* x, const float* mean, const float* invstd, float* dg,
+                                     float* db, int64_t n, int64_t c, int64_t hw) {
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    float sg = 0.f, sb = 0.f;
+    for (int64_t k = threadIdx.x; k < n * hw; k += blockDim.x) {
+      const int64_t i = (k / hw) * c * hw + ch * hw + k % hw;
+      sg += dy[i] * (x[i] - mean[ch]) * invstd[ch];
+      sb += dy[i];
+    }
+    sg = block_sum(sg);
+    sb = block_sum(sb);
+    if (threadIdx.x == 0) {
+      if (dg) dg[ch] = sg;
+      if (db) db[ch] = sb;
+    }
+  }
+}
+
+__global__ void channel_sum_kernel(const void* dy, int t, Slices sl, float* part) {
+  const int64_t ch = blockIdx.x;
+  int64_t n0, n1;
+  slice_range(sl, n0, n1);
+  const uint32_t count = uint32_t((n1 - n0) * sl.hw), hw = uint32_t(sl.hw);
+  float s = 0.f;
+  for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) s += ld(dy, t, slice_index(k, hw, n0, sl.c, ch));
+  s = block_sum(s);
+  if (threadIdx.x == 0) part[ch * sl.s + blockIdx.y] = s;
+}
+__global__ void sum_rows_kernel(const float* part, int64_t s, int64_t c, float* out) {
+  EG_CUDA_LOOP(ch, c) {
+    double a = 0;
+    for (int64_t j = 0; j < s; ++j) a += part[ch * s + j];
+    out[ch] = float(a);
+  }
+}
+
+bool is16(const Tensor& t) { return t.defined() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16); }
+const void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw() : nullptr; }
+int code_or_f32(const Tensor& t, const char* op) { return t.defined() ? dt_code(t, op) : kF32; }
+
+void check_params(std::initializer_list<const Tensor*> ps, const char* op) {
+  for (const Tensor* p : ps)
+    if (p->defined())
+      EG_CHECK(p->dtype() == DType::f32, op, " on CUDA: with 16-bit activations the parameters, statistics and ",
+               "their gradients are f32, got ", dtype_name(p->dtype()));
+}
+
+// The 32-bit element counts of a slice (Note [16-bit batch norm]).
+void check_slice_size(const Tensor& x, const char* op) {
+  EG_CHECK(x.size(0) * x.size(2) * x.size(3) < (int64_t(1) << 31), op, " on CUDA: ", x.size(0) * x.size(2) * x.size(3),
+           " values per channel; at most 2^31 with 16-bit activations");
+}
+
+void bn16_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean, const Tensor& scale,
+                bool var_given, double eps, bool relu, const Tensor& residual, Tensor& y) {
+  const char* op = "batch_norm";
+  bn16_apply_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
+      x.raw(), dt_code(x, op), y.raw(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
+      gamma.data<float>(), beta.data<float>(), mean.data<float>(), scale.data<float>(), var_given, float(eps), relu,
+      x.size(1), x.size(2) * x.size(3), x.numel());
+  cuda::after_launch("batchnorm (16-bit) apply");
+}
+
+}  // namespace
+
+void channel_sum(const Tensor& dy, Tensor& db) {
+  require_f32(db, "a bias gradient");
+  check_slice_size(dy, "a bias gradient");
+  const Slices sl = slices_for(dy);
+  Tensor part = Tensor::empty({sl.c * sl.s}, DType::f32, dy.device());
+  channel_sum_kernel<<<dim3(unsigned(sl.c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
+      dy.raw(), dt_code(dy, "a bias gradient"), sl, part.data<float>());
+  sum_rows_kernel<<<blocks_for(sl.c), kThreads, 0, stream()>>>(part.data<float>(), sl.s, sl.c, db.data<float>());
+  cuda::after_launch("channel_sum");
+}
+
+void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
+                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
+                         bool relu, const Tensor& residual) {
+  const bool run = running_mean.defined() && running_var.defined();
+  if (is16(x) || is16(y) || is16(residual)) {  // Note [16-bit batch norm]
+    check_params({&gamma, &beta, &save_mean, &save_invstd, &running_mean, &running_var}, "batch_norm");
+    check_slice_size(x, "batch_norm");
+    if (!x.numel()) return;
+    const Slices sl = slices_for(x);
+    Tensor part = Tensor::empty({sl.c * sl.s * 3}, DType::f32, x.device());
+    auto* p3 = reinterpret_cast<float3*>(part.data<float>());
+    bn16_stats_kernel<<<dim3(unsigned(sl.c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
+        x.raw(), dt_code(x, "batch_norm"), sl, p3);
+    bn16_stats_final_kernel<<<blocks_for(sl.c), kThreads, 0, stream()>>>(
+        p3, sl.s, sl.c, save_mean.data<float>(), save_invstd.data<float>(), run ? running_mean.data<float>() : nullptr,
+        run ? running_var.data<float>() : nullptr, float(momentum), float(eps));
+    cuda::after_launch("batchnorm (16-bit) statistics");
+    return bn16_apply(x, gamma, beta, save_mean, save_invstd, false, eps, relu, residual, y);
+  }
+  require_f32(x, "batch_norm");
+  cudnnHandle_t h = cuda::cudnn_handle();
+  TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
+  const float one = 1.f, zero = 0.f;
+  EG_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d, y.raw(), pd.d, gamma.raw(), beta.raw(), momentum,
+      run ? running_mean.raw() : nullptr, run ? running_var.raw() : nullptr, std::max(eps, CUDNN_BN_MIN_EPSILON),
+      save_mean.raw(), save_invstd.raw()));
+  // Residual and ReLU as their own elementwise passes, in place (cuDNN's fused
+  // BN-add-activation wants NHWC half).
+  if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
+  if (relu) act_fwd(ops::Act::relu, y, y);
+}
+
+void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
+  if (is16(x) || is16(y) || is16(residual)) {
+    check_params({&gamma, &beta, &running_mean, &running_var}, "batch_norm");
+    if (!x.numel()) return;
+    return bn16_apply(x, gamma, beta, running_mean, running_var, true, eps, relu, residual, y);
+  }
+  require_f32(x, "batch_norm");
+  cudnnHandle_t h = cuda::cudnn_handle();
+  TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
+  const float one = 1.f, zero = 0.f;
+  EG_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d,
+                                                         y.raw(), pd.d, gamma.raw(), beta.raw(), running_mean.raw(),
+                                                         running_var.raw(), std::max(eps, CUDNN_BN_MIN_EPSILON)));
+  if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
+  if (relu) act_fwd(ops::Act::relu, y, y);
+}
+
+void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  if (is16(dy_in) || is16(x) || is16(dx) || is16(relu_y) || is16(dresidual)) {  // Note [16-bit batch norm]
+    const char* op = "batch_norm backward";
+    check_params({&gamma, &mean, &invstd, &dgamma, &dbeta}, op);
+    check_slice_size(x, op);
+    if (!x.numel()) return;
+    const Slices sl = slices_for(x);
+    Tensor part = Tensor::empty({c * sl.s * 2}, DType::f32, x.device());
+    Tensor sums = Tensor::empty({2, c}, DType::f32, x.device());
+    float* sum_dy = sums.data<float>();
+    float* sum_dyx = sum_dy + c;
+    auto* p2 = reinterpret_cast<float2*>(part.data<float>());
+    bn16_bwd_sums_kernel<<<dim3(unsigned(c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
+        dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
+        mean.data<float>(), invstd.data<float>(), sl, p2);
+    bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(p2, sl.s, c, sum_dy, sum_dyx);
+    if (dbeta.defined()) EG_CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), sum_dy, c * 4, cudaMemcpyDeviceToDevice, stream()));
+    if (dgamma.defined())
+      EG_CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), sum_dyx, c * 4, cudaMemcpyDeviceToDevice, stream()));
+    if (dx.defined() || dresidual.defined())
+      bn16_bwd_dx_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
+          dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
+          gamma.data<float>(), mean.data<float>(), invstd.data<float>(), sum_dy, sum_dyx, training,
+          float(1.0 / double(n * hw)), dx.defined() ? dx.raw() : nullptr, code_or_f32(dx, op),
+          dresidual.defined() ? dresidual.raw() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel());
+    cuda::after_launch("batchnorm_bwd (16-bit)");
+    return;
+  }
+  require_f32(x, "batch_norm backward");
+  // The fused ReLU's mask as its own pass (cuDNN's fused BN-activation backward wants NHWC
+  // half), written into the residual's gradient when that is wanted.
+  Tensor dy = dy_in;
+  if (relu_y.defined()) {
+    dy = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape(), DType::f32, dy_in.device());
+    act_bwd(ops::Act::relu, dy_in, relu_y, dy);
+  } else if (dresidual.defined()) {
+    dresidual.copy_(dy_in);
+  }
+  if (!training) {  // statistics are constants
+    if (dx.defined() && x.numel())
+      bn_infer_bwd_dx_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
+          dy.data<float>(), gamma.data<float>(), invstd.data<float>(), dx.data<float>(), c, hw, x.numel());
+    if (dgamma.defined() || dbeta.defined())
+      bn_param_grad_kernel<<<unsigned(std::min<int64_t>(c, 65535)), kThreads, 0, stream()>>>(
+          dy.data<float>(), x.data<float>(), mean.data<float>(), invstd.data<float>(),
+          dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr, n, c, hw);
+    cuda::after_launch("batchnorm_bwd(inference)");
+    return;
+  }
+  cudnnHandle_t h = cuda::cudnn_handle();
+  TensorDesc xd(x.shape()), pd({1, c, 1, 1});
+  // cuDNN writes all three gradients; skipped ones go to scratch.
+  Tensor gx = dx.defined() ? dx : Tensor::empty(x.shape(), DType::f32, x.device());
+  Tensor gg = dgamma.defined() ? dgamma : Tensor::empty({c}, DType::f32, x.device());
+  Tensor gb = dbeta.defined() ? dbeta : Tensor::empty({c}, DType::f32, x.device());
+  const float one = 1.f, zero = 0.f;
+  EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x.raw(),
+                                                 xd.d, dy.raw(), xd.d, gx.raw(), pd.d, gamma.raw(), gg.raw(), gb.raw(),
+                                                 CUDNN_BN_MIN_EPSILON, mean.raw(), invstd.raw()));
+}
+
+}  // namespace eg::cudak
