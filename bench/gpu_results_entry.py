@@ -4,7 +4,8 @@
   bench/gpu_results_entry.py --results DIR [--commit SHA] [--gpu NAME] > entry.json
 
 DIR holds what the experiments wrote: r50.json and r50-f32.json (bench/compare_pytorch.py
---out: egeria's ResNet-50 step against PyTorch AMP and against PyTorch f32), folder/
+--out: egeria's ResNet-50 step in bf16 against PyTorch AMP, and in f32 against PyTorch
+f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
 (transformer-small against PyTorch AMP), and tools/gpu-check's outputs where they ran
 (gpu-check-tests/tests.log, gpu-check-bench/compare_pytorch_cuda.json). A figure that was not measured, or that the
@@ -49,18 +50,23 @@ def main():
         if v is None:
             e["missing"][key] = why
 
-    cuda_bf16 = "egeria has no CUDA bf16 kernels yet (issue 40, item 3): --precision bf16 is refused on CUDA"
-    e["resnet50_bf16_synthetic_img_s"] = None
-    e["missing"]["resnet50_bf16_synthetic_img_s"] = cuda_bf16
-    e["resnet50_bf16_folder_img_s"] = None
-    e["missing"]["resnet50_bf16_folder_img_s"] = cuda_bf16
-    put("resnet50_f32_synthetic_img_s", r50, "egeria_images_per_second", "the r50 step did not finish")
-    put("resnet50_f32_folder_img_s", folder, "images_per_second", "the folder step did not finish")
+    def by_precision(key_fmt, src, field, what):  # the figure under the name of the precision it ran in
+        p = (src or {}).get("precision", "bf16")
+        put(key_fmt.format("f32" if p == "f32" else "bf16"), src, field, f"the {what} step did not finish")
+
+    for p in ("bf16", "f32"):
+        for key in ("resnet50_{}_synthetic_img_s", "resnet50_{}_folder_img_s", "transformer_small_{}_tok_s"):
+            e[key.format(p)] = None
+    by_precision("resnet50_{}_synthetic_img_s", r50, "egeria_images_per_second", "r50")
+    by_precision("resnet50_{}_folder_img_s", folder, "images_per_second", "folder")
+    by_precision("transformer_small_{}_tok_s", tfm, "egeria_images_per_second", "tfm")
+    put("resnet50_f32_vs_pytorch_f32_img_s", r50f, "egeria_images_per_second", "the r50-f32 step did not finish")
+    for key in [k for k, v in e.items() if v is None and k not in e["missing"]]:
+        e["missing"][key] = "not run in this configuration (see the experiments' precision)"
     put("pytorch_amp_resnet50_img_s", r50, "pytorch_images_per_second", "the r50 step did not finish")
     put("pytorch_f32_resnet50_img_s", r50f, "pytorch_images_per_second", "the r50-f32 step did not finish")
     e["host_syncs_per_step"] = None
     e["missing"]["host_syncs_per_step"] = "the host-sync counter is not built yet (issue 41, item 2)"
-    put("transformer_small_f32_tok_s", tfm, "egeria_images_per_second", "the tfm step did not finish")
     put("pytorch_amp_transformer_small_tok_s", tfm, "pytorch_images_per_second", "the tfm step did not finish")
     if r50:
         e["resnet50_batch_size"] = r50.get("batch_size")
@@ -71,8 +77,8 @@ def main():
         e["transformer_small_batch"] = [tfm.get("batch_size"), tfm.get("seq_len")]
         e["transformer_small_ratio_by_repeat_vs_pytorch_amp"] = tfm.get("ratio_by_repeat")
     if folder:
-        e["resnet50_folder_run"] = {k: folder.get(k) for k in ("steps", "median_step_ms", "workers", "threads",
-                                                               "loader_wait_fraction") if k in folder}
+        e["resnet50_folder_run"] = {k: folder.get(k) for k in ("steps", "train_seconds", "batch_size", "threads",
+                                                               "workers", "precision") if k in folder}
     r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
     if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
         e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")
