@@ -2,7 +2,10 @@
 // queue ordered by sequence number (latest first), with per-node gradient buffers.
 // Both passes use explicit stacks; nothing recurses.
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -13,6 +16,25 @@
 namespace eg::autograd {
 
 namespace {
+
+// The gradient a scalar root's backward starts from: 1, as a copy made on the root's
+// device of a 1 kept there, not one written on the host and uploaded, which on a GPU
+// would make every backward wait for the host (Note [Host syncs] in core/device.h). The
+// kept ones live until the process exits (never freed: no device memory is released
+// after the allocators are gone).
+Tensor unit_gradient(const Tensor& root) {
+  static std::mutex mu;
+  static auto* ones = new std::map<std::tuple<int, int, int>, Tensor>();
+  const Device d = root.device();
+  Tensor one;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    Tensor& kept = (*ones)[{int(d.type), d.index, int(root.dtype())}];
+    if (!kept.defined()) kept = Tensor::ones({1}, root.dtype(), d);
+    one = kept;
+  }
+  return one.reshape(root.shape()).clone();
+}
 thread_local bool g_grad_enabled = true;
 thread_local GradReadyHook g_grad_ready;
 uint64_t next_sequence_nr() {
@@ -140,7 +162,7 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
     Tensor g = i < grads.size() && grads[i].defined() ? grads[i] : Tensor();
     if (!g.defined()) {
       EG_CHECK(r.numel() == 1, "backward() without a gradient needs a scalar, got shape ", shape_str(r.shape()));
-      g = Tensor::ones(r.shape(), r.dtype(), r.device());
+      g = unit_gradient(r);
     }
     std::shared_ptr<Node> fn = r.grad_fn();
     uint32_t nr = r.impl().output_nr;

@@ -125,7 +125,10 @@ void memset_zero(void* p, size_t n, Device d) {
   EG_CUDA_CHECK(cudaMemsetAsync(p, 0, n, current_stream(d.index)));
 }
 
-void synchronize() { EG_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+void synchronize() {
+  count_host_sync();  // Note [Host syncs] in core/device.h
+  EG_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+}
 
 void after_launch(const char* what) {
   cudaError_t e = cudaGetLastError();

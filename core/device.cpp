@@ -65,6 +65,12 @@ bool allow_tf32() { return tf32_flag().load(); }
 void set_cpu_winograd(bool on) { winograd_flag().store(on); }
 bool cpu_winograd() { return winograd_flag().load(); }
 
+namespace {
+thread_local int64_t g_host_syncs = 0;
+}
+int64_t host_syncs() { return g_host_syncs; }
+void count_host_sync() { ++g_host_syncs; }
+
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
   if (n == 0) return;
   if (dd.is_cpu() && sd.is_cpu()) {

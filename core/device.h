@@ -47,4 +47,17 @@ bool allow_tf32();
 void set_cpu_winograd(bool on);
 bool cpu_winograd();
 
+// Note [Host syncs]
+// A host sync is a point where the calling thread waits for a device: on CUDA a
+// synchronous copy between host and device memory (Tensor::to from or to the host, and
+// so item(), to_vector(), to(DType), from_vector onto a device; copy_ across host and
+// device) or cuda::synchronize(). Each one leaves the GPU idle while the host catches up,
+// so a steady-state training step should have none (issue: a GPU step that never waits).
+// The count is per thread (the training thread's, not the reference model's workers'),
+// and the CPU build counts the same Tensor calls where both sides are the host (to(cpu)
+// of a host tensor, item(), to_vector()), so a test here holds a step to the count a GPU
+// run of it would make. summary.json reports host_syncs_per_step.
+int64_t host_syncs();  // this thread's count so far
+void count_host_sync();
+
 }  // namespace eg

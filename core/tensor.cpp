@@ -193,6 +193,7 @@ std::vector<T> Tensor::to_vector() const {
   EG_CHECK(dtype() == dtype_v<T>, "to_vector: tensor holds ", dtype_name(dtype()), ", asked for ",
            dtype_name(dtype_v<T>));
   std::vector<T> v(static_cast<size_t>(numel()));
+  count_host_sync();  // Note [Host syncs]
   if (!v.empty()) copy_bytes(v.data(), Device::cpu(), raw(), device(), nbytes());
   return v;
 }
@@ -277,7 +278,10 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(Device d) const {
-  if (d == device()) return *this;
+  if (d == device()) {
+    if (d.is_cpu()) count_host_sync();  // the CPU build's count of a GPU run's copy (Note [Host syncs])
+    return *this;
+  }
   if (is_blocked()) return to_plain().to(d);
   Tensor t = empty(shape(), dtype(), d);
   t.copy_(*this);
@@ -299,9 +303,10 @@ void Tensor::copy_(const Tensor& src) {
   EG_CHECK(src.dtype() == dtype(), "copy_: source is ", dtype_name(src.dtype()), ", destination is ",
            dtype_name(dtype()));
   if (src.format() != format()) {  // Note [Blocked activations]
-    copy_(src.to(device()).to_format(format()));
+    copy_((src.device() == device() ? src : src.to(device())).to_format(format()));
     return;
   }
+  if (src.device() != device() && (src.device().is_cpu() || device().is_cpu())) count_host_sync();
   if (nbytes()) copy_bytes(raw_any(), device(), src.raw_any(), src.device(), nbytes());
   ++impl().version;
 }

@@ -155,6 +155,9 @@ using LayerNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma
 // with the scattered sum. Out-of-range ids are the caller's to check.
 using EmbeddingFwd = void(const Tensor& ids, const Tensor& table, Tensor& y);
 using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
+// Token mask: mask (u8, ids' shape) is 1 where ids (s64) equals `value`, else 0: the
+// Transformer's padding mask, made where the ids are (no host round trip on a GPU).
+using TokenMask = void(const Tensor& ids, Tensor& mask, int64_t value);
 
 // Dropout: element i is kept when philox_uniform(seed, offset, i) >= p, and scaled by
 // 1/(1-p). mask (u8) records kept elements. Same mask on every device. bf16 (Note [bf16
@@ -226,7 +229,7 @@ struct Op {
                   X(sum_to, SumTo) X(broadcast_to, BroadcastTo) X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd)  \
                       X(cross_entropy_fwd, CrossEntropyFwd) X(cross_entropy_bwd, CrossEntropyBwd)                      \
                           X(layernorm_fwd, LayerNormFwd) X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd) \
-                              X(embedding_bwd, EmbeddingBwd) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)     \
+                              X(embedding_bwd, EmbeddingBwd) X(token_mask, TokenMask) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)     \
                                   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd) X(sgd_step, SgdStep)   \
                                       X(adamw_step, AdamWStep) X(sum_squares, SumSquares) X(amp_unscale, AmpUnscale)   \
                                           X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)        \

@@ -115,10 +115,9 @@ Transformer::Transformer(const TransformerConfig& c, Generator& g) : cfg_(c) {
 }
 
 Tensor Transformer::padding_mask(const Tensor& ids) const {
-  Tensor h = ids.to(Device::cpu());
-  Tensor m = Tensor::empty(ids.shape(), DType::u8);
-  for (int64_t i = 0; i < ids.numel(); ++i) m.data<uint8_t>()[i] = h.data<int64_t>()[i] == cfg_.pad_id;
-  return m.to(ids.device());
+  Tensor m = Tensor::empty(ids.shape(), DType::u8, ids.device());
+  ops::call(ops::token_mask, ids, m, cfg_.pad_id);
+  return m;
 }
 
 // Note [Padding in a reading]
@@ -132,10 +131,10 @@ Tensor Transformer::padding_mask(const Tensor& ids) const {
 // token from its own range (Note [Per-token activation scales] in quant/int8.h), so its
 // padding does not move the real tokens' scales either.
 Tensor Transformer::without_padding(const Tensor& h, const Tensor& ids) const {
-  const Tensor id = ids.to(Device::cpu());
-  Tensor keep = Tensor::empty({id.size(0), id.size(1), 1});
-  for (int64_t i = 0; i < id.numel(); ++i) keep.data<float>()[i] = id.data<int64_t>()[i] == cfg_.pad_id ? 0.f : 1.f;
-  return fn::mul(h, keep.to(h.device()));
+  // The padding mask as f32 [B, T, 1], made on the ids' device.
+  Tensor pad = Tensor::empty({ids.size(0), ids.size(1), 1}, DType::f32, ids.device());
+  ops::call(ops::cast, padding_mask(ids).reshape(pad.shape()), pad);
+  return fn::sub(h, fn::mul(h, pad));  // h where a token is real, 0 where it is padding
 }
 
 Tensor Transformer::embed(const Tensor& ids) {

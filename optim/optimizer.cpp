@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace eg::optim {
@@ -18,11 +19,24 @@ void Optimizer::zero_grad() {
 
 double Optimizer::clip_grad_norm(double max_norm) {
   buckets_.sync(params_);  // a no-op unless the trainable set changed since zero_grad()
+  // Each bucket's sum of squares into its own slot on the device, read once (one host
+  // sync a step, not one a bucket: Note [Host syncs] in core/device.h), summed in order.
+  const auto& bs = buckets_.buckets();
   double total = 0;
-  for (auto& b : buckets_.buckets()) {
-    Tensor ss = Tensor::empty({1}, b.flat.dtype(), b.flat.device());
-    ops::call(ops::sum_squares, b.flat, ss);
-    total += ss.item();
+  const bool f32 = std::all_of(bs.begin(), bs.end(), [](const GradBucket& b) { return b.flat.dtype() == DType::f32; });
+  if (!f32) {  // f64 buckets (a model of f64 parameters): one read each
+    for (auto& b : bs) {
+      Tensor ss = Tensor::empty({1}, b.flat.dtype(), b.flat.device());
+      ops::call(ops::sum_squares, b.flat, ss);
+      total += ss.item();
+    }
+  } else if (!bs.empty()) {
+    Tensor ss = Tensor::empty({int64_t(bs.size())}, bs.front().flat.dtype(), bs.front().flat.device());
+    for (size_t i = 0; i < bs.size(); ++i) {
+      Tensor slot = ss.slice(int64_t(i), int64_t(i) + 1);
+      ops::call(ops::sum_squares, bs[i].flat, slot);
+    }
+    for (float v : ss.to_vector<float>()) total += v;
   }
   const double norm = std::sqrt(total);
   if (std::isfinite(norm) && norm > max_norm) {

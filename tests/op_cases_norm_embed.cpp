@@ -30,6 +30,24 @@ void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m
   v.push_back(c);
 }
 
+// The padding mask of a batch of ids, about a third of them the pad id (0); exact.
+void add_token_mask(std::vector<OpCase>& v, const std::string& variant, Shape ids, bool big) {
+  OpCase c;
+  c.name = "token_mask/" + variant;
+  c.make_inputs = [ids](DType) { return Tensors{randint(ids, 0, 3, 74)}; };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    Tensor m = empty_on(in[0], in[0].shape(), DType::u8);
+    ops::run(ops::token_mask, b, in[0], m, int64_t(0));
+    return Tensors{m};
+  };
+  c.uses = {uses(ops::token_mask)};
+  c.fwd_tol = {0, 0};
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(shape_numel(ids)) * 9;
+  v.push_back(c);
+}
+
 void add_embedding(std::vector<OpCase>& v, const std::string& variant, Shape ids, int64_t vocab, int64_t d, bool big) {
   OpCase c;
   c.name = "embedding/" + variant;
@@ -123,6 +141,8 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_layernorm(v, "transformer_4096x512", 4096, 512, true);
   add_embedding(v, "small", {3, 4}, 7, 5, false);
   add_embedding(v, "tokens_64x128_vocab32000", {64, 128}, 32000, 512, true);
+  add_token_mask(v, "small", {3, 5}, false);
+  add_token_mask(v, "batch_128x32", {128, 32}, true);
   add_dropout(v, "p01", {4, 50}, 0.1, false);
   add_dropout(v, "p05", {4, 50}, 0.5, false);
   add_bf16_twin(v);

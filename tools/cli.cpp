@@ -257,7 +257,8 @@ int run_cli(int argc, char** argv) {
                           {"iterations", r.iterations},
                           {"frozen_units", r.frozen_units},
                           {"frozen_parameters", r.frozen_parameters},
-                          {"parameters", r.parameters}};
+                          {"parameters", r.parameters},
+                          {"host_syncs_per_step", r.host_syncs_per_step}};
       if (eg::models::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
       if (r.world_size > 1) {
         j["world_size"] = r.world_size;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -148,6 +149,7 @@ void evaluate_between_steps(Run& r) {
 bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch) {
   LoopState& st = r.state;
   const auto t0 = Clock::now();
+  const int64_t syncs0 = host_syncs();
   const double lr = r.sched->lr_at(st.step);
   r.opt->set_lr(lr);
   r.freezing->start_step(st.step);
@@ -163,6 +165,7 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   if (s.not_finite != dist::StepResult::NotFinite::none) stop_not_finite(r, s);
   ++st.step, ++st.batch, ++r.steps_this_run, ++steps_this_epoch;
   r.freezing->after_step({st.step, st.epoch, lr, s.loss, Tensor(), Tensor(), s.count > 0}, st.train_seconds);
+  ++r.steps_by_host_syncs[host_syncs() - syncs0];  // the step's own, before any log, evaluation or checkpoint
   st.samples += s.count;
   if (s.count > 0) st.epoch_loss_sum += s.loss, ++st.epoch_loss_n;
   st.train_seconds += seconds_since(t0);
@@ -252,6 +255,13 @@ json summary_json(const Run& r, const SplitMetrics& last) {
              {"batch_size", c.batch_size},
              {"global_batch_size", c.batch_size * r.dp.size()}};
   r.dp.summarize(sj);
+  // Note [Host syncs]: this invocation's steady state (its most common count) and worst step.
+  const auto mode = std::max_element(r.steps_by_host_syncs.begin(), r.steps_by_host_syncs.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (mode != r.steps_by_host_syncs.end()) {
+    sj["host_syncs_per_step"] = mode->first;
+    sj["host_syncs_per_step_max"] = r.steps_by_host_syncs.rbegin()->first;
+  }
   if (auto t = last.find("test"); t != last.end())
     for (auto& [k, v] : t->second) sj["final_test_" + k] = v;
   if (auto b = st.best.find(sel_split); b != st.best.end())

@@ -3,6 +3,7 @@
 // parts, its files, and the checkpoint (train/run_setup.cpp).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -37,6 +38,9 @@ struct Run {
   std::string metrics;  // metrics.jsonl
   int64_t steps_per_epoch = 0, steps_this_run = 0;
   LoopState state;
+  // This invocation's steps by their host syncs (Note [Host syncs] in core/device.h):
+  // count -> steps. The most common count is the steady state's.
+  std::map<int64_t, int64_t> steps_by_host_syncs;
 
   bool lead() const { return dp.lead(); }
   RunParts parts() { return {*model, *opt, *freezing, task, dp}; }

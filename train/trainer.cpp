@@ -180,16 +180,19 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     return fn::cross_entropy(transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits, y);
   };
   const dist::GradSync* sync = dp.sync();
-  std::vector<double> ms, wait_ms, comm_ms;
+  std::vector<double> ms, wait_ms, comm_ms, syncs;
   const int warmup = 3;
   for (int i = 0; i < warmup + o.iterations; ++i) {
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
+    const int64_t syncs0 = host_syncs();
     Tensor loss = forward();
     dp.step(loss, samples, opt, i, 0);  // the training loop's step (train/run.cpp)
-    (void)loss.item();  // waits for the device
+    const int64_t step_syncs = host_syncs() - syncs0;
+    (void)loss.item();  // waits for the device (the benchmark's own wait, not the step's)
     if (i < warmup) continue;
+    syncs.push_back(double(step_syncs));
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     if (sync)
       wait_ms.push_back(1000 * (sync->stats().wait_seconds - wait0)),
@@ -212,6 +215,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.sync_bytes_per_step = sync ? sync->stats().last_step_bytes : 0;
   r.median_sync_wait_ms = median(wait_ms);
   r.median_comm_ms = median(comm_ms);
+  r.host_syncs_per_step = int64_t(median(syncs));
   return r;
 }
 

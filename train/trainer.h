@@ -69,6 +69,7 @@ struct StepBench {
   int64_t sync_bytes_per_step = 0;  // all-reduced by each rank
   double median_sync_wait_ms = 0;  // after backward, waiting for the all-reduces
   double median_comm_ms = 0;  // inside the all-reduces; what exceeds the wait was hidden behind backward
+  int64_t host_syncs_per_step = 0;  // the median step's, forward to optimizer (Note [Host syncs] in core/device.h)
 };
 StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm);
 

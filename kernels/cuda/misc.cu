@@ -1,4 +1,4 @@
-// Embedding, dropout, sum of squares and casts on CUDA. Dropout takes f32, bf16 or f16
+// Embedding, token masks, dropout, sum of squares and casts on CUDA. Dropout takes f32, bf16 or f16
 // (x and y of one dtype; Note [16-bit CUDA kernels]).
 // Dropout draws eg::philox_uniform(seed, offset, i) per element, the same function
 // the CPU paths use, so masks match bit for bit across devices.
@@ -17,6 +17,9 @@ __global__ void embedding_fwd_kernel(const int64_t* ids, const float* table, flo
 }
 __global__ void embedding_bwd_kernel(const float* dy, const int64_t* ids, float* dt, int64_t n, int64_t d) {
   EG_CUDA_LOOP(i, n * d) atomicAdd(&dt[ids[i / d] * d + i % d], dy[i]);
+}
+__global__ void token_mask_kernel(const int64_t* ids, uint8_t* mask, int64_t value, int64_t n) {
+  EG_CUDA_LOOP(i, n) mask[i] = ids[i] == value ? 1 : 0;
 }
 __global__ void dropout_fwd_kernel(const void* x, void* y, int t, uint8_t* mask, float p, float s, uint64_t seed,
                                    uint64_t offset, int64_t n) {
@@ -77,6 +80,15 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
   embedding_bwd_kernel<<<blocks_for(n * d), kThreads, 0, stream()>>>(dy.data<float>(), ids.data<int64_t>(),
                                                                      dt.data<float>(), n, d);
   cuda::after_launch("embedding_bwd");
+}
+
+void token_mask(const Tensor& ids, Tensor& mask, int64_t value) {
+  EG_CHECK(ids.dtype() == DType::s64 && mask.dtype() == DType::u8, "token_mask on CUDA: s64 ids and a u8 mask, got ",
+           dtype_name(ids.dtype()), " and ", dtype_name(mask.dtype()));
+  const int64_t n = ids.numel();
+  if (!n) return;
+  token_mask_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ids.data<int64_t>(), mask.data<uint8_t>(), value, n);
+  cuda::after_launch("token_mask");
 }
 
 void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {

@@ -1,0 +1,95 @@
+// Host syncs (Note [Host syncs] in core/device.h): which Tensor calls count, and how many a
+// training step makes. A GPU run makes the same calls, each a point where the GPU waits
+// for the host; the counts here are the ones to bring down (a step that never waits).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/functions.h"
+#include "core/device.h"
+#include "core/tensor.h"
+#include "dist/communicator.h"
+#include "optim/optimizer.h"
+#include "tests/test_util.h"
+#include "train/trainer.h"
+
+namespace eg {
+namespace {
+
+int64_t syncs_of(const std::function<void()>& f) {
+  const int64_t before = host_syncs();
+  f();
+  return host_syncs() - before;
+}
+
+TEST(HostSyncs, CountTheCallsThatReadOrMoveValuesBetweenHostAndDevice) {
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  Tensor one = Tensor::from_vector(std::vector<float>{4}, {1});
+  EXPECT_EQ(syncs_of([&] { (void)one.item(); }), 1);
+  EXPECT_EQ(syncs_of([&] { (void)x.to_vector<float>(); }), 1);
+  EXPECT_EQ(syncs_of([&] { (void)x.to(Device::cpu()); }), 1) << "a GPU run's download";
+  EXPECT_EQ(syncs_of([&] { (void)x.to(DType::f64); }), 2) << "down to the host and back";
+  EXPECT_EQ(syncs_of([&] { (void)Tensor::from_vector(std::vector<float>{1}, {1}, Device::cpu()); }), 1)
+      << "an upload";
+  // Work that stays on the device: kernels, copies, new tensors, zeros.
+  EXPECT_EQ(syncs_of([&] {
+              Tensor y = fn::mul(x, x);
+              Tensor c = y.clone();
+              c.copy_(x);
+              Tensor z = Tensor::zeros({3});
+              Tensor e = Tensor::empty({3});
+            }),
+            0);
+  // The gradient norm: one read for all the buckets, not one a bucket.
+  Tensor a = Tensor::from_vector(std::vector<float>{3, 0}, {2}).set_requires_grad(true);
+  Tensor b = Tensor::from_vector(std::vector<float>{0, 4}, {2}).set_requires_grad(true);
+  optim::SGD opt({a, b}, 0.1);
+  opt.set_bucket_caps(8, 8);  // a bucket each
+  opt.zero_grad();
+  fn::sum(fn::mul(fn::add(a, b), fn::add(a, b))).backward();
+  double norm = 0;
+  EXPECT_EQ(syncs_of([&] { norm = opt.clip_grad_norm(1e9); }), 1);
+  EXPECT_EQ(opt.grad_buckets().buckets().size(), 2u);
+  EXPECT_NEAR(norm, 2 * std::sqrt(3.0 * 3 + 4 * 4) * std::sqrt(2.0), 1e-5);
+}
+
+// The step of `egeria bench step` (its batch made once, on the device): its one host sync is
+// the loss, read before backward (Strategy::step: a NaN stops the run there, and data
+// parallelism agrees on the global loss); the backward's seed gradient and the
+// Transformer's padding masks are made on the device.
+TEST(HostSyncs, ABenchmarkStepReadsOnlyItsLoss) {
+  auto local = dist::make_local();
+  for (const char* model : {"resnet20", "transformer-tiny"}) {
+    train::StepBenchOptions o;
+    o.model = model;
+    o.batch_size = 4;
+    o.seq_len = 6;
+    o.iterations = 2;
+    o.threads = 1;
+    EXPECT_EQ(train::bench_step(o, *local).host_syncs_per_step, 1) << model;
+  }
+}
+
+// A training run's steady-state step (summary.json host_syncs_per_step): the batch's two
+// uploads (images, labels), the loss; with --grad-clip the norm's one read more. Its first
+// step also makes the kept 1 the backward seeds from (host_syncs_per_step_max).
+TEST(HostSyncs, ATrainingStepUploadsItsBatchAndReadsItsLoss) {
+  for (double clip : {0.0, 1.0}) {
+    train::TrainConfig c;
+    c.model = "resnet20";
+    c.dataset = "synthetic";
+    c.train_limit = 256;
+    c.test_limit = 32;
+    c.batch_size = 32;
+    c.epochs = 1;
+    c.threads = 2;
+    c.grad_clip = clip;
+    c.out = eg::testing::fresh_dir("host_syncs_" + std::to_string(int(clip)));
+    train::run_training(c);
+    const auto sj = nlohmann::json::parse(eg::testing::slurp(c.out + "/summary.json"));
+    EXPECT_EQ(sj.at("host_syncs_per_step"), clip > 0 ? 4 : 3) << "--grad-clip " << clip;
+  }
+}
+
+}  // namespace
+}  // namespace eg
