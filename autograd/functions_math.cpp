@@ -168,7 +168,7 @@ Tensor sum(const Tensor& x) {
 }
 
 Tensor argmax(const Tensor& x_in) {
-  const Tensor x = is_half(x_in.dtype()) ? x_in.to(DType::f32) : x_in;
+  const Tensor x = is_half(x_in.dtype()) ? cast(x_in, DType::f32) : x_in;  // on its device
   EG_CHECK(x.dim() >= 1 && x.size(-1) > 0, "argmax: needs a tensor with a non-empty last dimension, got ",
            shape_str(x.shape()));
   Shape s = x.shape();

@@ -67,9 +67,16 @@ bool cpu_winograd() { return winograd_flag().load(); }
 
 namespace {
 thread_local int64_t g_host_syncs = 0;
-}
+thread_local Device g_training_device = Device::cpu();
+}  // namespace
 int64_t host_syncs() { return g_host_syncs; }
 void count_host_sync() { ++g_host_syncs; }
+Device set_training_device(Device d) {
+  const Device prev = g_training_device;
+  g_training_device = d;
+  return prev;
+}
+bool host_is_training_device() { return g_training_device.is_cpu(); }
 
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
   if (n == 0) return;

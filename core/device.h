@@ -54,10 +54,16 @@ bool cpu_winograd();
 // device) or cuda::synchronize(). Each one leaves the GPU idle while the host catches up,
 // so a steady-state training step should have none (issue: a GPU step that never waits).
 // The count is per thread (the training thread's, not the reference model's workers'),
-// and the CPU build counts the same Tensor calls where both sides are the host (to(cpu)
-// of a host tensor, item(), to_vector()), so a test here holds a step to the count a GPU
-// run of it would make. summary.json reports host_syncs_per_step.
+// and a thread that trains on the CPU counts the same Tensor calls where both sides are
+// the host (to(cpu) of a host tensor, so item() and to_vector() too), so a test here holds
+// a step to the count a GPU run of it would make; a thread that trains on a GPU
+// (set_training_device, which dist::Strategy calls) does not count host-to-host moves.
+// Not counted: the allocators' rare cudaDeviceSynchronize before returning memory to the
+// system, and EG_SYNC_DEBUG's. summary.json reports host_syncs_per_step.
 int64_t host_syncs();  // this thread's count so far
 void count_host_sync();
+// The device this thread trains on (default: the CPU); returns the previous one.
+Device set_training_device(Device d);
+bool host_is_training_device();
 
 }  // namespace eg

@@ -279,7 +279,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) {
-    if (d.is_cpu()) count_host_sync();  // the CPU build's count of a GPU run's copy (Note [Host syncs])
+    if (d.is_cpu() && host_is_training_device()) count_host_sync();  // a GPU run's copy (Note [Host syncs])
     return *this;
   }
   if (is_blocked()) return to_plain().to(d);

@@ -13,16 +13,25 @@
 
 namespace eg::dist {
 
+std::string rank_device_name(const std::string& device, int size, int local_rank, int local_size) {
+  if (size == 1) return device;
+  if (device == "cuda") return "cuda:" + std::to_string(local_rank);
+  EG_CHECK(!Device::parse(device).is_cuda() || local_size == 1, "--device ", device, " with ", local_size,
+           " ranks on this host would put them all on one GPU; use --device cuda (each rank takes cuda:<its local "
+           "rank>)");
+  return device;
+}
+
 namespace {
 
-// GPU ranks take one GPU each: cuda:<local rank> unless --device names one.
 Device rank_device(const Communicator& comm, const std::string& device) {
-  const std::string d = comm.size() > 1 && device == "cuda" ? "cuda:" + std::to_string(comm.local_rank()) : device;
-  const Device dev = Device::parse(d);
-  if (dev.is_cuda())
-    EG_CHECK(
-        cuda_available(), "--device ", device, ": ",
-        built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
+  const Device dev = Device::parse(rank_device_name(device, comm.size(), comm.local_rank(), comm.local_size()));
+  if (!dev.is_cuda()) return dev;
+  EG_CHECK(cuda_available(), "--device ", device, ": ",
+           built_with_cuda() ? "no CUDA GPU is visible" : "this build has no CUDA support (rebuild with -DEG_CUDA=ON)");
+  EG_CHECK(dev.index < cuda_device_count(), "--device ", device, ": rank ", comm.rank(), " would train on ", dev.str(),
+           " but this host has ", cuda_device_count(), " GPU", cuda_device_count() == 1 ? "" : "s",
+           comm.size() > 1 ? "; run at most one rank per GPU on a host" : "");
   return dev;
 }
 
@@ -30,13 +39,15 @@ Device rank_device(const Communicator& comm, const std::string& device) {
 
 Strategy::Strategy(Communicator& comm, const std::string& device, GradSyncOptions sync, optim::LossScaleOptions scaling)
     : comm_(comm), device_(rank_device(comm, device)), sync_options_(sync), scaler_(scaling) {
-  if (comm.size() == 1) return;
-  kind_ = device_.is_cuda() ? Kind::gpu_ranks : Kind::cpu_ranks;
-  if (kind_ == Kind::gpu_ranks) nccl_ = make_nccl(comm, device_);
-  sync_ = std::make_unique<GradSync>(nccl_ ? *nccl_ : comm, sync);
+  if (comm.size() > 1) {
+    kind_ = device_.is_cuda() ? Kind::gpu_ranks : Kind::cpu_ranks;
+    if (kind_ == Kind::gpu_ranks) nccl_ = make_nccl(comm, device_);
+    sync_ = std::make_unique<GradSync>(nccl_ ? *nccl_ : comm, sync);
+  }
+  prev_training_device_ = set_training_device(device_);
 }
 
-Strategy::~Strategy() = default;
+Strategy::~Strategy() { set_training_device(prev_training_device_); }
 
 uint64_t Strategy::rank_seed(uint64_t seed) const {
   const int r = rank();

@@ -62,6 +62,11 @@ struct StepResult {
   bool skipped_overflow = false;
 };
 
+// The device a rank of `size` trains on, from --device: "cuda" is cuda:<local rank>, one
+// GPU a rank; a named GPU (cuda:N) serves one rank a host only, as ranks sharing a GPU
+// would contend for it (NCCL refuses them); cpu is every rank's. Throws on a shared GPU.
+std::string rank_device_name(const std::string& device, int size, int local_rank, int local_size);
+
 class Strategy {
  public:
   enum class Kind { single, cpu_ranks, gpu_ranks };
@@ -109,6 +114,7 @@ class Strategy {
   Communicator& comm_;
   Kind kind_ = Kind::single;
   Device device_;
+  Device prev_training_device_;  // this thread's, put back when the run ends (Note [Host syncs])
   GradSyncOptions sync_options_;
   optim::LossScaler scaler_;
   std::unique_ptr<Communicator> nccl_;  // GPU ranks' gradients

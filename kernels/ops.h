@@ -155,9 +155,10 @@ using LayerNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma
 // with the scattered sum. Out-of-range ids are the caller's to check.
 using EmbeddingFwd = void(const Tensor& ids, const Tensor& table, Tensor& y);
 using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
-// Token mask: mask (u8, ids' shape) is 1 where ids (s64) equals `value`, else 0: the
-// Transformer's padding mask, made where the ids are (no host round trip on a GPU).
-using TokenMask = void(const Tensor& ids, Tensor& mask, int64_t value);
+// Token mask: mask (u8, ids' shape) is 1 where (ids (s64) == value) == equal, else 0: the
+// Transformer's padding mask (equal) and its real tokens (not equal), made where the ids
+// are (no host round trip on a GPU).
+using TokenMask = void(const Tensor& ids, Tensor& mask, int64_t value, bool equal);
 
 // Dropout: element i is kept when philox_uniform(seed, offset, i) >= p, and scaled by
 // 1/(1-p). mask (u8) records kept elements. Same mask on every device. bf16 (Note [bf16

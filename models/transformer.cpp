@@ -116,7 +116,7 @@ Transformer::Transformer(const TransformerConfig& c, Generator& g) : cfg_(c) {
 
 Tensor Transformer::padding_mask(const Tensor& ids) const {
   Tensor m = Tensor::empty(ids.shape(), DType::u8, ids.device());
-  ops::call(ops::token_mask, ids, m, cfg_.pad_id);
+  ops::call(ops::token_mask, ids, m, cfg_.pad_id, true);
   return m;
 }
 
@@ -131,10 +131,12 @@ Tensor Transformer::padding_mask(const Tensor& ids) const {
 // token from its own range (Note [Per-token activation scales] in quant/int8.h), so its
 // padding does not move the real tokens' scales either.
 Tensor Transformer::without_padding(const Tensor& h, const Tensor& ids) const {
-  // The padding mask as f32 [B, T, 1], made on the ids' device.
-  Tensor pad = Tensor::empty({ids.size(0), ids.size(1), 1}, DType::f32, ids.device());
-  ops::call(ops::cast, padding_mask(ids).reshape(pad.shape()), pad);
-  return fn::sub(h, fn::mul(h, pad));  // h where a token is real, 0 where it is padding
+  // 1 at real tokens, 0 at padding, as f32 [B, T, 1], made on the ids' device.
+  Tensor real = Tensor::empty(ids.shape(), DType::u8, ids.device());
+  ops::call(ops::token_mask, ids, real, cfg_.pad_id, false);
+  Tensor keep = Tensor::empty({ids.size(0), ids.size(1), 1}, DType::f32, ids.device());
+  ops::call(ops::cast, real.reshape(keep.shape()), keep);
+  return fn::mul(h, keep);
 }
 
 Tensor Transformer::embed(const Tensor& ids) {

@@ -30,15 +30,17 @@ void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m
   v.push_back(c);
 }
 
-// The padding mask of a batch of ids, about a third of them the pad id (0); exact.
+// The padding mask of a batch of ids, about a third of them the pad id (0), and its
+// complement; exact.
 void add_token_mask(std::vector<OpCase>& v, const std::string& variant, Shape ids, bool big) {
   OpCase c;
   c.name = "token_mask/" + variant;
   c.make_inputs = [ids](DType) { return Tensors{randint(ids, 0, 3, 74)}; };
   c.forward = [](ops::Backend b, const Tensors& in) {
-    Tensor m = empty_on(in[0], in[0].shape(), DType::u8);
-    ops::run(ops::token_mask, b, in[0], m, int64_t(0));
-    return Tensors{m};
+    Tensor pad = empty_on(in[0], in[0].shape(), DType::u8), real = empty_on(in[0], in[0].shape(), DType::u8);
+    ops::run(ops::token_mask, b, in[0], pad, int64_t(0), true);
+    ops::run(ops::token_mask, b, in[0], real, int64_t(0), false);
+    return Tensors{pad, real};
   };
   c.uses = {uses(ops::token_mask)};
   c.fwd_tol = {0, 0};

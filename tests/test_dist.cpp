@@ -11,8 +11,10 @@
 #include "autograd/node.h"
 #include "dist/communicator.h"
 #include "dist/grad_sync.h"
+#include "dist/strategy.h"
 #include "layers/layers.h"
 #include "optim/optimizer.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -43,6 +45,22 @@ TEST(Dist, LocalIsAWorldOfOne) {
   EXPECT_THROW(c->all_reduce(i32), Error);
   EXPECT_FALSE(dist::launched_by_mpi()) << "the test suite runs without a launcher";
   EXPECT_EQ(dist::world().backend(), "local");
+}
+
+// --device under several ranks: "cuda" is one GPU a rank (its local rank's); a named GPU
+// shared by the ranks of one host is refused, here through a Strategy of two thread ranks
+// too (one host: local size 2), before any GPU is looked for.
+TEST(Dist, RanksTakeOneGpuEachAndNeverShareOne) {
+  EXPECT_EQ(dist::rank_device_name("cuda", 4, 2, 4), "cuda:2");
+  EXPECT_EQ(dist::rank_device_name("cuda", 1, 0, 1), "cuda");
+  EXPECT_EQ(dist::rank_device_name("cuda:1", 1, 0, 1), "cuda:1");
+  EXPECT_EQ(dist::rank_device_name("cuda:0", 2, 0, 1), "cuda:0") << "two hosts, a rank each";
+  EXPECT_EQ(dist::rank_device_name("cpu", 4, 3, 4), "cpu");
+  const std::string want = "--device cuda:0 with 2 ranks on this host would put them all on one GPU; use --device cuda";
+  on_ranks(2, [&](dist::Communicator& c) {
+    const std::string e = eg::testing::error_of([&] { dist::Strategy s(c, "cuda:0", {}); });
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+  });
 }
 
 TEST(Dist, ThreadGroupCollectivesAgreeOnEveryRank) {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/ops.h"
 #include "layers/layers.h"
 #include "quant/reference.h"
 #include "train/checkpoint.h"
@@ -129,8 +130,14 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   if (lead_) {
     freeze::StepInfo si = s;
     si.x2 = x2_;
-    // Readings are f32 whatever the training precision (bf16 activations under autocast).
-    auto f32 = [](const Tensor& t) { return t.defined() && is_half(t.dtype()) ? t.to(DType::f32) : t; };
+    // Readings are f32 whatever the training precision (16-bit activations under autocast),
+    // widened where they are (no host round trip on a GPU: Note [Host syncs]).
+    auto f32 = [](const Tensor& t) {
+      if (!t.defined() || !is_half(t.dtype())) return t;
+      Tensor w = Tensor::empty(t.shape(), DType::f32, t.device());
+      ops::call(ops::cast, t, w);
+      return w;
+    };
     si.unit_input = f32(capture_.input);
     policy_->after_step(si, x_, f32(capture_.output), model_);
   }

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -215,7 +216,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.sync_bytes_per_step = sync ? sync->stats().last_step_bytes : 0;
   r.median_sync_wait_ms = median(wait_ms);
   r.median_comm_ms = median(comm_ms);
-  r.host_syncs_per_step = int64_t(median(syncs));
+  r.host_syncs_per_step = std::llround(median(syncs));
   return r;
 }
 

@@ -98,12 +98,12 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(yp + i * d, tp + ip[i] * d, size_t(d) * sizeof(float));
 }
 
-void token_mask(const Tensor& ids, Tensor& mask, int64_t value) {
+void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
   const int64_t* ip = ids.data<int64_t>();
   uint8_t* mp = mask.data<uint8_t>();
   const int64_t n = ids.numel();
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) mp[i] = ip[i] == value ? 1 : 0;
+  for (int64_t i = 0; i < n; ++i) mp[i] = (ip[i] == value) == equal ? 1 : 0;
 }
 
 void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {

@@ -232,7 +232,7 @@ void check_params(std::initializer_list<const Tensor*> ps, const char* op) {
 // The 32-bit element counts of a slice (Note [16-bit batch norm]).
 void check_slice_size(const Tensor& x, const char* op) {
   EG_CHECK(x.size(0) * x.size(2) * x.size(3) < (int64_t(1) << 31), op, " on CUDA: ", x.size(0) * x.size(2) * x.size(3),
-           " values per channel; at most 2^31 with 16-bit activations");
+           " values per channel; 16-bit activations take fewer than 2^31");
 }
 
 void bn16_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean, const Tensor& scale,
@@ -249,6 +249,10 @@ void bn16_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const 
 
 void channel_sum(const Tensor& dy, Tensor& db) {
   require_f32(db, "a bias gradient");
+  if (!dy.numel()) {  // an empty batch: no gradient
+    if (db.numel()) EG_CUDA_CHECK(cudaMemsetAsync(db.raw(), 0, db.nbytes(), stream()));
+    return;
+  }
   check_slice_size(dy, "a bias gradient");
   const Slices sl = slices_for(dy);
   Tensor part = Tensor::empty({sl.c * sl.s}, DType::f32, dy.device());
@@ -327,9 +331,10 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
         dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
         mean.data<float>(), invstd.data<float>(), sl, p2);
     bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(p2, sl.s, c, sum_dy, sum_dyx);
-    if (dbeta.defined()) EG_CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), sum_dy, c * 4, cudaMemcpyDeviceToDevice, stream()));
+    const size_t bytes = size_t(c) * sizeof(float);
+    if (dbeta.defined()) EG_CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), sum_dy, bytes, cudaMemcpyDeviceToDevice, stream()));
     if (dgamma.defined())
-      EG_CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), sum_dyx, c * 4, cudaMemcpyDeviceToDevice, stream()));
+      EG_CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), sum_dyx, bytes, cudaMemcpyDeviceToDevice, stream()));
     if (dx.defined() || dresidual.defined())
       bn16_bwd_dx_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
           dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),

@@ -3,7 +3,9 @@
 // PSEUDO_*_CONFIG). Beside 16-bit data the bias and its gradient are f32 and the weight
 // gradient f32 or the data's dtype: cuDNN writes it in the data's dtype and an f32 one is
 // cast from that, as autocast's cast node does with PyTorch's bf16 weight gradient. A
-// biased 16-bit forward runs on f32 copies (Note [One rounding with a bias]).
+// biased 16-bit forward runs on f32 copies (Note [One rounding with a bias]). y and dx
+// take the data's dtype (the ref also writes f32 ones from 16-bit data; autocast never
+// asks for them, and CUDA refuses them by name).
 // (Batch norm: batchnorm.cu.)
 // A plan per (shapes, params, math mode, dtype) holds the descriptors and, per pass, the
 // algorithm from cudnnGet*Algorithm_v7 (or timed by cudnnFind*, EG_CUDNN_BENCHMARK=1):
@@ -215,11 +217,15 @@ void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db
                                                   buf.raw(), c.bwd_filter_ws, &zero, c.d.w, g.raw()));
     if (g.raw() != dw.raw()) cast(g, dw);
   }
-  if (db.defined() && db.dtype() == t) {
-    TensorDesc yd(dy.shape(), t), bd({1, db.numel(), 1, 1}, t);
+  if (db.defined() && t == DType::f32) {
+    TensorDesc yd(dy.shape()), bd({1, db.numel(), 1, 1});
     EG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, yd.d, dy.raw(), &zero, bd.d, db.raw()));
-  } else if (db.defined()) {
+  } else if (db.defined() && db.dtype() == DType::f32) {
     channel_sum(dy, db);
+  } else if (db.defined()) {  // a 16-bit bias gradient: summed in f32, rounded once
+    Tensor db32 = Tensor::empty(db.shape(), DType::f32, db.device());
+    channel_sum(dy, db32);
+    cast(db32, db);
   }
 }
 

@@ -33,14 +33,13 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
   const DType t = a.dtype();
   const bool half = t == DType::f16 || t == DType::bf16;
   if (half)
-    EG_CHECK(b.dtype() == t && (c.dtype() == DType::f32 || c.dtype() == t), "gemm on CUDA: a ", dtype_name(t),
-             " a needs a ", dtype_name(t), " b and an f32 or ", dtype_name(t), " output, got ", dtype_name(b.dtype()),
-             " and ", dtype_name(c.dtype()));
-  else {
-    require_f32(a, "gemm");
-    require_f32(b, "gemm");
-    require_f32(c, "gemm");
-  }
+    EG_CHECK(b.dtype() == t && (c.dtype() == DType::f32 || c.dtype() == t), "gemm on CUDA: operands of one dtype ",
+             "(f32, bf16 or f16) and an output of theirs or f32, got ", dtype_name(t), " and ", dtype_name(b.dtype()),
+             " into ", dtype_name(c.dtype()));
+  else
+    EG_CHECK(t == DType::f32 && b.dtype() == DType::f32 && c.dtype() == DType::f32, "gemm on CUDA: operands of one ",
+             "dtype (f32, bf16 or f16) and an output of theirs or f32, got ", dtype_name(t), " and ",
+             dtype_name(b.dtype()), " into ", dtype_name(c.dtype()));
   const int r = a.dim();
   const int64_t batch = r == 3 ? a.size(0) : 1;
   const int64_t m = c.size(r - 2), n = c.size(r - 1), k = ta ? a.size(r - 2) : a.size(r - 1);

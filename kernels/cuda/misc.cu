@@ -18,8 +18,8 @@ __global__ void embedding_fwd_kernel(const int64_t* ids, const float* table, flo
 __global__ void embedding_bwd_kernel(const float* dy, const int64_t* ids, float* dt, int64_t n, int64_t d) {
   EG_CUDA_LOOP(i, n * d) atomicAdd(&dt[ids[i / d] * d + i % d], dy[i]);
 }
-__global__ void token_mask_kernel(const int64_t* ids, uint8_t* mask, int64_t value, int64_t n) {
-  EG_CUDA_LOOP(i, n) mask[i] = ids[i] == value ? 1 : 0;
+__global__ void token_mask_kernel(const int64_t* ids, uint8_t* mask, int64_t value, bool equal, int64_t n) {
+  EG_CUDA_LOOP(i, n) mask[i] = (ids[i] == value) == equal ? 1 : 0;
 }
 __global__ void dropout_fwd_kernel(const void* x, void* y, int t, uint8_t* mask, float p, float s, uint64_t seed,
                                    uint64_t offset, int64_t n) {
@@ -82,12 +82,12 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
   cuda::after_launch("embedding_bwd");
 }
 
-void token_mask(const Tensor& ids, Tensor& mask, int64_t value) {
+void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
   EG_CHECK(ids.dtype() == DType::s64 && mask.dtype() == DType::u8, "token_mask on CUDA: s64 ids and a u8 mask, got ",
            dtype_name(ids.dtype()), " and ", dtype_name(mask.dtype()));
   const int64_t n = ids.numel();
   if (!n) return;
-  token_mask_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ids.data<int64_t>(), mask.data<uint8_t>(), value, n);
+  token_mask_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ids.data<int64_t>(), mask.data<uint8_t>(), value, equal, n);
   cuda::after_launch("token_mask");
 }
 

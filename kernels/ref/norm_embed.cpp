@@ -126,10 +126,10 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
   if (dt.dtype() == DType::f64) emb_bwd_t<double>(dy, ids, dt);
   else emb_bwd_t<float>(dy, ids, dt);
 }
-void token_mask(const Tensor& ids, Tensor& mask, int64_t value) {
+void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
   const int64_t* ip = ids.data<int64_t>();
   uint8_t* mp = mask.data<uint8_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) mp[i] = ip[i] == value ? 1 : 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) mp[i] = (ip[i] == value) == equal ? 1 : 0;
 }
 void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
   if (any_bf16({&x, &y})) {  // Note [bf16 kernels]
