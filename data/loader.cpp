@@ -1,6 +1,7 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 namespace eg::data {
@@ -96,54 +97,106 @@ void Loader::start_epoch(int64_t epoch, int64_t start_batch) {
   order_ = epoch_order(epoch);
   consumed_ = issued_ = start_batch;
   end_ = batches_per_epoch();
+  building_.clear();
   ready_.clear();
   failed_.clear();
   for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
 }
 
-Batch Loader::build(int64_t index) const {
+Loader::Building& Loader::open_batch(int64_t index) {
   const std::vector<int64_t> pos = positions(index);
-  const int64_t n = int64_t(pos.size());
+  Building& f = building_[index];
+  f.n = int64_t(pos.size());
   Shape shape = data_->sample_shape();
-  const int64_t per = shape[0] * shape[1] * shape[2];
-  shape.insert(shape.begin(), n);
-  Batch b;
-  b.index = index;
-  b.x = Tensor::empty(shape);
-  b.y = Tensor::empty({n}, DType::s64);
-  int64_t kept = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = order_[size_t(pos[size_t(i)])];
-    try {
-      data_->load(id, opt_.seed, epoch_, b.x.data<float>() + kept * per);
-    } catch (const BadSample& e) {
-      if (!opt_.skip_bad) throw;
-      b.left_out.emplace_back(id, e.what());
-      continue;
+  shape.insert(shape.begin(), f.n);
+  f.b.index = index;
+  f.b.x = Tensor::empty(shape);
+  f.b.y = Tensor::empty({f.n}, DType::s64);
+  for (int64_t p : pos) f.ids.push_back(order_[size_t(p)]);
+  f.bad.assign(size_t(f.n), std::string());
+  return f;
+}
+
+// The batch as one worker building it alone would have made it: the loaded samples'
+// rows packed in position order, the left-out ones listed in that order.
+void Loader::finish(int64_t index, Building& f) {
+  if (f.error) {
+    failed_[index] = f.error;
+  } else {
+    Batch& b = f.b;
+    const Shape& s = data_->sample_shape();
+    const int64_t per = s[0] * s[1] * s[2];
+    float* x = b.x.data<float>();
+    int64_t* y = b.y.data<int64_t>();
+    int64_t kept = 0;
+    for (int64_t i = 0; i < f.n; ++i) {
+      const int64_t id = f.ids[size_t(i)];
+      if (!f.bad[size_t(i)].empty()) {
+        b.left_out.emplace_back(id, f.bad[size_t(i)]);
+        continue;
+      }
+      if (kept != i) std::memmove(x + kept * per, x + i * per, size_t(per) * sizeof(float));
+      b.ids.push_back(id);
+      y[kept++] = data_->label(id);
     }
-    b.ids.push_back(id);
-    b.y.data<int64_t>()[kept++] = data_->label(id);
+    if (kept < f.n) b.x = b.x.slice(0, kept), b.y = b.y.slice(0, kept);
+    ready_[index] = std::move(b);
   }
-  if (kept < n) b.x = b.x.slice(0, kept), b.y = b.y.slice(0, kept);
-  return b;
+  building_.erase(index);
 }
 
 void Loader::worker_loop() {
+  const Shape& s = data_->sample_shape();
+  const int64_t per = s[0] * s[1] * s[2];
   for (;;) {
-    int64_t index;
+    int64_t index = 0, first = 0, last = 0;
+    Building* f = nullptr;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stopping_ || (issued_ < end_ && issued_ < consumed_ + opt_.prefetch); });
+      // The oldest batch with unclaimed samples, else a new one inside the prefetch window.
+      auto claimable = [&] {
+        for (auto& [i, b] : building_)
+          if (b.next < b.n) return true;
+        return issued_ < end_ && issued_ < consumed_ + opt_.prefetch;
+      };
+      cv_.wait(l, [&] { return stopping_ || claimable(); });
       if (stopping_) return;
-      index = issued_++;
+      for (auto& [i, b] : building_)
+        if (b.next < b.n) {
+          index = i, f = &b;
+          break;
+        }
+      if (!f) index = issued_++, f = &open_batch(index);
+      // A few samples a claim: enough to keep the lock out of the way of cheap samples
+      // (in-memory images), few enough that every worker gets some of a batch.
+      const int64_t chunk = std::clamp<int64_t>(f->n / (2 * int64_t(opt_.workers)), 1, 16);
+      first = f->next, last = std::min(f->n, first + chunk);
+      f->next = last;
+      if (f->n == 0) {  // an empty share (data parallelism's last batch)
+        finish(index, *f);
+        l.unlock();
+        cv_.notify_all();
+        continue;
+      }
     }
-    try {
-      Batch b = build(index);
+    std::exception_ptr error;
+    std::vector<std::pair<int64_t, std::string>> bad;
+    for (int64_t i = first; i < last && !error; ++i) {
+      try {
+        data_->load(f->ids[size_t(i)], opt_.seed, epoch_, f->b.x.data<float>() + i * per);
+      } catch (const BadSample& e) {
+        if (!opt_.skip_bad) error = std::current_exception();
+        else bad.emplace_back(i, e.what());
+      } catch (...) {  // raised when the batch is consumed, so that errors come in epoch order
+        error = std::current_exception();
+      }
+    }
+    {
       std::lock_guard<std::mutex> l(mu_);
-      ready_[index] = std::move(b);
-    } catch (...) {  // raised when the batch is consumed, so that errors come in epoch order
-      std::lock_guard<std::mutex> l(mu_);
-      failed_[index] = std::current_exception();
+      for (auto& [i, why] : bad) f->bad[size_t(i)] = why;
+      if (error && !f->error) f->error = error;
+      f->done += last - first;
+      if (f->done == f->n) finish(index, *f);
     }
     cv_.notify_all();
   }

@@ -1,5 +1,7 @@
 // Batches from an in-memory image dataset, built by background worker threads into
-// a bounded prefetch window. The order of an epoch is a pure function of
+// a bounded prefetch window: the workers load samples, a few at a time, into the oldest
+// batch still being built (so one batch is built by every worker at once, not one worker
+// a batch). The order of an epoch is a pure function of
 // (seed, epoch) and the augmentation of a sample a pure function of
 // (seed, epoch, sample id) (or of (seed, sample id) with augment_per_sample), so a run resumed at (epoch, batch) sees exactly the
 // batches the uninterrupted run would have, and the activation cache can ask which
@@ -67,7 +69,7 @@ struct LoaderOptions {
   bool augment_per_sample = false;
   AugmentOptions aug;
   int workers = 1;
-  int prefetch = 4;  // batches built ahead of the consumer
+  int prefetch = 4;  // batches built ahead of the consumer (being built or ready)
   uint64_t seed = 0;
   // Data-parallel training: this rank's share of every global batch of
   // batch_size x shards samples, the positions shard_rank, shard_rank + shards, ... of it
@@ -103,14 +105,24 @@ class Loader {
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
  private:
+  // A batch being built: every slot a sample, loaded by whichever worker claims it.
+  struct Building {
+    Batch b;  // x and y with a row per position
+    std::vector<int64_t> ids;  // the sample at each position
+    std::vector<std::string> bad;  // a left-out sample's reason ("" when it loaded)
+    int64_t n = 0, next = 0, done = 0;  // positions; the first unclaimed; the finished
+    std::exception_ptr error;  // the first error that stops the loader
+  };
   void stop_workers();
   void worker_loop();
-  Batch build(int64_t index) const;
+  Building& open_batch(int64_t index);  // with mu_ held
+  void finish(int64_t index, Building& f);  // with mu_ held: into ready_ or failed_
 
   std::shared_ptr<const SampleSource> data_;
   LoaderOptions opt_;
   std::vector<int64_t> order_;
   int64_t epoch_ = 0, consumed_ = 0, issued_ = 0, end_ = 0;
+  std::map<int64_t, Building> building_;  // node addresses stay put while others come and go
   std::map<int64_t, Batch> ready_;
   std::map<int64_t, std::exception_ptr> failed_;  // batches whose build threw, by index
   bool stopping_ = false;

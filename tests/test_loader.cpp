@@ -2,8 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "data/loader.h"
@@ -169,6 +173,63 @@ TEST(Loader, RanksTakeInterleavedSharesOfTheOneProcessBatches) {
       }
     }
   }
+}
+
+// The workers share each batch: every worker loads some samples of the batch being built
+// (not a batch each), and the batches are the ones a single worker makes, sample for
+// sample (each sample a pure function of (seed, epoch, id), packed in position order).
+TEST(Loader, WorkersShareEachBatchAndBuildTheSameBatches) {
+  class Slow final : public data::SampleSource {
+   public:
+    int64_t size() const override { return 96; }
+    Shape sample_shape() const override { return {1, 2, 1}; }
+    int64_t label(int64_t id) const override { return id % 7; }
+    void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const override {
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      {
+        std::lock_guard<std::mutex> l(mu);
+        threads[id].insert(std::this_thread::get_id());
+      }
+      out[0] = float(id) + 1000.f * float(epoch), out[1] = float(seed);
+    }
+    mutable std::mutex mu;
+    mutable std::map<int64_t, std::set<std::thread::id>> threads;
+  };
+  auto batches = [](int workers, std::shared_ptr<Slow> src) {
+    data::LoaderOptions o;
+    o.batch_size = 32;
+    o.workers = workers;
+    o.seed = 5;
+    data::Loader l(src, o);
+    std::vector<std::vector<float>> xs;
+    std::vector<std::vector<int64_t>> ys, ids;
+    for (int64_t epoch : {0, 1}) {
+      l.start_epoch(epoch);
+      for (data::Batch b; l.next(b);) {
+        xs.push_back(b.x.to_vector<float>());
+        ys.push_back(b.y.to_vector<int64_t>());
+        ids.push_back(b.ids);
+      }
+    }
+    return std::make_tuple(xs, ys, ids);
+  };
+  auto one = std::make_shared<Slow>(), four = std::make_shared<Slow>();
+  const auto [x1, y1, i1] = batches(1, one);
+  const auto [x4, y4, i4] = batches(4, four);
+  EXPECT_EQ(x1, x4);
+  EXPECT_EQ(y1, y4);
+  EXPECT_EQ(i1, i4);
+  ASSERT_EQ(i4.size(), 6u);
+  for (size_t b = 0; b < i4.size(); ++b)
+    for (size_t k = 0; k < i4[b].size(); ++k) {
+      EXPECT_EQ(x4[b][2 * k], float(i4[b][k]) + (b < 3 ? 0.f : 1000.f));
+      EXPECT_EQ(y4[b][k], i4[b][k] % 7);
+    }
+  // The first batch of the run: built by more than one worker.
+  std::set<std::thread::id> builders;
+  for (int64_t id : i4[0])
+    for (auto t : four->threads[id]) builders.insert(t);
+  EXPECT_GT(builders.size(), 1u) << "one worker built the whole first batch";
 }
 
 // A sample whose load throws data::BadSample stops the loader naming it, or with

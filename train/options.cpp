@@ -44,7 +44,9 @@ std::vector<Option> make_options() {
   t.push_back(number("--seed", "seed", G::run, F, "seed of the initialisation, shuffling and augmentation",
                      &TrainConfig::seed));
   t.push_back(number("--threads", "threads", G::run, OnResume::warn,
-                     "CPU threads (0: all cores; config.json records the count used)", &TrainConfig::threads,
+                     "CPU threads (0: all cores, or 1 when training on a GPU, whose loader then takes the other "
+                     "cores; config.json records the count used)",
+                     &TrainConfig::threads,
                      Rule<int>{[](int v) { return v >= 0; }, "0 (all cores) or a positive count"}));
   t.push_back(choice("--cpu-winograd", "cpu_winograd", G::run, F,
                      "Winograd for the CPU's 3x3 convolutions with >= 32 channels where oneDNN has it (AVX-512); "

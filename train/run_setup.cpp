@@ -26,6 +26,9 @@ void set_up_process(Run& r) {
   TrainConfig& c = r.c;
   c.device = r.dp.device().str();
   const int local_ranks = r.dp.comm().local_size(), cores = int(std::thread::hardware_concurrency());
+  // On a GPU one thread enqueues the step's kernels; the rank's other cores decode and
+  // augment (--workers 0), as a DataLoader's workers beside a GPU do.
+  if (c.threads == 0 && r.dp.device().is_cuda()) c.threads = 1;
   if (c.threads == 0 && r.dp.size() > 1) {  // the machine's cores shared between its ranks (torchrun: 1 each)
     set_num_threads(0);  // the cores this process may run on (mpirun may bind it to some)
     c.threads = std::max(1, std::min(num_threads(), cores / local_ranks));
