@@ -61,6 +61,13 @@ const char* cublas_status_string(cublasStatus_t s) {
   return "unknown cuBLAS status";
 }
 
+int compute_capability(int device) {
+  int major = 0, minor = 0;
+  EG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  EG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor;
+}
+
 int device_count() {
   // No driver (35) or no device (100) means "no GPU". cudaGetLastError clears the
   // error so it does not resurface at the next unrelated check.

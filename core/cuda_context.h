@@ -15,6 +15,7 @@ namespace eg::cuda {
 const char* cublas_status_string(cublasStatus_t s);
 
 int device_count();  // 0 when there is no driver or no device
+int compute_capability(int device);  // major * 10 + minor, e.g. 90 for an H100
 cudaStream_t current_stream(int device = -1);  // -1: the current device
 cublasHandle_t cublas_handle();  // for the current device, bound to current_stream()
 cudnnHandle_t cudnn_handle();

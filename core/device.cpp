@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/gpu_info.h"
 #include "core/tensor.h"
 #ifdef EG_WITH_CUDA
 #include "core/cuda_context.h"
@@ -42,6 +43,15 @@ int cuda_device_count() {
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
+
+int cuda_compute_capability(int index) {
+#ifdef EG_WITH_CUDA
+  return index < cuda_device_count() ? cuda::compute_capability(index) : 0;
+#else
+  (void)index;
+  return 0;
+#endif
+}
 
 namespace {
 std::atomic<bool>& tf32_flag() {
