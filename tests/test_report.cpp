@@ -55,8 +55,10 @@ void write_metrics(const std::string& d, double frozen_s) {
 // 400 steps: nothing frozen for the first 200 at 100 ms a step, stem+layer1 frozen for the
 // last 200 at 80 ms. Bootstrapping ends at step 150; the unit freezes at 200 after W = 2
 // stale readings of the five every n = 10 steps.
+// A directory of the test's own: ctest runs the Report tests in parallel processes.
 std::string hand_made_run() {
-  const std::string d = eg::testing::fresh_dir("eg_report_run");
+  const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string d = eg::testing::fresh_dir("eg_report_run_" + test);
   json units = json::array({{{"name", "stem+layer1"}, {"params", 100}},
                             {{"name", "layer2"}, {"params", 300}},
                             {{"name", "head"}, {"params", 600}}});

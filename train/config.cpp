@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
+#include "core/gpu_info.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "freeze/policy.h"
@@ -40,6 +41,15 @@ void apply_model_defaults(TrainConfig& c, const std::set<std::string>& given, in
   // epochs and the schedule).
   for (auto& o : options())
     if (o.recipe_default && !given.count(o.flag)) o.recipe_default(c, world_size);
+}
+
+void check_precision_on(Device d, DType precision) {
+  if (!d.is_cuda() || precision == DType::f32) return;
+  const int cc = cuda_compute_capability(d.index), need = precision == DType::bf16 ? 80 : 70;
+  EG_CHECK(cc >= need, "--precision ", precision == DType::bf16 ? "bf16" : "fp16", " on ", d.str(),
+           ": its GPU has compute capability ", cc / 10, ".", cc % 10, ", and ",
+           precision == DType::bf16 ? "bf16 needs 8.0 (Ampere) or newer; use --precision fp16 or f32 there"
+                                    : "fp16 needs 7.0 (Volta) or newer; use --precision f32 there");
 }
 
 TrainConfig default_config(const std::string& model, const std::string& dataset) {

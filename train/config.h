@@ -113,6 +113,9 @@ TrainConfig default_config(const std::string& model, const std::string& dataset 
 // Every problem named in the flag's terms (eg::Error): each option's own rule
 // (Option::check), then the rules between options.
 void validate(const TrainConfig& c);
+// The rule validate() cannot check before the GPU is known: a 16-bit precision on a GPU
+// that has its kernels (cuDNN's bf16 from compute capability 8.0, f16 from 7.0).
+void check_precision_on(Device d, DType precision);
 
 // Which of the recipes of Note [Model-dependent defaults] c.model and c.dataset train with.
 enum class Recipe { images, transformer, image_folder, image_folder_mobilenet };

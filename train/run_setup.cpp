@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <thread>
 
-#include "core/gpu_info.h"
 #include "core/parallel.h"
 
 namespace eg::train {
@@ -26,13 +25,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, models::M
 void set_up_process(Run& r) {
   TrainConfig& c = r.c;
   c.device = r.dp.device().str();
-  if (r.dp.device().is_cuda() && c.precision != DType::f32) {  // cuDNN's 16-bit kernels: bf16 from Ampere, f16 from Volta
-    const int cc = cuda_compute_capability(r.dp.device().index), need = c.precision == DType::bf16 ? 80 : 70;
-    EG_CHECK(cc >= need, "--precision ", c.precision == DType::bf16 ? "bf16" : "fp16", " on ", c.device,
-             ": its GPU has compute capability ", cc / 10, ".", cc % 10, ", and ",
-             c.precision == DType::bf16 ? "bf16 needs 8.0 (Ampere) or newer; use --precision fp16 or f32 there"
-                                        : "fp16 needs 7.0 (Volta) or newer; use --precision f32 there");
-  }
+  check_precision_on(r.dp.device(), c.precision);
   const int local_ranks = r.dp.comm().local_size(), cores = int(std::thread::hardware_concurrency());
   // On a GPU one thread enqueues the step's kernels; the rank's other cores decode and
   // augment (--workers 0), as a DataLoader's workers beside a GPU do.

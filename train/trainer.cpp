@@ -1,8 +1,8 @@
 #include "train/trainer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "autograd/autocast.h"
@@ -139,6 +139,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   const Device dev = dp.device();
   EG_CHECK(o.precision != DType::f16 || dev.is_cuda(), "bench step: --precision fp16 on ", dev.str(),
            ": fp16 is for GPUs; the CPU trains in f32 or bf16");
+  check_precision_on(dev, o.precision);
   models::ModelConfig mc;
   mc.name = o.model;
   mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
