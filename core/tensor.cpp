@@ -193,7 +193,7 @@ std::vector<T> Tensor::to_vector() const {
   EG_CHECK(dtype() == dtype_v<T>, "to_vector: tensor holds ", dtype_name(dtype()), ", asked for ",
            dtype_name(dtype_v<T>));
   std::vector<T> v(static_cast<size_t>(numel()));
-  count_host_sync();  // Note [Host syncs]
+  if (!device().is_cpu() || host_is_training_device()) count_host_sync();  // Note [Host syncs]
   if (!v.empty()) copy_bytes(v.data(), Device::cpu(), raw(), device(), nbytes());
   return v;
 }

@@ -1,5 +1,5 @@
-// cuDNN tensor descriptors for the convolution and batch-norm kernels: NCHW, of f32,
-// bf16 or f16 data.
+// What conv2d.cu and batchnorm.cu share: cuDNN tensor descriptors (NCHW, of f32, bf16 or
+// f16 data) and the per-channel sum behind a 16-bit convolution's bias gradient.
 #pragma once
 #include "kernels/cuda/common.cuh"
 
