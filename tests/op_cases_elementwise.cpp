@@ -137,8 +137,13 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   block_inputs(v.back(), {0}, true);
   add_binary(v, ops::Binary::add, "resnet_residual", {128, 16, 32, 32}, {128, 16, 32, 32}, true);
   add_bf16_forward_twin(v);
+  // 105 values: 13 vectors of 8 and a tail of 1 on CUDA (Note [Vector loads]).
+  add_binary(v, ops::Binary::sub, "same_tail", {3, 5, 7}, {3, 5, 7}, false);
+  add_bf16_forward_twin(v);
   add_binary(v, ops::Binary::mul, "resnet_channel", {128, 16, 32, 32}, {1, 16, 1, 1}, true);
   add_axpy_scale(v, "small", {2, 3, 4, 5}, false);
+  add_bf16_twin(v);
+  add_axpy_scale(v, "tail", {3, 5, 7}, false);
   add_bf16_twin(v);
   add_axpy_scale(v, "nchw16c_x_plain", {2, 32, 3, 3}, false);
   block_inputs(v.back(), {0}, false);

@@ -233,6 +233,10 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   // With a residual (a block's end): plain, blocked, mixed layouts, with and without ReLU.
   add_bn_train(v, "small_add_relu", {4, 3, 4, 5}, false, true, true, true, true);
   add_bf16_twin(v);
+  // Planes of whole vectors of 8 (CUDA's 16-bit kernels read vectors there, Note [Vector
+  // loads]), a batch the slices split unevenly.
+  add_bn_train(v, "hw24_add_relu", {5, 3, 4, 6}, false, true, true, true, true);
+  add_bf16_twin(v);
   add_bn_train(v, "small_add", {4, 3, 4, 5}, false, true, true, false, true);
   add_bn_train(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true, true, true);
   block_inputs(v.back(), {0, 5}, true);

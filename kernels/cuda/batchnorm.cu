@@ -20,7 +20,9 @@ namespace eg::cudak {
 // dbeta and dgamma; (3) dx = gamma invstd (dy' - [dbeta + xhat dgamma] / M), the
 // bracket only with batch statistics, and dresidual = dy'. The slices give the GPU
 // about four blocks per SM whatever the channel count (ResNet-50's stem has 64 channels
-// of 1.6M values each at batch 128).
+// of 1.6M values each at batch 128). Every pass reads and writes vectors of 8 where a
+// channel's plane is whole vectors (Note [Vector loads] in common.cuh); the 32-bit index
+// arithmetic is done once per vector.
 namespace {
 
 constexpr int kBnThreads = 256;
@@ -53,28 +55,35 @@ __device__ __forceinline__ Moments warp_merge(Moments m) {
   return m;
 }
 
-// Samples [n0, n1) of block (channel, slice); element k of the slice at
-// ((n0 + k / hw) C + ch) hw + k % hw.
+// Samples [n0, n1) of block (channel, slice); vector k of the slice (hw vectors of V per
+// sample) starts at ((n0 + k / hw) C + ch) hw V + (k % hw) V.
+template <int V>
 __device__ __forceinline__ int64_t slice_index(uint32_t k, uint32_t hw, int64_t n0, int64_t c, int64_t ch) {
-  return ((n0 + k / hw) * c + ch) * int64_t(hw) + k % hw;
+  const uint32_t p = k / hw;
+  return (((n0 + p) * c + ch) * int64_t(hw) + (k - p * hw)) * V;
 }
 __device__ __forceinline__ void slice_range(const Slices& sl, int64_t& n0, int64_t& n1) {
   n0 = sl.n * blockIdx.y / sl.s;
   n1 = sl.n * (blockIdx.y + 1) / sl.s;
 }
 
+template <int V>
 __global__ void bn16_stats_kernel(const void* x, int tx, Slices sl, float3* part) {
   const int64_t ch = blockIdx.x;
   int64_t n0, n1;
   slice_range(sl, n0, n1);
   const float shift = ld(x, tx, ch * sl.hw);
-  const uint32_t count = uint32_t((n1 - n0) * sl.hw), hw = uint32_t(sl.hw);
+  const uint32_t count = uint32_t((n1 - n0) * sl.hw / V), hw = uint32_t(sl.hw / V);
   float s1 = 0.f, s2 = 0.f, cnt = 0.f;
   for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) {
-    const float v = ld(x, tx, slice_index(k, hw, n0, sl.c, ch)) - shift;
-    s1 += v;
-    s2 += v * v;
-    cnt += 1.f;
+    float v[V];
+    ldv<V>(x, tx, slice_index<V>(k, hw, n0, sl.c, ch), v);
+    for (int e = 0; e < V; ++e) {
+      const float d = v[e] - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+    cnt += float(V);
   }
   const float mean = cnt > 0.f ? s1 / cnt : 0.f;
   Moments m{cnt, mean, cnt > 0.f ? fmaxf(s2 - s1 * mean, 0.f) : 0.f};
@@ -113,63 +122,102 @@ __global__ void bn16_stats_final_kernel(const float3* part, int64_t s, int64_t c
 }
 
 // invstd given, or (var_given) the running variance, from which invstd = 1/sqrt(var + eps).
+// The channel of element i of an NCHW tensor (32-bit division where the tensor allows).
+__device__ __forceinline__ int64_t channel_of(int64_t i, int64_t hw, int64_t c, bool small) {
+  return small ? int64_t((uint32_t(i) / uint32_t(hw)) % uint32_t(c)) : (i / hw) % c;
+}
+
+// Vectors of V never straddle two channels: V divides hw (Note [Vector loads]).
+template <int V>
 __global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* gamma,
                                   const float* beta, const float* mean, const float* scale, bool var_given, float eps,
-                                  bool relu, int64_t c, int64_t hw, int64_t n) {
-  EG_CUDA_LOOP(i, n) {
-    const int64_t ch = (i / hw) % c;
+                                  bool relu, int64_t c, int64_t hw, int64_t n, bool small) {
+  EG_CUDA_VEC_LOOP(i, V, 0, n) {
+    const int64_t ch = channel_of(i, hw, c, small);
     const float is = var_given ? 1.f / sqrtf(scale[ch] + eps) : scale[ch];
-    float v = (ld(x, tx, i) - mean[ch]) * is * gamma[ch] + beta[ch];
-    if (res) v += ld(res, tr, i);
-    st(y, ty, i, relu ? fmaxf(v, 0.f) : v);
+    const float mu = mean[ch], g = gamma[ch], b = beta[ch];
+    float v[V], r[V];
+    ldv<V>(x, tx, i, v);
+    if (res) ldv<V>(res, tr, i, r);
+    for (int e = 0; e < V; ++e) {
+      v[e] = (v[e] - mu) * is * g + b;
+      if (res) v[e] += r[e];
+      if (relu) v[e] = fmaxf(v[e], 0.f);
+    }
+    stv<V>(y, ty, i, v);
   }
 }
 
-__device__ __forceinline__ float masked_dy(const void* dy, int tdy, const void* relu_y, int tr, int64_t i) {
-  return relu_y && !(ld(relu_y, tr, i) > 0.f) ? 0.f : ld(dy, tdy, i);
+// dy' = dy where relu_y > 0 (without a fused ReLU, dy), V elements from i.
+template <int V>
+__device__ __forceinline__ void masked_dy(const void* dy, int tdy, const void* relu_y, int tr, int64_t i,
+                                          float (&g)[V]) {
+  ldv<V>(dy, tdy, i, g);
+  if (!relu_y) return;
+  float r[V];
+  ldv<V>(relu_y, tr, i, r);
+  for (int e = 0; e < V; ++e)
+    if (!(r[e] > 0.f)) g[e] = 0.f;
 }
 
 // Per block: sum of dy' and of dy' xhat over its slice of the channel.
+template <int V>
 __global__ void bn16_bwd_sums_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
                                      const float* mean, const float* invstd, Slices sl, float2* part) {
   const int64_t ch = blockIdx.x;
   int64_t n0, n1;
   slice_range(sl, n0, n1);
-  const uint32_t count = uint32_t((n1 - n0) * sl.hw), hw = uint32_t(sl.hw);
+  const uint32_t count = uint32_t((n1 - n0) * sl.hw / V), hw = uint32_t(sl.hw / V);
   const float mu = mean[ch], is = invstd[ch];
   float sd = 0.f, sdx = 0.f;
   for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) {
-    const int64_t i = slice_index(k, hw, n0, sl.c, ch);
-    const float g = masked_dy(dy, tdy, relu_y, tr, i);
-    sd += g;
-    sdx += g * (ld(x, tx, i) - mu) * is;
+    const int64_t i = slice_index<V>(k, hw, n0, sl.c, ch);
+    float g[V], xv[V];
+    masked_dy<V>(dy, tdy, relu_y, tr, i, g);
+    ldv<V>(x, tx, i, xv);
+    for (int e = 0; e < V; ++e) {
+      sd += g[e];
+      sdx += g[e] * (xv[e] - mu) * is;
+    }
   }
   sd = block_sum(sd);
   sdx = block_sum(sdx);
   if (threadIdx.x == 0) part[ch * sl.s + blockIdx.y] = make_float2(sd, sdx);
 }
 
-__global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, float* sum_dy, float* sum_dyx) {
+// The sums, also written to dbeta and dgamma where wanted.
+__global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, float* sum_dy, float* sum_dyx,
+                                      float* dbeta, float* dgamma) {
   EG_CUDA_LOOP(ch, c) {
     double a = 0, b = 0;
     for (int64_t j = 0; j < s; ++j) a += part[ch * s + j].x, b += part[ch * s + j].y;
     sum_dy[ch] = float(a);
     sum_dyx[ch] = float(b);
+    if (dbeta) dbeta[ch] = float(a);
+    if (dgamma) dgamma[ch] = float(b);
   }
 }
 
+template <int V>
 __global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
                                    const float* gamma, const float* mean, const float* invstd, const float* sum_dy,
                                    const float* sum_dyx, bool training, float inv_m, void* dx, int tdx, void* dres,
-                                   int tdr, int64_t c, int64_t hw, int64_t n) {
-  EG_CUDA_LOOP(i, n) {
-    const int64_t ch = (i / hw) % c;
-    const float g = masked_dy(dy, tdy, relu_y, tr, i);
-    if (dres) st(dres, tdr, i, g);
+                                   int tdr, int64_t c, int64_t hw, int64_t n, bool small) {
+  EG_CUDA_VEC_LOOP(i, V, 0, n) {
+    const int64_t ch = channel_of(i, hw, c, small);
+    float g[V];
+    masked_dy<V>(dy, tdy, relu_y, tr, i, g);
+    if (dres) stv<V>(dres, tdr, i, g);
     if (!dx) continue;
-    float v = g;
-    if (training) v -= (sum_dy[ch] + (ld(x, tx, i) - mean[ch]) * invstd[ch] * sum_dyx[ch]) * inv_m;
-    st(dx, tdx, i, v * gamma[ch] * invstd[ch]);
+    const float mu = mean[ch], is = invstd[ch];
+    float xv[V] = {};
+    if (training) ldv<V>(x, tx, i, xv);
+    for (int e = 0; e < V; ++e) {
+      float v = g[e];
+      if (training) v -= (sum_dy[ch] + (xv[e] - mu) * is * sum_dyx[ch]) * inv_m;
+      g[e] = v * gamma[ch] * is;
+    }
+    stv<V>(dx, tdx, i, g);
   }
 }
 
@@ -206,7 +254,7 @@ __global__ void channel_sum_kernel(const void* dy, int t, Slices sl, float* part
   slice_range(sl, n0, n1);
   const uint32_t count = uint32_t((n1 - n0) * sl.hw), hw = uint32_t(sl.hw);
   float s = 0.f;
-  for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) s += ld(dy, t, slice_index(k, hw, n0, sl.c, ch));
+  for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) s += ld(dy, t, slice_index<1>(k, hw, n0, sl.c, ch));
   s = block_sum(s);
   if (threadIdx.x == 0) part[ch * sl.s + blockIdx.y] = s;
 }
@@ -235,13 +283,25 @@ void check_slice_size(const Tensor& x, const char* op) {
            " values per channel; 16-bit activations take fewer than 2^31");
 }
 
+// f(std::integral_constant<int, V>): V = 8 where each channel's plane is whole vectors
+// and every operand is aligned (Note [Vector loads]), else 1.
+template <class F>
+void with_vectors(const Tensor& x, std::initializer_list<const void*> ps, F&& f) {
+  if (x.size(2) * x.size(3) % 8 == 0 && aligned16(ps)) f(std::integral_constant<int, 8>{});
+  else f(std::integral_constant<int, 1>{});
+}
+bool small_index(const Tensor& x) { return x.numel() < (int64_t(1) << 32); }
+
 void bn16_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean, const Tensor& scale,
                 bool var_given, double eps, bool relu, const Tensor& residual, Tensor& y) {
   const char* op = "batch_norm";
-  bn16_apply_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
-      x.raw(), dt_code(x, op), y.raw(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
-      gamma.data<float>(), beta.data<float>(), mean.data<float>(), scale.data<float>(), var_given, float(eps), relu,
-      x.size(1), x.size(2) * x.size(3), x.numel());
+  with_vectors(x, {x.raw(), y.raw(), raw_or_null(residual)}, [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    bn16_apply_kernel<V><<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
+        x.raw(), dt_code(x, op), y.raw(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
+        gamma.data<float>(), beta.data<float>(), mean.data<float>(), scale.data<float>(), var_given, float(eps), relu,
+        x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x));
+  });
   cuda::after_launch("batchnorm (16-bit) apply");
 }
 
@@ -273,8 +333,10 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
     const Slices sl = slices_for(x);
     Tensor part = Tensor::empty({sl.c * sl.s * 3}, DType::f32, x.device());
     auto* p3 = reinterpret_cast<float3*>(part.data<float>());
-    bn16_stats_kernel<<<dim3(unsigned(sl.c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
-        x.raw(), dt_code(x, "batch_norm"), sl, p3);
+    with_vectors(x, {x.raw()}, [&](auto v) {
+      bn16_stats_kernel<decltype(v)::value><<<dim3(unsigned(sl.c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
+          x.raw(), dt_code(x, "batch_norm"), sl, p3);
+    });
     bn16_stats_final_kernel<<<blocks_for(sl.c), kThreads, 0, stream()>>>(
         p3, sl.s, sl.c, save_mean.data<float>(), save_invstd.data<float>(), run ? running_mean.data<float>() : nullptr,
         run ? running_var.data<float>() : nullptr, float(momentum), float(eps));
@@ -327,20 +389,25 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
     float* sum_dy = sums.data<float>();
     float* sum_dyx = sum_dy + c;
     auto* p2 = reinterpret_cast<float2*>(part.data<float>());
-    bn16_bwd_sums_kernel<<<dim3(unsigned(c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
-        dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
-        mean.data<float>(), invstd.data<float>(), sl, p2);
-    bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(p2, sl.s, c, sum_dy, sum_dyx);
-    const size_t bytes = size_t(c) * sizeof(float);
-    if (dbeta.defined()) EG_CUDA_CHECK(cudaMemcpyAsync(dbeta.raw(), sum_dy, bytes, cudaMemcpyDeviceToDevice, stream()));
-    if (dgamma.defined())
-      EG_CUDA_CHECK(cudaMemcpyAsync(dgamma.raw(), sum_dyx, bytes, cudaMemcpyDeviceToDevice, stream()));
-    if (dx.defined() || dresidual.defined())
-      bn16_bwd_dx_kernel<<<blocks_for(x.numel()), kThreads, 0, stream()>>>(
+    with_vectors(x, {dy_in.raw(), x.raw(), raw_or_null(relu_y)}, [&](auto v) {
+      bn16_bwd_sums_kernel<decltype(v)::value><<<dim3(unsigned(c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
           dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
-          gamma.data<float>(), mean.data<float>(), invstd.data<float>(), sum_dy, sum_dyx, training,
-          float(1.0 / double(n * hw)), dx.defined() ? dx.raw() : nullptr, code_or_f32(dx, op),
-          dresidual.defined() ? dresidual.raw() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel());
+          mean.data<float>(), invstd.data<float>(), sl, p2);
+    });
+    bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(p2, sl.s, c, sum_dy, sum_dyx,
+                                                                    dbeta.defined() ? dbeta.data<float>() : nullptr,
+                                                                    dgamma.defined() ? dgamma.data<float>() : nullptr);
+    if (dx.defined() || dresidual.defined())
+      with_vectors(x, {dy_in.raw(), x.raw(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual)},
+                   [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        bn16_bwd_dx_kernel<V><<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
+            dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
+            gamma.data<float>(), mean.data<float>(), invstd.data<float>(), sum_dy, sum_dyx, training,
+            float(1.0 / double(n * hw)), dx.defined() ? dx.raw() : nullptr, code_or_f32(dx, op),
+            dresidual.defined() ? dresidual.raw() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel(),
+            small_index(x));
+      });
     cuda::after_launch("batchnorm_bwd (16-bit)");
     return;
   }

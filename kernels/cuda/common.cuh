@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "core/cuda_context.h"
 #include "kernels/cuda/cuda.h"
@@ -50,9 +52,83 @@ __device__ __forceinline__ void st(void* p, int dt, int64_t i, float v) {
   else static_cast<float*>(p)[i] = v;
 }
 
+// Note [Vector loads]
+// The memory-bound kernels of a mixed-precision step (batch norm, the residual and
+// gradient adds, scale, axpy) move 8 elements per load and store where every operand's
+// base is 16-byte aligned: one 16-byte access for bf16/f16, two for f32, converted in
+// registers (ldv/stv, each element rounded as st rounds it). ldv<1>/stv<1> are ld/st, so
+// a kernel templated on V runs its aligned bulk with V = 8 and the rest with V = 1
+// (for_vectors); the arithmetic per element is the same either way.
+template <int V>
+__device__ __forceinline__ void ldv(const void* p, int dt, int64_t i, float (&o)[V]) {
+  if constexpr (V == 1) {
+    o[0] = ld(p, dt, i);
+  } else {
+    static_assert(V == 8, "vectors of 8");
+    if (dt == kF32) {
+      const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+      const float4 a = q[0], b = q[1];
+      o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+      return;
+    }
+    const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+    for (int k = 0; k < 4; ++k) {
+      float2 f;
+      if (dt == kBf16) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+      else f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+      o[2 * k] = f.x, o[2 * k + 1] = f.y;
+    }
+  }
+}
+template <int V>
+__device__ __forceinline__ void stv(void* p, int dt, int64_t i, const float (&v)[V]) {
+  if constexpr (V == 1) {
+    st(p, dt, i, v[0]);
+  } else {
+    static_assert(V == 8, "vectors of 8");
+    if (dt == kF32) {
+      float4* q = reinterpret_cast<float4*>(static_cast<float*>(p) + i);
+      q[0] = make_float4(v[0], v[1], v[2], v[3]);
+      q[1] = make_float4(v[4], v[5], v[6], v[7]);
+      return;
+    }
+    uint32_t w[4];
+    for (int k = 0; k < 4; ++k) {
+      if (dt == kBf16) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        w[k] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+        w[k] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+// Every pointer given (null ones skipped) 16-byte aligned.
+inline bool aligned16(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (reinterpret_cast<uintptr_t>(p) % 16) return false;
+  return true;
+}
+// launch(std::integral_constant<int, V>, begin, end) over [0, n): [0, n8) in vectors of 8
+// when `vec`, the rest one element at a time (Note [Vector loads]).
+template <class F>
+void for_vectors(int64_t n, bool vec, F&& launch) {
+  const int64_t n8 = vec ? n / 8 * 8 : 0;
+  if (n8) launch(std::integral_constant<int, 8>{}, int64_t(0), n8);
+  if (n8 < n) launch(std::integral_constant<int, 1>{}, n8, n);
+}
+
 // Grid-stride loop over [0, n).
 #define EG_CUDA_LOOP(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(blockDim.x) * gridDim.x)
+// Grid-stride loop over the first elements i of the vectors of V in [begin, end) (launch
+// blocks_for((end - begin) / V) blocks).
+#define EG_CUDA_VEC_LOOP(i, V, begin, end)                                                      \
+  for (int64_t i = (begin) + (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * (V); i < (end); \
+       i += int64_t(blockDim.x) * gridDim.x * (V))
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -1,5 +1,6 @@
 // Elementwise ops on CUDA: binary add/sub/mul/div with broadcasting (stride
-// descriptors, one thread per output element), scale, axpy, sum_to (one block per
+// descriptors, one thread per output element; same shapes in vectors, Note [Vector
+// loads] in common.cuh), scale, axpy, sum_to (one block per
 // output element, block reduction over the broadcast dims) and broadcast_to. binary,
 // scale and axpy take each operand in f32, bf16 or f16 (Note [16-bit CUDA kernels]);
 // sum_to and broadcast_to are f32.
@@ -11,18 +12,44 @@ namespace eg::cudak {
 
 // ---- kernels
 namespace {
+__device__ __forceinline__ float apply(int op, float x, float y) {
+  return op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y;
+}
 __global__ void binary_kernel(int op, const void* a, int ta, const void* b, int tb, void* c, int tc, Dims da, Dims db,
                               int64_t n) {
-  EG_CUDA_LOOP(i, n) {
-    const float x = ld(a, ta, offset_of(i, da)), y = ld(b, tb, offset_of(i, db));
-    st(c, tc, i, op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y);
+  EG_CUDA_LOOP(i, n) st(c, tc, i, apply(op, ld(a, ta, offset_of(i, da)), ld(b, tb, offset_of(i, db))));
+}
+// Operands of the output's shape (the residual adds, autograd's gradient sums): no
+// index arithmetic, vectors of V (Note [Vector loads]).
+template <int V>
+__global__ void binary_same_kernel(int op, const void* a, int ta, const void* b, int tb, void* c, int tc, int64_t begin,
+                                   int64_t end) {
+  EG_CUDA_VEC_LOOP(i, V, begin, end) {
+    float x[V], y[V];
+    ldv<V>(a, ta, i, x);
+    ldv<V>(b, tb, i, y);
+    for (int k = 0; k < V; ++k) x[k] = apply(op, x[k], y[k]);
+    stv<V>(c, tc, i, x);
   }
 }
-__global__ void scale_kernel(const void* x, int tx, void* y, int ty, float s, int64_t n) {
-  EG_CUDA_LOOP(i, n) st(y, ty, i, s * ld(x, tx, i));
+template <int V>
+__global__ void scale_kernel(const void* x, int tx, void* y, int ty, float s, int64_t begin, int64_t end) {
+  EG_CUDA_VEC_LOOP(i, V, begin, end) {
+    float v[V];
+    ldv<V>(x, tx, i, v);
+    for (int k = 0; k < V; ++k) v[k] *= s;
+    stv<V>(y, ty, i, v);
+  }
 }
-__global__ void axpy_kernel(const void* x, int tx, void* y, int ty, float s, int64_t n) {
-  EG_CUDA_LOOP(i, n) st(y, ty, i, ld(y, ty, i) + s * ld(x, tx, i));
+template <int V>
+__global__ void axpy_kernel(const void* x, int tx, void* y, int ty, float s, int64_t begin, int64_t end) {
+  EG_CUDA_VEC_LOOP(i, V, begin, end) {
+    float u[V], v[V];
+    ldv<V>(x, tx, i, u);
+    ldv<V>(y, ty, i, v);
+    for (int k = 0; k < V; ++k) v[k] += s * u[k];
+    stv<V>(y, ty, i, v);
+  }
 }
 // y[j] = sum_r x[kept(j) + red(r)]
 __global__ void sum_to_kernel(const float* x, float* y, Dims kept, Dims red, int64_t ny, int64_t r) {
@@ -44,9 +71,17 @@ void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
   const int ta = dt_code(a, "binary op"), tb = dt_code(b, "binary op"), tc = dt_code(c, "binary op");
   const int64_t n = c.numel();
   if (!n) return;
-  binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(op), a.raw(), ta, b.raw(), tb, c.raw(), tc,
-                                                          broadcast_dims(a.shape(), c.shape()),
-                                                          broadcast_dims(b.shape(), c.shape()), n);
+  if (a.shape() == c.shape() && b.shape() == c.shape()) {
+    for_vectors(n, aligned16({a.raw(), b.raw(), c.raw()}), [&](auto v, int64_t begin, int64_t end) {
+      constexpr int V = decltype(v)::value;
+      binary_same_kernel<V><<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(int(op), a.raw(), ta, b.raw(), tb,
+                                                                                      c.raw(), tc, begin, end);
+    });
+  } else {
+    binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(op), a.raw(), ta, b.raw(), tb, c.raw(), tc,
+                                                            broadcast_dims(a.shape(), c.shape()),
+                                                            broadcast_dims(b.shape(), c.shape()), n);
+  }
   cuda::after_launch("binary_fwd");
 }
 
@@ -54,7 +89,11 @@ void scale(const Tensor& x, Tensor& y, double alpha) {
   const int tx = dt_code(x, "scale"), ty = dt_code(y, "scale");
   const int64_t n = x.numel();
   if (!n) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), n);
+  for_vectors(n, aligned16({x.raw(), y.raw()}), [&](auto v, int64_t begin, int64_t end) {
+    constexpr int V = decltype(v)::value;
+    scale_kernel<V>
+        <<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), begin, end);
+  });
   cuda::after_launch("scale");
 }
 
@@ -62,7 +101,11 @@ void axpy(const Tensor& x, Tensor& y, double alpha) {
   const int tx = dt_code(x, "axpy"), ty = dt_code(y, "axpy");
   const int64_t n = x.numel();
   if (!n) return;
-  axpy_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), n);
+  for_vectors(n, aligned16({x.raw(), y.raw()}), [&](auto v, int64_t begin, int64_t end) {
+    constexpr int V = decltype(v)::value;
+    axpy_kernel<V>
+        <<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), begin, end);
+  });
   cuda::after_launch("axpy");
 }
 
