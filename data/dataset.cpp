@@ -74,6 +74,15 @@ ImageDataset synthetic_images(int64_t n, int64_t c, int64_t s, int64_t classes, 
   return d;
 }
 
+PixelAffine pixel_affine(const Normalization& n, int64_t channels) {
+  PixelAffine a;
+  for (int64_t c = 0; c < channels; ++c) {
+    a.scale.push_back(1.f / (255.f * n.std[c]));
+    a.zero.push_back(-n.mean[c] / n.std[c]);
+  }
+  return a;
+}
+
 namespace {
 
 // The channels given; the others (unused by a dataset with fewer) keep mean 0, std 1.

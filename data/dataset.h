@@ -23,6 +23,13 @@ struct Normalization {
   float mean[3] = {0, 0, 0}, std[3] = {1, 1, 1};
 };
 
+// Normalisation as an affine map of 8-bit pixels, per channel: a pixel p becomes
+// float(p) * scale[c] + zero[c], with scale = 1 / (255 std) and zero = -mean / std.
+struct PixelAffine {
+  std::vector<float> scale, zero;
+};
+PixelAffine pixel_affine(const Normalization& n, int64_t channels);
+
 // What a dataset is, for the task that trains on it.
 enum class DataKind {
   images,  // in memory, u8 [N, C, H, W] with labels; read whole by DatasetInfo::read

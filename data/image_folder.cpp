@@ -106,7 +106,12 @@ CropDecision crop_decision(const FolderTransform& t, int64_t w, int64_t h, uint6
   return d;
 }
 
-void transform_into(const RgbImage& img, const CropDecision& d, const FolderTransform& t, float* out) {
+namespace {
+
+// The transform's output pixel by pixel: put(index into [channels, size, size], channel,
+// 8-bit value).
+template <class Put>
+void transform_pixels(const RgbImage& img, const CropDecision& d, const FolderTransform& t, Put&& put) {
   const int64_t s = t.size;
   RgbImage r;
   int64_t x0 = 0, y0 = 0;
@@ -120,14 +125,25 @@ void transform_into(const RgbImage& img, const CropDecision& d, const FolderTran
     r = resize(img, d.box, rw, rh);
     x0 = std::llround(double(rw - s) / 2), y0 = std::llround(double(rh - s) / 2);
   }
-  for (int64_t c = 0; c < t.channels; ++c) {  // grey images hold their luma in every channel
-    const float scale = 1.f / (255.f * t.norm.std[c]), zero = -t.norm.mean[c] / t.norm.std[c];
+  for (int64_t c = 0; c < t.channels; ++c)  // grey images hold their luma in every channel
     for (int64_t y = 0; y < s; ++y)
       for (int64_t x = 0; x < s; ++x) {
         const int64_t sx = x0 + (d.flip ? s - 1 - x : x);
-        out[(c * s + y) * s + x] = float(r.pixels[size_t(((y0 + y) * r.width + sx) * 3 + c)]) * scale + zero;
+        put((c * s + y) * s + x, c, r.pixels[size_t(((y0 + y) * r.width + sx) * 3 + c)]);
       }
-  }
+}
+
+}  // namespace
+
+void transform_into(const RgbImage& img, const CropDecision& d, const FolderTransform& t, float* out) {
+  const PixelAffine a = pixel_affine(t.norm, t.channels);
+  transform_pixels(img, d, t, [&](int64_t i, int64_t c, uint8_t p) {
+    out[i] = float(p) * a.scale[size_t(c)] + a.zero[size_t(c)];
+  });
+}
+
+void transform_into(const RgbImage& img, const CropDecision& d, const FolderTransform& t, uint8_t* out) {
+  transform_pixels(img, d, t, [&](int64_t i, int64_t, uint8_t p) { out[i] = p; });
 }
 
 FolderSamples::FolderSamples(ImageFolder folder, FolderTransform t) : folder_(std::move(folder)), t_(t) {
@@ -138,17 +154,31 @@ FolderSamples::FolderSamples(ImageFolder folder, FolderTransform t) : folder_(st
            "the evaluation crop must be a share in (0, 1] of the resized image, got ", t_.crop_pct);
 }
 
-void FolderSamples::load(int64_t id, uint64_t seed, int64_t epoch, float* out) const {
+namespace {
+// A file's own problem (unreadable, undecodable) as BadSample: the loader stops, or leaves
+// the sample out (--skip-bad-images).
+template <class F>
+void as_bad_sample(F&& load) {
   try {
-    load_file(id, seed, epoch, out);
+    load();
   } catch (const BadSample&) {
     throw;
-  } catch (const Error& e) {  // the file's own problem: the loader stops, or leaves it out (--skip-bad-images)
+  } catch (const Error& e) {
     throw BadSample(e.what());
   }
 }
+}  // namespace
 
-void FolderSamples::load_file(int64_t id, uint64_t seed, int64_t epoch, float* out) const {
+void FolderSamples::load(int64_t id, uint64_t seed, int64_t epoch, float* out) const {
+  as_bad_sample([&] { load_file(id, seed, epoch, out); });
+}
+
+void FolderSamples::load_pixels(int64_t id, uint64_t seed, int64_t epoch, uint8_t* out) const {
+  as_bad_sample([&] { load_file(id, seed, epoch, out); });
+}
+
+template <class T>
+void FolderSamples::load_file(int64_t id, uint64_t seed, int64_t epoch, T* out) const {
   const std::string& path = folder_.files[size_t(id)];
   const std::string bytes = read_file(path);
   const ImageSize size = image_size(bytes, path);

@@ -60,8 +60,10 @@ struct CropDecision {
 };
 CropDecision crop_decision(const FolderTransform& t, int64_t w, int64_t h, uint64_t seed, int64_t epoch, int64_t id);
 
-// Writes one decoded image through `t` into out (f32 [3, size, size], normalised).
+// Writes one decoded image through `t` into out (f32 [channels, size, size], normalised),
+// or its pixels before the normalisation (u8).
 void transform_into(const RgbImage& img, const CropDecision& d, const FolderTransform& t, float* out);
+void transform_into(const RgbImage& img, const CropDecision& d, const FolderTransform& t, uint8_t* out);
 
 // An image folder as the loader's sample source. A file that cannot be read or decoded
 // throws BadSample with its path and the reason: the run stops, or with the loader's
@@ -73,10 +75,14 @@ class FolderSamples final : public SampleSource {
   Shape sample_shape() const override { return {t_.channels, t_.size, t_.size}; }
   int64_t label(int64_t id) const override { return folder_.labels[size_t(id)]; }
   void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const override;
+  bool has_pixels() const override { return true; }
+  void load_pixels(int64_t id, uint64_t seed, int64_t epoch, uint8_t* out) const override;
+  PixelAffine pixel_affine() const override { return data::pixel_affine(t_.norm, t_.channels); }
   const ImageFolder& folder() const { return folder_; }
 
  private:
-  void load_file(int64_t id, uint64_t seed, int64_t epoch, float* out) const;
+  template <class T>
+  void load_file(int64_t id, uint64_t seed, int64_t epoch, T* out) const;
   ImageFolder folder_;
   FolderTransform t_;
 };

@@ -29,6 +29,13 @@ class ImageSamples final : public SampleSource {
 
 }  // namespace
 
+void SampleSource::load_pixels(int64_t, uint64_t, int64_t, uint8_t*) const {
+  EG_THROW("internal: this sample source has no 8-bit pixels (has_pixels() is false)");
+}
+PixelAffine SampleSource::pixel_affine() const {
+  EG_THROW("internal: this sample source has no 8-bit pixels (has_pixels() is false)");
+}
+
 std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug,
                                                   bool augment_per_sample) {
   return std::make_shared<ImageSamples>(std::move(d), aug, augment_per_sample);
@@ -41,6 +48,7 @@ Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o)
 
 Loader::Loader(std::shared_ptr<const SampleSource> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {
   EG_CHECK(data_ && data_->size() > 0, "loader: the dataset is empty");
+  pixels_ = o.pixels && data_->has_pixels();
   EG_CHECK(o.batch_size > 0, "loader: batch size must be positive, got ", o.batch_size);
   EG_CHECK(!o.drop_last || data_->size() >= o.batch_size, "loader: batch size ", o.batch_size,
            " is larger than the dataset (", data_->size(), " samples)");
@@ -110,7 +118,7 @@ Loader::Building& Loader::open_batch(int64_t index) {
   Shape shape = data_->sample_shape();
   shape.insert(shape.begin(), f.n);
   f.b.index = index;
-  f.b.x = Tensor::empty(shape);
+  f.b.x = Tensor::empty(shape, pixels_ ? DType::u8 : DType::f32);
   f.b.y = Tensor::empty({f.n}, DType::s64);
   for (int64_t p : pos) f.ids.push_back(order_[size_t(p)]);
   f.bad.assign(size_t(f.n), std::string());
@@ -125,8 +133,8 @@ void Loader::finish(int64_t index, Building& f) {
   } else {
     Batch& b = f.b;
     const Shape& s = data_->sample_shape();
-    const int64_t per = s[0] * s[1] * s[2];
-    float* x = b.x.data<float>();
+    const size_t row = size_t(s[0] * s[1] * s[2]) * dtype_size(b.x.dtype());
+    char* x = static_cast<char*>(b.x.raw());
     int64_t* y = b.y.data<int64_t>();
     int64_t kept = 0;
     for (int64_t i = 0; i < f.n; ++i) {
@@ -135,7 +143,7 @@ void Loader::finish(int64_t index, Building& f) {
         b.left_out.emplace_back(id, f.bad[size_t(i)]);
         continue;
       }
-      if (kept != i) std::memmove(x + kept * per, x + i * per, size_t(per) * sizeof(float));
+      if (kept != i) std::memmove(x + size_t(kept) * row, x + size_t(i) * row, row);
       b.ids.push_back(id);
       y[kept++] = data_->label(id);
     }
@@ -183,7 +191,8 @@ void Loader::worker_loop() {
     std::vector<std::pair<int64_t, std::string>> bad;
     for (int64_t i = first; i < last && !error; ++i) {
       try {
-        data_->load(f->ids[size_t(i)], opt_.seed, epoch_, f->b.x.data<float>() + i * per);
+        if (pixels_) data_->load_pixels(f->ids[size_t(i)], opt_.seed, epoch_, f->b.x.data<uint8_t>() + i * per);
+        else data_->load(f->ids[size_t(i)], opt_.seed, epoch_, f->b.x.data<float>() + i * per);
       } catch (const BadSample& e) {
         if (!opt_.skip_bad) error = std::current_exception();
         else bad.emplace_back(i, e.what());

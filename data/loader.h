@@ -20,7 +20,7 @@
 namespace eg::data {
 
 struct Batch {
-  Tensor x;  // f32 [B, C, H, W]
+  Tensor x;  // f32 [B, C, H, W], or u8 pixels (Loader::pixels)
   Tensor y;  // s64 [B]
   std::vector<int64_t> ids;  // sample ids, in batch order
   int64_t index = 0;  // batch index within the epoch
@@ -50,6 +50,14 @@ class SampleSource {
   // (seed, epoch, id), so that resumed, cached and data-parallel runs see the same
   // samples. Called from the loader's worker threads at once.
   virtual void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const = 0;
+  // Optional: sample `id` as 8-bit pixels, u8 [C, H, W] into `out`, before the
+  // normalisation that load() applies: load() writes exactly float(p) * scale[c] + zero[c]
+  // of these pixels p with pixel_affine()'s values. A source with pixels lets the loader
+  // build batches of them (LoaderOptions::pixels), a quarter of the bytes on their way to
+  // a GPU, normalised there (ops::image_normalize).
+  virtual bool has_pixels() const { return false; }
+  virtual void load_pixels(int64_t id, uint64_t seed, int64_t epoch, uint8_t* out) const;
+  virtual PixelAffine pixel_affine() const;
 };
 
 // An in-memory image dataset as a sample source: sample `id` cropped, flipped and
@@ -79,6 +87,9 @@ struct LoaderOptions {
   // A sample whose load throws BadSample is left out of its batch (Batch::left_out) instead
   // of stopping the loader: the batch is that much shorter, possibly empty.
   bool skip_bad = false;
+  // Batches of 8-bit pixels (Batch::x u8, normalised by the consumer with the source's
+  // pixel_affine()) where the source has them (SampleSource::has_pixels), else f32.
+  bool pixels = false;
 };
 
 class Loader {
@@ -103,6 +114,10 @@ class Loader {
   std::vector<int64_t> upcoming_ids(int64_t batches) const;
   // The permutation used for `epoch` (identity when not shuffling).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
+  // Batch::x holds 8-bit pixels (LoaderOptions::pixels and a source that has them); they
+  // become the network's input as float(p) * scale[c] + zero[c] with the source's map.
+  bool pixels() const { return pixels_; }
+  PixelAffine pixel_affine() const { return data_->pixel_affine(); }
 
  private:
   // A batch being built: every slot a sample, loaded by whichever worker claims it.
@@ -120,6 +135,7 @@ class Loader {
 
   std::shared_ptr<const SampleSource> data_;
   LoaderOptions opt_;
+  bool pixels_ = false;
   std::vector<int64_t> order_;
   int64_t epoch_ = 0, consumed_ = 0, issued_ = 0, end_ = 0;
   std::map<int64_t, Building> building_;  // node addresses stay put while others come and go

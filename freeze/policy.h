@@ -114,8 +114,9 @@ class FreezePolicy {
   // Before the forward of step `step` (0-based): the layer module (not unit) whose
   // output the trainer should capture for this step, or -1.
   virtual int64_t capture_module(int64_t /*step*/) const { return -1; }
-  // After the optimizer step. `x` is the CPU input batch and `captured` the captured
-  // module output (undefined when none was asked for); gradients are still in place.
+  // After the optimizer step. `captured` is the captured module output and `x` the input
+  // batch on the host, the reference model's (both undefined when no capture was asked
+  // for); gradients are still in place.
   virtual void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) = 0;
   // Number of front units that should be frozen now.
   virtual int64_t frozen_prefix() const = 0;

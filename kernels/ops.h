@@ -200,6 +200,11 @@ using SpGram = void(const Tensor& x, Tensor& g);
 using SpLoss = void(const Tensor& ga, const Tensor& gb, Tensor& out);
 // Converting copy between dtypes (f32 <-> f64/bf16/f16, u8/s8 -> f32), same shape.
 using Cast = void(const Tensor& x, Tensor& y);
+// Images from 8-bit pixels: y [N, C, H, W] f32 = float(x) * scale[c] + zero[c] for x u8
+// [N, C, H, W] and f32 scale, zero [C]: the loader's normalisation (scale = 1 / (255 std),
+// zero = -mean / std), done where the batch is used, so a batch travels to a GPU as
+// pixels, a quarter of its f32 bytes.
+using ImageNormalize = void(const Tensor& x, const Tensor& scale, const Tensor& zero, Tensor& y);
 // Index of the largest value of each row (last dim): x [..., C] (f32, f64 on ref) ->
 // idx s64 [...]. The first maximum on ties, as torch.argmax; a NaN never wins (a row of
 // NaNs gives 0). Classification accuracy and greedy decoding.
@@ -233,7 +238,7 @@ struct Op {
                               X(embedding_bwd, EmbeddingBwd) X(token_mask, TokenMask) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)     \
                                   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd) X(sgd_step, SgdStep)   \
                                       X(adamw_step, AdamWStep) X(sum_squares, SumSquares) X(amp_unscale, AmpUnscale)   \
-                                          X(cast, Cast) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)        \
+                                          X(cast, Cast) X(image_normalize, ImageNormalize) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)        \
                                               X(argmax_rows, ArgmaxRows)
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;

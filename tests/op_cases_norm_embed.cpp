@@ -30,6 +30,34 @@ void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m
   v.push_back(c);
 }
 
+// A batch of 8-bit pixels made images with per-channel scale and zero (ImageNet's
+// normalisation); one rounding each in f32, as the loader's.
+void add_image_normalize(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big) {
+  OpCase c;
+  c.name = "image_normalize/" + variant;
+  c.make_inputs = [s](DType) {
+    const int64_t ch = s[1];
+    std::vector<float> scale, zero;
+    for (int64_t i = 0; i < ch; ++i) {
+      const float mean = 0.4f + 0.03f * float(i), sd = 0.22f + 0.01f * float(i);
+      scale.push_back(1.f / (255.f * sd)), zero.push_back(-mean / sd);
+    }
+    return Tensors{randint(s, 0, 256, 75, DType::u8), Tensor::from_vector(scale, {ch}),
+                   Tensor::from_vector(zero, {ch})};
+  };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_on(in[0], in[0].shape(), DType::f32);
+    ops::run(ops::image_normalize, b, in[0], in[1], in[2], y);
+    return Tensors{y};
+  };
+  c.uses = {uses(ops::image_normalize)};
+  c.fwd_tol = {1e-6, 1e-6};  // an FMA or a multiply and an add: one f32 rounding apart at most
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(shape_numel(s)) * 5;
+  v.push_back(c);
+}
+
 // The padding mask of a batch of ids, about a third of them the pad id (0), and its
 // complement; exact.
 void add_token_mask(std::vector<OpCase>& v, const std::string& variant, Shape ids, bool big) {
@@ -143,6 +171,9 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_layernorm(v, "transformer_4096x512", 4096, 512, true);
   add_embedding(v, "small", {3, 4}, 7, 5, false);
   add_embedding(v, "tokens_64x128_vocab32000", {64, 128}, 32000, 512, true);
+  add_image_normalize(v, "small", {2, 3, 5, 7}, false);
+  add_image_normalize(v, "grey_odd", {3, 1, 3, 3}, false);
+  add_image_normalize(v, "imagenet_b128", {128, 3, 224, 224}, true);
   add_token_mask(v, "small", {3, 5}, false);
   add_token_mask(v, "batch_128x32", {128, 32}, true);
   add_dropout(v, "p01", {4, 50}, 0.1, false);

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "data/image_folder.h"
+#include "kernels/ops.h"
 #include "tests/test_util.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -187,6 +188,68 @@ TEST(ImageFolder, LoadsThroughTheLoaderNormalisedAndSized) {
   data::Batch b;
   const std::string e = error_of([&] { l.next(b); });
   EXPECT_NE(e.find("/train/dog/9.jpg' is neither a JPEG nor a PNG file"), std::string::npos) << e;
+}
+
+// LoaderOptions::pixels: batches of the same samples as 8-bit pixels (a quarter of the
+// bytes a GPU upload moves), which ops::image_normalize makes exactly the f32 batches, in
+// training and evaluation, colour and grey, with a left-out file among them.
+TEST(ImageFolder, PixelBatchesNormaliseToTheF32Batches) {
+  const std::string d = small_folder("folder_pixels");
+  std::ofstream(d + "/train/dog/9.jpg") << "<html>";
+  for (int64_t channels : {3, 1})
+    for (bool train : {true, false}) {
+      data::FolderTransform t;
+      t.size = 24;
+      t.train = train;
+      t.channels = channels;
+      auto src = std::make_shared<data::FolderSamples>(data::scan_image_folder(d + "/train"), t);
+      data::LoaderOptions o;
+      o.batch_size = 4;
+      o.drop_last = false;  // 7 files: batches of 4 and 3, one left out
+      o.workers = 2;
+      o.seed = 9;
+      o.skip_bad = true;
+      data::Loader f32(src, o);
+      o.pixels = true;
+      data::Loader px(src, o);
+      ASSERT_TRUE(px.pixels());
+      ASSERT_FALSE(f32.pixels());
+      const data::PixelAffine a = px.pixel_affine();
+      ASSERT_EQ(a.scale.size(), size_t(channels));
+      const Tensor scale = Tensor::from_vector(a.scale, {channels}), zero = Tensor::from_vector(a.zero, {channels});
+      for (int64_t epoch : {0, 1}) {
+        f32.start_epoch(epoch);
+        px.start_epoch(epoch);
+        data::Batch bf, bp;
+        int batches = 0, left_out = 0;
+        while (f32.next(bf)) {
+          ASSERT_TRUE(px.next(bp));
+          ++batches;
+          left_out += int(bp.left_out.size());
+          ASSERT_EQ(bp.x.dtype(), DType::u8);
+          ASSERT_EQ(bp.x.shape(), bf.x.shape());
+          EXPECT_EQ(bp.ids, bf.ids);
+          EXPECT_EQ(bp.y.to_vector<int64_t>(), bf.y.to_vector<int64_t>());
+          Tensor y = Tensor::empty(bf.x.shape());
+          ops::call(ops::image_normalize, bp.x, scale, zero, y);
+          EXPECT_EQ(y.to_vector<float>(), bf.x.to_vector<float>()) << channels << " channels, train " << train;
+        }
+        EXPECT_FALSE(px.next(bp));
+        EXPECT_EQ(batches, 2);
+        EXPECT_EQ(left_out, 1);
+      }
+    }
+  // A source without pixels (an in-memory dataset, a user's) keeps f32 batches.
+  data::ImageDataset ds = data::synthetic_images(8, 3, 8, 2, 1);
+  data::LoaderOptions o;
+  o.batch_size = 4;
+  o.pixels = true;
+  data::Loader l(std::make_shared<const data::ImageDataset>(std::move(ds)), o);
+  EXPECT_FALSE(l.pixels());
+  l.start_epoch(0);
+  data::Batch b;
+  ASSERT_TRUE(l.next(b));
+  EXPECT_EQ(b.x.dtype(), DType::f32);
 }
 
 // `egeria train --model resnet50 --dataset imagefolder --batch-size 4` on a folder of

@@ -84,18 +84,19 @@ void FreezeRun::start_step(int64_t step) {
   capture_ = models::Capture();
   capture_.layer = lead_ ? policy_->capture_module(step) : -1;  // the policy runs on rank 0 only
   capture_.input_layer = unit_input_layer(capture_.layer);
-  x_ = x2_ = Tensor();
+  host_x_ = nullptr, host_x2_ = Tensor();
 }
 
-Tensor FreezeRun::forward(const Tensor& x, const Tensor& x2, const std::vector<int64_t>& ids, Device dev) {
-  x_ = x, x2_ = x2;
+Tensor FreezeRun::forward(const StepBatch& b, const std::vector<int64_t>& ids, Device dev) {
+  host_x_ = b.host_x, host_x2_ = b.host_x2;
+  const Tensor& x = b.x;
   const int64_t k = frozen_layers();
   ++steps_;
   // A capture inside the prefix needs the prefix run (the unit's input there is the
   // prefix's output, which the cache holds, when the front unit is the first unfrozen).
   if (!cache_ || k <= 0 || (capture_.layer >= 0 && capture_.layer < k) ||
       (capture_.input_layer >= 0 && capture_.input_layer < k - 1))
-    return model_.forward_frozen(x.to(dev), x2.defined() ? x2.to(dev) : x2, k, &capture_);
+    return model_.forward_frozen(cache_ ? x.to(dev) : x, b.x2, k, &capture_);
   return cached_forward(x, ids, dev);
 }
 
@@ -129,7 +130,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   const auto t0 = std::chrono::steady_clock::now();
   if (lead_) {
     freeze::StepInfo si = s;
-    si.x2 = x2_;
+    si.x2 = host_x2_;
     // Readings are f32 whatever the training precision (16-bit activations under autocast),
     // widened where they are (no host round trip on a GPU: Note [Host syncs]).
     auto f32 = [](const Tensor& t) {
@@ -139,10 +140,12 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
       return w;
     };
     si.unit_input = f32(capture_.input);
-    policy_->after_step(si, x_, f32(capture_.output), model_);
+    const Tensor captured = f32(capture_.output);
+    // The reference model reads the batch only with a capture (a reading's step).
+    policy_->after_step(si, captured.defined() && host_x_ ? host_x_() : Tensor(), captured, model_);
   }
   capture_ = models::Capture();
-  x_ = x2_ = Tensor();
+  host_x_ = nullptr, host_x2_ = Tensor();
   frozen_ = rank0s(lead_ ? policy_->frozen_prefix() : frozen_);
   if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
     ++generation_;

@@ -61,13 +61,22 @@ class FreezeRun {
   // ---- one step. Before its forward, the loop says which step it is: the policy (rank 0)
   // then says what to capture.
   void start_step(int64_t step);
+  // The batch a step's forward takes: the model's inputs x (and x2, a Transformer's target
+  // input ids) on the training device as the task moved them, except x with the
+  // activation cache (on the host: the cache looks its rows up and moves what it
+  // computes); and the batch on the host for a CPU reference model, made only at a step
+  // that takes a reading (from pixels, say: the task may have moved no f32 batch).
+  struct StepBatch {
+    Tensor x, x2;
+    std::function<Tensor()> host_x;
+    Tensor host_x2;
+  };
   // The step's forward for every task: the model with its frozen prefix under no-grad
   // (Note [The frozen-prefix forward] in models/model.h), or with --freeze-cache the
   // prefix's output from the activation cache where it holds the batch's samples `ids`.
-  // x (and x2, a Transformer's target input ids) are the CPU batch, moved to `dev`; the
-  // freezing keeps them and the captured outputs for after_step, its one channel from
-  // the forward to the policy.
-  Tensor forward(const Tensor& x, const Tensor& x2, const std::vector<int64_t>& ids, Device dev);
+  // The freezing keeps the batch and the captured outputs for after_step, its one
+  // channel from the forward to the policy.
+  Tensor forward(const StepBatch& b, const std::vector<int64_t>& ids, Device dev);
   // The next batch's ids, for the cache to gather ahead.
   void prefetch(const std::vector<int64_t>& next_ids);
 
@@ -107,8 +116,10 @@ class FreezeRun {
   std::unique_ptr<cache::ActivationCache> cache_;
   bool unit_scope_ = false;
   bool reference_on_training_cores_ = true;  // see reference_overhead_fraction
-  // This step's CPU batch and captures, from start_step() and forward() to after_step().
-  Tensor x_, x2_;
+  // This step's batch on the host and captures, from start_step() and forward() to
+  // after_step().
+  std::function<Tensor()> host_x_;
+  Tensor host_x2_;
   models::Capture capture_;
   int64_t generation_ = 0;  // bumped whenever the frozen set changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped

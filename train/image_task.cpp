@@ -183,7 +183,16 @@ void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   lo.seed = c.seed;
   lo.shard_rank = comm.rank(), lo.shards = comm.size();
   lo.skip_bad = c.skip_bad_images;
+  staged_ = !c.freezing.cache;
+  lo.pixels = staged_ && dev_.is_cuda();
   loader_ = std::make_unique<data::Loader>(data_.train, lo);
+  if (staged_) x_up_ = std::make_unique<StagedUpload>(dev_), y_up_ = std::make_unique<StagedUpload>(dev_);
+  if (loader_->pixels()) {
+    const data::PixelAffine a = loader_->pixel_affine();
+    const int64_t ch = int64_t(a.scale.size());
+    host_scale_ = Tensor::from_vector(a.scale, {ch}), host_zero_ = Tensor::from_vector(a.zero, {ch});
+    scale_ = host_scale_.to(dev_), zero_ = host_zero_.to(dev_);
+  }
 }
 
 void ImageTask::build_model() {
@@ -225,9 +234,14 @@ nlohmann::json ImageTask::resolved() const { return data_.resolved; }
 std::string ImageTask::description() const { return data_.description; }
 
 bool ImageTask::next_batch() {
+  if (staged_) {  // a batch staged and never trained on (a run stopped between): dropped
+    for (auto* up : {x_up_.get(), y_up_.get()})
+      if (up->staged()) up->take([](const Tensor&) { return Tensor(); });
+  }
   if (!loader_->next(batch_)) return false;
   warn_left_out(batch_.left_out);
   left_out_here_ += int64_t(batch_.left_out.size());
+  if (staged_ && !batch_.ids.empty()) x_up_->stage(batch_.x), y_up_->stage(batch_.y);
   return true;
 }
 
@@ -250,9 +264,33 @@ void ImageTask::load_state(const nlohmann::json& state) {
 StepOutput ImageTask::training_step(FreezeRun& fr) {
   StepOutput out;
   if (batch_.ids.empty()) return out;  // this rank's share is empty, or every image was left out
-  Tensor logits = fr.forward(batch_.x, Tensor(), batch_.ids, dev_);
+  // The step's own tensors: clones of the device copies (the staging buffers are reused),
+  // on the CPU the batch itself.
+  auto own = [](const Tensor& t) { return t.is_cuda() ? t.clone() : t; };
+  Tensor x = batch_.x, y;
+  if (staged_) {
+    x = x_up_->take([&](const Tensor& d) {
+      if (d.dtype() != DType::u8) return own(d);
+      Tensor images = Tensor::empty(d.shape(), DType::f32, d.device());
+      ops::call(ops::image_normalize, d, scale_, zero_, images);
+      return images;
+    });
+    y = y_up_->take(own);
+  } else {
+    y = batch_.y.to(dev_);
+  }
+  // The reference model's batch on the host: the f32 batch, or the pixels normalised as
+  // on the device.
+  const data::Batch& b = batch_;
+  std::function<Tensor()> host_x = [&b, this] {
+    if (b.x.dtype() != DType::u8) return b.x;
+    Tensor images = Tensor::empty(b.x.shape());
+    ops::call(ops::image_normalize, b.x, host_scale_, host_zero_, images);
+    return images;
+  };
+  Tensor logits = fr.forward({x, Tensor(), host_x, Tensor()}, batch_.ids, dev_);
   if (fr.caching()) fr.prefetch(loader_->upcoming_ids(1));  // gathered while this step runs
-  out.loss = fn::cross_entropy(logits, batch_.y.to(dev_), c_.label_smoothing);
+  out.loss = fn::cross_entropy(logits, y, c_.label_smoothing);
   out.samples = batch_.y.numel();
   return out;
 }

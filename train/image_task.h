@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/staged_upload.h"
 #include "data/image_folder.h"
 #include "data/loader.h"
 #include "train/task.h"
@@ -83,6 +84,13 @@ class ImageTask : public Task {
   models::ModelPtr model_;
   std::unique_ptr<data::Loader> loader_;
   data::Batch batch_;
+  // The training batches' way to the device (Note [Staged uploads]): staged when the
+  // loader hands a batch over, taken by its step; not with the activation cache, which
+  // wants the batch on the host. An image folder's batches travel to a GPU as 8-bit
+  // pixels, normalised there with scale_ and zero_ (on the device).
+  bool staged_ = false;
+  std::unique_ptr<StagedUpload> x_up_, y_up_;
+  Tensor scale_, zero_, host_scale_, host_zero_;
   // --skip-bad-images: training samples left out, over the run (every rank's, as of the
   // last checkpoint), and by this rank since the run started or resumed.
   int64_t left_out_total_ = 0, left_out_restored_ = 0, left_out_here_ = 0;

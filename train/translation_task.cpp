@@ -181,7 +181,9 @@ void TranslationTask::configure_freezing(freeze::PolicyConfig& pc) const {
 StepOutput TranslationTask::training_step(FreezeRun& fr) {
   StepOutput out;
   if (batch_.ids.empty()) return out;  // this rank's share of a short batch is empty
-  Tensor logits = fr.forward(batch_.src, batch_.tgt_in, batch_.ids, dev_);
+  const Tensor src = batch_.src;
+  Tensor logits = fr.forward({src.to(dev_), batch_.tgt_in.to(dev_), [src] { return src; }, batch_.tgt_in}, batch_.ids,
+                             dev_);
   const int64_t n = batch_.tgt_out.numel();
   out.loss = fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), batch_.tgt_out.reshape({n}).to(dev_),
                                c_.label_smoothing, mc_.pad_id);

@@ -179,6 +179,25 @@ void sum_squares(const Tensor& x, Tensor& out) {
   else out.data<float>()[0] = float(s);
 }
 
+// A plane (one image's channel) at a time, as the loader normalises a sample.
+void image_normalize(const Tensor& x, const Tensor& scale, const Tensor& zero, Tensor& y) {
+  EG_CHECK(x.dtype() == DType::u8 && x.dim() == 4 && y.dtype() == DType::f32 && scale.numel() == x.size(1) &&
+               zero.numel() == x.size(1),
+           "image_normalize: u8 [N, C, H, W] pixels, f32 scale and zero [C], f32 images; got ", x.str(), ", ",
+           scale.str(), ", ", zero.str(), ", ", y.str());
+  const int64_t c = x.size(1), hw = x.size(2) * x.size(3), planes = x.size(0) * c;
+  const uint8_t* xp = x.data<uint8_t>();
+  const float *sp = scale.data<float>(), *zp = zero.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static) if (x.numel() > 65536)
+  for (int64_t p = 0; p < planes; ++p) {
+    const float s = sp[p % c], z = zp[p % c];
+    const uint8_t* in = xp + p * hw;
+    float* out = yp + p * hw;
+    for (int64_t i = 0; i < hw; ++i) out[i] = float(in[i]) * s + z;
+  }
+}
+
 void cast(const Tensor& x, Tensor& y) {
   const int64_t n = x.numel();
   if (x.dtype() == DType::u8 && y.dtype() == DType::f32) {

@@ -60,6 +60,14 @@ template <>
 __global__ void cast_kernel<uint8_t, float>(const uint8_t* x, float* y, int64_t n) {
   EG_CUDA_LOOP(i, n) y[i] = float(x[i]);
 }
+// One thread per pixel; the channel from 32-bit index arithmetic where the batch allows.
+__global__ void image_normalize_kernel(const uint8_t* x, const float* scale, const float* zero, float* y, int64_t c,
+                                       int64_t hw, int64_t n, bool small) {
+  EG_CUDA_LOOP(i, n) {
+    const int64_t ch = small ? int64_t((uint32_t(i) / uint32_t(hw)) % uint32_t(c)) : i / hw % c;
+    y[i] = float(x[i]) * scale[ch] + zero[ch];
+  }
+}
 }  // namespace
 
 // ---- launchers
@@ -121,6 +129,20 @@ void sum_squares(const Tensor& x, Tensor& out) {
   if (!n) return;
   sum_squares_kernel<<<std::min(blocks_for(n), 1024u), kThreads, 0, stream()>>>(x.data<float>(), out.data<float>(), n);
   cuda::after_launch("sum_squares");
+}
+
+void image_normalize(const Tensor& x, const Tensor& scale, const Tensor& zero, Tensor& y) {
+  EG_CHECK(x.dtype() == DType::u8 && x.dim() == 4 && y.dtype() == DType::f32 && scale.numel() == x.size(1) &&
+               zero.numel() == x.size(1),
+           "image_normalize on CUDA: u8 [N, C, H, W] pixels, f32 scale and zero [C], f32 images; got ", x.str(), ", ",
+           scale.str(), ", ", zero.str(), ", ", y.str());
+  require_f32(scale, "image_normalize");
+  const int64_t n = x.numel();
+  if (!n) return;
+  image_normalize_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(
+      x.data<uint8_t>(), scale.data<float>(), zero.data<float>(), y.data<float>(), x.size(1), x.size(2) * x.size(3), n,
+      n < (int64_t(1) << 32));
+  cuda::after_launch("image_normalize");
 }
 
 void cast(const Tensor& x, Tensor& y) {

@@ -165,6 +165,20 @@ void narrowed_into(const Tensor& wide, Tensor& out) {
 
 Tensor wide_like(const Tensor& out) { return out.defined() ? Tensor::empty(out.shape(), DType::f64) : Tensor(); }
 
+void image_normalize(const Tensor& x, const Tensor& scale, const Tensor& zero, Tensor& y) {
+  EG_CHECK(x.dtype() == DType::u8 && x.dim() == 4 && y.dtype() == DType::f32 && scale.numel() == x.size(1) &&
+               zero.numel() == x.size(1),
+           "image_normalize: u8 [N, C, H, W] pixels, f32 scale and zero [C], f32 images; got ", x.str(), ", ",
+           scale.str(), ", ", zero.str(), ", ", y.str());
+  const int64_t c = x.size(1), hw = x.size(2) * x.size(3);
+  const uint8_t* xp = x.data<uint8_t>();
+  const float *sp = scale.data<float>(), *zp = zero.data<float>();
+  float* yp = y.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const int64_t ch = i / hw % c;
+    yp[i] = float(xp[i]) * sp[ch] + zp[ch];
+  }
+}
 void cast(const Tensor& x, Tensor& y) {
   for (int64_t i = 0; i < x.numel(); ++i) {
     const double v = read_as_double(x, i);
