@@ -13,9 +13,24 @@ std::vector<OpCase>& op_cases() {
 }
 
 bool OpCase::supports(ops::Backend b) const {
+  if (dtype == DType::f16 && b != ops::Backend::cuda) return false;
   for (auto& u : uses)
-    if (!u.has(b) || (dtype == DType::bf16 && !u.has_bf16(b))) return false;
+    if (!u.has(b) || (is_half(dtype) && !u.has_bf16(b))) return false;
   return true;
+}
+
+void add_f16_twins(std::vector<OpCase>& v, size_t from) {
+  const size_t end = v.size();
+  for (size_t i = from; i < end; ++i) {
+    if (v[i].dtype != DType::bf16) continue;
+    OpCase c = v[i];
+    const size_t at = c.name.find("/bf16_");
+    EG_CHECK(at != std::string::npos, "op case ", c.name, ": a bf16 case is named <op>/bf16_<variant>");
+    c.name.replace(at, 6, "/f16_");
+    c.dtype = DType::f16;
+    for (Tolerance* t : {&c.fwd_tol, &c.bwd_tol}) t->rtol += kF16Eps - kBf16Eps;
+    v.push_back(std::move(c));
+  }
 }
 
 Tensor randn(const Shape& s, DType dt, uint64_t seed, double scale) {

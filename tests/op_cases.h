@@ -27,14 +27,18 @@ struct Tolerance {
 constexpr double kBf16Eps = 0.0078125;
 // A bf16 case's tolerance: its f32 case's (the accumulation) and one bf16 rounding more.
 inline Tolerance bf16_tolerance(const Tolerance& f32) { return {f32.atol, f32.rtol + kBf16Eps}; }
+// f16's, 2^-10, and its cases' tolerance the same way.
+constexpr double kF16Eps = 0.0009765625;
+inline Tolerance f16_tolerance(const Tolerance& f32) { return {f32.atol, f32.rtol + kF16Eps}; }
 // The dtype of parameters, statistics and their gradients beside activations of `dt`:
-// f32 under bf16 activations (autocast's master weights), else `dt` itself.
-inline DType param_dtype(DType dt) { return dt == DType::bf16 ? DType::f32 : dt; }
+// f32 under bf16 or f16 activations (autocast's master weights), else `dt` itself.
+inline DType param_dtype(DType dt) { return is_half(dt) ? DType::f32 : dt; }
 
 struct OpCase {
   std::string name;  // "<op>/<variant>", unique; [a-z0-9_/] only
   // The dtype its parity and benchmark run in: f32, or bf16 for the ops that take it
-  // (Note [bf16 kernels] in kernels/ops.h; gradcheck then runs the f32 case's twin).
+  // (Note [bf16 kernels] in kernels/ops.h; gradcheck then runs the f32 case's twin), or
+  // f16 on CUDA (every bf16 case's f16 twin, Note [16-bit CUDA kernels]).
   DType dtype = DType::f32;
   // Inputs for floating dtype `dt` (f32, f64 or the case's dtype) on the CPU,
   // deterministic. Integer inputs (ids, targets, masks) keep their own dtype.
@@ -78,9 +82,16 @@ void block_inputs(OpCase& c, std::vector<int> which, bool douts);
 // case's functions must give parameters param_dtype(dt).
 void add_bf16_twin(std::vector<OpCase>& v);
 
-// Registration from each op_cases_<group>.cpp: static RegisterCases r([](auto& v){...});
+// Registration from each op_cases_<group>.cpp: static RegisterCases r([](auto& v){...}).
+// Every bf16 case the group adds gets an f16 twin, "<op>/f16_<variant>", run on CUDA
+// alone (the CPU kernels take bf16, not f16) against the ref's f64 path rounded to f16.
+void add_f16_twins(std::vector<OpCase>& v, size_t from);
 struct RegisterCases {
-  explicit RegisterCases(const std::function<void(std::vector<OpCase>&)>& add) { add(op_cases()); }
+  explicit RegisterCases(const std::function<void(std::vector<OpCase>&)>& add) {
+    const size_t from = op_cases().size();
+    add(op_cases());
+    add_f16_twins(op_cases(), from);
+  }
 };
 
 template <class Fn>

@@ -49,7 +49,7 @@ void bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
 }  // namespace
 
 void act_fwd(ops::Act a, const Tensor& x, Tensor& y) {
-  if (x.dtype() == DType::bf16 || y.dtype() == DType::bf16) {  // Note [bf16 kernels]
+  if (is_half(x.dtype()) || is_half(y.dtype())) {  // Note [bf16 kernels]
     Tensor y64 = wide_like(y);
     fwd<double>(a, widened(x), y64);
     return narrowed_into(y64, y);
@@ -59,7 +59,7 @@ void act_fwd(ops::Act a, const Tensor& x, Tensor& y) {
 }
 
 void act_bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
-  if (x.dtype() == DType::bf16 || dy.dtype() == DType::bf16 || dx.dtype() == DType::bf16) {
+  if (is_half(x.dtype()) || is_half(dy.dtype()) || is_half(dx.dtype())) {
     Tensor dx64 = wide_like(dx);
     bwd<double>(a, widened(dy), widened(x), dx64);
     return narrowed_into(dx64, dx);

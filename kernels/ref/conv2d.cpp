@@ -130,7 +130,7 @@ void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const
 }  // namespace
 
 void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
-  if (x.dtype() == DType::bf16) {  // Note [bf16 kernels]
+  if (is_half(x.dtype())) {  // Note [bf16 kernels]
     Tensor y64 = wide_like(y);
     fwd<double>(widened(x), widened(w), widened(bias), y64, p);
     return narrowed_into(y64, y);
@@ -141,7 +141,7 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
 
 void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   if (!dx.defined()) return;
-  if (dy.dtype() == DType::bf16) {
+  if (is_half(dy.dtype())) {
     Tensor dx64 = wide_like(dx);
     bwd_data<double>(widened(dy), widened(w), dx64, p);
     return narrowed_into(dx64, dx);
@@ -151,7 +151,7 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
 }
 
 void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
-  if (dy.dtype() == DType::bf16) {
+  if (is_half(dy.dtype())) {
     Tensor dw64 = wide_like(dw), db64 = wide_like(db);
     bwd_weight<double>(widened(dy), widened(x), dw64, db64, p);
     narrowed_into(dw64, dw);

@@ -10,7 +10,8 @@ namespace eg::ref {
 EG_OP_LIST(EG_DECLARE_IMPL)
 #undef EG_DECLARE_IMPL
 
-// Note [bf16 kernels] in kernels/ops.h: a bf16 case runs an op's f64 path. `widened` is
+// Note [bf16 kernels] in kernels/ops.h: a bf16 (or f16: the CUDA kernels' twin, Note
+// [16-bit CUDA kernels]) case runs an op's f64 path. `widened` is
 // a tensor as f64 (bf16 and f32 values are exact there; undefined stays undefined);
 // `narrowed_into` rounds an f64 result once into `out`'s dtype.
 Tensor widened(const Tensor& t);
@@ -19,7 +20,7 @@ void narrowed_into(const Tensor& wide, Tensor& out);
 Tensor wide_like(const Tensor& out);
 inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
-    if (t->defined() && t->dtype() == DType::bf16) return true;
+    if (t->defined() && is_half(t->dtype())) return true;
   return false;
 }
 }  // namespace eg::ref
