@@ -24,6 +24,10 @@ void memcpy(void* dst, Device dd, const void* src, Device sd, size_t n);
 void memset_zero(void* p, size_t n, Device d);
 void synchronize();  // current stream; for tests, tools and D2H reads
 void after_launch(const char* what);  // checks the launch; syncs when EG_SYNC_DEBUG=1
+// [N, C, L] <-> [N, L, C] of `elem`-byte elements (2 or 4) on the current stream: a
+// tensor to and from NHWC (Note [Channels-last activations on CUDA] in core/tensor.h;
+// defined in kernels/cuda/layout.cu).
+void reorder_nhwc(const void* src, void* dst, int64_t n, int64_t c, int64_t l, size_t elem, bool to_nhwc);
 
 }  // namespace eg::cuda
 

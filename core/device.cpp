@@ -107,7 +107,7 @@ void Tensor::zero_() {
     std::memset(raw_any(), 0, nbytes());  // zero in any format
   } else {
 #ifdef EG_WITH_CUDA
-    cuda::memset_zero(raw(), nbytes(), device());
+    cuda::memset_zero(raw_any(), nbytes(), device());  // zero in any format
 #endif
   }
   ++impl().version;

@@ -4,6 +4,9 @@
 #include <sstream>
 
 #include "core/rng.h"
+#ifdef EG_WITH_CUDA
+#include "core/cuda_context.h"
+#endif
 
 namespace eg {
 
@@ -45,8 +48,11 @@ int64_t Tensor::size(int d) const {
 
 std::string Tensor::str() const {
   if (!defined()) return "undefined tensor";
-  return detail::concat(dtype_name(dtype()), shape_str(shape()), is_blocked() ? " nChw16c" : "", " on ",
-                        device().str());
+  return detail::concat(dtype_name(dtype()), shape_str(shape()),
+                        format() == Format::nchw16c ? " nChw16c"
+                        : format() == Format::nhwc  ? " NHWC"
+                                                    : "",
+                        " on ", device().str());
 }
 
 bool Tensor::blockable() const {
@@ -54,8 +60,11 @@ bool Tensor::blockable() const {
          shape()[1] % kBlock == 0;
 }
 
+bool Tensor::nhwc_capable() const { return defined() && dim() == 4 && is_floating(dtype()) && device().is_cuda(); }
+
 void Tensor::set_format(Format f) const {
-  EG_CHECK(f == Format::plain || blockable(), "internal: ", str(), " cannot be held as nChw16c");
+  EG_CHECK(f == Format::plain || (f == Format::nchw16c && blockable()) || (f == Format::nhwc && nhwc_capable()),
+           "internal: ", str(), " cannot be held as ", f == Format::nhwc ? "NHWC" : "nChw16c");
   impl().format = f;
 }
 
@@ -79,6 +88,18 @@ void reorder_blocked(const T* src, T* dst, int64_t N, int64_t C, int64_t L, bool
 
 Tensor Tensor::to_format(Format f) const {
   if (!defined() || format() == f) return *this;
+  if (format() == Format::nhwc || f == Format::nhwc) {  // Note [Channels-last activations on CUDA]
+    if (format() != Format::plain && f != Format::plain) return to_plain().to_format(f);
+    EG_CHECK(nhwc_capable(), "internal: ", str(), " cannot be converted to NHWC");
+    Tensor t = empty(shape(), dtype(), device());
+    t.impl().format = f;
+#ifdef EG_WITH_CUDA
+    cuda::set_device(device().index);
+    cuda::reorder_nhwc(raw_any(), t.raw_any(), shape()[0], shape()[1], shape()[2] * shape()[3], dtype_size(dtype()),
+                       f == Format::nhwc);
+#endif
+    return t;
+  }
   EG_CHECK(blockable(), "internal: ", str(), " cannot be converted to nChw16c");
   Tensor t = empty(shape(), dtype(), device());
   t.impl().format = f;

@@ -49,7 +49,17 @@ class Tensor;
 // implementation a plain copy, and everything a user can reach (to_vector, item,
 // copy_, clone, to, reshape) converts, so the layout never shows outside the kernels.
 // data<T>() and raw() refuse a blocked tensor; format-aware kernels read data_any<T>().
-enum class Format : uint8_t { plain, nchw16c };
+//
+// Note [Channels-last activations on CUDA]
+// cuDNN's tensor-core convolutions of 16-bit data are NHWC kernels: given NCHW tensors
+// they transpose every input and output around each call (6 of a 38 ms ResNet-50 bf16
+// step on an H200), and PyTorch's AMP step runs 1.85x faster channels_last than NCHW. So
+// on CUDA the 16-bit convolutions write NHWC (Format::nhwc: a 4-D [N, C, H, W] tensor
+// stored [N, H, W, C]; kernels/cuda/conv2d.cu says when), and the CUDA kernels between
+// convolutions (batch norm, activations, same-shape elementwise ops, gradient
+// accumulation) take it as it comes, as the CPU's take nChw16c: the same rules, with
+// cuda_any_format in kernels/registry.cpp. EG_CUDA_CHANNELS_LAST=0 keeps NCHW.
+enum class Format : uint8_t { plain, nchw16c, nhwc };
 constexpr int64_t kBlock = 16;  // channels per block of nchw16c
 
 struct TensorImpl {
@@ -99,7 +109,7 @@ class Tensor {
   std::string str() const;  // "f32[128, 3, 32, 32] on cpu"
 
   void* raw() const {
-    EG_CHECK(impl().format == Format::plain, "internal: a blocked (nChw16c) tensor ", str(),
+    EG_CHECK(impl().format == Format::plain, "internal: a tensor in a kernels' layout, ", str(),
              " reached code that reads it as plain; convert it with to_plain()");
     return raw_any();
   }
@@ -121,6 +131,8 @@ class Tensor {
   bool is_blocked() const { return impl_ && impl_->format != Format::plain; }
   // Whether this tensor could be held as nchw16c: 4-D f32 on the CPU, C % 16 == 0.
   bool blockable() const;
+  // Whether it could be held as nhwc: 4-D, floating, on a GPU.
+  bool nhwc_capable() const;
   // Declares how a kernel laid out the output it is about to write (the tensor's data
   // is not touched: only for outputs that will be overwritten whole).
   void set_format(Format f) const;

@@ -217,6 +217,9 @@ struct Op {
   Fn* impl[3];
   // The cpu implementation reads and writes nChw16c tensors (Note [Blocked activations]).
   bool cpu_any_format = false;
+  // The cuda implementation reads and writes NHWC tensors (Note [Channels-last
+  // activations on CUDA] in core/tensor.h).
+  bool cuda_any_format = false;
   // Every implementation also takes bf16 tensors (Note [bf16 kernels]; on CUDA f16 too,
   // Note [16-bit CUDA kernels]); a bf16 tensor given to another op's CPU implementation
   // is an error, not a misread buffer.
@@ -228,18 +231,19 @@ struct Op {
   X(conv2d_fwd, Conv2dFwd)                                                                                             \
   X(conv2d_bwd_data, Conv2dBwdData)                                                                                    \
   X(conv2d_bwd_weight, Conv2dBwdWeight)                                                                                \
-  X(batchnorm_fwd_train, BatchNormFwdTrain) X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd)   \
-      X(act_fwd, ActFwd) X(act_bwd, ActBwd) X(pool2d_fwd, Pool2dFwd) X(pool2d_bwd, Pool2dBwd)                          \
-          X(global_avgpool_fwd, GlobalAvgPoolFwd) X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm)                \
-              X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd) X(binary_fwd, BinaryFwd) X(scale, Scale) X(axpy, Axpy) \
-                  X(sum_to, SumTo) X(broadcast_to, BroadcastTo) X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd)  \
-                      X(cross_entropy_fwd, CrossEntropyFwd) X(cross_entropy_bwd, CrossEntropyBwd)                      \
-                          X(layernorm_fwd, LayerNormFwd) X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd) \
-                              X(embedding_bwd, EmbeddingBwd) X(token_mask, TokenMask) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)     \
+  X(batchnorm_fwd_train, BatchNormFwdTrain)                                                                            \
+  X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd) X(act_fwd, ActFwd) X(act_bwd, ActBwd)       \
+      X(pool2d_fwd, Pool2dFwd) X(pool2d_bwd, Pool2dBwd) X(global_avgpool_fwd, GlobalAvgPoolFwd)                        \
+          X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm) X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd)      \
+              X(binary_fwd, BinaryFwd) X(scale, Scale) X(axpy, Axpy) X(sum_to, SumTo) X(broadcast_to, BroadcastTo)     \
+                  X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd) X(cross_entropy_fwd, CrossEntropyFwd)          \
+                      X(cross_entropy_bwd, CrossEntropyBwd) X(layernorm_fwd, LayerNormFwd)                             \
+                          X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd) X(embedding_bwd, EmbeddingBwd) \
+                              X(token_mask, TokenMask) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)           \
                                   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd) X(sgd_step, SgdStep)   \
                                       X(adamw_step, AdamWStep) X(sum_squares, SumSquares) X(amp_unscale, AmpUnscale)   \
-                                          X(cast, Cast) X(image_normalize, ImageNormalize) X(swap12, Swap12) X(sp_gram, SpGram) X(sp_loss, SpLoss)        \
-                                              X(argmax_rows, ArgmaxRows)
+                                          X(cast, Cast) X(image_normalize, ImageNormalize) X(swap12, Swap12)           \
+                                              X(sp_gram, SpGram) X(sp_loss, SpLoss) X(argmax_rows, ArgmaxRows)
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
 EG_OP_LIST(EG_DECLARE_OP)
@@ -293,7 +297,9 @@ void run(const Op<Fn>& op, Backend b, A&&... a) {
   EG_CHECK(op.has(b), "op ", op.name, " has no ", backend_name(b), " implementation");
   EG_CHECK(op.bf16 || b == Backend::cuda || !(detail::is_bf16(a) || ...), "op ", op.name,
            " has no bf16 implementation on the CPU (Note [bf16 kernels])");
-  if ((b == Backend::cpu && op.cpu_any_format) || !(detail::blocked(a) || ...)) op.impl[int(b)](std::forward<A>(a)...);
+  if ((b == Backend::cpu && op.cpu_any_format) || (b == Backend::cuda && op.cuda_any_format) ||
+      !(detail::blocked(a) || ...))
+    op.impl[int(b)](std::forward<A>(a)...);
   else op.impl[int(b)](detail::plain_arg(std::forward<A>(a))...);
 }
 

@@ -26,6 +26,10 @@ constexpr bool cpu_any_format(const char* n) {
   return false;
 }
 
+// The ops whose cuda implementation takes NHWC tensors (Note [Channels-last activations
+// on CUDA] in core/tensor.h): the same set.
+constexpr bool cuda_any_format(const char* n) { return cpu_any_format(n); }
+
 // The ops whose implementations also take bf16 tensors (Note [bf16 kernels]): ref, cpu and
 // cuda (Note [16-bit CUDA kernels] in kernels/cuda/common.cuh).
 constexpr bool takes_bf16(const char* n) {
@@ -36,8 +40,12 @@ constexpr bool takes_bf16(const char* n) {
   return false;
 }
 
-#define EG_DEFINE_OP(name, Fn) \
-  const Op<Fn> name{#name, {&ref::name, &cpu::name, EG_CUDA_IMPL(name)}, cpu_any_format(#name), takes_bf16(#name)};
+#define EG_DEFINE_OP(name, Fn)                                    \
+  const Op<Fn> name{#name,                                        \
+                    {&ref::name, &cpu::name, EG_CUDA_IMPL(name)}, \
+                    cpu_any_format(#name),                        \
+                    cuda_any_format(#name),                       \
+                    takes_bf16(#name)};
 EG_OP_LIST(EG_DEFINE_OP)
 #undef EG_DEFINE_OP
 

@@ -13,7 +13,7 @@ std::vector<OpCase>& op_cases() {
 }
 
 bool OpCase::supports(ops::Backend b) const {
-  if (dtype == DType::f16 && b != ops::Backend::cuda) return false;
+  if ((dtype == DType::f16 || cuda_only) && b != ops::Backend::cuda) return false;
   for (auto& u : uses)
     if (!u.has(b) || (is_half(dtype) && !u.has_bf16(b))) return false;
   return true;
@@ -68,6 +68,35 @@ void add_bf16_twin(std::vector<OpCase>& v) {
   c.fwd_tol = bf16_tolerance(c.fwd_tol);
   c.bwd_tol = bf16_tolerance(c.bwd_tol);
   c.bytes /= 2;  // traffic counted in activations, now of 2 bytes
+  v.push_back(std::move(c));
+}
+
+void add_nhwc_twin(std::vector<OpCase>& v, std::vector<int> which, bool douts, const std::string& suffix) {
+  size_t base = v.size();
+  while (base > 0 && v[base - 1].cuda_only) --base;
+  EG_CHECK(base > 0, "op cases: an NHWC twin needs a case before it");
+  OpCase c = v[base - 1];
+  c.name += suffix;
+  c.cuda_only = true;
+  c.bench = false;
+  auto nhwc = [](Tensors t, const std::vector<int>& idx) {
+    for (int i : idx)
+      if (t[size_t(i)].nhwc_capable()) t[size_t(i)] = t[size_t(i)].to_format(Format::nhwc);
+    return t;
+  };
+  auto fwd = c.forward;
+  c.forward = [fwd, which, nhwc](ops::Backend b, const Tensors& in) {
+    return fwd(b, b == ops::Backend::cuda ? nhwc(in, which) : in);
+  };
+  if (c.backward) {
+    auto bwd = c.backward;
+    c.backward = [bwd, which, douts, nhwc](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+      if (b != ops::Backend::cuda) return bwd(b, in, out, dout);
+      std::vector<int> all(dout.size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = int(i);
+      return bwd(b, nhwc(in, which), out, douts ? nhwc(dout, all) : dout);
+    };
+  }
   v.push_back(std::move(c));
 }
 

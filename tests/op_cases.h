@@ -63,6 +63,7 @@ struct OpCase {
   double flops = 0;  // per forward (+ backward when bench_backward) call
   double bytes = 0;  // memory traffic, for bandwidth-bound ops
   bool bench_backward = false;
+  bool cuda_only = false;  // a layout only CUDA kernels take (NHWC)
 
   bool supports(ops::Backend b) const;
 };
@@ -81,6 +82,10 @@ void block_inputs(OpCase& c, std::vector<int> which, bool douts);
 // gradchecked (the f32 case is), its `bytes` halved (they count activations). The
 // case's functions must give parameters param_dtype(dt).
 void add_bf16_twin(std::vector<OpCase>& v);
+// Appends the last case that is not such a twin again as "<name><suffix>", run on CUDA
+// alone with its inputs `which` (and, when douts is set, its output gradients) in NHWC
+// (Note [Channels-last activations on CUDA] in core/tensor.h), against the same plain ref.
+void add_nhwc_twin(std::vector<OpCase>& v, std::vector<int> which, bool douts, const std::string& suffix = "_nhwc");
 
 // Registration from each op_cases_<group>.cpp: static RegisterCases r([](auto& v){...}).
 // Every bf16 case the group adds gets an f16 twin, "<op>/f16_<variant>", run on CUDA
@@ -96,8 +101,7 @@ struct RegisterCases {
 
 template <class Fn>
 OpCase::Use uses(const ops::Op<Fn>& op) {
-  return {op.name, [&op](ops::Backend b) { return op.has(b); },
-          [&op](ops::Backend) { return op.bf16; }};
+  return {op.name, [&op](ops::Backend b) { return op.has(b); }, [&op](ops::Backend) { return op.bf16; }};
 }
 
 // Deterministic inputs: a seed per (case, input) keeps cases independent.

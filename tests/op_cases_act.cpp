@@ -39,9 +39,11 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_act(v, "relu_nchw16c", ops::Act::relu, {2, 32, 3, 5}, false);
   block_inputs(v.back(), {0}, true);
   add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);  // NHWC on CUDA (Note [Channels-last activations on CUDA])
   add_act(v, "gelu_nchw16c_dy_plain", ops::Act::gelu, {2, 16, 3, 5}, false);
   block_inputs(v.back(), {0}, false);
   add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, false);
 });
 
 }  // namespace

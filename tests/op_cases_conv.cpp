@@ -82,6 +82,7 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_conv_and_bf16(v, {"groups3", {2, 6, 5, 5}, {6, 2, 3, 3}, params(1, 1, 1, 3), true});
   add_conv_and_bf16(v, {"depthwise_stride2_bias", {2, 4, 6, 6}, {4, 1, 3, 3}, params(2, 1, 1, 4), true});
   add_conv_and_bf16(v, {"1x1_stride2", {2, 4, 6, 6}, {5, 4, 1, 1}, params(2, 0)});
+  add_nhwc_twin(v, {0}, true);
   {
     ops::Conv2dParams p;  // rectangular everything: kernel 2x3, stride (1, 2), pad (0, 1), dilation (2, 1)
     p.stride_h = 1, p.stride_w = 2, p.pad_h = 0, p.pad_w = 1, p.dil_h = 2, p.dil_w = 1;
@@ -102,6 +103,7 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_conv(v, {"resnet56_c16_32x32_nchw16c", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
   block_inputs(v.back(), {0}, true);
   add_conv_and_bf16(v, {"resnet56_c16_32x32", {128, 16, 32, 32}, {16, 16, 3, 3}, params(1, 1), false, true});
+  add_nhwc_twin(v, {0}, true);  // x and dy NHWC, as a 16-bit network on CUDA hands them
   add_conv_and_bf16(v, {"resnet56_c32_16x16", {128, 32, 16, 16}, {32, 32, 3, 3}, params(1, 1), false, true});
   add_conv_and_bf16(v, {"resnet56_c64_8x8", {128, 64, 8, 8}, {64, 64, 3, 3}, params(1, 1), false, true});
   add_conv_and_bf16(v, {"resnet56_c16to32_stride2", {128, 16, 32, 32}, {32, 16, 3, 3}, params(2, 1), false, true});

@@ -137,6 +137,8 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   block_inputs(v.back(), {0}, true);
   add_binary(v, ops::Binary::add, "resnet_residual", {128, 16, 32, 32}, {128, 16, 32, 32}, true);
   add_bf16_forward_twin(v);
+  add_nhwc_twin(v, {0, 1}, false);  // NHWC on CUDA (Note [Channels-last activations on CUDA])
+  add_nhwc_twin(v, {0}, false, "_nhwc_a_only");  // b plain: converted to a's layout
   // 105 values: 13 vectors of 8 and a tail of 1 on CUDA (Note [Vector loads]).
   add_binary(v, ops::Binary::sub, "same_tail", {3, 5, 7}, {3, 5, 7}, false);
   add_bf16_forward_twin(v);
@@ -151,6 +153,7 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_axpy_scale(v, "resnet", {128, 16, 32, 32}, true);
   block_inputs(v.back(), {0, 1}, false);
   add_bf16_twin(v);
+  add_nhwc_twin(v, {1}, false);  // an NHWC x added into a plain y
   add_axpy_broadcast(v, "channel", {2, 3, 4, 5}, {1, 3, 1, 1}, false);
   add_axpy_broadcast(v, "middle", {2, 3, 4, 5}, {2, 1, 4, 1}, false);
   add_axpy_broadcast(v, "scalar", {4, 5}, {1, 1}, false);

@@ -237,10 +237,13 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   // loads]), a batch the slices split unevenly.
   add_bn_train(v, "hw24_add_relu", {5, 3, 4, 6}, false, true, true, true, true);
   add_bf16_twin(v);
+  add_nhwc_twin(v, {0, 5}, true);  // 3 channels: NHWC rows of no whole vector
   add_bn_train(v, "small_add", {4, 3, 4, 5}, false, true, true, false, true);
   add_bn_train(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true, true, true);
   block_inputs(v.back(), {0, 5}, true);
   add_bf16_twin(v);
+  add_nhwc_twin(v, {0, 5}, true);
+  add_nhwc_twin(v, {0}, false, "_nhwc_x_only");  // the residual and the output gradient plain
   add_bn_train(v, "c16_nchw16c_add_plain_residual_no_affine", {3, 16, 5, 3}, false, true, false, true, true);
   block_inputs(v.back(), {0}, true);
   add_bf16_twin(v);
@@ -252,10 +255,12 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_bn_train(v, "resnet_128x16x32x32_nchw16c_add_relu", {128, 16, 32, 32}, true, true, true, true, true);
   block_inputs(v.back(), {0, 5}, true);
   add_bf16_twin(v);
+  add_nhwc_twin(v, {0, 5}, true);
   add_bn_infer(v, "small_add_relu", {4, 3, 4, 5}, false, true, true);
   add_bn_infer(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true);
   block_inputs(v.back(), {0, 5}, true);
   add_bf16_twin(v);
+  add_nhwc_twin(v, {0, 5}, true);
   add_bn_infer(v, "small_relu", {4, 3, 4, 5}, false, true);
   add_bf16_twin(v);
   add_bn_infer(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true);

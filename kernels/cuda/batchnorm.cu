@@ -123,17 +123,19 @@ __global__ void bn16_stats_final_kernel(const float3* part, int64_t s, int64_t c
 
 // invstd given, or (var_given) the running variance, from which invstd = 1/sqrt(var + eps).
 // The channel of element i of an NCHW tensor (32-bit division where the tensor allows).
-__device__ __forceinline__ int64_t channel_of(int64_t i, int64_t hw, int64_t c, bool small) {
+__device__ __forceinline__ int64_t channel_of(int64_t i, int64_t hw, int64_t c, bool small, bool nhwc) {
+  if (nhwc) return small ? int64_t(uint32_t(i) % uint32_t(c)) : i % c;
   return small ? int64_t((uint32_t(i) / uint32_t(hw)) % uint32_t(c)) : (i / hw) % c;
 }
 
-// Vectors of V never straddle two channels: V divides hw (Note [Vector loads]).
+// Vectors of V never straddle two channels: V divides hw (NCHW) or C (NHWC; Note [Vector
+// loads]).
 template <int V>
 __global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* gamma,
                                   const float* beta, const float* mean, const float* scale, bool var_given, float eps,
-                                  bool relu, int64_t c, int64_t hw, int64_t n, bool small) {
+                                  bool relu, int64_t c, int64_t hw, int64_t n, bool small, bool nhwc) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
-    const int64_t ch = channel_of(i, hw, c, small);
+    const int64_t ch = channel_of(i, hw, c, small, nhwc);
     const float is = var_given ? 1.f / sqrtf(scale[ch] + eps) : scale[ch];
     const float mu = mean[ch], g = gamma[ch], b = beta[ch];
     float v[V], r[V];
@@ -202,9 +204,9 @@ template <int V>
 __global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
                                    const float* gamma, const float* mean, const float* invstd, const float* sum_dy,
                                    const float* sum_dyx, bool training, float inv_m, void* dx, int tdx, void* dres,
-                                   int tdr, int64_t c, int64_t hw, int64_t n, bool small) {
+                                   int tdr, int64_t c, int64_t hw, int64_t n, bool small, bool nhwc) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
-    const int64_t ch = channel_of(i, hw, c, small);
+    const int64_t ch = channel_of(i, hw, c, small, nhwc);
     float g[V];
     masked_dy<V>(dy, tdy, relu_y, tr, i, g);
     if (dres) stv<V>(dres, tdr, i, g);
@@ -248,6 +250,100 @@ __global__ void bn_param_grad_kernel(const float* dy, const float* x, const floa
   }
 }
 
+// NHWC (Note [Channels-last activations on CUDA]): rows of C channels, N H W of them. A
+// block takes w channel vectors (of V) side by side and `lanes` rows at a time (w lanes
+// <= 256 threads, consecutive threads on consecutive channels: coalesced), over its
+// slice of the rows; the partials per (channel, slice) are the NCHW kernels', so the
+// same final passes merge them.
+struct RowSlices {
+  int64_t rows, c, s;  // rows; channels; slices of the rows (gridDim.y)
+  int w, lanes;
+};
+RowSlices row_slices(const Tensor& x, int v) {
+  RowSlices r;
+  r.c = x.size(1);
+  r.rows = x.numel() / std::max<int64_t>(r.c, 1);
+  r.w = int(std::min<int64_t>(32, r.c / v));
+  r.lanes = kBnThreads / r.w;
+  const int64_t gx = (r.c / v + r.w - 1) / r.w;
+  r.s = std::clamp<int64_t>((4 * 132 + gx - 1) / gx, 1, std::max<int64_t>(1, r.rows / r.lanes));
+  return r;
+}
+__device__ __forceinline__ void row_range(const RowSlices& r, int64_t& r0, int64_t& r1) {
+  r0 = r.rows * blockIdx.y / r.s;
+  r1 = r.rows * (blockIdx.y + 1) / r.s;
+}
+
+template <int V>
+__global__ void bn16_stats_nhwc_kernel(const void* x, int tx, RowSlices rs, float3* part) {
+  __shared__ float3 sh[kBnThreads][V];
+  const int col = int(threadIdx.x) % rs.w, lane = int(threadIdx.x) / rs.w;
+  const int64_t g = int64_t(blockIdx.x) * rs.w + col;  // this thread's channel vector
+  const bool live = lane < rs.lanes && g < rs.c / V;
+  int64_t r0, r1;
+  row_range(rs, r0, r1);
+  float shift[V], s1[V] = {}, s2[V] = {}, cnt = 0.f;
+  if (live) ldv<V>(x, tx, g * V, shift);
+  if (live)
+    for (int64_t r = r0 + lane; r < r1; r += rs.lanes) {
+      float v[V];
+      ldv<V>(x, tx, r * rs.c + g * V, v);
+      for (int e = 0; e < V; ++e) {
+        const float d = v[e] - shift[e];
+        s1[e] += d;
+        s2[e] += d * d;
+      }
+      cnt += 1.f;
+    }
+  for (int e = 0; e < V; ++e) {
+    const float mean = cnt > 0.f ? s1[e] / cnt : 0.f;
+    sh[threadIdx.x][e] = make_float3(cnt, mean, cnt > 0.f ? fmaxf(s2[e] - s1[e] * mean, 0.f) : 0.f);
+  }
+  __syncthreads();
+  if (lane != 0 || g >= rs.c / V) return;
+  for (int e = 0; e < V; ++e) {
+    Moments m{sh[col][e].x, sh[col][e].y, sh[col][e].z};
+    for (int l = 1; l < rs.lanes; ++l) {
+      const float3 o = sh[l * rs.w + col][e];
+      m = merge(m, Moments{o.x, o.y, o.z});
+    }
+    part[(g * V + e) * rs.s + blockIdx.y] = make_float3(m.n, m.mean + shift[e], m.m2);
+  }
+}
+
+template <int V>
+__global__ void bn16_bwd_sums_nhwc_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
+                                          const float* mean, const float* invstd, RowSlices rs, float2* part) {
+  __shared__ float2 sh[kBnThreads][V];
+  const int col = int(threadIdx.x) % rs.w, lane = int(threadIdx.x) / rs.w;
+  const int64_t g = int64_t(blockIdx.x) * rs.w + col;
+  const bool live = lane < rs.lanes && g < rs.c / V;
+  int64_t r0, r1;
+  row_range(rs, r0, r1);
+  float mu[V], is[V], sd[V] = {}, sdx[V] = {};
+  if (live)
+    for (int e = 0; e < V; ++e) mu[e] = mean[g * V + e], is[e] = invstd[g * V + e];
+  if (live)
+    for (int64_t r = r0 + lane; r < r1; r += rs.lanes) {
+      const int64_t i = r * rs.c + g * V;
+      float gv[V], xv[V];
+      masked_dy<V>(dy, tdy, relu_y, tr, i, gv);
+      ldv<V>(x, tx, i, xv);
+      for (int e = 0; e < V; ++e) {
+        sd[e] += gv[e];
+        sdx[e] += gv[e] * (xv[e] - mu[e]) * is[e];
+      }
+    }
+  for (int e = 0; e < V; ++e) sh[threadIdx.x][e] = make_float2(sd[e], sdx[e]);
+  __syncthreads();
+  if (lane != 0 || g >= rs.c / V) return;
+  for (int e = 0; e < V; ++e) {
+    float a = 0.f, b = 0.f;
+    for (int l = 0; l < rs.lanes; ++l) a += sh[l * rs.w + col][e].x, b += sh[l * rs.w + col][e].y;
+    part[(g * V + e) * rs.s + blockIdx.y] = make_float2(a, b);
+  }
+}
+
 __global__ void channel_sum_kernel(const void* dy, int t, Slices sl, float* part) {
   const int64_t ch = blockIdx.x;
   int64_t n0, n1;
@@ -267,7 +363,7 @@ __global__ void sum_rows_kernel(const float* part, int64_t s, int64_t c, float* 
 }
 
 bool is16(const Tensor& t) { return t.defined() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16); }
-const void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw() : nullptr; }
+const void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw_any() : nullptr; }
 int code_or_f32(const Tensor& t, const char* op) { return t.defined() ? dt_code(t, op) : kF32; }
 
 void check_params(std::initializer_list<const Tensor*> ps, const char* op) {
@@ -283,11 +379,15 @@ void check_slice_size(const Tensor& x, const char* op) {
            " values per channel; 16-bit activations take fewer than 2^31");
 }
 
-// f(std::integral_constant<int, V>): V = 8 where each channel's plane is whole vectors
-// and every operand is aligned (Note [Vector loads]), else 1.
+bool is_nhwc(const Tensor& x) { return x.format() == Format::nhwc; }
+
+// f(std::integral_constant<int, V>): V = 8 where a channel's values come in whole vectors
+// (its NCHW plane, or an NHWC row's channels) and every operand is aligned (Note [Vector
+// loads]), else 1.
 template <class F>
 void with_vectors(const Tensor& x, std::initializer_list<const void*> ps, F&& f) {
-  if (x.size(2) * x.size(3) % 8 == 0 && aligned16(ps)) f(std::integral_constant<int, 8>{});
+  const int64_t run = is_nhwc(x) ? x.size(1) : x.size(2) * x.size(3);
+  if (run % 8 == 0 && aligned16(ps)) f(std::integral_constant<int, 8>{});
   else f(std::integral_constant<int, 1>{});
 }
 bool small_index(const Tensor& x) { return x.numel() < (int64_t(1) << 32); }
@@ -295,15 +395,19 @@ bool small_index(const Tensor& x) { return x.numel() < (int64_t(1) << 32); }
 void bn16_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean, const Tensor& scale,
                 bool var_given, double eps, bool relu, const Tensor& residual, Tensor& y) {
   const char* op = "batch_norm";
-  with_vectors(x, {x.raw(), y.raw(), raw_or_null(residual)}, [&](auto v) {
+  with_vectors(x, {x.raw_any(), y.raw_any(), raw_or_null(residual)}, [&](auto v) {
     constexpr int V = decltype(v)::value;
     bn16_apply_kernel<V><<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
-        x.raw(), dt_code(x, op), y.raw(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
+        x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
         gamma.data<float>(), beta.data<float>(), mean.data<float>(), scale.data<float>(), var_given, float(eps), relu,
-        x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x));
+        x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x), is_nhwc(x));
   });
   cuda::after_launch("batchnorm (16-bit) apply");
 }
+
+// The layout a batch norm computes in (Note [Channels-last activations on CUDA]): 16-bit
+// data in x's (NHWC or NCHW), f32 data (cuDNN's) NCHW.
+Format layout_for(const Tensor& x, bool half) { return half ? x.format() : Format::plain; }
 
 }  // namespace
 
@@ -322,24 +426,42 @@ void channel_sum(const Tensor& dy, Tensor& db) {
   cuda::after_launch("channel_sum");
 }
 
-void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
+void batchnorm_fwd_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                         bool relu, const Tensor& residual) {
+                         bool relu, const Tensor& residual_in) {
   const bool run = running_mean.defined() && running_var.defined();
-  if (is16(x) || is16(y) || is16(residual)) {  // Note [16-bit batch norm]
+  const bool half = is16(x_in) || is16(y) || is16(residual_in);
+  const Format f = layout_for(x_in, half);
+  const Tensor x = x_in.to_format(f), residual = residual_in.to_format(f);
+  y.set_format(f);
+  if (half) {  // Note [16-bit batch norm]
     check_params({&gamma, &beta, &save_mean, &save_invstd, &running_mean, &running_var}, "batch_norm");
     check_slice_size(x, "batch_norm");
     if (!x.numel()) return;
-    const Slices sl = slices_for(x);
-    Tensor part = Tensor::empty({sl.c * sl.s * 3}, DType::f32, x.device());
-    auto* p3 = reinterpret_cast<float3*>(part.data<float>());
-    with_vectors(x, {x.raw()}, [&](auto v) {
-      bn16_stats_kernel<decltype(v)::value><<<dim3(unsigned(sl.c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
-          x.raw(), dt_code(x, "batch_norm"), sl, p3);
+    const int64_t c = x.size(1);
+    int64_t s = 0;
+    Tensor part;
+    with_vectors(x, {x.raw_any()}, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      if (is_nhwc(x)) {
+        const RowSlices rs = row_slices(x, V);
+        s = rs.s;
+        part = Tensor::empty({c * s * 3}, DType::f32, x.device());
+        const unsigned gx = unsigned((c / V + rs.w - 1) / rs.w);
+        bn16_stats_nhwc_kernel<V><<<dim3(gx, unsigned(s)), kBnThreads, 0, stream()>>>(
+            x.raw_any(), dt_code(x, "batch_norm"), rs, reinterpret_cast<float3*>(part.data<float>()));
+      } else {
+        const Slices sl = slices_for(x);
+        s = sl.s;
+        part = Tensor::empty({c * s * 3}, DType::f32, x.device());
+        bn16_stats_kernel<V><<<dim3(unsigned(c), unsigned(s)), kBnThreads, 0, stream()>>>(
+            x.raw_any(), dt_code(x, "batch_norm"), sl, reinterpret_cast<float3*>(part.data<float>()));
+      }
     });
-    bn16_stats_final_kernel<<<blocks_for(sl.c), kThreads, 0, stream()>>>(
-        p3, sl.s, sl.c, save_mean.data<float>(), save_invstd.data<float>(), run ? running_mean.data<float>() : nullptr,
-        run ? running_var.data<float>() : nullptr, float(momentum), float(eps));
+    bn16_stats_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(
+        reinterpret_cast<float3*>(part.data<float>()), s, c, save_mean.data<float>(), save_invstd.data<float>(),
+        run ? running_mean.data<float>() : nullptr, run ? running_var.data<float>() : nullptr, float(momentum),
+        float(eps));
     cuda::after_launch("batchnorm (16-bit) statistics");
     return bn16_apply(x, gamma, beta, save_mean, save_invstd, false, eps, relu, residual, y);
   }
@@ -357,9 +479,13 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
   if (relu) act_fwd(ops::Act::relu, y, y);
 }
 
-void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
-  if (is16(x) || is16(y) || is16(residual)) {
+void batchnorm_fwd_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual_in) {
+  const bool half = is16(x_in) || is16(y) || is16(residual_in);
+  const Format f = layout_for(x_in, half);
+  const Tensor x = x_in.to_format(f), residual = residual_in.to_format(f);
+  y.set_format(f);
+  if (half) {
     check_params({&gamma, &beta, &running_mean, &running_var}, "batch_norm");
     if (!x.numel()) return;
     return bn16_apply(x, gamma, beta, running_mean, running_var, true, eps, relu, residual, y);
@@ -375,38 +501,58 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
   if (relu) act_fwd(ops::Act::relu, y, y);
 }
 
-void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma, const Tensor& mean,
+                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
+                   const Tensor& relu_y_in, Tensor& dresidual) {
+  const bool half = is16(dy_arg) || is16(x_in) || is16(dx) || is16(relu_y_in) || is16(dresidual);
+  const Format f = layout_for(x_in, half);
+  const Tensor dy_in = dy_arg.to_format(f), x = x_in.to_format(f), relu_y = relu_y_in.to_format(f);
+  if (dx.defined()) dx.set_format(f);
+  if (dresidual.defined()) dresidual.set_format(f);
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-  if (is16(dy_in) || is16(x) || is16(dx) || is16(relu_y) || is16(dresidual)) {  // Note [16-bit batch norm]
+  if (half) {  // Note [16-bit batch norm]
     const char* op = "batch_norm backward";
     check_params({&gamma, &mean, &invstd, &dgamma, &dbeta}, op);
     check_slice_size(x, op);
     if (!x.numel()) return;
-    const Slices sl = slices_for(x);
-    Tensor part = Tensor::empty({c * sl.s * 2}, DType::f32, x.device());
-    Tensor sums = Tensor::empty({2, c}, DType::f32, x.device());
+    Tensor part, sums = Tensor::empty({2, c}, DType::f32, x.device());
     float* sum_dy = sums.data<float>();
     float* sum_dyx = sum_dy + c;
-    auto* p2 = reinterpret_cast<float2*>(part.data<float>());
-    with_vectors(x, {dy_in.raw(), x.raw(), raw_or_null(relu_y)}, [&](auto v) {
-      bn16_bwd_sums_kernel<decltype(v)::value><<<dim3(unsigned(c), unsigned(sl.s)), kBnThreads, 0, stream()>>>(
-          dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
-          mean.data<float>(), invstd.data<float>(), sl, p2);
+    int64_t s = 0;
+    with_vectors(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y)}, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      if (is_nhwc(x)) {
+        const RowSlices rs = row_slices(x, V);
+        s = rs.s;
+        part = Tensor::empty({c * s * 2}, DType::f32, x.device());
+        const unsigned gx = unsigned((c / V + rs.w - 1) / rs.w);
+        bn16_bwd_sums_nhwc_kernel<V><<<dim3(gx, unsigned(s)), kBnThreads, 0, stream()>>>(
+            dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
+            code_or_f32(relu_y, op), mean.data<float>(), invstd.data<float>(), rs,
+            reinterpret_cast<float2*>(part.data<float>()));
+      } else {
+        const Slices sl = slices_for(x);
+        s = sl.s;
+        part = Tensor::empty({c * s * 2}, DType::f32, x.device());
+        bn16_bwd_sums_kernel<V><<<dim3(unsigned(c), unsigned(s)), kBnThreads, 0, stream()>>>(
+            dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
+            code_or_f32(relu_y, op), mean.data<float>(), invstd.data<float>(), sl,
+            reinterpret_cast<float2*>(part.data<float>()));
+      }
     });
-    bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(p2, sl.s, c, sum_dy, sum_dyx,
-                                                                    dbeta.defined() ? dbeta.data<float>() : nullptr,
-                                                                    dgamma.defined() ? dgamma.data<float>() : nullptr);
+    bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(
+        reinterpret_cast<float2*>(part.data<float>()), s, c, sum_dy, sum_dyx,
+        dbeta.defined() ? dbeta.data<float>() : nullptr, dgamma.defined() ? dgamma.data<float>() : nullptr);
     if (dx.defined() || dresidual.defined())
-      with_vectors(x, {dy_in.raw(), x.raw(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual)},
+      with_vectors(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual)},
                    [&](auto v) {
         constexpr int V = decltype(v)::value;
         bn16_bwd_dx_kernel<V><<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
-            dy_in.raw(), dt_code(dy_in, op), x.raw(), dt_code(x, op), raw_or_null(relu_y), code_or_f32(relu_y, op),
-            gamma.data<float>(), mean.data<float>(), invstd.data<float>(), sum_dy, sum_dyx, training,
-            float(1.0 / double(n * hw)), dx.defined() ? dx.raw() : nullptr, code_or_f32(dx, op),
-            dresidual.defined() ? dresidual.raw() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel(),
-            small_index(x));
+            dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
+            code_or_f32(relu_y, op), gamma.data<float>(), mean.data<float>(), invstd.data<float>(), sum_dy, sum_dyx,
+            training, float(1.0 / double(n * hw)), dx.defined() ? dx.raw_any() : nullptr, code_or_f32(dx, op),
+            dresidual.defined() ? dresidual.raw_any() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel(),
+            small_index(x), is_nhwc(x));
       });
     cuda::after_launch("batchnorm_bwd (16-bit)");
     return;

@@ -29,11 +29,11 @@ struct ConvDescs {
   TensorDesc x, y;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  ConvDescs(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t)
-      : x(xs, t), y(ys, t) {
+  ConvDescs(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t, bool nhwc)
+      : x(xs, t, nhwc), y(ys, t, nhwc) {
     EG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
-    EG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, cudnn_type(t), CUDNN_TENSOR_NCHW, int(ws[0]), int(ws[1]), int(ws[2]),
-                                              int(ws[3])));
+    EG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, cudnn_type(t), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                              int(ws[0]), int(ws[1]), int(ws[2]), int(ws[3])));
     EG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
     EG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, int(p.pad_h), int(p.pad_w), int(p.stride_h), int(p.stride_w),
                                                    int(p.dil_h), int(p.dil_w), CUDNN_CROSS_CORRELATION,
@@ -62,6 +62,18 @@ bool cudnn_benchmark() {
   return on;
 }
 
+}  // namespace
+
+bool channels_last() {
+  static const bool on = [] {
+    const char* e = std::getenv("EG_CUDA_CHANNELS_LAST");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+namespace {
+
 // A convolution's plan, built once per (device, shapes, params, math mode, search mode):
 // its cuDNN descriptors and, per pass, the algorithm and its workspace size. Building
 // descriptors and asking cuDNN for algorithms costs tens of microseconds, which at
@@ -74,11 +86,11 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
-  ConvPlan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t)
-      : d(xs, ws, ys, p, t) {}
+  ConvPlan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t, bool nhwc)
+      : d(xs, ws, ys, p, t, nhwc) {}
 };
 
-using ConvKey = std::array<int64_t, 19>;
+using ConvKey = std::array<int64_t, 20>;
 
 // First (fastest by cuDNN's heuristics, or by timing) algorithm whose workspace fits.
 template <class Perf>
@@ -89,20 +101,29 @@ std::pair<decltype(Perf::algo), size_t> first_fitting(const Perf* perf, int foun
   EG_THROW("cuDNN found no ", pass, " convolution algorithm within a ", kMaxWorkspace >> 20, " MiB workspace");
 }
 
-// The plan for x [N,C,H,W] and w [K,C/g,R,S] of dtype t; y's shape follows from them and p.
-ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p,
-                    DType t = DType::f32) {
+// The plan for x [N,C,H,W] and w [K,C/g,R,S] of dtype t, NCHW or NHWC (x, y and w:
+// cuDNN's NHWC filter is [K,R,S,C/g]); y's shape follows from them and p.
+ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t, bool nhwc) {
   static std::mutex mu;
   static std::map<ConvKey, std::unique_ptr<ConvPlan>> plans;
   int dev = 0;
   EG_CUDA_CHECK(cudaGetDevice(&dev));
   const ConvKey key{
-      dev,   allow_tf32(), cudnn_benchmark(), xs[0],   xs[1],   xs[2],   xs[3],   ws[0],    ws[1],     ws[2],
-      ws[3], p.stride_h,   p.stride_w,        p.pad_h, p.pad_w, p.dil_h, p.dil_w, p.groups, int64_t(t)};
+      dev,   allow_tf32(), cudnn_benchmark(), xs[0],   xs[1],   xs[2],   xs[3],   ws[0],    ws[1],      ws[2],
+      ws[3], p.stride_h,   p.stride_w,        p.pad_h, p.pad_w, p.dil_h, p.dil_w, p.groups, int64_t(t), nhwc};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = plans[key];
-  if (!slot) slot = std::make_unique<ConvPlan>(xs, ws, ys, p, t);
+  if (!slot) slot = std::make_unique<ConvPlan>(xs, ws, ys, p, t, nhwc);
   return *slot;
+}
+
+// Note [Channels-last activations on CUDA] (core/tensor.h): 16-bit convolutions without a
+// grouping or a bias (every model's but MobileNetV2's depthwise ones) run NHWC: x and dy
+// as they come, or converted; the weight converted per call ([K,C,R,S] -> [K,R,S,C]: a
+// weight is far smaller than an activation); y and dx written NHWC; the weight gradient
+// converted back to the parameter's [K,C,R,S]. The rest stay NCHW.
+bool use_nhwc(DType t, const ops::Conv2dParams& p, bool biased) {
+  return t != DType::f32 && p.groups == 1 && !biased && channels_last();
 }
 
 Tensor workspace(size_t bytes, Device d) { return Tensor::empty({int64_t(std::max<size_t>(bytes, 1))}, DType::u8, d); }
@@ -121,8 +142,12 @@ DType conv_dtype(std::initializer_list<const Tensor*> data, const char* pass) {
 }  // namespace
 
 // ---- convolution
-void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
-  const DType t = conv_dtype({&x, &w, &y}, "");
+void conv2d_fwd(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
+  const DType t = conv_dtype({&x_in, &w_in, &y}, "");
+  const bool nhwc = use_nhwc(t, p, bias.defined());
+  const Format f = nhwc ? Format::nhwc : Format::plain;
+  const Tensor x = x_in.to_format(f), w = w_in.to_format(f);
+  y.set_format(f);
   EG_CHECK(!bias.defined() || bias.dtype() == t || bias.dtype() == DType::f32, "conv2d on CUDA: the bias is f32 or ",
            dtype_name(t), ", got ", dtype_name(bias.dtype()));
   // Note [One rounding with a bias]
@@ -135,7 +160,8 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   // of two, is an f32 value), at f32 speed; the models' convolutions have no bias (batch
   // norm follows), their linear layers pay one f32 output and a cast.
   if (t != DType::f32 && bias.defined() && bias.dtype() == DType::f32) {
-    Tensor x32 = Tensor::empty(x.shape(), DType::f32, x.device()), w32 = Tensor::empty(w.shape(), DType::f32, w.device());
+    Tensor x32 = Tensor::empty(x.shape(), DType::f32, x.device()),
+           w32 = Tensor::empty(w.shape(), DType::f32, w.device());
     Tensor y32 = Tensor::empty(y.shape(), DType::f32, y.device());
     cast(x, x32);
     cast(w, w32);
@@ -143,7 +169,7 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
     return cast(y32, y);
   }
   cudnnHandle_t h = cuda::cudnn_handle();
-  ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p, t);
+  ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p, t, nhwc);
   if (!c.has_fwd) {
     cudnnConvolutionFwdAlgoPerf_t perf[16];
     int found = 0;
@@ -156,18 +182,23 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   }
   Tensor buf = workspace(c.fwd_ws, x.device());
   const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, c.d.x.d, x.raw(), c.d.w, w.raw(), c.d.conv, c.fwd, buf.raw(),
-                                         c.fwd_ws, &zero, c.d.y.d, y.raw()));
+  EG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, c.d.x.d, x.raw_any(), c.d.w, w.raw_any(), c.d.conv, c.fwd, buf.raw(),
+                                         c.fwd_ws, &zero, c.d.y.d, y.raw_any()));
   if (bias.defined()) {
     TensorDesc bd({1, bias.numel(), 1, 1}, t);
     EG_CUDNN_CHECK(cudnnAddTensor(h, &one, bd.d, bias.raw(), &one, c.d.y.d, y.raw()));
   }
 }
 
-void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
-  const DType t = conv_dtype({&dy, &w, &dx}, " backward");
+void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const ops::Conv2dParams& p) {
+  if (!dx.defined()) return;
+  const DType t = conv_dtype({&dy_in, &w_in, &dx}, " backward");
+  const bool nhwc = use_nhwc(t, p, false);
+  const Format f = nhwc ? Format::nhwc : Format::plain;
+  const Tensor dy = dy_in.to_format(f), w = w_in.to_format(f);
+  dx.set_format(f);
   cudnnHandle_t h = cuda::cudnn_handle();
-  ConvPlan& c = conv_plan(dx.shape(), w.shape(), dy.shape(), p, t);
+  ConvPlan& c = conv_plan(dx.shape(), w.shape(), dy.shape(), p, t, nhwc);
   if (!c.has_bwd_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[16];
     int found = 0;
@@ -183,19 +214,23 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
   }
   Tensor buf = workspace(c.bwd_data_ws, dy.device());
   const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, c.d.w, w.raw(), c.d.y.d, dy.raw(), c.d.conv, c.bwd_data,
-                                              buf.raw(), c.bwd_data_ws, &zero, c.d.x.d, dx.raw()));
+  EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, c.d.w, w.raw_any(), c.d.y.d, dy.raw_any(), c.d.conv, c.bwd_data,
+                                              buf.raw(), c.bwd_data_ws, &zero, c.d.x.d, dx.raw_any()));
 }
 
-void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
-  const DType t = conv_dtype({&dy, &x}, " backward");
+void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
+  const DType t = conv_dtype({&dy_in, &x_in}, " backward");
+  // The forward's layout: NHWC unless it had a bias (the bias gradient is wanted then).
+  const bool nhwc = use_nhwc(t, p, db.defined());
+  const Format f = nhwc ? Format::nhwc : Format::plain;
+  const Tensor dy = dy_in.to_format(f), x = x_in.to_format(f);
   for (const Tensor* g : {&dw, &db})
     EG_CHECK(!g->defined() || g->dtype() == t || g->dtype() == DType::f32, "conv2d backward on CUDA: a parameter ",
              "gradient is f32 or ", dtype_name(t), ", got ", dtype_name(g->dtype()));
   cudnnHandle_t h = cuda::cudnn_handle();
   const float one = 1.f, zero = 0.f;
   if (dw.defined()) {
-    ConvPlan& c = conv_plan(x.shape(), dw.shape(), dy.shape(), p, t);
+    ConvPlan& c = conv_plan(x.shape(), dw.shape(), dy.shape(), p, t, nhwc);
     if (!c.has_bwd_filter) {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[16];
       int found = 0;
@@ -211,11 +246,17 @@ void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db
       c.has_bwd_filter = true;
     }
     Tensor buf = workspace(c.bwd_filter_ws, dy.device());
-    // cuDNN writes the data's dtype: an f32 gradient of 16-bit data is cast from it.
-    Tensor g = dw.dtype() == t ? dw : Tensor::empty(dw.shape(), t, dw.device());
-    EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, c.d.x.d, x.raw(), c.d.y.d, dy.raw(), c.d.conv, c.bwd_filter,
-                                                  buf.raw(), c.bwd_filter_ws, &zero, c.d.w, g.raw()));
-    if (g.raw() != dw.raw()) cast(g, dw);
+    // cuDNN writes the data's dtype (and NHWC's [K,R,S,C]): an f32 gradient of 16-bit
+    // data is cast from it, an NHWC one reordered back.
+    Tensor g = dw.dtype() == t && !nhwc ? dw : Tensor::empty(dw.shape(), t, dw.device());
+    g.set_format(f);
+    EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, c.d.x.d, x.raw_any(), c.d.y.d, dy.raw_any(), c.d.conv,
+                                                  c.bwd_filter, buf.raw(), c.bwd_filter_ws, &zero, c.d.w, g.raw_any()));
+    if (g.raw_any() != dw.raw_any()) {
+      const Tensor gp = g.to_plain();
+      if (dw.dtype() == t) dw.copy_(gp);
+      else cast(gp, dw);
+    }
   }
   if (db.defined() && t == DType::f32) {
     TensorDesc yd(dy.shape()), bd({1, db.numel(), 1, 1});

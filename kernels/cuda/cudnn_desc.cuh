@@ -1,5 +1,6 @@
-// What conv2d.cu and batchnorm.cu share: cuDNN tensor descriptors (NCHW, of f32, bf16 or
-// f16 data) and the per-channel sum behind a 16-bit convolution's bias gradient.
+// What conv2d.cu and batchnorm.cu share: cuDNN tensor descriptors (NCHW or NHWC, of f32,
+// bf16 or f16 data), the channels-last switch, and the per-channel sum behind a 16-bit
+// convolution's bias gradient.
 #pragma once
 #include "kernels/cuda/common.cuh"
 
@@ -12,15 +13,19 @@ inline cudnnDataType_t cudnn_type(DType t) {
 
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
-  explicit TensorDesc(const Shape& s, DType t = DType::f32) {
+  explicit TensorDesc(const Shape& s, DType t = DType::f32, bool nhwc = false) {
     EG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    EG_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, cudnn_type(t), int(s[0]), int(s[1]), int(s[2]), int(s[3])));
+    EG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, cudnn_type(t), int(s[0]),
+                                              int(s[1]), int(s[2]), int(s[3])));
   }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
+
+// Whether 16-bit convolutions write NHWC (Note [Channels-last activations on CUDA] in
+// core/tensor.h): EG_CUDA_CHANNELS_LAST=0 keeps NCHW.
+bool channels_last();
 
 // db[c] = sum of dy over (N, H, W) for dy [N, C, H, W] of any of the three dtypes, db f32:
 // a convolution's bias gradient beside 16-bit activations.

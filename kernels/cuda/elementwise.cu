@@ -67,15 +67,21 @@ __global__ void broadcast_kernel(const float* x, float* y, Dims dx, int64_t n) {
 }  // namespace
 
 // ---- launchers
-void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
+// Any layout (Note [Channels-last activations on CUDA]): same shapes in a's (b converted
+// to it), broadcasts NCHW.
+void binary_fwd(ops::Binary op, const Tensor& a_in, const Tensor& b_in, Tensor& c) {
+  const bool same = a_in.shape() == c.shape() && b_in.shape() == c.shape();
+  const Format f = same ? a_in.format() : Format::plain;
+  const Tensor a = a_in.to_format(f), b = b_in.to_format(f);
+  c.set_format(f);
   const int ta = dt_code(a, "binary op"), tb = dt_code(b, "binary op"), tc = dt_code(c, "binary op");
   const int64_t n = c.numel();
   if (!n) return;
-  if (a.shape() == c.shape() && b.shape() == c.shape()) {
-    for_vectors(n, aligned16({a.raw(), b.raw(), c.raw()}), [&](auto v, int64_t begin, int64_t end) {
+  if (same) {
+    for_vectors(n, aligned16({a.raw_any(), b.raw_any(), c.raw_any()}), [&](auto v, int64_t begin, int64_t end) {
       constexpr int V = decltype(v)::value;
-      binary_same_kernel<V><<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(int(op), a.raw(), ta, b.raw(), tb,
-                                                                                      c.raw(), tc, begin, end);
+      binary_same_kernel<V><<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(
+          int(op), a.raw_any(), ta, b.raw_any(), tb, c.raw_any(), tc, begin, end);
     });
   } else {
     binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(int(op), a.raw(), ta, b.raw(), tb, c.raw(), tc,
@@ -85,26 +91,30 @@ void binary_fwd(ops::Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
   cuda::after_launch("binary_fwd");
 }
 
+// y in x's layout.
 void scale(const Tensor& x, Tensor& y, double alpha) {
   const int tx = dt_code(x, "scale"), ty = dt_code(y, "scale");
+  y.set_format(x.format());
   const int64_t n = x.numel();
   if (!n) return;
-  for_vectors(n, aligned16({x.raw(), y.raw()}), [&](auto v, int64_t begin, int64_t end) {
+  for_vectors(n, aligned16({x.raw_any(), y.raw_any()}), [&](auto v, int64_t begin, int64_t end) {
     constexpr int V = decltype(v)::value;
-    scale_kernel<V>
-        <<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), begin, end);
+    scale_kernel<V><<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(x.raw_any(), tx, y.raw_any(), ty,
+                                                                              float(alpha), begin, end);
   });
   cuda::after_launch("scale");
 }
 
-void axpy(const Tensor& x, Tensor& y, double alpha) {
+// y keeps its layout; x is converted to it.
+void axpy(const Tensor& x_in, Tensor& y, double alpha) {
+  const Tensor x = x_in.to_format(y.format());
   const int tx = dt_code(x, "axpy"), ty = dt_code(y, "axpy");
   const int64_t n = x.numel();
   if (!n) return;
-  for_vectors(n, aligned16({x.raw(), y.raw()}), [&](auto v, int64_t begin, int64_t end) {
+  for_vectors(n, aligned16({x.raw_any(), y.raw_any()}), [&](auto v, int64_t begin, int64_t end) {
     constexpr int V = decltype(v)::value;
-    axpy_kernel<V>
-        <<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(x.raw(), tx, y.raw(), ty, float(alpha), begin, end);
+    axpy_kernel<V><<<blocks_for((end - begin) / V), kThreads, 0, stream()>>>(x.raw_any(), tx, y.raw_any(), ty,
+                                                                             float(alpha), begin, end);
   });
   cuda::after_launch("axpy");
 }

@@ -56,9 +56,8 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool ta, bool tb, double 
   if (half) {
     EG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &al, b.raw(),
-        cublas_type(t), int(ldb), b.numel() / batch, a.raw(), cublas_type(t), int(lda), a.numel() / batch, &be,
-        c.raw(), cublas_type(c.dtype()), int(ldc), c.numel() / batch, int(batch), CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+        cublas_type(t), int(ldb), b.numel() / batch, a.raw(), cublas_type(t), int(lda), a.numel() / batch, &be, c.raw(),
+        cublas_type(c.dtype()), int(ldc), c.numel() / batch, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
   EG_CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),

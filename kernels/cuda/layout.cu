@@ -1,7 +1,11 @@
 // Layout ops, CUDA: swap12 ([A, B, C, D] -> [A, C, B, D]), of 4- or 2-byte elements
 // (f32, or bf16/f16: it moves bytes). One thread per
 // output element; consecutive threads write consecutive d, so both reads and writes
-// coalesce along D. Bandwidth-bound: 8 bytes per element.
+// coalesce along D. Bandwidth-bound: 8 bytes per element. And the NCHW <-> NHWC
+// reorder behind Tensor::to_format (Note [Channels-last activations on CUDA]): 32 x 32
+// tiles through shared memory, so that reads and writes both coalesce.
+#include <algorithm>
+
 #include "core/cuda_context.h"
 #include "kernels/cuda/cuda.h"
 
@@ -16,21 +20,47 @@ __global__ void swap12_kernel(const T* x, T* y, int64_t A, int64_t B, int64_t C,
   int64_t d = i % D, b = (i / D) % B, c = (i / (D * B)) % C, a = i / (D * B * C);  // y index [a, c, b, d]
   y[i] = x[((a * B + b) * C + c) * D + d];
 }
+// src [N, R, K] -> dst [N, K, R], a 32 x 32 tile per block (32 x 8 threads), z over N.
+template <class T>
+__global__ void transpose_tiles_kernel(const T* src, T* dst, int64_t N, int64_t R, int64_t K) {
+  __shared__ T tile[32][33];
+  const int64_t k0 = int64_t(blockIdx.x) * 32, r0 = int64_t(blockIdx.y) * 32;
+  for (int64_t n = blockIdx.z; n < N; n += gridDim.z) {
+    const T* s = src + n * R * K;
+    T* d = dst + n * R * K;
+    for (int j = threadIdx.y; j < 32; j += 8) {
+      const int64_t r = r0 + j, k = k0 + threadIdx.x;
+      if (r < R && k < K) tile[j][threadIdx.x] = s[r * K + k];
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += 8) {
+      const int64_t k = k0 + j, r = r0 + threadIdx.x;
+      if (k < K && r < R) d[k * R + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+}
+template <class T>
+void transpose_tiles(const void* src, void* dst, int64_t n, int64_t r, int64_t k) {
+  const dim3 grid(unsigned((k + 31) / 32), unsigned((r + 31) / 32), unsigned(std::min<int64_t>(n, 65535)));
+  transpose_tiles_kernel<<<grid, dim3(32, 8), 0, cuda::current_stream()>>>(static_cast<const T*>(src),
+                                                                           static_cast<T*>(dst), n, r, k);
+}
 }  // namespace
 
 // ---- launchers
 void swap12(const Tensor& x, Tensor& y) {
   const size_t e = dtype_size(x.dtype());
-  EG_CHECK((e == 4 || e == 2) && y.dtype() == x.dtype(), "swap12 on CUDA moves 4- or 2-byte elements of one dtype, got ",
-           dtype_name(x.dtype()), " into ", dtype_name(y.dtype()));
+  EG_CHECK((e == 4 || e == 2) && y.dtype() == x.dtype(),
+           "swap12 on CUDA moves 4- or 2-byte elements of one dtype, got ", dtype_name(x.dtype()), " into ",
+           dtype_name(y.dtype()));
   const int64_t n = x.numel();
   if (n == 0) return;
   const int threads = 256;
   const unsigned grid = unsigned((n + threads - 1) / threads);
   if (e == 4)
-    swap12_kernel<<<grid, threads, 0, cuda::current_stream()>>>(static_cast<const float*>(x.raw()),
-                                                                static_cast<float*>(y.raw()), x.size(0), x.size(1),
-                                                                x.size(2), x.size(3));
+    swap12_kernel<<<grid, threads, 0, cuda::current_stream()>>>(
+        static_cast<const float*>(x.raw()), static_cast<float*>(y.raw()), x.size(0), x.size(1), x.size(2), x.size(3));
   else
     swap12_kernel<<<grid, threads, 0, cuda::current_stream()>>>(static_cast<const uint16_t*>(x.raw()),
                                                                 static_cast<uint16_t*>(y.raw()), x.size(0), x.size(1),
@@ -39,3 +69,14 @@ void swap12(const Tensor& x, Tensor& y) {
 }
 
 }  // namespace eg::cudak
+
+namespace eg::cuda {
+void reorder_nhwc(const void* src, void* dst, int64_t n, int64_t c, int64_t l, size_t elem, bool to_nhwc) {
+  EG_CHECK(elem == 2 || elem == 4, "internal: NHWC reorder of ", elem, "-byte elements");
+  if (!n || !c || !l) return;
+  const int64_t r = to_nhwc ? c : l, k = to_nhwc ? l : c;  // [n, r, k] -> [n, k, r]
+  if (elem == 4) cudak::transpose_tiles<float>(src, dst, n, r, k);
+  else cudak::transpose_tiles<uint16_t>(src, dst, n, r, k);
+  after_launch("NCHW <-> NHWC reorder");
+}
+}  // namespace eg::cuda

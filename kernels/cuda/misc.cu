@@ -95,7 +95,8 @@ void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
            dtype_name(ids.dtype()), " and ", dtype_name(mask.dtype()));
   const int64_t n = ids.numel();
   if (!n) return;
-  token_mask_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ids.data<int64_t>(), mask.data<uint8_t>(), value, equal, n);
+  token_mask_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ids.data<int64_t>(), mask.data<uint8_t>(), value, equal,
+                                                              n);
   cuda::after_launch("token_mask");
 }
 
@@ -139,9 +140,9 @@ void image_normalize(const Tensor& x, const Tensor& scale, const Tensor& zero, T
   require_f32(scale, "image_normalize");
   const int64_t n = x.numel();
   if (!n) return;
-  image_normalize_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(
-      x.data<uint8_t>(), scale.data<float>(), zero.data<float>(), y.data<float>(), x.size(1), x.size(2) * x.size(3), n,
-      n < (int64_t(1) << 32));
+  image_normalize_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<uint8_t>(), scale.data<float>(),
+                                                                   zero.data<float>(), y.data<float>(), x.size(1),
+                                                                   x.size(2) * x.size(3), n, n < (int64_t(1) << 32));
   cuda::after_launch("image_normalize");
 }
 
