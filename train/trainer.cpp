@@ -190,7 +190,11 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
     const int64_t syncs0 = host_syncs();
     Tensor loss = forward();
-    dp.step(loss, samples, opt, i, 0);  // the training loop's step (train/run.cpp)
+    const dist::StepResult s = dp.step(loss, samples, opt, i, 0);  // the training loop's step (train/run.cpp)
+    // A step that stopped before its backward (a loss that is not finite) is no step to
+    // time: the figure would be a forward's.
+    EG_CHECK(s.not_finite == dist::StepResult::NotFinite::none, "bench step: the loss became ", s.loss,
+             " at iteration ", i, " of ", o.model, " (", dtype_name(o.precision), "); no step to time");
     const int64_t step_syncs = host_syncs() - syncs0;
     (void)loss.item();  // waits for the device (the benchmark's own wait, not the step's)
     if (i < warmup) continue;

@@ -128,21 +128,21 @@ __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t hw, int64_t c, 
   return small ? int64_t((uint32_t(i) / uint32_t(hw)) % uint32_t(c)) : (i / hw) % c;
 }
 
-// Vectors of V never straddle two channels: V divides hw (NCHW) or C (NHWC; Note [Vector
-// loads]).
+// A vector of V holds one channel's values (NCHW: V divides hw) or V channels' values
+// (NHWC: V divides C; element e is channel ch + e). Note [Vector loads].
 template <int V>
 __global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* gamma,
                                   const float* beta, const float* mean, const float* scale, bool var_given, float eps,
                                   bool relu, int64_t c, int64_t hw, int64_t n, bool small, bool nhwc) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
-    const int64_t ch = channel_of(i, hw, c, small, nhwc);
-    const float is = var_given ? 1.f / sqrtf(scale[ch] + eps) : scale[ch];
-    const float mu = mean[ch], g = gamma[ch], b = beta[ch];
+    const int64_t ch0 = channel_of(i, hw, c, small, nhwc);
     float v[V], r[V];
     ldv<V>(x, tx, i, v);
     if (res) ldv<V>(res, tr, i, r);
     for (int e = 0; e < V; ++e) {
-      v[e] = (v[e] - mu) * is * g + b;
+      const int64_t ch = nhwc ? ch0 + e : ch0;
+      const float is = var_given ? 1.f / sqrtf(scale[ch] + eps) : scale[ch];
+      v[e] = (v[e] - mean[ch]) * is * gamma[ch] + beta[ch];
       if (res) v[e] += r[e];
       if (relu) v[e] = fmaxf(v[e], 0.f);
     }
@@ -206,17 +206,18 @@ __global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int t
                                    const float* sum_dyx, bool training, float inv_m, void* dx, int tdx, void* dres,
                                    int tdr, int64_t c, int64_t hw, int64_t n, bool small, bool nhwc) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
-    const int64_t ch = channel_of(i, hw, c, small, nhwc);
+    const int64_t ch0 = channel_of(i, hw, c, small, nhwc);
     float g[V];
     masked_dy<V>(dy, tdy, relu_y, tr, i, g);
     if (dres) stv<V>(dres, tdr, i, g);
     if (!dx) continue;
-    const float mu = mean[ch], is = invstd[ch];
     float xv[V] = {};
     if (training) ldv<V>(x, tx, i, xv);
     for (int e = 0; e < V; ++e) {
+      const int64_t ch = nhwc ? ch0 + e : ch0;
+      const float is = invstd[ch];
       float v = g[e];
-      if (training) v -= (sum_dy[ch] + (xv[e] - mu) * is * sum_dyx[ch]) * inv_m;
+      if (training) v -= (sum_dy[ch] + (xv[e] - mean[ch]) * is * sum_dyx[ch]) * inv_m;
       g[e] = v * gamma[ch] * is;
     }
     stv<V>(dx, tdx, i, g);

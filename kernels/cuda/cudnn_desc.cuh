@@ -24,7 +24,7 @@ struct TensorDesc {
 };
 
 // Whether 16-bit convolutions write NHWC (Note [Channels-last activations on CUDA] in
-// core/tensor.h): EG_CUDA_CHANNELS_LAST=0 keeps NCHW.
+// core/tensor.h): EG_CUDA_CHANNELS_LAST=1.
 bool channels_last();
 
 // db[c] = sum of dy over (N, H, W) for dy [N, C, H, W] of any of the three dtypes, db f32:
