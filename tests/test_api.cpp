@@ -145,6 +145,37 @@ TEST(Api, RegisterModelMakesAUsersModelKnownByName) {
 // The user's model on the user's samples through fit(): it learns, Egeria's int8
 // reference (built through the registered builder) freezes a unit, and the run's files
 // carry the class names.
+// `egeria bench step` times whole steps: a model whose loss is not finite (here a user's
+// that scales its logits by NaN) is refused by name, not timed as the forward the
+// training step stops after.
+TEST(Api, BenchStepRefusesAStepWhoseLossIsNotFinite) {
+  class NanCnn final : public models::Model {
+   public:
+    NanCnn(const models::ModelConfig& c, Generator& g) : inner_(std::make_shared<UserCnn>(c, g)) {
+      register_module("inner", inner_);
+    }
+    std::string type_name() const override { return "NanCnn"; }
+    Tensor forward(const Tensor& x) override { return fn::scale(inner_->forward(x), std::nan("")); }
+    std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const override {
+      return inner_->layer_modules();
+    }
+
+   private:
+    std::shared_ptr<UserCnn> inner_;
+  };
+  models::register_model("nan-cnn", [](const models::ModelConfig& c, Generator& g) -> models::ModelPtr {
+    return std::make_shared<NanCnn>(c, g);
+  });
+  train::StepBenchOptions o;
+  o.model = "nan-cnn";
+  o.batch_size = 4;
+  o.iterations = 1;
+  o.threads = 1;
+  auto local = dist::make_local();
+  const std::string e = testing::error_of([&] { train::bench_step(o, *local); });
+  EXPECT_NE(e.find("bench step: the loss became nan at iteration 0 of nan-cnn"), std::string::npos) << e;
+}
+
 TEST(Api, FitTrainsAUsersModelOnItsOwnSamplesWithEgeriaFreezing) {
   register_user_cnn();
   const std::string out = testing::fresh_dir("api_fit");
