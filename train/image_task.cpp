@@ -180,6 +180,9 @@ void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   data::LoaderOptions lo;
   lo.batch_size = c.batch_size;
   lo.workers = c.workers;
+  // Batches in flight grow with the workers (a GPU run's 15 share each batch and start the
+  // next ones while the step consumes one): as many as workers, at least the default 4.
+  lo.prefetch = std::max(lo.prefetch, c.workers);
   lo.seed = c.seed;
   lo.shard_rank = comm.rank(), lo.shards = comm.size();
   lo.skip_bad = c.skip_bad_images;

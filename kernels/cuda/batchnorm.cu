@@ -121,15 +121,16 @@ __global__ void bn16_stats_final_kernel(const float3* part, int64_t s, int64_t c
   }
 }
 
-// invstd given, or (var_given) the running variance, from which invstd = 1/sqrt(var + eps).
-// The channel of element i of an NCHW tensor (32-bit division where the tensor allows).
+// The channel of element i of an NCHW or NHWC tensor (32-bit division where the tensor
+// allows).
 __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t hw, int64_t c, bool small, bool nhwc) {
   if (nhwc) return small ? int64_t(uint32_t(i) % uint32_t(c)) : i % c;
   return small ? int64_t((uint32_t(i) / uint32_t(hw)) % uint32_t(c)) : (i / hw) % c;
 }
 
 // A vector of V holds one channel's values (NCHW: V divides hw) or V channels' values
-// (NHWC: V divides C; element e is channel ch + e). Note [Vector loads].
+// (NHWC: V divides C; element e is channel ch + e). Note [Vector loads]. `scale` is invstd,
+// or (var_given) the running variance, from which invstd = 1/sqrt(var + eps).
 template <int V>
 __global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* gamma,
                                   const float* beta, const float* mean, const float* scale, bool var_given, float eps,
