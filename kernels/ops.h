@@ -12,8 +12,10 @@
 // weight-gradient kernel). Shapes are validated by the autograd layer, not here.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -232,11 +234,12 @@ struct Op {
   X(conv2d_bwd_data, Conv2dBwdData)                                                                                    \
   X(conv2d_bwd_weight, Conv2dBwdWeight)                                                                                \
   X(batchnorm_fwd_train, BatchNormFwdTrain)                                                                            \
-  X(batchnorm_fwd_infer, BatchNormFwdInfer) X(batchnorm_bwd, BatchNormBwd) X(act_fwd, ActFwd) X(act_bwd, ActBwd)       \
-      X(pool2d_fwd, Pool2dFwd) X(pool2d_bwd, Pool2dBwd) X(global_avgpool_fwd, GlobalAvgPoolFwd)                        \
-          X(global_avgpool_bwd, GlobalAvgPoolBwd) X(gemm, Gemm) X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd)      \
-              X(binary_fwd, BinaryFwd) X(scale, Scale) X(axpy, Axpy) X(sum_to, SumTo) X(broadcast_to, BroadcastTo)     \
-                  X(softmax_fwd, SoftmaxFwd) X(softmax_bwd, SoftmaxBwd) X(cross_entropy_fwd, CrossEntropyFwd)          \
+  X(batchnorm_fwd_infer, BatchNormFwdInfer)                                                                            \
+  X(batchnorm_bwd, BatchNormBwd) X(act_fwd, ActFwd) X(act_bwd, ActBwd) X(pool2d_fwd, Pool2dFwd)                        \
+      X(pool2d_bwd, Pool2dBwd) X(global_avgpool_fwd, GlobalAvgPoolFwd) X(global_avgpool_bwd, GlobalAvgPoolBwd)         \
+          X(gemm, Gemm) X(linear_fwd, LinearFwd) X(linear_bwd, LinearBwd) X(binary_fwd, BinaryFwd) X(scale, Scale)     \
+              X(axpy, Axpy) X(sum_to, SumTo) X(broadcast_to, BroadcastTo) X(softmax_fwd, SoftmaxFwd)                   \
+                  X(softmax_bwd, SoftmaxBwd) X(cross_entropy_fwd, CrossEntropyFwd)                                     \
                       X(cross_entropy_bwd, CrossEntropyBwd) X(layernorm_fwd, LayerNormFwd)                             \
                           X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd) X(embedding_bwd, EmbeddingBwd) \
                               X(token_mask, TokenMask) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)           \
@@ -291,10 +294,53 @@ const Tensor& first_tensor(const T& t, const R&... r) {
 }
 }  // namespace detail
 
+// Note [Op records]
+// A CUDA graph replays the kernels a step launched when it was captured, with the
+// arguments they had then: a step can be captured only if every steady-state step runs
+// the same ops on the same shapes, dtypes and layouts, with no host read and no new
+// allocation from the system inside it. An OpRecorder lists the ops its thread runs while
+// it lives: op, backend, and each argument (a tensor as Tensor::str() gives it, "-" when
+// undefined; a number as written; a parameter struct as "{}"), so a test holds a step's
+// list identical between steps without a GPU (tests/test_host_syncs.cpp).
+struct OpRecord {
+  std::string op;
+  Backend backend = Backend::ref;
+  std::vector<std::string> args;
+  bool operator==(const OpRecord& o) const { return op == o.op && backend == o.backend && args == o.args; }
+  bool operator!=(const OpRecord& o) const { return !(*this == o); }
+  std::string str() const;  // "conv2d_fwd on cpu(f32[8, 3, 32, 32] on cpu, ...)"
+};
+class OpRecorder {
+ public:
+  OpRecorder();  // records this thread's ops until destroyed (an inner recorder takes them meanwhile)
+  ~OpRecorder();
+  OpRecorder(const OpRecorder&) = delete;
+  OpRecorder& operator=(const OpRecorder&) = delete;
+  const std::vector<OpRecord>& records() const { return records_; }
+  void add(OpRecord r) { records_.push_back(std::move(r)); }
+
+ private:
+  std::vector<OpRecord> records_;
+  OpRecorder* prev_ = nullptr;
+};
+
+namespace detail {
+OpRecorder* current_recorder();  // this thread's, or nullptr
+std::string number_str(double v);  // every digit it takes to tell two values apart
+template <class T>
+std::string describe(const T& x) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, Tensor>) return x.defined() ? x.str() : "-";
+  else if constexpr (std::is_arithmetic_v<D> || std::is_enum_v<D>) return number_str(static_cast<double>(x));
+  else return "{}";
+}
+}  // namespace detail
+
 // Runs one implementation explicitly (tests, benchmarks).
 template <class Fn, class... A>
 void run(const Op<Fn>& op, Backend b, A&&... a) {
   EG_CHECK(op.has(b), "op ", op.name, " has no ", backend_name(b), " implementation");
+  if (OpRecorder* r = detail::current_recorder()) r->add({op.name, b, {detail::describe(a)...}});
   EG_CHECK(op.bf16 || b == Backend::cuda || !(detail::is_bf16(a) || ...), "op ", op.name,
            " has no bf16 implementation on the CPU (Note [bf16 kernels])");
   if ((b == Backend::cpu && op.cpu_any_format) || (b == Backend::cuda && op.cuda_any_format) ||

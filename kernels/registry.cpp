@@ -1,6 +1,7 @@
 // The one place that wires implementations to ops. Every op has all three: ref
 // (ground truth), cpu (fast path) and, in CUDA builds, cuda.
 #include <atomic>
+#include <cstdio>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ref.h"
@@ -60,11 +61,28 @@ const char* backend_name(Backend b) {
 
 namespace {
 thread_local int g_forced = -1;
+thread_local OpRecorder* g_recorder = nullptr;
+}  // namespace
+
+OpRecorder::OpRecorder() : prev_(g_recorder) { g_recorder = this; }
+OpRecorder::~OpRecorder() { g_recorder = prev_; }
+
+std::string OpRecord::str() const {
+  std::string s = op + " on " + backend_name(backend) + "(";
+  for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i];
+  return s + ")";
 }
 void set_forced_cpu_backend(int b) { g_forced = b; }
 int forced_cpu_backend() { return g_forced; }
 
 namespace detail {
+OpRecorder* current_recorder() { return g_recorder; }
+std::string number_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 Tensor& plain_arg(Tensor& t) {
   EG_CHECK(!t.is_blocked(), "internal: ", t.str(), " was passed as an output to an op that only writes plain tensors");
   return t;
