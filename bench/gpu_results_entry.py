@@ -28,6 +28,18 @@ def load(path):
         return None
 
 
+def test_counts(path):
+    """A GoogleTest log's passed count and failed tests (parametrised ones by name), or None."""
+    try:
+        with open(path) as f:
+            log = f.read()
+    except OSError:
+        return None
+    passed = re.findall(r"^\[  PASSED  \] (\d+) test", log, re.M)
+    return {"passed": int(passed[-1]) if passed else 0,
+            "failed": sorted(set(re.findall(r"^\[  FAILED  \] ([^\s,]+\.[^\s,]+)", log, re.M)))}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
@@ -85,26 +97,16 @@ def main():
         e["resnet50_bf16_nhwc_synthetic_img_s"] = nhwc.get("egeria_images_per_second")
         e["pytorch_amp_resnet50_img_s_beside_nhwc"] = nhwc.get("pytorch_images_per_second")
         e["resnet50_nhwc_ratio_by_repeat_vs_pytorch_amp"] = nhwc.get("ratio_by_repeat")
-    try:
-        with open(os.path.join(a.results, "nhwc-tests.log")) as f:
-            log = f.read()
-        passed = re.findall(r"^\[  PASSED  \] (\d+) test", log, re.M)
-        e["nhwc_tests"] = {"passed": int(passed[-1]) if passed else 0,
-                           "failed": sorted(set(re.findall(r"^\[  FAILED  \] ([^\s,]+\.[^\s,]+)", log, re.M)))}
-    except OSError:
-        pass
+    nhwc_tests = test_counts(os.path.join(a.results, "nhwc-tests.log"))
+    if nhwc_tests:
+        e["nhwc_tests"] = nhwc_tests
     r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
     if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
         e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")
         e["pytorch_f32_resnet56_img_s"] = r56.get("pytorch_images_per_second")
-    try:
-        with open(os.path.join(a.results, "gpu-check-tests", "tests.log")) as f:
-            log = f.read()
-        passed = re.findall(r"^\[  PASSED  \] (\d+) test", log, re.M)
-        e["cuda_tests"] = {"passed": int(passed[-1]) if passed else 0,
-                           "failed": sorted(set(re.findall(r"^\[  FAILED  \] ([^\s,]+\.[^\s,]+)", log, re.M)))}
-    except OSError:
-        pass
+    cuda_tests = test_counts(os.path.join(a.results, "gpu-check-tests", "tests.log"))
+    if cuda_tests:
+        e["cuda_tests"] = cuda_tests
     e["tf32"] = "on in both engines for the ResNet-50 and transformer-small figures, off for ResNet-56's"
     e["pytorch_version"] = (r50 or tfm or {}).get("pytorch_version")
     print(json.dumps(e, indent=2))

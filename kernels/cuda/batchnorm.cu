@@ -129,12 +129,13 @@ __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t hw, int64_t c, 
 }
 
 // A vector of V holds one channel's values (NCHW: V divides hw) or V channels' values
-// (NHWC: V divides C; element e is channel ch + e). Note [Vector loads]. `scale` is invstd,
-// or (var_given) the running variance, from which invstd = 1/sqrt(var + eps).
-template <int V>
+// (NHWC: V divides C; element e is channel ch + e), so NCHW loads a vector's parameters
+// once. Note [Vector loads]. `scale` is invstd, or (var_given) the running variance, from
+// which invstd = 1/sqrt(var + eps).
+template <int V, bool nhwc>
 __global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* gamma,
                                   const float* beta, const float* mean, const float* scale, bool var_given, float eps,
-                                  bool relu, int64_t c, int64_t hw, int64_t n, bool small, bool nhwc) {
+                                  bool relu, int64_t c, int64_t hw, int64_t n, bool small) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
     const int64_t ch0 = channel_of(i, hw, c, small, nhwc);
     float v[V], r[V];
@@ -201,11 +202,11 @@ __global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, 
   }
 }
 
-template <int V>
+template <int V, bool nhwc>
 __global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
                                    const float* gamma, const float* mean, const float* invstd, const float* sum_dy,
                                    const float* sum_dyx, bool training, float inv_m, void* dx, int tdx, void* dres,
-                                   int tdr, int64_t c, int64_t hw, int64_t n, bool small, bool nhwc) {
+                                   int tdr, int64_t c, int64_t hw, int64_t n, bool small) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
     const int64_t ch0 = channel_of(i, hw, c, small, nhwc);
     float g[V];
@@ -399,13 +400,45 @@ void bn16_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const 
   const char* op = "batch_norm";
   with_vectors(x, {x.raw_any(), y.raw_any(), raw_or_null(residual)}, [&](auto v) {
     constexpr int V = decltype(v)::value;
-    bn16_apply_kernel<V><<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
+    const auto kernel = is_nhwc(x) ? bn16_apply_kernel<V, true> : bn16_apply_kernel<V, false>;
+    kernel<<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
         x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
         gamma.data<float>(), beta.data<float>(), mean.data<float>(), scale.data<float>(), var_given, float(eps), relu,
-        x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x), is_nhwc(x));
+        x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x));
   });
   cuda::after_launch("batchnorm (16-bit) apply");
 }
+
+// A 16-bit pass's partial sums per (channel, slice of the batch), `floats` of them each,
+// in x's layout: launch(V, grid, geometry, part) runs the NHWC kernel for a RowSlices
+// geometry, the NCHW one for Slices; the final passes merge the `s` slices alike.
+struct Partials {
+  Tensor part;
+  int64_t s = 0;
+};
+template <class Launch>
+Partials channel_partials(const Tensor& x, std::initializer_list<const void*> ps, int64_t floats, Launch&& launch) {
+  const int64_t c = x.size(1);
+  Partials p;
+  with_vectors(x, ps, [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    auto run = [&](const auto& geometry, int64_t s, dim3 grid) {
+      p.s = s;
+      p.part = Tensor::empty({c * s * floats}, DType::f32, x.device());
+      launch(v, grid, geometry, p.part.data<float>());
+    };
+    if (is_nhwc(x)) {
+      const RowSlices rs = row_slices(x, V);
+      run(rs, rs.s, dim3(unsigned((c / V + rs.w - 1) / rs.w), unsigned(rs.s)));
+    } else {
+      const Slices sl = slices_for(x);
+      run(sl, sl.s, dim3(unsigned(c), unsigned(sl.s)));
+    }
+  });
+  return p;
+}
+template <class G>
+constexpr bool is_rows = std::is_same_v<std::decay_t<G>, RowSlices>;
 
 // The layout a batch norm computes in (Note [Channels-last activations on CUDA]): 16-bit
 // data in x's (NHWC or NCHW), f32 data (cuDNN's) NCHW.
@@ -441,27 +474,15 @@ void batchnorm_fwd_train(const Tensor& x_in, const Tensor& gamma, const Tensor& 
     check_slice_size(x, "batch_norm");
     if (!x.numel()) return;
     const int64_t c = x.size(1);
-    int64_t s = 0;
-    Tensor part;
-    with_vectors(x, {x.raw_any()}, [&](auto v) {
+    const Partials p = channel_partials(x, {x.raw_any()}, 3, [&](auto v, dim3 grid, const auto& g, float* part) {
       constexpr int V = decltype(v)::value;
-      if (is_nhwc(x)) {
-        const RowSlices rs = row_slices(x, V);
-        s = rs.s;
-        part = Tensor::empty({c * s * 3}, DType::f32, x.device());
-        const unsigned gx = unsigned((c / V + rs.w - 1) / rs.w);
-        bn16_stats_nhwc_kernel<V><<<dim3(gx, unsigned(s)), kBnThreads, 0, stream()>>>(
-            x.raw_any(), dt_code(x, "batch_norm"), rs, reinterpret_cast<float3*>(part.data<float>()));
-      } else {
-        const Slices sl = slices_for(x);
-        s = sl.s;
-        part = Tensor::empty({c * s * 3}, DType::f32, x.device());
-        bn16_stats_kernel<V><<<dim3(unsigned(c), unsigned(s)), kBnThreads, 0, stream()>>>(
-            x.raw_any(), dt_code(x, "batch_norm"), sl, reinterpret_cast<float3*>(part.data<float>()));
-      }
+      auto* p3 = reinterpret_cast<float3*>(part);
+      if constexpr (is_rows<decltype(g)>)
+        bn16_stats_nhwc_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
+      else bn16_stats_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
     });
     bn16_stats_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(
-        reinterpret_cast<float3*>(part.data<float>()), s, c, save_mean.data<float>(), save_invstd.data<float>(),
+        reinterpret_cast<float3*>(p.part.data<float>()), p.s, c, save_mean.data<float>(), save_invstd.data<float>(),
         run ? running_mean.data<float>() : nullptr, run ? running_var.data<float>() : nullptr, float(momentum),
         float(eps));
     cuda::after_launch("batchnorm (16-bit) statistics");
@@ -517,44 +538,36 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
     check_params({&gamma, &mean, &invstd, &dgamma, &dbeta}, op);
     check_slice_size(x, op);
     if (!x.numel()) return;
-    Tensor part, sums = Tensor::empty({2, c}, DType::f32, x.device());
+    Tensor sums = Tensor::empty({2, c}, DType::f32, x.device());
     float* sum_dy = sums.data<float>();
     float* sum_dyx = sum_dy + c;
-    int64_t s = 0;
-    with_vectors(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y)}, [&](auto v) {
+    const Partials p = channel_partials(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y)}, 2,
+                                        [&](auto v, dim3 grid, const auto& g, float* part) {
       constexpr int V = decltype(v)::value;
-      if (is_nhwc(x)) {
-        const RowSlices rs = row_slices(x, V);
-        s = rs.s;
-        part = Tensor::empty({c * s * 2}, DType::f32, x.device());
-        const unsigned gx = unsigned((c / V + rs.w - 1) / rs.w);
-        bn16_bwd_sums_nhwc_kernel<V><<<dim3(gx, unsigned(s)), kBnThreads, 0, stream()>>>(
-            dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
-            code_or_f32(relu_y, op), mean.data<float>(), invstd.data<float>(), rs,
-            reinterpret_cast<float2*>(part.data<float>()));
-      } else {
-        const Slices sl = slices_for(x);
-        s = sl.s;
-        part = Tensor::empty({c * s * 2}, DType::f32, x.device());
-        bn16_bwd_sums_kernel<V><<<dim3(unsigned(c), unsigned(s)), kBnThreads, 0, stream()>>>(
-            dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
-            code_or_f32(relu_y, op), mean.data<float>(), invstd.data<float>(), sl,
-            reinterpret_cast<float2*>(part.data<float>()));
-      }
+      auto* p2 = reinterpret_cast<float2*>(part);
+      const void *pdy = dy_in.raw_any(), *px = x.raw_any(), *pr = raw_or_null(relu_y);
+      const int tdy = dt_code(dy_in, op), tx = dt_code(x, op), tr = code_or_f32(relu_y, op);
+      if constexpr (is_rows<decltype(g)>)
+        bn16_bwd_sums_nhwc_kernel<V><<<grid, kBnThreads, 0, stream()>>>(pdy, tdy, px, tx, pr, tr, mean.data<float>(),
+                                                                        invstd.data<float>(), g, p2);
+      else
+        bn16_bwd_sums_kernel<V><<<grid, kBnThreads, 0, stream()>>>(pdy, tdy, px, tx, pr, tr, mean.data<float>(),
+                                                                   invstd.data<float>(), g, p2);
     });
     bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(
-        reinterpret_cast<float2*>(part.data<float>()), s, c, sum_dy, sum_dyx,
+        reinterpret_cast<float2*>(p.part.data<float>()), p.s, c, sum_dy, sum_dyx,
         dbeta.defined() ? dbeta.data<float>() : nullptr, dgamma.defined() ? dgamma.data<float>() : nullptr);
     if (dx.defined() || dresidual.defined())
       with_vectors(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual)},
                    [&](auto v) {
         constexpr int V = decltype(v)::value;
-        bn16_bwd_dx_kernel<V><<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
+        const auto kernel = is_nhwc(x) ? bn16_bwd_dx_kernel<V, true> : bn16_bwd_dx_kernel<V, false>;
+        kernel<<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
             dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
             code_or_f32(relu_y, op), gamma.data<float>(), mean.data<float>(), invstd.data<float>(), sum_dy, sum_dyx,
             training, float(1.0 / double(n * hw)), dx.defined() ? dx.raw_any() : nullptr, code_or_f32(dx, op),
             dresidual.defined() ? dresidual.raw_any() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel(),
-            small_index(x), is_nhwc(x));
+            small_index(x));
       });
     cuda::after_launch("batchnorm_bwd (16-bit)");
     return;
