@@ -91,6 +91,15 @@ Tensor Tensor::to_format(Format f) const {
   if (format() == Format::nhwc || f == Format::nhwc) {  // Note [Channels-last activations on CUDA]
     if (format() != Format::plain && f != Format::plain) return to_plain().to_format(f);
     EG_CHECK(nhwc_capable(), "internal: ", str(), " cannot be converted to NHWC");
+    if (shape()[1] == 1 || shape()[2] * shape()[3] == 1) {  // the same bytes either way (a 1x1 weight): a view
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage = impl_->storage;
+      impl->offset = impl_->offset;
+      impl->shape = shape();
+      impl->dtype = dtype();
+      impl->format = f;
+      return Tensor(std::move(impl));
+    }
     Tensor t = empty(shape(), dtype(), device());
     t.impl().format = f;
 #ifdef EG_WITH_CUDA

@@ -174,6 +174,9 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_linear(v, {"frozen_dx_only_small", 6, 5, 4, true, true, false, false, false});
   add_bf16_twin(v);
   add_linear(v, {"input_layer_no_dx_small", 6, 5, 4, true, false, true, true, false});
+  // Rows in several slices and columns not a multiple of 32 (Note [Column sums] on CUDA).
+  add_linear(v, {"bias_rows_300x5x37", 300, 5, 37, true, true, true, true, false});
+  v.back().bwd_tol = {2e-5, 1e-4};  // the weight's and bias's sums over 300 rows
   add_linear(v, {"m4096_k512_n2048", 4096, 512, 2048, true, true, true, true, true});
   add_bf16_twin(v);
 

@@ -13,12 +13,16 @@ namespace eg::cudak {
 // Forward: (1) per (channel, slice of the batch) block, sums of x - K and (x - K)^2 in
 // f32, K the channel's first element (a shift that keeps the sum of squares from
 // cancelling), each thread's (count, mean, M2) merged by Chan's rule into a partial per
-// block; (2) one thread per channel merges its partials in f64 into the batch mean,
-// invstd and the running statistics; (3) y = (x - mean) invstd gamma + beta [+ residual]
-// [relu], rounded once to y's dtype. Backward: (1) per block, partial sums of dy' and
-// dy' xhat (dy' = dy where relu_y > 0; xhat = (x - mean) invstd); (2) per channel
-// dbeta and dgamma; (3) dx = gamma invstd (dy' - [dbeta + xhat dgamma] / M), the
-// bracket only with batch statistics, and dresidual = dy'. The slices give the GPU
+// block; (2) a warp per channel merges its partials in f64 into the batch mean, invstd,
+// the running statistics and the coefficients of (3) y = (x - mean) a + beta
+// [+ residual] [relu], a = gamma invstd, rounded once to y's dtype. Backward: (1) per
+// block, partial sums of dy' and dy' xhat (dy' = dy where relu_y > 0; xhat = (x - mean)
+// invstd); (2) a warp per channel: dbeta and dgamma, and the coefficients of (3)
+// dx = gamma invstd (dy' - [dbeta + xhat dgamma] / M), computed as dy' A + (x - mean) B
+// + C, the bracket only with batch statistics, and dresidual = dy'. Computing the
+// coefficients once per channel leaves (3) four vector loads of them per 8 NHWC values
+// (it loaded five parameters per element), and a thread per channel in (2) took up to
+// 0.1 ms a call on the NHWC passes' hundreds of partials (an H100's profile). The slices give the GPU
 // about four blocks per SM whatever the channel count (ResNet-50's stem has 64 channels
 // of 1.6M values each at batch 128). Every pass reads and writes vectors of 8 where a
 // channel's plane is whole vectors (Note [Vector loads] in common.cuh); the 32-bit index
@@ -98,27 +102,60 @@ __global__ void bn16_stats_kernel(const void* x, int tx, Slices sl, float3* part
   }
 }
 
-__global__ void bn16_stats_final_kernel(const float3* part, int64_t s, int64_t c, float* mean, float* invstd,
-                                        float* run_mean, float* run_var, float momentum, float eps) {
-  EG_CUDA_LOOP(ch, c) {
-    double n = 0, mu = 0, m2 = 0;
-    for (int64_t j = 0; j < s; ++j) {
-      const float3 p = part[ch * s + j];
-      const double tn = n + p.x;
-      if (tn == 0) continue;
-      const double d = double(p.y) - mu, f = double(p.x) / tn;
-      mu += d * f;
-      m2 += double(p.z) + d * d * n * f;
-      n = tn;
-    }
-    const double var = m2 / n;
-    mean[ch] = float(mu);
-    invstd[ch] = float(1.0 / std::sqrt(var + double(eps)));
-    if (run_mean) {
-      run_mean[ch] = float((1.0 - momentum) * run_mean[ch] + momentum * mu);
-      run_var[ch] = float((1.0 - momentum) * run_var[ch] + momentum * (n > 1 ? m2 / (n - 1) : var));
-    }
+// The final passes: a warp per channel (kFinalWarps channels a block), each lane merging
+// every 32nd partial in f64, then the warp's lanes merged (Note [16-bit batch norm]).
+constexpr int kFinalWarps = 8;
+unsigned final_blocks(int64_t c) { return unsigned((c + kFinalWarps - 1) / kFinalWarps); }
+__device__ __forceinline__ int64_t final_channel() { return int64_t(blockIdx.x) * kFinalWarps + threadIdx.x / 32; }
+__device__ __forceinline__ void merge_f64(double& n, double& mu, double& m2, double nb, double mub, double m2b) {
+  const double tn = n + nb;
+  if (tn == 0) return;
+  const double d = mub - mu, f = nb / tn;
+  mu += d * f;
+  m2 += m2b + d * d * n * f;
+  n = tn;
+}
+
+// The apply pass's coefficients per channel (Note [16-bit batch norm]): rows mean,
+// gamma invstd and beta of a [3, C] tensor, so y = (x - mean) a + beta.
+__device__ __forceinline__ void apply_coefs(float* coef, int64_t c, int64_t ch, float mean, float invstd,
+                                            const float* gamma, const float* beta) {
+  coef[ch] = mean;
+  coef[c + ch] = invstd * gamma[ch];
+  coef[2 * c + ch] = beta[ch];
+}
+
+__global__ void bn16_stats_final_kernel(const float3* part, int64_t s, int64_t c, const float* gamma, const float* beta,
+                                        float* mean, float* invstd, float* run_mean, float* run_var, float momentum,
+                                        float eps, float* coef) {
+  const int64_t ch = final_channel();
+  if (ch >= c) return;  // the whole warp
+  const int lane = int(threadIdx.x & 31);
+  double n = 0, mu = 0, m2 = 0;
+  for (int64_t j = lane; j < s; j += 32) {
+    const float3 p = part[ch * s + j];
+    merge_f64(n, mu, m2, p.x, p.y, p.z);
   }
+  for (int o = 16; o > 0; o >>= 1) {
+    const double nb = __shfl_xor_sync(0xffffffffu, n, o), mub = __shfl_xor_sync(0xffffffffu, mu, o),
+                 m2b = __shfl_xor_sync(0xffffffffu, m2, o);
+    merge_f64(n, mu, m2, nb, mub, m2b);
+  }
+  if (lane) return;
+  const double var = m2 / n;
+  const float is = float(1.0 / std::sqrt(var + double(eps)));
+  mean[ch] = float(mu);
+  invstd[ch] = is;
+  apply_coefs(coef, c, ch, float(mu), is, gamma, beta);
+  if (run_mean) {
+    run_mean[ch] = float((1.0 - momentum) * run_mean[ch] + momentum * mu);
+    run_var[ch] = float((1.0 - momentum) * run_var[ch] + momentum * (n > 1 ? m2 / (n - 1) : var));
+  }
+}
+// Inference: the coefficients from the running statistics, invstd = 1/sqrt(var + eps).
+__global__ void bn16_infer_coefs_kernel(const float* run_mean, const float* run_var, const float* gamma,
+                                        const float* beta, float eps, int64_t c, float* coef) {
+  EG_CUDA_LOOP(ch, c) apply_coefs(coef, c, ch, run_mean[ch], 1.f / sqrtf(run_var[ch] + eps), gamma, beta);
 }
 
 // The channel of element i of an NCHW or NHWC tensor (32-bit division where the tensor
@@ -129,22 +166,30 @@ __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t hw, int64_t c, 
 }
 
 // A vector of V holds one channel's values (NCHW: V divides hw) or V channels' values
-// (NHWC: V divides C; element e is channel ch + e), so NCHW loads a vector's parameters
-// once. Note [Vector loads]. `scale` is invstd, or (var_given) the running variance, from
-// which invstd = 1/sqrt(var + eps).
+// (NHWC: V divides C; element e is channel ch + e), so NCHW loads a vector's
+// coefficients once and NHWC in vectors of V too (Note [Vector loads]).
 template <int V, bool nhwc>
-__global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* gamma,
-                                  const float* beta, const float* mean, const float* scale, bool var_given, float eps,
+__device__ __forceinline__ void channel_coefs(const float* row, int64_t ch, float (&o)[V]) {
+  if constexpr (nhwc) {
+    ldv<V>(row, kF32, ch, o);
+  } else {
+    const float v = row[ch];
+    for (int e = 0; e < V; ++e) o[e] = v;
+  }
+}
+template <int V, bool nhwc>
+__global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* coef,
                                   bool relu, int64_t c, int64_t hw, int64_t n, bool small) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
-    const int64_t ch0 = channel_of(i, hw, c, small, nhwc);
-    float v[V], r[V];
+    const int64_t ch = channel_of(i, hw, c, small, nhwc);
+    float v[V], r[V], mu[V], a[V], b[V];
     ldv<V>(x, tx, i, v);
     if (res) ldv<V>(res, tr, i, r);
+    channel_coefs<V, nhwc>(coef, ch, mu);
+    channel_coefs<V, nhwc>(coef + c, ch, a);
+    channel_coefs<V, nhwc>(coef + 2 * c, ch, b);
     for (int e = 0; e < V; ++e) {
-      const int64_t ch = nhwc ? ch0 + e : ch0;
-      const float is = var_given ? 1.f / sqrtf(scale[ch] + eps) : scale[ch];
-      v[e] = (v[e] - mean[ch]) * is * gamma[ch] + beta[ch];
+      v[e] = (v[e] - mu[e]) * a[e] + b[e];
       if (res) v[e] += r[e];
       if (relu) v[e] = fmaxf(v[e], 0.f);
     }
@@ -189,38 +234,50 @@ __global__ void bn16_bwd_sums_kernel(const void* dy, int tdy, const void* x, int
   if (threadIdx.x == 0) part[ch * sl.s + blockIdx.y] = make_float2(sd, sdx);
 }
 
-// The sums, also written to dbeta and dgamma where wanted.
-__global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, float* sum_dy, float* sum_dyx,
-                                      float* dbeta, float* dgamma) {
-  EG_CUDA_LOOP(ch, c) {
-    double a = 0, b = 0;
-    for (int64_t j = 0; j < s; ++j) a += part[ch * s + j].x, b += part[ch * s + j].y;
-    sum_dy[ch] = float(a);
-    sum_dyx[ch] = float(b);
-    if (dbeta) dbeta[ch] = float(a);
-    if (dgamma) dgamma[ch] = float(b);
-  }
+// Per channel: dbeta = sum dy' and dgamma = sum dy' xhat where wanted, and the input
+// gradient's coefficients, rows of a [4, C] tensor: mean, A = gamma invstd, B = -A invstd
+// dgamma / M and C = -A dbeta / M (B = C = 0 with frozen statistics), so that
+// dx = dy' A + (x - mean) B + C.
+__global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, const float* gamma, const float* mean,
+                                      const float* invstd, bool training, float inv_m, float* dbeta, float* dgamma,
+                                      float* coef) {
+  const int64_t ch = final_channel();
+  if (ch >= c) return;  // the whole warp
+  const int lane = int(threadIdx.x & 31);
+  double a = 0, b = 0;
+  for (int64_t j = lane; j < s; j += 32) a += part[ch * s + j].x, b += part[ch * s + j].y;
+  for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o), b += __shfl_xor_sync(0xffffffffu, b, o);
+  if (lane) return;
+  if (dbeta) dbeta[ch] = float(a);
+  if (dgamma) dgamma[ch] = float(b);
+  const float is = invstd[ch], A = gamma[ch] * is;
+  coef[ch] = mean[ch];
+  coef[c + ch] = A;
+  coef[2 * c + ch] = training ? -A * is * float(b) * inv_m : 0.f;
+  coef[3 * c + ch] = training ? -A * float(a) * inv_m : 0.f;
 }
 
 template <int V, bool nhwc>
 __global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
-                                   const float* gamma, const float* mean, const float* invstd, const float* sum_dy,
-                                   const float* sum_dyx, bool training, float inv_m, void* dx, int tdx, void* dres,
-                                   int tdr, int64_t c, int64_t hw, int64_t n, bool small) {
+                                   const float* coef, bool training, void* dx, int tdx, void* dres, int tdr, int64_t c,
+                                   int64_t hw, int64_t n, bool small) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
-    const int64_t ch0 = channel_of(i, hw, c, small, nhwc);
     float g[V];
     masked_dy<V>(dy, tdy, relu_y, tr, i, g);
     if (dres) stv<V>(dres, tdr, i, g);
     if (!dx) continue;
-    float xv[V] = {};
-    if (training) ldv<V>(x, tx, i, xv);
-    for (int e = 0; e < V; ++e) {
-      const int64_t ch = nhwc ? ch0 + e : ch0;
-      const float is = invstd[ch];
-      float v = g[e];
-      if (training) v -= (sum_dy[ch] + (xv[e] - mean[ch]) * is * sum_dyx[ch]) * inv_m;
-      g[e] = v * gamma[ch] * is;
+    const int64_t ch = channel_of(i, hw, c, small, nhwc);
+    float A[V];
+    channel_coefs<V, nhwc>(coef + c, ch, A);
+    if (training) {
+      float xv[V], mu[V], B[V], C[V];
+      ldv<V>(x, tx, i, xv);
+      channel_coefs<V, nhwc>(coef, ch, mu);
+      channel_coefs<V, nhwc>(coef + 2 * c, ch, B);
+      channel_coefs<V, nhwc>(coef + 3 * c, ch, C);
+      for (int e = 0; e < V; ++e) g[e] = g[e] * A[e] + ((xv[e] - mu[e]) * B[e] + C[e]);
+    } else {
+      for (int e = 0; e < V; ++e) g[e] *= A[e];
     }
     stv<V>(dx, tdx, i, g);
   }
@@ -256,8 +313,9 @@ __global__ void bn_param_grad_kernel(const float* dy, const float* x, const floa
 // NHWC (Note [Channels-last activations on CUDA]): rows of C channels, N H W of them. A
 // block takes w channel vectors (of V) side by side and `lanes` rows at a time (w lanes
 // <= 256 threads, consecutive threads on consecutive channels: coalesced), over its
-// slice of the rows; the partials per (channel, slice) are the NCHW kernels', so the
-// same final passes merge them.
+// slice of the rows; then a thread per channel of the block (w V <= 256) merges its
+// lanes. The partials per (channel, slice) are the NCHW kernels', so the same final
+// passes merge them.
 struct RowSlices {
   int64_t rows, c, s;  // rows; channels; slices of the rows (gridDim.y)
   int w, lanes;
@@ -303,15 +361,17 @@ __global__ void bn16_stats_nhwc_kernel(const void* x, int tx, RowSlices rs, floa
     sh[threadIdx.x][e] = make_float3(cnt, mean, cnt > 0.f ? fmaxf(s2[e] - s1[e] * mean, 0.f) : 0.f);
   }
   __syncthreads();
-  if (lane != 0 || g >= rs.c / V) return;
-  for (int e = 0; e < V; ++e) {
-    Moments m{sh[col][e].x, sh[col][e].y, sh[col][e].z};
-    for (int l = 1; l < rs.lanes; ++l) {
-      const float3 o = sh[l * rs.w + col][e];
-      m = merge(m, Moments{o.x, o.y, o.z});
-    }
-    part[(g * V + e) * rs.s + blockIdx.y] = make_float3(m.n, m.mean + shift[e], m.m2);
+  const int out_col = int(threadIdx.x) / V, out_e = int(threadIdx.x) % V;  // a thread per channel of the block
+  const int64_t out_g = int64_t(blockIdx.x) * rs.w + out_col;
+  if (out_col >= rs.w || out_g >= rs.c / V) return;
+  float3 o = sh[out_col][out_e];
+  Moments m{o.x, o.y, o.z};
+  for (int l = 1; l < rs.lanes; ++l) {
+    o = sh[l * rs.w + out_col][out_e];
+    m = merge(m, Moments{o.x, o.y, o.z});
   }
+  const float first = ld(x, tx, out_g * V + out_e);  // the shift its lanes used
+  part[(out_g * V + out_e) * rs.s + blockIdx.y] = make_float3(m.n, m.mean + first, m.m2);
 }
 
 template <int V>
@@ -339,12 +399,12 @@ __global__ void bn16_bwd_sums_nhwc_kernel(const void* dy, int tdy, const void* x
     }
   for (int e = 0; e < V; ++e) sh[threadIdx.x][e] = make_float2(sd[e], sdx[e]);
   __syncthreads();
-  if (lane != 0 || g >= rs.c / V) return;
-  for (int e = 0; e < V; ++e) {
-    float a = 0.f, b = 0.f;
-    for (int l = 0; l < rs.lanes; ++l) a += sh[l * rs.w + col][e].x, b += sh[l * rs.w + col][e].y;
-    part[(g * V + e) * rs.s + blockIdx.y] = make_float2(a, b);
-  }
+  const int out_col = int(threadIdx.x) / V, out_e = int(threadIdx.x) % V;  // a thread per channel of the block
+  const int64_t out_g = int64_t(blockIdx.x) * rs.w + out_col;
+  if (out_col >= rs.w || out_g >= rs.c / V) return;
+  float a = 0.f, b = 0.f;
+  for (int l = 0; l < rs.lanes; ++l) a += sh[l * rs.w + out_col][out_e].x, b += sh[l * rs.w + out_col][out_e].y;
+  part[(out_g * V + out_e) * rs.s + blockIdx.y] = make_float2(a, b);
 }
 
 __global__ void channel_sum_kernel(const void* dy, int t, Slices sl, float* part) {
@@ -395,16 +455,15 @@ void with_vectors(const Tensor& x, std::initializer_list<const void*> ps, F&& f)
 }
 bool small_index(const Tensor& x) { return x.numel() < (int64_t(1) << 32); }
 
-void bn16_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean, const Tensor& scale,
-                bool var_given, double eps, bool relu, const Tensor& residual, Tensor& y) {
+// y = (x - mean) a + beta [+ residual] [relu], coef [3, C] from a final pass.
+void bn16_apply(const Tensor& x, const Tensor& coef, bool relu, const Tensor& residual, Tensor& y) {
   const char* op = "batch_norm";
-  with_vectors(x, {x.raw_any(), y.raw_any(), raw_or_null(residual)}, [&](auto v) {
+  with_vectors(x, {x.raw_any(), y.raw_any(), raw_or_null(residual), coef.raw()}, [&](auto v) {
     constexpr int V = decltype(v)::value;
     const auto kernel = is_nhwc(x) ? bn16_apply_kernel<V, true> : bn16_apply_kernel<V, false>;
     kernel<<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
         x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
-        gamma.data<float>(), beta.data<float>(), mean.data<float>(), scale.data<float>(), var_given, float(eps), relu,
-        x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x));
+        coef.data<float>(), relu, x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x));
   });
   cuda::after_launch("batchnorm (16-bit) apply");
 }
@@ -481,12 +540,13 @@ void batchnorm_fwd_train(const Tensor& x_in, const Tensor& gamma, const Tensor& 
         bn16_stats_nhwc_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
       else bn16_stats_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
     });
-    bn16_stats_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(
-        reinterpret_cast<float3*>(p.part.data<float>()), p.s, c, save_mean.data<float>(), save_invstd.data<float>(),
-        run ? running_mean.data<float>() : nullptr, run ? running_var.data<float>() : nullptr, float(momentum),
-        float(eps));
+    Tensor coef = Tensor::empty({3, c}, DType::f32, x.device());
+    bn16_stats_final_kernel<<<final_blocks(c), 32 * kFinalWarps, 0, stream()>>>(
+        reinterpret_cast<float3*>(p.part.data<float>()), p.s, c, gamma.data<float>(), beta.data<float>(),
+        save_mean.data<float>(), save_invstd.data<float>(), run ? running_mean.data<float>() : nullptr,
+        run ? running_var.data<float>() : nullptr, float(momentum), float(eps), coef.data<float>());
     cuda::after_launch("batchnorm (16-bit) statistics");
-    return bn16_apply(x, gamma, beta, save_mean, save_invstd, false, eps, relu, residual, y);
+    return bn16_apply(x, coef, relu, residual, y);
   }
   require_f32(x, "batch_norm");
   cudnnHandle_t h = cuda::cudnn_handle();
@@ -511,7 +571,13 @@ void batchnorm_fwd_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& 
   if (half) {
     check_params({&gamma, &beta, &running_mean, &running_var}, "batch_norm");
     if (!x.numel()) return;
-    return bn16_apply(x, gamma, beta, running_mean, running_var, true, eps, relu, residual, y);
+    const int64_t c = x.size(1);
+    Tensor coef = Tensor::empty({3, c}, DType::f32, x.device());
+    bn16_infer_coefs_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(
+        running_mean.data<float>(), running_var.data<float>(), gamma.data<float>(), beta.data<float>(), float(eps), c,
+        coef.data<float>());
+    cuda::after_launch("batchnorm (16-bit) coefficients");
+    return bn16_apply(x, coef, relu, residual, y);
   }
   require_f32(x, "batch_norm");
   cudnnHandle_t h = cuda::cudnn_handle();
@@ -538,9 +604,7 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
     check_params({&gamma, &mean, &invstd, &dgamma, &dbeta}, op);
     check_slice_size(x, op);
     if (!x.numel()) return;
-    Tensor sums = Tensor::empty({2, c}, DType::f32, x.device());
-    float* sum_dy = sums.data<float>();
-    float* sum_dyx = sum_dy + c;
+    Tensor coef = Tensor::empty({4, c}, DType::f32, x.device());
     const Partials p = channel_partials(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y)}, 2,
                                         [&](auto v, dim3 grid, const auto& g, float* part) {
       constexpr int V = decltype(v)::value;
@@ -554,21 +618,22 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
         bn16_bwd_sums_kernel<V><<<grid, kBnThreads, 0, stream()>>>(pdy, tdy, px, tx, pr, tr, mean.data<float>(),
                                                                    invstd.data<float>(), g, p2);
     });
-    bn16_bwd_final_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(
-        reinterpret_cast<float2*>(p.part.data<float>()), p.s, c, sum_dy, sum_dyx,
-        dbeta.defined() ? dbeta.data<float>() : nullptr, dgamma.defined() ? dgamma.data<float>() : nullptr);
+    bn16_bwd_final_kernel<<<final_blocks(c), 32 * kFinalWarps, 0, stream()>>>(
+        reinterpret_cast<float2*>(p.part.data<float>()), p.s, c, gamma.data<float>(), mean.data<float>(),
+        invstd.data<float>(), training, float(1.0 / double(n * hw)), dbeta.defined() ? dbeta.data<float>() : nullptr,
+        dgamma.defined() ? dgamma.data<float>() : nullptr, coef.data<float>());
     if (dx.defined() || dresidual.defined())
-      with_vectors(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual)},
-                   [&](auto v) {
+      with_vectors(
+          x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual), coef.raw()},
+          [&](auto v) {
         constexpr int V = decltype(v)::value;
         const auto kernel = is_nhwc(x) ? bn16_bwd_dx_kernel<V, true> : bn16_bwd_dx_kernel<V, false>;
         kernel<<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
             dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
-            code_or_f32(relu_y, op), gamma.data<float>(), mean.data<float>(), invstd.data<float>(), sum_dy, sum_dyx,
-            training, float(1.0 / double(n * hw)), dx.defined() ? dx.raw_any() : nullptr, code_or_f32(dx, op),
-            dresidual.defined() ? dresidual.raw_any() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel(),
-            small_index(x));
-      });
+            code_or_f32(relu_y, op), coef.data<float>(), training, dx.defined() ? dx.raw_any() : nullptr,
+            code_or_f32(dx, op), dresidual.defined() ? dresidual.raw_any() : nullptr, code_or_f32(dresidual, op), c, hw,
+            x.numel(), small_index(x));
+          });
     cuda::after_launch("batchnorm_bwd (16-bit)");
     return;
   }

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -164,6 +165,66 @@ __device__ __forceinline__ float block_max(float v) {
   if (threadIdx.x == 0) sh[0] = r;
   __syncthreads();
   return sh[0];
+}
+
+// Note [Column sums]
+// Sums over the rows of an [m, n] matrix, per column, of K terms each (a linear bias's
+// gradient: dy; a layer norm's: dy xhat and dy). One thread per column looping over all
+// m rows (4,096 tokens of transformer-small) kept two blocks busy on a 132-SM GPU and
+// was half its step; instead a block takes 32 columns and a slice of the rows, its 8
+// warps rows r, r + 8, ... (a warp reads 32 consecutive columns: coalesced), writes one
+// partial per (term, slice, column), and one thread per column adds its slices in order
+// in f64. No atomics: the sums are the same on every run.
+struct ColumnSlices {
+  int64_t m, n, s;  // rows, columns, slices of the rows (gridDim.y)
+};
+inline ColumnSlices column_slices(int64_t m, int64_t n) {
+  const int64_t gx = (n + 31) / 32;
+  return {m, n, std::clamp<int64_t>((4 * 132 + gx - 1) / gx, 1, std::max<int64_t>(1, m / 64))};
+}
+inline dim3 column_grid(const ColumnSlices& cs) { return dim3(unsigned((cs.n + 31) / 32), unsigned(cs.s)); }
+constexpr unsigned kColumnThreadsY = 8;
+// term(r, j, acc) adds row r's K terms of column j to acc; part is [K][s][n].
+template <int K, class Term>
+__global__ void column_partials_kernel(ColumnSlices cs, Term term, float* part) {
+  __shared__ float sh[K][kColumnThreadsY][33];
+  const int64_t j = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = cs.m * blockIdx.y / cs.s, r1 = cs.m * (blockIdx.y + 1) / cs.s;
+  float acc[K] = {};
+  if (j < cs.n)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColumnThreadsY) term(r, j, acc);
+  for (int k = 0; k < K; ++k) sh[k][threadIdx.y][threadIdx.x] = acc[k];
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= cs.n) return;
+  for (int k = 0; k < K; ++k) {
+    float s = 0.f;
+    for (unsigned y = 0; y < kColumnThreadsY; ++y) s += sh[k][y][threadIdx.x];
+    part[(k * cs.s + blockIdx.y) * cs.n + j] = s;
+  }
+}
+// out[k][j] = the sum of term k's partials of column j (a null out[k] is not wanted).
+template <int K>
+struct ColumnOuts {
+  float* p[K];
+};
+template <int K>
+__global__ void column_finish_kernel(const float* part, ColumnSlices cs, ColumnOuts<K> out) {
+  EG_CUDA_LOOP(j, cs.n) {
+    for (int k = 0; k < K; ++k) {
+      if (!out.p[k]) continue;
+      double s = 0;
+      for (int64_t b = 0; b < cs.s; ++b) s += part[(k * cs.s + b) * cs.n + j];
+      out.p[k][j] = float(s);
+    }
+  }
+}
+// Both passes on the current stream; part is scratch from the caching allocator.
+template <int K, class Term>
+void column_sums(int64_t m, int64_t n, Term term, ColumnOuts<K> out, Device dev) {
+  const ColumnSlices cs = column_slices(m, n);
+  Tensor part = Tensor::empty({K * cs.s * n}, DType::f32, dev);
+  column_partials_kernel<K><<<column_grid(cs), dim3(32, kColumnThreadsY), 0, stream()>>>(cs, term, part.data<float>());
+  column_finish_kernel<K><<<blocks_for(n), kThreads, 0, stream()>>>(part.data<float>(), cs, out);
 }
 
 struct Dims {

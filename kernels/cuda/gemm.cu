@@ -17,13 +17,13 @@ namespace {
 __global__ void add_bias_kernel(float* y, const float* b, int64_t m, int64_t n) {
   EG_CUDA_LOOP(i, m * n) y[i] += b[i % n];
 }
-__global__ void column_sum_kernel(const void* x, int tx, float* out, int64_t m, int64_t n) {
-  EG_CUDA_LOOP(j, n) {
-    float s = 0.f;
-    for (int64_t r = 0; r < m; ++r) s += ld(x, tx, r * n + j);
-    out[j] = s;
-  }
-}
+// The bias gradient's term (Note [Column sums]): dy of row r, column j.
+struct BiasTerm {
+  const void* dy;
+  int t;
+  int64_t n;
+  __device__ void operator()(int64_t r, int64_t j, float (&acc)[1]) const { acc[0] += ld(dy, t, r * n + j); }
+};
 cudaDataType_t cublas_type(DType t) {
   return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
 }
@@ -87,8 +87,8 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, 
   if (dw.defined()) gemm(dy, x, dw, true, false, 1.0, 0.0);
   if (db.defined() && db.numel()) {
     require_f32(db, "linear's bias gradient");
-    column_sum_kernel<<<blocks_for(db.numel()), kThreads, 0, stream()>>>(dy.raw(), dt_code(dy, "linear backward"),
-                                                                         db.data<float>(), dy.size(0), dy.size(1));
+    column_sums<1>(dy.size(0), dy.size(1), BiasTerm{dy.raw(), dt_code(dy, "linear backward"), dy.size(1)},
+                   ColumnOuts<1>{{db.data<float>()}}, dy.device());
     cuda::after_launch("linear bias gradient");
   }
 }

@@ -40,8 +40,26 @@ __global__ void transpose_tiles_kernel(const T* src, T* dst, int64_t N, int64_t 
     __syncthreads();
   }
 }
+// Either side under 32 (a weight's 9 or 1 taps per channel, an image's 3 channels): the
+// tiles would be mostly idle and many (a ResNet-50 weight: tens of thousands of blocks,
+// ~35 us a call on an H100), so one thread per output element, writes coalesced, reads
+// strided by K within the L2.
+template <class T>
+__global__ void transpose_small_kernel(const T* src, T* dst, int64_t N, int64_t R, int64_t K) {
+  const int64_t total = N * R * K;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(blockDim.x) * gridDim.x) {
+    const int64_t n = i / (R * K), rem = i - n * R * K, k = rem / R, r = rem - k * R;  // dst [n, k, r]
+    dst[i] = src[(n * R + r) * K + k];
+  }
+}
 template <class T>
 void transpose_tiles(const void* src, void* dst, int64_t n, int64_t r, int64_t k) {
+  if (r < 32 || k < 32) {
+    const int64_t blocks = std::min<int64_t>((n * r * k + 255) / 256, 65535 * 16);
+    transpose_small_kernel<<<unsigned(blocks), 256, 0, cuda::current_stream()>>>(static_cast<const T*>(src),
+                                                                                 static_cast<T*>(dst), n, r, k);
+    return;
+  }
   const dim3 grid(unsigned((k + 31) / 32), unsigned((r + 31) / 32), unsigned(std::min<int64_t>(n, 65535)));
   transpose_tiles_kernel<<<grid, dim3(32, 8), 0, cuda::current_stream()>>>(static_cast<const T*>(src),
                                                                            static_cast<T*>(dst), n, r, k);

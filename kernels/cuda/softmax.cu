@@ -1,6 +1,6 @@
 // Softmax / log-softmax over the last dim, cross-entropy (label smoothing, ignore
 // index), layer norm and the argmax of rows on CUDA, f32. One block per row with block reductions; the
-// layer-norm parameter gradients are column sums, one thread per column.
+// layer-norm parameter gradients are column sums (Note [Column sums] in common.cuh).
 // Napkin math: softmax reads the row 3x (L1/L2-resident for rows <= ~8K floats).
 #include "kernels/cuda/common.cuh"
 
@@ -64,13 +64,10 @@ __global__ void ce_reduce_kernel(const float* row_loss, const int64_t* target, f
 }
 __global__ void ce_bwd_kernel(const float* dloss, const float* logits, const int64_t* target, const float* lse,
                               float* dl, int64_t n, int64_t c, float ls, int64_t ignore) {
-  __shared__ float scale;
-  if (threadIdx.x == 0) {
-    float cnt = 0.f;
-    for (int64_t i = 0; i < n; ++i) cnt += target[i] != ignore ? 1.f : 0.f;
-    scale = cnt > 0.f ? dloss[0] / cnt : 0.f;
-  }
-  __syncthreads();
+  float cnt = 0.f;  // the rows counted, by the whole block (thread 0 alone took n loads per block)
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) cnt += target[i] != ignore ? 1.f : 0.f;
+  cnt = block_sum(cnt);
+  const float scale = cnt > 0.f ? dloss[0] / cnt : 0.f;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const int64_t t = target[r];
     for (int64_t k = threadIdx.x; k < c; k += blockDim.x) {
@@ -109,18 +106,17 @@ __global__ void layernorm_dx_kernel(const float* dy, const float* x, const float
       dx[r * d + i] = rs * (dy[r * d + i] * g[i] - s1 - (x[r * d + i] - mu) * rs * s2);
   }
 }
-__global__ void layernorm_dparam_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
-                                        float* dg, float* db, int64_t m, int64_t d) {
-  EG_CUDA_LOOP(i, d) {
-    float sg = 0.f, sb = 0.f;
-    for (int64_t r = 0; r < m; ++r) {
-      sg += dy[r * d + i] * (x[r * d + i] - mean[r]) * rstd[r];
-      sb += dy[r * d + i];
-    }
-    if (dg) dg[i] = sg;
-    if (db) db[i] = sb;
+// The parameter gradients' terms (Note [Column sums] in common.cuh): dy xhat for gamma,
+// dy for beta.
+struct LayerNormParamTerms {
+  const float *dy, *x, *mean, *rstd;
+  int64_t d;
+  __device__ void operator()(int64_t r, int64_t i, float (&acc)[2]) const {
+    const float g = dy[r * d + i];
+    acc[0] += g * (x[r * d + i] - mean[r]) * rstd[r];
+    acc[1] += g;
   }
-}
+};
 // (value, index) pairs: the larger value wins, the smaller index on ties; NaN never wins.
 __device__ __forceinline__ void better_of(float& v, int64_t& i, float v2, int64_t i2) {
   if (!isnan(v2) && (isnan(v) || v2 > v || (v2 == v && i2 < i))) v = v2, i = i2;
@@ -228,9 +224,10 @@ void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Ten
     cuda::after_launch("layernorm_bwd_dx");
   }
   if (dg.defined() || db.defined()) {
-    layernorm_dparam_kernel<<<blocks_for(d), kThreads, 0, stream()>>>(
-        dy.data<float>(), x.data<float>(), mean.data<float>(), rstd.data<float>(),
-        dg.defined() ? dg.data<float>() : nullptr, db.defined() ? db.data<float>() : nullptr, m, d);
+    column_sums<2>(
+        m, d, LayerNormParamTerms{dy.data<float>(), x.data<float>(), mean.data<float>(), rstd.data<float>(), d},
+        ColumnOuts<2>{{dg.defined() ? dg.data<float>() : nullptr, db.defined() ? db.data<float>() : nullptr}},
+        x.device());
     cuda::after_launch("layernorm_bwd_params");
   }
 }
