@@ -3,8 +3,8 @@
 
   bench/gpu_results_entry.py --results DIR [--commit SHA] [--gpu NAME] > entry.json
 
-DIR holds what the experiments wrote: r50.json, r50-nhwc.json (the bf16 step with
-EG_CUDA_CHANNELS_LAST=1, beside nhwc-tests.log, its parity cases) and r50-f32.json (bench/compare_pytorch.py
+DIR holds what the experiments wrote: r50.json, r50-nchw.json (the bf16 step with
+EG_CUDA_CHANNELS_LAST=0: NCHW throughout) and r50-f32.json (bench/compare_pytorch.py
 --out: egeria's ResNet-50 step in bf16 against PyTorch AMP, and in f32 against PyTorch
 f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
@@ -92,14 +92,11 @@ def main():
     if folder:
         e["resnet50_folder_run"] = {k: folder.get(k) for k in ("steps", "train_seconds", "batch_size", "threads",
                                                                "workers", "precision") if k in folder}
-    nhwc = load(os.path.join(a.results, "r50-nhwc.json"))
-    if nhwc:  # the ResNet-50 bf16 step with EG_CUDA_CHANNELS_LAST=1, against PyTorch AMP in the same run
-        e["resnet50_bf16_nhwc_synthetic_img_s"] = nhwc.get("egeria_images_per_second")
-        e["pytorch_amp_resnet50_img_s_beside_nhwc"] = nhwc.get("pytorch_images_per_second")
-        e["resnet50_nhwc_ratio_by_repeat_vs_pytorch_amp"] = nhwc.get("ratio_by_repeat")
-    nhwc_tests = test_counts(os.path.join(a.results, "nhwc-tests.log"))
-    if nhwc_tests:
-        e["nhwc_tests"] = nhwc_tests
+    nchw = load(os.path.join(a.results, "r50-nchw.json"))
+    if nchw:  # the ResNet-50 bf16 step with EG_CUDA_CHANNELS_LAST=0, against PyTorch AMP in the same run
+        e["resnet50_bf16_nchw_synthetic_img_s"] = nchw.get("egeria_images_per_second")
+        e["pytorch_amp_resnet50_img_s_beside_nchw"] = nchw.get("pytorch_images_per_second")
+        e["resnet50_nchw_ratio_by_repeat_vs_pytorch_amp"] = nchw.get("ratio_by_repeat")
     r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
     if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
         e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")
@@ -107,6 +104,7 @@ def main():
     cuda_tests = test_counts(os.path.join(a.results, "gpu-check-tests", "tests.log"))
     if cuda_tests:
         e["cuda_tests"] = cuda_tests
+    e["layout"] = "16-bit convolutions' activations NHWC (channels-last) unless a resnet50_*nchw* figure says NCHW"
     e["tf32"] = "on in both engines for the ResNet-50 and transformer-small figures, off for ResNet-56's"
     e["pytorch_version"] = (r50 or tfm or {}).get("pytorch_version")
     print(json.dumps(e, indent=2))

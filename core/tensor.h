@@ -58,8 +58,7 @@ class Tensor;
 // stored [N, H, W, C]; kernels/cuda/conv2d.cu says when), and the CUDA kernels between
 // convolutions (batch norm, activations, same-shape elementwise ops, gradient
 // accumulation) take it as it comes, as the CPU's take nChw16c: the same rules, with
-// cuda_any_format in kernels/registry.cpp. For now EG_CUDA_CHANNELS_LAST=1 turns it on
-// (kernels/cuda/conv2d.cu says why).
+// cuda_any_format in kernels/registry.cpp. EG_CUDA_CHANNELS_LAST=0 turns it off.
 enum class Format : uint8_t { plain, nchw16c, nhwc };
 constexpr int64_t kBlock = 16;  // channels per block of nchw16c
 
