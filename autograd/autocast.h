@@ -14,10 +14,10 @@ namespace eg::autograd {
 //     output is bf16, and weight and bias gradients are written in f32 straight from
 //     bf16 operands (f32 accumulation), so the gradient buckets and the optimizer stay
 //     f32 (master weights);
-//   * batch norm, activations, same-shape elementwise ops and gradient accumulation take
-//     the bf16 activations as they come (f32 statistics, parameters and arithmetic;
-//     Note [bf16 kernels] in kernels/ops.h);
-//   * everything else (pooling, attention until its bf16 kernel lands, softmax, losses,
+//   * batch norm, activations, pooling, same-shape elementwise ops and gradient
+//     accumulation take the bf16 activations as they come (f32 statistics, parameters
+//     and arithmetic; Note [bf16 kernels] in kernels/ops.h);
+//   * everything else (attention until its bf16 kernel lands, softmax, losses,
 //     layer norm, dropout, reductions) casts a bf16 input to f32 first
 //     (fn::detail::f32_input): the loss is f32.
 // Outside a scope nothing is cast, and a bf16 tensor given to those functions is still

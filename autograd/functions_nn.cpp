@@ -164,7 +164,8 @@ Tensor activation(const Tensor& x, ops::Act act) {
 
 Tensor pool2d(const Tensor& x_in, const ops::Pool2dParams& p) {
   check_dim(x_in, 4, "pool2d", "input");
-  const Tensor x = f32_input(x_in, "pool2d", "input");
+  // Pooling takes a 16-bit input as it comes (Note [Autocast]).
+  const Tensor x = is_half(x_in.dtype()) ? x_in : f32_input(x_in, "pool2d", "input");
   EG_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0,
            "pool2d: kernel and stride must be positive");
   EG_CHECK(p.pad_h * 2 <= p.kernel_h && p.pad_w * 2 <= p.kernel_w, "pool2d: padding must be at most half the kernel");
@@ -184,7 +185,7 @@ Tensor pool2d(const Tensor& x_in, const ops::Pool2dParams& p) {
 
 Tensor global_avg_pool(const Tensor& x_in) {
   check_dim(x_in, 4, "global_avg_pool", "input");
-  const Tensor x = f32_input(x_in, "global_avg_pool", "input");
+  const Tensor x = is_half(x_in.dtype()) ? x_in : f32_input(x_in, "global_avg_pool", "input");
   Tensor y = empty_as(x, {x.size(0), x.size(1)});
   ops::call(ops::global_avgpool_fwd, x, y);
   autograd::record_function("GlobalAvgPoolBackward", {x}, {&y}, {},

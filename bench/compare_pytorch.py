@@ -104,6 +104,7 @@ _torch_setups = {}
 TF32 = False  # --tf32: both engines may use TF32 tensor cores for f32 convs/matmuls
 PRECISION = "f32"  # --precision: egeria's bench step --precision
 TORCH_PRECISION = "f32"  # --pytorch-precision (default --precision's): bf16 runs PyTorch under torch.autocast
+CUDNN = "find"  # --egeria-cudnn: how egeria picks its convolution algorithms on a GPU
 
 
 def torch_setup(model_name, bs, threads, config, device, seq_len=32):
@@ -175,7 +176,9 @@ def bench_egeria(exe, model, bs, threads, device, iters, winograd=None, seq_len=
     if model in TRANSFORMERS:
         extra += ["--seq-len", str(seq_len)]
     if device.startswith("cuda"):
-        env["EG_CUDNN_BENCHMARK"] = "1"  # as torch.backends.cudnn.benchmark above
+        # find: timed once per shape, as torch.backends.cudnn.benchmark above; heuristic:
+        # cuDNN's own ranking, the engine's default
+        env["EG_CUDNN_BENCHMARK"] = "1" if CUDNN == "find" else "0"
         env["EG_ALLOW_TF32"] = "1" if TF32 else "0"
     out = subprocess.run([exe, "bench", "step", "--model", model, "--batch-size", str(bs), "--threads", str(threads),
                           "--device", device, "--iterations", str(iters)] + extra, check=True, capture_output=True, text=True, env=env)
@@ -198,12 +201,16 @@ def main():
                     help="bf16: egeria's --precision bf16 against PyTorch under torch.autocast")
     ap.add_argument("--pytorch-precision", choices=["f32", "bf16"],
                     help="PyTorch's precision when it differs from egeria's (default: --precision)")
+    ap.add_argument("--egeria-cudnn", choices=["find", "heuristic"], default="find",
+                    help="GPU: egeria's convolution algorithms timed per shape (EG_CUDNN_BENCHMARK=1, as PyTorch's "
+                    "cudnn.benchmark) or cuDNN's heuristic ranking (egeria's default)")
     ap.add_argument("--out", help="also write the JSON result to this file")
     ap.add_argument("--configs", help="PyTorch's configurations, comma-separated, of contiguous, channels_last, "
                     "compile (default: both eager layouts, and compile on a GPU)")
     a = ap.parse_args()
-    global TF32, PRECISION, TORCH_PRECISION
+    global TF32, PRECISION, TORCH_PRECISION, CUDNN
     TF32 = a.tf32
+    CUDNN = a.egeria_cudnn
     PRECISION = a.precision
     TORCH_PRECISION = a.pytorch_precision or a.precision
     try:
@@ -237,6 +244,7 @@ def main():
     res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device, "tf32": a.tf32,
            "seq_len": a.seq_len if a.model in TRANSFORMERS else None,
            "precision": a.precision, "pytorch_precision": TORCH_PRECISION,
+           "egeria_cudnn": a.egeria_cudnn if gpu else None,
            "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
     if eg_direct:
         res["egeria_direct_images_per_second"] = statistics.median(eg_direct)

@@ -40,6 +40,22 @@ def test_counts(path):
             "failed": sorted(set(re.findall(r"^\[  FAILED  \] ([^\s,]+\.[^\s,]+)", log, re.M)))}
 
 
+def folder_steady_rate(path, batch):
+    """Images a second between the first epoch's last step record and the run's last one,
+    from metrics.jsonl's cumulative train_seconds (evaluation not counted), or None."""
+    try:
+        with open(path) as f:
+            steps = [j for j in map(json.loads, f) if j.get("type") == "step"]
+    except (OSError, ValueError):
+        return None
+    if not batch or not steps:
+        return None
+    first = [j for j in steps if j.get("epoch") == steps[0].get("epoch")][-1]
+    last = steps[-1]
+    dt = last.get("train_seconds", 0) - first.get("train_seconds", 0)
+    return (last["step"] - first["step"]) * batch / dt if dt > 0 else None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
@@ -78,6 +94,11 @@ def main():
         e["missing"][key] = "not run in this configuration (see the experiments' precision)"
     put("pytorch_amp_resnet50_img_s", r50, "pytorch_images_per_second", "the r50 step did not finish")
     put("pytorch_f32_resnet50_img_s", r50f, "pytorch_images_per_second", "the r50-f32 step did not finish")
+    steady = folder_steady_rate(os.path.join(a.results, "folder", "metrics.jsonl"), (folder or {}).get("batch_size"))
+    if steady:  # images/s after the first epoch (summary.json's figure counts the warm-up steps too)
+        e["resnet50_bf16_folder_steady_img_s"] = steady
+        if r50 and r50.get("egeria_images_per_second"):
+            e["folder_steady_over_synthetic"] = steady / r50["egeria_images_per_second"]
     # The steady-state step of the JPEG-folder training run (summary.json, Note [Host syncs]).
     put("host_syncs_per_step", folder, "host_syncs_per_step", "the folder step did not finish (or predates the count)")
     put("pytorch_amp_transformer_small_tok_s", tfm, "pytorch_images_per_second", "the tfm step did not finish")
@@ -92,6 +113,11 @@ def main():
     if folder:
         e["resnet50_folder_run"] = {k: folder.get(k) for k in ("steps", "train_seconds", "batch_size", "threads",
                                                                "workers", "precision") if k in folder}
+    heur = load(os.path.join(a.results, "r50-heuristic.json"))
+    if heur:  # cuDNN's heuristic algorithms (egeria's default), against PyTorch AMP in the same run
+        e["resnet50_bf16_heuristic_synthetic_img_s"] = heur.get("egeria_images_per_second")
+        e["pytorch_amp_resnet50_img_s_beside_heuristic"] = heur.get("pytorch_images_per_second")
+        e["resnet50_heuristic_ratio_by_repeat_vs_pytorch_amp"] = heur.get("ratio_by_repeat")
     nchw = load(os.path.join(a.results, "r50-nchw.json"))
     if nchw:  # the ResNet-50 bf16 step with EG_CUDA_CHANNELS_LAST=0, against PyTorch AMP in the same run
         e["resnet50_bf16_nchw_synthetic_img_s"] = nchw.get("egeria_images_per_second")

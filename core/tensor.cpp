@@ -60,7 +60,10 @@ bool Tensor::blockable() const {
          shape()[1] % kBlock == 0;
 }
 
-bool Tensor::nhwc_capable() const { return defined() && dim() == 4 && is_floating(dtype()) && device().is_cuda(); }
+// s32: max pooling's argmax indices, held in its output's layout.
+bool Tensor::nhwc_capable() const {
+  return defined() && dim() == 4 && (is_floating(dtype()) || dtype() == DType::s32) && device().is_cuda();
+}
 
 void Tensor::set_format(Format f) const {
   EG_CHECK(f == Format::plain || (f == Format::nchw16c && blockable()) || (f == Format::nhwc && nhwc_capable()),

@@ -111,7 +111,9 @@ using ActFwd = void(Act act, const Tensor& x, Tensor& y);
 using ActBwd = void(Act act, const Tensor& dy, const Tensor& x, Tensor& dx);
 
 // Pooling. Max pooling writes argmax indices (s32, flat index h*W+w within the input
-// plane) to `indices`; avg pooling leaves it undefined.
+// plane) to `indices`; avg pooling leaves it undefined. bf16 (Note [bf16 kernels]): x and
+// y (dy and dx) of one dtype, as PyTorch pools under autocast; on CUDA NHWC x gives NHWC
+// y and indices.
 using Pool2dFwd = void(const Tensor& x, Tensor& y, Tensor& indices, const Pool2dParams& p);
 using Pool2dBwd = void(const Tensor& dy, const Tensor& indices, Tensor& dx, const Pool2dParams& p);
 // Global average pooling x [N, C, H, W] -> y [N, C].

@@ -28,15 +28,39 @@ constexpr bool cpu_any_format(const char* n) {
 }
 
 // The ops whose cuda implementation takes NHWC tensors (Note [Channels-last activations
-// on CUDA] in core/tensor.h): the same set.
-constexpr bool cuda_any_format(const char* n) { return cpu_any_format(n); }
+// on CUDA] in core/tensor.h): the same set and pooling (a stem's max pool, a head's
+// global average sit between NHWC convolutions).
+constexpr bool cuda_any_format(const char* n) {
+  for (const char* op : {"pool2d_fwd", "pool2d_bwd", "global_avgpool_fwd", "global_avgpool_bwd"})
+    if (same(n, op)) return true;
+  return cpu_any_format(n);
+}
 
 // The ops whose implementations also take bf16 tensors (Note [bf16 kernels]): ref, cpu and
 // cuda (Note [16-bit CUDA kernels] in kernels/cuda/common.cuh).
 constexpr bool takes_bf16(const char* n) {
-  for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train",
-                         "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy",
-                         "cast", "gemm", "linear_fwd", "swap12", "linear_bwd", "dropout_fwd", "dropout_bwd"})
+  for (const char* op : {"conv2d_fwd",
+                         "conv2d_bwd_data",
+                         "conv2d_bwd_weight",
+                         "batchnorm_fwd_train",
+                         "batchnorm_fwd_infer",
+                         "batchnorm_bwd",
+                         "act_fwd",
+                         "act_bwd",
+                         "binary_fwd",
+                         "scale",
+                         "axpy",
+                         "cast",
+                         "gemm",
+                         "linear_fwd",
+                         "swap12",
+                         "linear_bwd",
+                         "dropout_fwd",
+                         "dropout_bwd",
+                         "pool2d_fwd",
+                         "pool2d_bwd",
+                         "global_avgpool_fwd",
+                         "global_avgpool_bwd"})
     if (same(n, op)) return true;
   return false;
 }

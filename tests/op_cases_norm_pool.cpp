@@ -270,9 +270,15 @@ RegisterCases reg([](std::vector<OpCase>& v) {
 
   using ops::PoolKind;
   add_pool(v, "3x3_s2_pad1", {2, 3, 7, 7}, pool(PoolKind::max, 3, 2, 1), false);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);  // 16-bit NHWC on CUDA, as a ResNet stem pools
   add_pool(v, "2x2_s2", {2, 3, 6, 6}, pool(PoolKind::max, 2, 2, 0), false);
   add_pool(v, "3x3_s1_pad1_rect", {2, 2, 5, 7}, pool(PoolKind::max, 3, 1, 1), false);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);
   add_pool(v, "3x3_s3_pad1", {2, 2, 7, 8}, pool(PoolKind::max, 3, 3, 1), false);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);
   {
     ops::Pool2dParams p = pool(PoolKind::max, 2, 1, 1);  // rectangular: kernel 2x3, stride 1x3, pad 1x1
     p.kernel_w = 3, p.stride_w = 3;
@@ -281,15 +287,25 @@ RegisterCases reg([](std::vector<OpCase>& v) {
     add_pool(v, "k2x3_s1x3_pad1", {2, 2, 5, 9}, p, false);
     p.count_include_pad = true;
     add_pool(v, "k2x3_s1x3_pad1_incl", {2, 2, 5, 9}, p, false);
+    add_bf16_twin(v);
+    add_nhwc_twin(v, {0}, true);
   }
   add_pool(v, "3x3_s2_pad1_incl", {2, 3, 7, 7}, pool(PoolKind::avg, 3, 2, 1, true), false);
   add_pool(v, "3x3_s2_pad1_excl", {2, 3, 7, 7}, pool(PoolKind::avg, 3, 2, 1, false), false);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);
   add_pool(v, "2x2_s2", {2, 3, 6, 6}, pool(PoolKind::avg, 2, 2, 0), false);
+  add_pool(v, "3x3_s2_pad1_c16", {2, 16, 9, 9}, pool(PoolKind::max, 3, 2, 1), false);
+  v.back().gradcheck = false;  // the 3-channel cases' gradcheck covers the math
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);
   add_pool(v, "3x3_s2_pad1_32x64x56x56", {32, 64, 56, 56}, pool(PoolKind::max, 3, 2, 1), true);
   add_pool(v, "3x3_s2_pad1_32x64x56x56", {32, 64, 56, 56}, pool(PoolKind::avg, 3, 2, 1, false), true);
   add_pool(v, "2x2_s2_128x64x16x16", {128, 64, 16, 16}, pool(PoolKind::avg, 2, 2, 0), true);
 
   add_global_avgpool(v, "small", {2, 3, 4, 5}, false);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);
   add_global_avgpool(v, "resnet56_128x64x8x8", {128, 64, 8, 8}, true);
 });
 

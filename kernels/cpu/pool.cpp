@@ -1,7 +1,8 @@
 // Pooling, fast CPU path. Max pooling: OpenMP loops over (n, c) planes, vectorised
 // along output columns (our s32 argmax indices, flat h*W+w in the input plane, are not
 // oneDNN's workspace format). Average pooling: oneDNN 2.6 pooling forward/backward on
-// NCHW. Global average pooling: vectorised row sums. Layout NCHW contiguous; f32.
+// NCHW. Global average pooling: vectorised row sums. Layout NCHW contiguous; f32, bf16
+// through f32.
 //
 // Napkin math (max 3x3/s2/pad1 on 32x64x56x56): x is 25.7 MB, y and indices 6.4 MB
 // each: ~39 MB of traffic, ~2 ms at ~20 GB/s per core; 14.5 M window compares are
@@ -196,15 +197,42 @@ void avg_bwd(const Tensor& dy, Tensor& dx, const ops::Pool2dParams& p) {
 
 }  // namespace
 
+namespace {
+// bf16 (Note [bf16 kernels]): the f32 kernels between a widening and one rounding of
+// each output; pooling is a small share of a step's bytes (a stem's max pool, a head's
+// global average), and the casts are the ones autocast made before pooling took bf16.
+bool any_half(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::f32) return true;
+  return false;
+}
+Tensor f32_of(const Tensor& t) {
+  if (t.dtype() == DType::f32) return t;
+  Tensor w = Tensor::empty(t.shape(), DType::f32, t.device());
+  cast(t, w);
+  return w;
+}
+}  // namespace
+
 // EG_DNNL_TRY names its first parameter `what`, the same token as dnnl::error::what(),
 // so the op name is passed as a variable of that name to keep the expansion valid.
 void pool2d_fwd(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dParams& p) {
+  if (any_half({&x, &y})) {
+    Tensor y32 = Tensor::empty(y.shape(), DType::f32, y.device());
+    pool2d_fwd(f32_of(x), y32, indices, p);
+    return cast(y32, y);
+  }
   if (p.kind == ops::PoolKind::max) return max_fwd(x, y, indices, p);
   const char* what = "pool2d_fwd (avg)";
   EG_DNNL_TRY(what, avg_fwd(x, y, p));
 }
 
 void pool2d_bwd(const Tensor& dy, const Tensor& indices, Tensor& dx, const ops::Pool2dParams& p) {
+  if (any_half({&dy, &dx})) {
+    Tensor dx32 = Tensor::empty(dx.shape(), DType::f32, dx.device());
+    pool2d_bwd(f32_of(dy), indices, dx32, p);
+    return cast(dx32, dx);
+  }
   if (p.kind == ops::PoolKind::max) return max_bwd(dy, indices, dx);
   const char* what = "pool2d_bwd (avg)";
   EG_DNNL_TRY(what, avg_bwd(dy, dx, p));
@@ -212,6 +240,11 @@ void pool2d_bwd(const Tensor& dy, const Tensor& indices, Tensor& dx, const ops::
 
 // Global average pooling: 4 bytes read per input element, one row sum per (n, c).
 void global_avgpool_fwd(const Tensor& x, Tensor& y) {
+  if (any_half({&x, &y})) {
+    Tensor y32 = Tensor::empty(y.shape(), DType::f32, y.device());
+    global_avgpool_fwd(f32_of(x), y32);
+    return cast(y32, y);
+  }
   const int64_t planes = x.size(0) * x.size(1), L = x.size(2) * x.size(3);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
@@ -226,6 +259,11 @@ void global_avgpool_fwd(const Tensor& x, Tensor& y) {
 }
 
 void global_avgpool_bwd(const Tensor& dy, Tensor& dx) {
+  if (any_half({&dy, &dx})) {
+    Tensor dx32 = Tensor::empty(dx.shape(), DType::f32, dx.device());
+    global_avgpool_bwd(f32_of(dy), dx32);
+    return cast(dx32, dx);
+  }
   const int64_t planes = dx.size(0) * dx.size(1), L = dx.size(2) * dx.size(3);
   const float* dyp = dy.data<float>();
   float* dxp = dx.data<float>();

@@ -25,6 +25,10 @@ inline void require_f32(const Tensor& t, const char* op) {
   EG_CHECK(t.dtype() == DType::f32, op, " on CUDA supports f32 tensors, got ", dtype_name(t.dtype()));
 }
 
+// Whether 16-bit convolutions write NHWC (Note [Channels-last activations on CUDA] in
+// core/tensor.h): unless EG_CUDA_CHANNELS_LAST=0. Defined in conv2d.cu.
+bool channels_last();
+
 // Note [16-bit CUDA kernels]
 // The ops that mixed precision sends bf16 (or f16) activations (Note [bf16 kernels] in
 // kernels/ops.h; marked in kernels/registry.cpp) take each tensor in its own dtype, as

@@ -23,10 +23,6 @@ struct TensorDesc {
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
 
-// Whether 16-bit convolutions write NHWC (Note [Channels-last activations on CUDA] in
-// core/tensor.h): EG_CUDA_CHANNELS_LAST=1.
-bool channels_last();
-
 // db[c] = sum of dy over (N, H, W) for dy [N, C, H, W] of any of the three dtypes, db f32:
 // a convolution's bias gradient beside 16-bit activations.
 void channel_sum(const Tensor& dy, Tensor& db);

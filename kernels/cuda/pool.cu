@@ -1,7 +1,12 @@
-// Pooling on CUDA, f32: max pooling writing s32 argmax indices (flat h*W+w within the
-// input plane, first maximum wins, as ref), its backward by atomic scatter; average
+// Pooling on CUDA: max pooling writing s32 argmax indices (flat h*W+w within the input
+// plane, first maximum wins, as ref), its backward gathering each input's share from the
+// outputs whose windows hold it (no atomics: the ref's order, any dtype); average
 // pooling (count_include_pad as ops.h says) and its backward as a gather; global
-// average pooling. One thread per output (forward) or input (avg backward) element.
+// average pooling. One thread per output (forward) or input (backward) element. f32, or
+// 16-bit x and y (dy and dx) computed in f32 (Note [16-bit CUDA kernels]); NCHW, or NHWC
+// as the convolutions around them hand it (Note [Channels-last activations on CUDA]:
+// ResNet's stem pool and head would otherwise reorder 100M-value activations, and cast
+// them to f32 and back).
 #include "kernels/cuda/common.cuh"
 
 namespace eg::cudak {
@@ -10,13 +15,35 @@ namespace eg::cudak {
 namespace {
 struct PoolGeom {
   int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
-  bool include_pad;
+  bool include_pad, nhwc;
 };
 
-__global__ void maxpool_fwd_kernel(const float* x, float* y, int32_t* idx, PoolGeom g) {
+// The offset of (n, ch, y, x) in an [N, C, H, W] tensor held in g's layout.
+__device__ __forceinline__ int64_t at(const PoolGeom& g, int64_t n, int64_t ch, int64_t y, int64_t x, int64_t H,
+                                      int64_t W) {
+  return g.nhwc ? ((n * H + y) * W + x) * g.c + ch : ((n * g.c + ch) * H + y) * W + x;
+}
+// Element i of such a tensor -> (n, ch, y, x).
+__device__ __forceinline__ void coords(const PoolGeom& g, int64_t i, int64_t H, int64_t W, int64_t& n, int64_t& ch,
+                                       int64_t& y, int64_t& x) {
+  if (g.nhwc) {
+    ch = i % g.c, i /= g.c, x = i % W, i /= W, y = i % H, n = i / H;
+  } else {
+    x = i % W, i /= W, y = i % H, i /= H, ch = i % g.c, n = i / g.c;
+  }
+}
+// The outputs whose windows hold input row (or column) v: [first, last].
+__device__ __forceinline__ void covering(int64_t v, int64_t pad, int64_t k, int64_t stride, int64_t outs,
+                                         int64_t& first, int64_t& last) {
+  const int64_t lo = v + pad - k + 1;
+  first = lo <= 0 ? 0 : (lo + stride - 1) / stride;
+  last = min((v + pad) / stride, outs - 1);
+}
+
+__global__ void maxpool_fwd_kernel(const void* x, int tx, void* y, int ty, int32_t* idx, PoolGeom g) {
   EG_CUDA_LOOP(i, g.n * g.c * g.oh * g.ow) {
-    const int64_t ox = i % g.ow, oy = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
-    const float* in = x + plane * g.h * g.w;
+    int64_t n, ch, oy, ox;
+    coords(g, i, g.oh, g.ow, n, ch, oy, ox);
     float best = -INFINITY;
     int32_t arg = -1;
     for (int64_t ky = 0; ky < g.kh; ++ky) {
@@ -25,18 +52,28 @@ __global__ void maxpool_fwd_kernel(const float* x, float* y, int32_t* idx, PoolG
       for (int64_t kx = 0; kx < g.kw; ++kx) {
         const int64_t xx = ox * g.sw - g.pw + kx;
         if (xx < 0 || xx >= g.w) continue;
-        const float v = in[yy * g.w + xx];
+        const float v = ld(x, tx, at(g, n, ch, yy, xx, g.h, g.w));
         if (v > best || arg < 0) best = v, arg = int32_t(yy * g.w + xx);
       }
     }
-    y[i] = best;
+    st(y, ty, i, best);
     idx[i] = arg;
   }
 }
-__global__ void maxpool_bwd_kernel(const float* dy, const int32_t* idx, float* dx, PoolGeom g) {
-  EG_CUDA_LOOP(i, g.n * g.c * g.oh * g.ow) {
-    const int64_t plane = i / (g.ow * g.oh);
-    if (idx[i] >= 0) atomicAdd(&dx[plane * g.h * g.w + idx[i]], dy[i]);
+__global__ void maxpool_bwd_kernel(const void* dy, int tdy, const int32_t* idx, void* dx, int tdx, PoolGeom g) {
+  EG_CUDA_LOOP(i, g.n * g.c * g.h * g.w) {
+    int64_t n, ch, yy, xx, oy0, oy1, ox0, ox1;
+    coords(g, i, g.h, g.w, n, ch, yy, xx);
+    covering(yy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
+    covering(xx, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
+    const int32_t me = int32_t(yy * g.w + xx);
+    float s = 0.f;
+    for (int64_t oy = oy0; oy <= oy1; ++oy)
+      for (int64_t ox = ox0; ox <= ox1; ++ox) {
+        const int64_t o = at(g, n, ch, oy, ox, g.oh, g.ow);
+        if (idx[o] == me) s += ld(dy, tdy, o);
+      }
+    st(dx, tdx, i, s);
   }
 }
 __device__ __forceinline__ float avg_divisor(const PoolGeom& g, int64_t oy, int64_t ox) {
@@ -45,49 +82,61 @@ __device__ __forceinline__ float avg_divisor(const PoolGeom& g, int64_t oy, int6
   const int64_t x0 = max(ox * g.sw - g.pw, int64_t(0)), x1 = min(ox * g.sw - g.pw + g.kw, g.w);
   return float(max((y1 - y0) * (x1 - x0), int64_t(1)));
 }
-__global__ void avgpool_fwd_kernel(const float* x, float* y, PoolGeom g) {
+__global__ void avgpool_fwd_kernel(const void* x, int tx, void* y, int ty, PoolGeom g) {
   EG_CUDA_LOOP(i, g.n * g.c * g.oh * g.ow) {
-    const int64_t ox = i % g.ow, oy = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
-    const float* in = x + plane * g.h * g.w;
+    int64_t n, ch, oy, ox;
+    coords(g, i, g.oh, g.ow, n, ch, oy, ox);
     float s = 0.f;
     for (int64_t ky = 0; ky < g.kh; ++ky) {
       const int64_t yy = oy * g.sh - g.ph + ky;
       if (yy < 0 || yy >= g.h) continue;
       for (int64_t kx = 0; kx < g.kw; ++kx) {
         const int64_t xx = ox * g.sw - g.pw + kx;
-        if (xx >= 0 && xx < g.w) s += in[yy * g.w + xx];
+        if (xx >= 0 && xx < g.w) s += ld(x, tx, at(g, n, ch, yy, xx, g.h, g.w));
       }
     }
-    y[i] = s / avg_divisor(g, oy, ox);
+    st(y, ty, i, s / avg_divisor(g, oy, ox));
   }
 }
-__global__ void avgpool_bwd_kernel(const float* dy, float* dx, PoolGeom g) {
+__global__ void avgpool_bwd_kernel(const void* dy, int tdy, void* dx, int tdx, PoolGeom g) {
   EG_CUDA_LOOP(i, g.n * g.c * g.h * g.w) {
-    const int64_t xx = i % g.w, yy = (i / g.w) % g.h, plane = i / (g.w * g.h);
+    int64_t n, ch, yy, xx, oy0, oy1, ox0, ox1;
+    coords(g, i, g.h, g.w, n, ch, yy, xx);
+    covering(yy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
+    covering(xx, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
     float s = 0.f;
-    for (int64_t oy = 0; oy < g.oh; ++oy) {
-      const int64_t ky = yy + g.ph - oy * g.sh;
-      if (ky < 0 || ky >= g.kh) continue;
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const int64_t kx = xx + g.pw - ox * g.sw;
-        if (kx >= 0 && kx < g.kw) s += dy[(plane * g.oh + oy) * g.ow + ox] / avg_divisor(g, oy, ox);
-      }
-    }
-    dx[i] = s;
+    for (int64_t oy = oy0; oy <= oy1; ++oy)
+      for (int64_t ox = ox0; ox <= ox1; ++ox)
+        s += ld(dy, tdy, at(g, n, ch, oy, ox, g.oh, g.ow)) / avg_divisor(g, oy, ox);
+    st(dx, tdx, i, s);
   }
 }
-__global__ void gap_fwd_kernel(const float* x, float* y, int64_t planes, int64_t hw) {
+// NCHW: a block per plane; NHWC: a thread per (n, channel), consecutive threads on
+// consecutive channels of each row.
+__global__ void gap_fwd_kernel(const void* x, int tx, void* y, int ty, int64_t planes, int64_t hw) {
   for (int64_t p = blockIdx.x; p < planes; p += gridDim.x) {
     float s = 0.f;
-    for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) s += x[p * hw + i];
+    for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) s += ld(x, tx, p * hw + i);
     s = block_sum(s);
-    if (threadIdx.x == 0) y[p] = s / float(hw);
+    if (threadIdx.x == 0) st(y, ty, p, s / float(hw));
   }
 }
-__global__ void gap_bwd_kernel(const float* dy, float* dx, int64_t planes, int64_t hw) {
-  EG_CUDA_LOOP(i, planes * hw) dx[i] = dy[i / hw] / float(hw);
+__global__ void gap_fwd_nhwc_kernel(const void* x, int tx, void* y, int ty, int64_t n, int64_t c, int64_t hw) {
+  EG_CUDA_LOOP(p, n * c) {
+    const int64_t b = p / c, ch = p - b * c;
+    float s = 0.f;
+    for (int64_t i = 0; i < hw; ++i) s += ld(x, tx, (b * hw + i) * c + ch);
+    st(y, ty, p, s / float(hw));
+  }
 }
-PoolGeom geom(const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
+__global__ void gap_bwd_kernel(const void* dy, int tdy, void* dx, int tdx, int64_t c, int64_t hw, int64_t total,
+                               bool nhwc) {
+  EG_CUDA_LOOP(i, total) {
+    const int64_t p = nhwc ? (i / (hw * c)) * c + i % c : i / hw;  // (n, channel) of element i
+    st(dx, tdx, i, ld(dy, tdy, p) / float(hw));
+  }
+}
+PoolGeom geom(const Shape& x, const Shape& y, const ops::Pool2dParams& p, bool nhwc) {
   return {x[0],
           x[1],
           x[2],
@@ -100,52 +149,74 @@ PoolGeom geom(const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
           p.stride_w,
           p.pad_h,
           p.pad_w,
-          p.count_include_pad};
+          p.count_include_pad,
+          nhwc};
 }
+// 16-bit data computes in the layout it comes in (a 16-bit network's activations are
+// NHWC), f32 data NCHW.
+Format layout_for(const Tensor& t) { return t.dtype() == DType::f32 ? Format::plain : t.format(); }
 }  // namespace
 
 // ---- launchers
-void pool2d_fwd(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dParams& p) {
-  require_f32(x, "pool2d");
-  PoolGeom g = geom(x.shape(), y.shape(), p);
+void pool2d_fwd(const Tensor& x_in, Tensor& y, Tensor& indices, const ops::Pool2dParams& p) {
+  const char* op = "pool2d";
+  const Format f = layout_for(x_in);
+  const Tensor x = x_in.to_format(f);
+  y.set_format(f);
+  if (indices.defined()) indices.set_format(f);
+  const PoolGeom g = geom(x.shape(), y.shape(), p, f == Format::nhwc);
   const int64_t n = y.numel();
   if (!n) return;
   if (p.kind == ops::PoolKind::max)
-    maxpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(),
-                                                                 indices.data<int32_t>(), g);
-  else avgpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), g);
+    maxpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(),
+                                                                 dt_code(y, op), indices.data_any<int32_t>(), g);
+  else
+    avgpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(),
+                                                                 dt_code(y, op), g);
   cuda::after_launch("pool2d_fwd");
 }
 
-void pool2d_bwd(const Tensor& dy, const Tensor& indices, Tensor& dx, const ops::Pool2dParams& p) {
-  require_f32(dy, "pool2d backward");
-  PoolGeom g = geom(dx.shape(), dy.shape(), p);
-  if (p.kind == ops::PoolKind::max) {
-    EG_CUDA_CHECK(cudaMemsetAsync(dx.raw(), 0, dx.nbytes(), stream()));
-    if (!dy.numel()) return;
-    maxpool_bwd_kernel<<<blocks_for(dy.numel()), kThreads, 0, stream()>>>(dy.data<float>(), indices.data<int32_t>(),
-                                                                          dx.data<float>(), g);
-  } else {
-    if (!dx.numel()) return;
-    avgpool_bwd_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.data<float>(), dx.data<float>(), g);
-  }
+void pool2d_bwd(const Tensor& dy_in, const Tensor& indices, Tensor& dx, const ops::Pool2dParams& p) {
+  const char* op = "pool2d backward";
+  // Max pooling's layout is its indices' (the forward's); average pooling's dy's.
+  const Format f = p.kind == ops::PoolKind::max ? indices.format() : layout_for(dy_in);
+  const Tensor dy = dy_in.to_format(f);
+  dx.set_format(f);
+  const PoolGeom g = geom(dx.shape(), dy.shape(), p, f == Format::nhwc);
+  if (!dx.numel()) return;
+  if (p.kind == ops::PoolKind::max)
+    maxpool_bwd_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(
+        dy.raw_any(), dt_code(dy, op), indices.data_any<int32_t>(), dx.raw_any(), dt_code(dx, op), g);
+  else
+    avgpool_bwd_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), dx.raw_any(),
+                                                                          dt_code(dx, op), g);
   cuda::after_launch("pool2d_bwd");
 }
 
-void global_avgpool_fwd(const Tensor& x, Tensor& y) {
-  require_f32(x, "global_avg_pool");
-  const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
-  if (!planes) return;
-  gap_fwd_kernel<<<unsigned(std::min<int64_t>(planes, 65535)), kThreads, 0, stream()>>>(x.data<float>(),
-                                                                                        y.data<float>(), planes, hw);
+void global_avgpool_fwd(const Tensor& x_in, Tensor& y) {
+  const char* op = "global_avg_pool";
+  const Tensor x = x_in.to_format(layout_for(x_in));
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  if (!n || !c) return;
+  if (x.format() == Format::nhwc)
+    gap_fwd_nhwc_kernel<<<blocks_for(n * c), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(),
+                                                                      dt_code(y, op), n, c, hw);
+  else
+    gap_fwd_kernel<<<unsigned(std::min<int64_t>(n * c, 65535)), kThreads, 0, stream()>>>(
+        x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), n * c, hw);
   cuda::after_launch("global_avgpool_fwd");
 }
 
+// dx in the layout the convolutions before it use (16-bit: NHWC unless channels-last is
+// off), so their batch norm's backward reads it as it comes.
 void global_avgpool_bwd(const Tensor& dy, Tensor& dx) {
-  require_f32(dy, "global_avg_pool backward");
-  const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
+  const char* op = "global_avg_pool backward";
+  const bool nhwc = dx.dtype() != DType::f32 && dx.nhwc_capable() && channels_last();
+  dx.set_format(nhwc ? Format::nhwc : Format::plain);
+  const int64_t c = dx.size(1), hw = dx.size(2) * dx.size(3);
   if (!dx.numel()) return;
-  gap_bwd_kernel<<<blocks_for(planes * hw), kThreads, 0, stream()>>>(dy.data<float>(), dx.data<float>(), planes, hw);
+  gap_bwd_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), dx.raw_any(),
+                                                                    dt_code(dx, op), c, hw, dx.numel(), nhwc);
   cuda::after_launch("global_avgpool_bwd");
 }
 

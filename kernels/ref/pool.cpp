@@ -2,7 +2,7 @@
 // plane; the first maximum in row-major window order wins), 2-D average pooling
 // (count_include_pad or not), global average pooling, and their backward passes.
 // Layout: NCHW contiguous; x [N, C, H, W], y [N, C, P, Q] (global: y [N, C]).
-// f32 and f64.
+// f32 and f64; bf16 and f16 through the f64 path.
 #include <algorithm>
 
 #include "kernels/ref/ref.h"
@@ -98,22 +98,43 @@ void gap_bwd(const Tensor& dy, Tensor& dx) {
 
 }  // namespace
 
+// 16-bit tensors (Note [bf16 kernels]): the f64 path, each output rounded once.
 void pool2d_fwd(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dParams& p) {
+  if (is_half(x.dtype()) || is_half(y.dtype())) {
+    Tensor y64 = wide_like(y);
+    pool_fwd<double>(widened(x), y64, indices, p);
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) pool_fwd<double>(x, y, indices, p);
   else pool_fwd<float>(x, y, indices, p);
 }
 
 void pool2d_bwd(const Tensor& dy, const Tensor& indices, Tensor& dx, const ops::Pool2dParams& p) {
+  if (is_half(dy.dtype()) || is_half(dx.dtype())) {
+    Tensor dx64 = wide_like(dx);
+    pool_bwd<double>(widened(dy), indices, dx64, p);
+    return narrowed_into(dx64, dx);
+  }
   if (dy.dtype() == DType::f64) pool_bwd<double>(dy, indices, dx, p);
   else pool_bwd<float>(dy, indices, dx, p);
 }
 
 void global_avgpool_fwd(const Tensor& x, Tensor& y) {
+  if (is_half(x.dtype()) || is_half(y.dtype())) {
+    Tensor y64 = wide_like(y);
+    gap_fwd<double>(widened(x), y64);
+    return narrowed_into(y64, y);
+  }
   if (x.dtype() == DType::f64) gap_fwd<double>(x, y);
   else gap_fwd<float>(x, y);
 }
 
 void global_avgpool_bwd(const Tensor& dy, Tensor& dx) {
+  if (is_half(dy.dtype()) || is_half(dx.dtype())) {
+    Tensor dx64 = wide_like(dx);
+    gap_bwd<double>(widened(dy), dx64);
+    return narrowed_into(dx64, dx);
+  }
   if (dy.dtype() == DType::f64) gap_bwd<double>(dy, dx);
   else gap_bwd<float>(dy, dx);
 }
