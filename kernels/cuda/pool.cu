@@ -23,13 +23,18 @@ __device__ __forceinline__ int64_t at(const PoolGeom& g, int64_t n, int64_t ch, 
                                       int64_t W) {
   return g.nhwc ? ((n * H + y) * W + x) * g.c + ch : ((n * g.c + ch) * H + y) * W + x;
 }
-// Element i of such a tensor -> (n, ch, y, x).
-__device__ __forceinline__ void coords(const PoolGeom& g, int64_t i, int64_t H, int64_t W, int64_t& n, int64_t& ch,
+// Element i of such a tensor -> (n, ch, y, x), dividing in I: uint32_t where every
+// tensor of the call has fewer than 2^31 elements (a 64-bit division is several times
+// the instructions, and these kernels do three per element).
+template <class I>
+__device__ __forceinline__ void coords(const PoolGeom& g, int64_t i64, int64_t H, int64_t W, int64_t& n, int64_t& ch,
                                        int64_t& y, int64_t& x) {
+  I i = I(i64);
+  const I c = I(g.c), h = I(H), w = I(W);
   if (g.nhwc) {
-    ch = i % g.c, i /= g.c, x = i % W, i /= W, y = i % H, n = i / H;
+    ch = int64_t(i % c), i /= c, x = int64_t(i % w), i /= w, y = int64_t(i % h), n = int64_t(i / h);
   } else {
-    x = i % W, i /= W, y = i % H, i /= H, ch = i % g.c, n = i / g.c;
+    x = int64_t(i % w), i /= w, y = int64_t(i % h), i /= h, ch = int64_t(i % c), n = int64_t(i / c);
   }
 }
 // The outputs whose windows hold input row (or column) v: [first, last].
@@ -40,10 +45,11 @@ __device__ __forceinline__ void covering(int64_t v, int64_t pad, int64_t k, int6
   last = min((v + pad) / stride, outs - 1);
 }
 
+template <class I>
 __global__ void maxpool_fwd_kernel(const void* x, int tx, void* y, int ty, int32_t* idx, PoolGeom g) {
   EG_CUDA_LOOP(i, g.n * g.c * g.oh * g.ow) {
     int64_t n, ch, oy, ox;
-    coords(g, i, g.oh, g.ow, n, ch, oy, ox);
+    coords<I>(g, i, g.oh, g.ow, n, ch, oy, ox);
     float best = -INFINITY;
     int32_t arg = -1;
     for (int64_t ky = 0; ky < g.kh; ++ky) {
@@ -60,10 +66,11 @@ __global__ void maxpool_fwd_kernel(const void* x, int tx, void* y, int ty, int32
     idx[i] = arg;
   }
 }
+template <class I>
 __global__ void maxpool_bwd_kernel(const void* dy, int tdy, const int32_t* idx, void* dx, int tdx, PoolGeom g) {
   EG_CUDA_LOOP(i, g.n * g.c * g.h * g.w) {
     int64_t n, ch, yy, xx, oy0, oy1, ox0, ox1;
-    coords(g, i, g.h, g.w, n, ch, yy, xx);
+    coords<I>(g, i, g.h, g.w, n, ch, yy, xx);
     covering(yy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
     covering(xx, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
     const int32_t me = int32_t(yy * g.w + xx);
@@ -82,10 +89,11 @@ __device__ __forceinline__ float avg_divisor(const PoolGeom& g, int64_t oy, int6
   const int64_t x0 = max(ox * g.sw - g.pw, int64_t(0)), x1 = min(ox * g.sw - g.pw + g.kw, g.w);
   return float(max((y1 - y0) * (x1 - x0), int64_t(1)));
 }
+template <class I>
 __global__ void avgpool_fwd_kernel(const void* x, int tx, void* y, int ty, PoolGeom g) {
   EG_CUDA_LOOP(i, g.n * g.c * g.oh * g.ow) {
     int64_t n, ch, oy, ox;
-    coords(g, i, g.oh, g.ow, n, ch, oy, ox);
+    coords<I>(g, i, g.oh, g.ow, n, ch, oy, ox);
     float s = 0.f;
     for (int64_t ky = 0; ky < g.kh; ++ky) {
       const int64_t yy = oy * g.sh - g.ph + ky;
@@ -98,10 +106,11 @@ __global__ void avgpool_fwd_kernel(const void* x, int tx, void* y, int ty, PoolG
     st(y, ty, i, s / avg_divisor(g, oy, ox));
   }
 }
+template <class I>
 __global__ void avgpool_bwd_kernel(const void* dy, int tdy, void* dx, int tdx, PoolGeom g) {
   EG_CUDA_LOOP(i, g.n * g.c * g.h * g.w) {
     int64_t n, ch, yy, xx, oy0, oy1, ox0, ox1;
-    coords(g, i, g.h, g.w, n, ch, yy, xx);
+    coords<I>(g, i, g.h, g.w, n, ch, yy, xx);
     covering(yy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
     covering(xx, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
     float s = 0.f;
@@ -152,6 +161,7 @@ PoolGeom geom(const Shape& x, const Shape& y, const ops::Pool2dParams& p, bool n
           p.count_include_pad,
           nhwc};
 }
+bool fits_32(const Tensor& a, const Tensor& b) { return std::max(a.numel(), b.numel()) < (int64_t(1) << 31); }
 // 16-bit data computes in the layout it comes in (a 16-bit network's activations are
 // NHWC), f32 data NCHW.
 Format layout_for(const Tensor& t) { return t.dtype() == DType::f32 ? Format::plain : t.format(); }
@@ -167,12 +177,13 @@ void pool2d_fwd(const Tensor& x_in, Tensor& y, Tensor& indices, const ops::Pool2
   const PoolGeom g = geom(x.shape(), y.shape(), p, f == Format::nhwc);
   const int64_t n = y.numel();
   if (!n) return;
+  const bool small = fits_32(x, y);
+  const auto max_k = small ? maxpool_fwd_kernel<uint32_t> : maxpool_fwd_kernel<int64_t>;
+  const auto avg_k = small ? avgpool_fwd_kernel<uint32_t> : avgpool_fwd_kernel<int64_t>;
   if (p.kind == ops::PoolKind::max)
-    maxpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(),
-                                                                 dt_code(y, op), indices.data_any<int32_t>(), g);
-  else
-    avgpool_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(),
-                                                                 dt_code(y, op), g);
+    max_k<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op),
+                                                    indices.data_any<int32_t>(), g);
+  else avg_k<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), g);
   cuda::after_launch("pool2d_fwd");
 }
 
@@ -184,12 +195,15 @@ void pool2d_bwd(const Tensor& dy_in, const Tensor& indices, Tensor& dx, const op
   dx.set_format(f);
   const PoolGeom g = geom(dx.shape(), dy.shape(), p, f == Format::nhwc);
   if (!dx.numel()) return;
+  const bool small = fits_32(dx, dy);
+  const auto max_k = small ? maxpool_bwd_kernel<uint32_t> : maxpool_bwd_kernel<int64_t>;
+  const auto avg_k = small ? avgpool_bwd_kernel<uint32_t> : avgpool_bwd_kernel<int64_t>;
   if (p.kind == ops::PoolKind::max)
-    maxpool_bwd_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(
-        dy.raw_any(), dt_code(dy, op), indices.data_any<int32_t>(), dx.raw_any(), dt_code(dx, op), g);
+    max_k<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), indices.data_any<int32_t>(),
+                                                             dx.raw_any(), dt_code(dx, op), g);
   else
-    avgpool_bwd_kernel<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), dx.raw_any(),
-                                                                          dt_code(dx, op), g);
+    avg_k<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), dx.raw_any(),
+                                                             dt_code(dx, op), g);
   cuda::after_launch("pool2d_bwd");
 }
 
