@@ -4,7 +4,8 @@
 // (RandomResizedCrop and flip) and evaluation (resize 256, centre 224), with and without
 // libjpeg-turbo's scaled decoding. items_per_second is images per second per core: the
 // cores a GPU step needs are its images per second divided by it. BM_Loader: the same
-// through the loader with 1 and 2 workers.
+// through the loader with 1, 2, 4, 8 and 15 workers (as many as the machine has), to f32
+// or, as a GPU run's batches, to 8-bit pixels: how it scales with the cores.
 #include <benchmark/benchmark.h>
 #include <turbojpeg.h>
 
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -80,8 +82,9 @@ void BM_TrainImage(benchmark::State& state) { run(state, true); }
 void BM_EvalImage(benchmark::State& state) { run(state, false); }
 
 // The loader over the 500 x 375 folder (training transform, scaled decoding), batches of 16
-// by `workers` threads sharing each batch: images per second in wall time, epochs of 64
-// images (each epoch's start, which restarts the workers, included).
+// by `workers` threads sharing each batch, as f32 or 8-bit pixels: images per second in
+// wall time, epochs of 64 images (each epoch's start, which restarts the workers,
+// included).
 void BM_Loader(benchmark::State& state) {
   data::FolderTransform t;
   t.train = true;
@@ -89,6 +92,7 @@ void BM_Loader(benchmark::State& state) {
   data::LoaderOptions o;
   o.batch_size = 16;
   o.workers = int(state.range(0));
+  o.pixels = state.range(1) != 0;
   o.seed = 7;
   data::Loader l(std::make_shared<data::FolderSamples>(folder(500, 375), t), o);
   int64_t epoch = 0, images = 0;
@@ -114,5 +118,14 @@ BENCHMARK(BM_EvalImage)
     ->ArgNames({"width", "scaled_decoding"})
     ->ArgsProduct({{500, 2000}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Loader)->ArgName("workers")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Loader)
+    ->ArgNames({"workers", "pixels"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+      for (int w : {1, 2, 4, 8, 15})
+        if (w == 1 || w <= cores)
+          for (int px : {0, 1}) b->Args({w, px});
+    })
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

@@ -113,6 +113,14 @@ def main():
     if folder:
         e["resnet50_folder_run"] = {k: folder.get(k) for k in ("steps", "train_seconds", "batch_size", "threads",
                                                                "workers", "precision") if k in folder}
+    loader = load(os.path.join(a.results, "loader.json"))
+    if loader:  # BM_Loader: images a second by workers, f32 batches and 8-bit pixel batches
+        by = {}
+        for b in loader.get("benchmarks", []):
+            m = re.match(r"BM_Loader/workers:(\d+)/pixels:(\d)", b.get("name", ""))
+            if m and b.get("items_per_second"):
+                by.setdefault(m.group(1), {})["pixels" if m.group(2) == "1" else "f32"] = b["items_per_second"]
+        e["loader_img_s_by_workers"] = by
     heur = load(os.path.join(a.results, "r50-heuristic.json"))
     if heur:  # cuDNN's heuristic algorithms (egeria's default), against PyTorch AMP in the same run
         e["resnet50_bf16_heuristic_synthetic_img_s"] = heur.get("egeria_images_per_second")
