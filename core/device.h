@@ -59,7 +59,9 @@ bool cpu_winograd();
 // a step to the count a GPU run of it would make; a thread that trains on a GPU
 // (set_training_device, which dist::Strategy calls) does not count host-to-host moves.
 // Not counted: the allocators' rare cudaDeviceSynchronize before returning memory to the
-// system, and EG_SYNC_DEBUG's. summary.json reports host_syncs_per_step.
+// system, EG_SYNC_DEBUG's, and a DeferredScalar's lagged read (Note [Deferred reads] in
+// core/deferred_read.h), whose wait has the next step's kernels queued behind it, so the
+// GPU does not idle. summary.json reports host_syncs_per_step.
 int64_t host_syncs();  // this thread's count so far
 void count_host_sync();
 // The device this thread trains on (default: the CPU); returns the previous one.

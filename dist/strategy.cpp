@@ -64,6 +64,33 @@ std::string Strategy::describe(int64_t batch_size, int threads) const {
 
 StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip) {
   StepResult r;
+  if (!sync_ && !scaler_.enabled() && grad_clip <= 0) {  // Note [Deferred reads]
+    r.deferred = true;
+    r.loss = NAN;
+    r.count = samples;
+    r.grad_norm = NAN;
+    if (!loss.defined()) {
+      r.loss_later = DeferredScalar(0.0);
+    } else if (loss.dtype() == DType::f32 || loss.dtype() == DType::f64) {
+      r.loss_later = DeferredScalar::of(loss);
+    } else {  // a 16-bit loss (a user's model's): widened on its device first
+      Tensor wide = Tensor::empty(loss.shape(), DType::f32, loss.device());
+      ops::call(ops::cast, loss, wide);
+      r.loss_later = DeferredScalar::of(wide);
+    }
+    opt.zero_grad();
+    if (loss.defined()) loss.backward();
+    if (r.count > 0) opt.step();
+    return r;
+  }
+  r = step_reading(loss, samples, opt, step, grad_clip);
+  r.loss_later = DeferredScalar(r.loss);
+  return r;
+}
+
+StepResult Strategy::step_reading(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step,
+                                  double grad_clip) {
+  StepResult r;
   r.loss = loss.defined() ? loss.item() : 0.0;
   r.count = samples;
   opt.zero_grad();

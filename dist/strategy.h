@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/deferred_read.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "dist/grad_sync.h"
@@ -50,7 +51,7 @@ namespace eg::dist {
 
 // What one training step came to over every rank.
 struct StepResult {
-  double loss = 0;  // the global mean
+  double loss = 0;  // the global mean (NaN while deferred)
   int64_t count = 0;  // samples (target tokens) of every rank
   double grad_norm = 0;  // before clipping; NaN without clipping
   // What was not finite when the step stopped before backward (the loss) or before the
@@ -60,6 +61,13 @@ struct StepResult {
   // no scaling), and whether its gradients overflowed, so the optimizer step was skipped.
   double loss_scale = 0;
   bool skipped_overflow = false;
+  // One process without loss scaling or clipping reads nothing in the step (Note
+  // [Deferred reads] in core/deferred_read.h): `loss_later` holds the loss on its way to
+  // the host, and a non-finite one shows only there, after its backward and optimizer
+  // step were queued; the caller stops before anything is saved (train/run.cpp). The
+  // other paths read the loss in the step (`loss`; `loss_later` holds it too).
+  bool deferred = false;
+  DeferredScalar loss_later;
 };
 
 // The device a rank of `size` trains on, from --device: "cuda" is cuda:<local rank>, one
@@ -96,7 +104,8 @@ class Strategy {
   // with the gradient sync (and the loss scale, when scaling), clipping to `grad_clip`
   // (> 0), and the optimizer's step when any rank had a sample. Stops before backward
   // (non-finite loss) or before the optimizer (non-finite gradient norm), saying which in
-  // the result; under loss scaling a non-finite gradient skips the step instead.
+  // the result; under loss scaling a non-finite gradient skips the step instead. One
+  // process without scaling or clipping defers the loss's read instead (StepResult::deferred).
   StepResult step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
 
   // Every rank's BatchNorm running statistics become their mean over the ranks (in place).
@@ -111,6 +120,10 @@ class Strategy {
   void summarize(nlohmann::json& summary) const;
 
  private:
+  // step() with the loss read at once: data parallelism agrees on it, scaling and
+  // clipping act on it before the optimizer.
+  StepResult step_reading(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
+
   Communicator& comm_;
   Kind kind_ = Kind::single;
   Device device_;

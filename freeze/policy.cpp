@@ -188,11 +188,13 @@ class EgeriaPolicy : public FreezePolicy {
 
   void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) override {
     if (s.trained) {  // a step that trained nothing has no loss (not a loss of 0)
-      loss_sum_ += s.loss;
+      losses_.push_back(s.loss);  // read when summed (Note [Deferred reads]), in step order
       ++loss_n_;
+      if (losses_.size() > 64) add_losses(false);
     }
     if (tracker_.bootstrapping()) {
       if (s.step % bootstrap_n() == 0 && loss_n_ > 0) {
+        add_losses(true);
         const Decision d = tracker_.bootstrap_check(s.step, loss_sum_ / double(loss_n_), s.lr);
         loss_sum_ = 0;
         loss_n_ = 0;
@@ -225,6 +227,7 @@ class EgeriaPolicy : public FreezePolicy {
 
   json state() const override {
     ctl_->drain();
+    add_losses(true);
     json pending = json::array();
     for (auto& r : ctl_->pending()) pending.push_back({r.step, r.module, r.plasticity});
     return {{"tracker", tracker_.state()},
@@ -238,6 +241,7 @@ class EgeriaPolicy : public FreezePolicy {
   }
   void load_state(const json& j) override {
     tracker_.load_state(j.at("tracker"));
+    losses_.clear();
     loss_sum_ = j.value("loss_sum", 0.0);
     loss_n_ = j.value("loss_n", int64_t(0));
     bootstrap_n_ = j.contains("bootstrap_interval") ? int64_t(0) : n();
@@ -331,7 +335,17 @@ class EgeriaPolicy : public FreezePolicy {
   }
   std::shared_ptr<const Snapshot> snapshot_;
   quant::Calibration restored_calibration_;  // load_state's, until load_state_tensors restores the snapshot
-  double loss_sum_ = 0, snapshot_seconds_ = 0;
+  // The step losses since the last bootstrapping check: loss_sum_ holds those read so far,
+  // losses_ the rest (every one but the newest has landed: summing them waits for
+  // nothing; `all` reads the newest too, a host sync on a GPU at check steps only).
+  void add_losses(bool all) const {
+    const size_t n = all ? losses_.size() : losses_.size() - 1;
+    for (size_t i = 0; i < n; ++i) loss_sum_ += all ? losses_[i].value() : losses_[i].lagged_value();
+    losses_.erase(losses_.begin(), losses_.begin() + std::ptrdiff_t(n));
+  }
+  mutable std::vector<DeferredScalar> losses_;
+  mutable double loss_sum_ = 0;
+  double snapshot_seconds_ = 0;
   int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's, from before the option
   int64_t loss_n_ = 0, stale_results_ = 0;
   int64_t unit_scope_submissions_ = 0;  // evaluations whose reference ran the front unit only

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/deferred_read.h"
 #include "freeze/controller.h"
 #include "freeze/partition.h"
 #include "freeze/tracker.h"
@@ -98,7 +99,11 @@ struct PolicyConfig : FreezeOptions {
 struct StepInfo {
   int64_t step = 0;  // the step just taken (1-based count of optimizer steps)
   int64_t epoch = 0;  // 0-based
-  double lr = 0, loss = 0;
+  double lr = 0;
+  // The step's loss, on its way to the host when the step deferred its read (Note
+  // [Deferred reads] in core/deferred_read.h): value() waits for it (a host sync on a
+  // GPU), so a policy reads it only when it needs it.
+  DeferredScalar loss{0.0};
   Tensor x2;  // Transformers: the batch's target input ids (x holds the source's)
   // egeria, --freeze-reference-scope unit: the training model's input to the captured
   // unit (the output of the layer module before it), for the reference to start from.

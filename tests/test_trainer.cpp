@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -94,6 +95,46 @@ TEST(Trainer, BadInputIsNamed) {
   c = small_run(d);
   c.precision = DType::f16;
   expect_error(c, "--precision fp16 is for GPUs");
+}
+
+// Note [Deferred reads]: one process reads a step's loss behind the next step (or before a
+// log line, an evaluation or a checkpoint), after that step's backward and update ran.
+// A loss that is not finite still stops the run before anything of its step is written:
+// the error names the step, every checkpoint on disk is from a step before it and holds
+// finite weights, and no model.safetensors is written.
+TEST(Trainer, ALossReadLateStillStopsTheRunBeforeAnythingIsSaved) {
+  const std::string d = tmpdir("nan_late");
+  auto c = small_run(d);
+  c.epochs = 1;
+  c.lr = 1e30;  // the first update overflows the weights
+  c.log_every = 1000;  // no log step reads the loss: the next step's settling finds it
+  c.checkpoint_every = 2;
+  c.keep_checkpoints = 10;
+  std::string what;
+  try {
+    train::run_training(c);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  ASSERT_NE(what.find("the training loss became"), std::string::npos) << what;
+  int64_t bad_step = -1;
+  std::ifstream m(d + "/metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "error") bad_step = j.at("step").get<int64_t>();
+  }
+  ASSERT_GE(bad_step, 1) << "the first step's loss comes from the initial weights";
+  EXPECT_NE(what.find("at step " + std::to_string(bad_step) + " "), std::string::npos) << what;
+  EXPECT_FALSE(std::ifstream(d + "/model.safetensors").good());
+  for (const auto& f : std::filesystem::directory_iterator(d)) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("checkpoint", 0) != 0) continue;
+    const train::TensorMap t = train::load_safetensors(f.path().string());
+    for (const auto& [k, v] : t) {
+      if (!is_floating(v.dtype())) continue;
+      for (double x : v.to(DType::f64).to_vector<double>()) ASSERT_TRUE(std::isfinite(x)) << name << " " << k;
+    }
+  }
 }
 
 TEST(Trainer, ResumeRefusesAnotherModelsCheckpoint) {

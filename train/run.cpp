@@ -72,16 +72,11 @@ Metrics evaluate(Run& r, Split s, bool loss_only = false) {
 }
 
 // The one stop for a non-finite loss or gradient norm: logged, and nothing saved.
-[[noreturn]] void stop_not_finite(Run& r, const dist::StepResult& s) {
-  const bool loss = s.not_finite == dist::StepResult::NotFinite::loss;
-  const double v = loss ? s.loss : s.grad_norm;
-  const LoopState& st = r.state;
-  r.log({{"type", "error"},
-         {"step", st.step},
-         {"epoch", st.epoch + 1},
-         {loss ? "loss" : "grad_norm", std::to_string(v)}});
-  EG_THROW("the ", loss ? "training loss" : "gradient norm", " became ", v, " at step ", st.step, " (epoch ",
-           st.epoch + 1, ", batch ", st.batch, "); stopped without saving. The last good checkpoint is ",
+// `step`, `epoch` and `batch`: the loop's counters when that step began.
+[[noreturn]] void stop_not_finite(const Run& r, bool loss, double v, int64_t step, int64_t epoch, int64_t batch) {
+  r.log({{"type", "error"}, {"step", step}, {"epoch", epoch + 1}, {loss ? "loss" : "grad_norm", std::to_string(v)}});
+  EG_THROW("the ", loss ? "training loss" : "gradient norm", " became ", v, " at step ", step, " (epoch ", epoch + 1,
+           ", batch ", batch, "); stopped without saving. The last good checkpoint is ",
            r.ckpts->any() ? "'" + r.ckpts->newest_path() + "'" : std::string("absent (none was written yet)"),
            ". Try a lower --lr", r.c.warmup_steps > 0 ? " or a longer --warmup-steps." : ".");
 }
@@ -134,6 +129,7 @@ void log_step(const Run& r, const dist::StepResult& s, double lr) {
 
 // --eval-every: the first split's loss between the steps (not training time).
 void evaluate_between_steps(Run& r) {
+  settle_loss(r, false);
   const Split sp = r.task.epoch_splits().front();
   const Metrics m = evaluate(r, sp, true);
   const LoopState& st = r.state;
@@ -161,17 +157,27 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   // No loss: this rank's share of the global batch is empty (data parallelism, or every
   // image of the batch left out by --skip-bad-images).
   EG_CHECK(out.loss.defined() || out.samples == 0, "the task gave no loss for step ", st.step);
-  const dist::StepResult s = r.dp.step(out.loss, out.samples, *r.opt, st.step, r.c.grad_clip);
-  if (s.not_finite != dist::StepResult::NotFinite::none) stop_not_finite(r, s);
+  dist::StepResult s = r.dp.step(out.loss, out.samples, *r.opt, st.step, r.c.grad_clip);
+  if (s.not_finite != dist::StepResult::NotFinite::none) {
+    const bool loss = s.not_finite == dist::StepResult::NotFinite::loss;
+    stop_not_finite(r, loss, loss ? s.loss : s.grad_norm, st.step, st.epoch, st.batch);
+  }
+  // The step before's loss, now that this step's kernels are queued behind it.
+  settle_loss(r, true);
+  r.pending = Run::PendingLoss{s.loss_later, st.step, st.epoch, st.batch, s.count > 0};
   ++st.step, ++st.batch, ++r.steps_this_run, ++steps_this_epoch;
-  r.freezing->after_step({st.step, st.epoch, lr, s.loss, Tensor(), Tensor(), s.count > 0}, st.train_seconds);
+  r.freezing->after_step({st.step, st.epoch, lr, s.loss_later, Tensor(), Tensor(), s.count > 0}, st.train_seconds);
   ++r.steps_by_host_syncs[host_syncs() - syncs0];  // the step's own, before any log, evaluation or checkpoint
   st.samples += s.count;
-  if (s.count > 0) st.epoch_loss_sum += s.loss, ++st.epoch_loss_n;
+  if (!s.deferred) settle_loss(r, false);  // known already: nothing to wait for
   st.train_seconds += seconds_since(t0);
-  if (st.step % r.c.log_every == 0 || s.skipped_overflow) log_step(r, s, lr);
+  if (st.step % r.c.log_every == 0 || s.skipped_overflow) {
+    settle_loss(r, false);  // a log step reads its own loss
+    if (s.deferred) s.loss = s.count > 0 ? r.last_loss : 0.0;
+    log_step(r, s, lr);
+  }
   const double eta = seconds_since(epoch_start) / double(steps_this_epoch) * double(r.steps_per_epoch - st.batch);
-  if (r.lead()) print_progress(r, s.loss, lr, eta);
+  if (r.lead()) print_progress(r, r.last_loss, lr, eta);
   if (r.c.eval_every > 0 && st.step % r.c.eval_every == 0) evaluate_between_steps(r);
   if (r.c.checkpoint_every > 0 && st.step % r.c.checkpoint_every == 0) save_checkpoint(r);
   return !(r.c.stop_after_steps > 0 && r.steps_this_run >= r.c.stop_after_steps);
@@ -192,6 +198,7 @@ bool train_epoch(Run& r) {
 // ---- the epoch's end: every split evaluated, the best epoch (best.safetensors with a
 // validation split), the time to the target, the checkpoint.
 void end_epoch(Run& r) {
+  settle_loss(r, false);
   LoopState& st = r.state;
   const std::vector<Split> splits = r.task.epoch_splits();
   const std::string sel_split = split_name(splits.front()), sel = r.task.selection_metric();
@@ -286,6 +293,7 @@ json summary_json(const Run& r, const SplitMetrics& last) {
 
 // ---- the end: the test split (when not evaluated every epoch), model.safetensors and summary.json
 Summary finish(Run& r) {
+  settle_loss(r, false);
   const LoopState& st = r.state;
   SplitMetrics last = st.last;
   if (!last.count("test")) {
@@ -324,6 +332,17 @@ Summary finish(Run& r) {
 }
 
 }  // namespace
+
+void settle_loss(Run& r, bool lagged) {
+  if (!r.pending) return;
+  const Run::PendingLoss p = std::move(*r.pending);
+  r.pending.reset();
+  const double v = lagged ? p.loss.lagged_value() : p.loss.value();
+  if (!p.trained) return;  // no sample: no loss (not a loss of 0)
+  if (!std::isfinite(v)) stop_not_finite(r, true, v, p.step, p.epoch, p.batch);
+  r.state.epoch_loss_sum += v, ++r.state.epoch_loss_n;
+  r.last_loss = v;
+}
 
 Summary fit(Task& task, const TrainConfig& c) { return fit(task, c, dist::world()); }
 

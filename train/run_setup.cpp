@@ -123,6 +123,7 @@ void start_or_resume(Run& r, std::optional<Checkpoint>& ck) {
 }
 
 void save_checkpoint(Run& r) {
+  settle_loss(r, false);
   RunParts p = r.parts();
   const CheckpointContents all = checkpoint_contents(p, r.state, r.c.batch_size * r.dp.size());
   if (r.lead()) r.ckpts->save(all.tensors, all.state, r.config, r.state.step);

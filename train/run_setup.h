@@ -2,6 +2,7 @@
 // calls them): the Run every phase works on; the process, the resume plan, the run's
 // parts, its files, and the checkpoint (train/run_setup.cpp).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +42,17 @@ struct Run {
   // This invocation's steps by their host syncs (Note [Host syncs] in core/device.h):
   // count -> steps. The most common count is the steady state's.
   std::map<int64_t, int64_t> steps_by_host_syncs;
+  // The newest step while its loss is still on its way to the host (Note [Deferred
+  // reads]): settle_loss() reads it, stops the run if it is not finite, and adds it to
+  // the epoch's mean loss; behind the next step's kernels, or before anything reads the
+  // loop's state or writes a file.
+  struct PendingLoss {
+    DeferredScalar loss;
+    int64_t step = 0, epoch = 0, batch = 0;  // the step's, as stop_not_finite names them
+    bool trained = false;  // a sample of the global batch was kept
+  };
+  std::optional<PendingLoss> pending;
+  double last_loss = NAN;  // the newest settled step's loss, for the progress line
 
   bool lead() const { return dp.lead(); }
   RunParts parts() { return {*model, *opt, *freezing, task, dp}; }
@@ -64,7 +76,11 @@ std::optional<Checkpoint> plan_resume(Run& r);
 void build_run(Run& r, bool resuming);
 // The run's files: the checkpoint put back (into r.state), or a fresh directory; config.json.
 void start_or_resume(Run& r, std::optional<Checkpoint>& ck);
-// A checkpoint of the run as it is (collective; rank 0 writes).
+// A checkpoint of the run as it is (collective; rank 0 writes), its last loss settled first.
 void save_checkpoint(Run& r);
+// The pending step's loss read (lagged: with later kernels queued behind it, so not a
+// host sync), checked (a non-finite loss stops the run, nothing saved) and counted into
+// the epoch's mean; nothing when no step is pending.
+void settle_loss(Run& r, bool lagged);
 
 }  // namespace eg::train

@@ -191,12 +191,14 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     const int64_t syncs0 = host_syncs();
     Tensor loss = forward();
     const dist::StepResult s = dp.step(loss, samples, opt, i, 0);  // the training loop's step (train/run.cpp)
-    // A step that stopped before its backward (a loss that is not finite) is no step to
-    // time: the figure would be a forward's.
-    EG_CHECK(s.not_finite == dist::StepResult::NotFinite::none, "bench step: the loss became ", s.loss,
-             " at iteration ", i, " of ", o.model, " (", dtype_name(o.precision), "); no step to time");
     const int64_t step_syncs = host_syncs() - syncs0;
-    (void)loss.item();  // waits for the device (the benchmark's own wait, not the step's)
+    // Waits for the device (the benchmark's own wait, not the step's). A step whose loss
+    // is not finite is no step to time: a deferring step ran its backward on it, a
+    // reading one stopped before it (the figure would be a forward's).
+    const double lv = s.deferred ? s.loss_later.value() : s.loss;
+    if (!s.deferred) (void)loss.item();
+    EG_CHECK(s.not_finite == dist::StepResult::NotFinite::none && std::isfinite(lv), "bench step: the loss became ",
+             lv, " at iteration ", i, " of ", o.model, " (", dtype_name(o.precision), "); no step to time");
     if (i < warmup) continue;
     syncs.push_back(double(step_syncs));
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
