@@ -339,6 +339,7 @@ class EgeriaPolicy : public FreezePolicy {
   // losses_ the rest (every one but the newest has landed: summing them waits for
   // nothing; `all` reads the newest too, a host sync on a GPU at check steps only).
   void add_losses(bool all) const {
+    if (losses_.empty()) return;
     const size_t n = all ? losses_.size() : losses_.size() - 1;
     for (size_t i = 0; i < n; ++i) loss_sum_ += all ? losses_[i].value() : losses_[i].lagged_value();
     losses_.erase(losses_.begin(), losses_.begin() + std::ptrdiff_t(n));
