@@ -13,6 +13,7 @@
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "core/caching_allocator.h"
+#include "core/deferred_read.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
@@ -98,6 +99,32 @@ TEST(Cuda, RoundTripAndZeroing) {
   for (float v : d.to_vector<float>()) EXPECT_EQ(v, 0.f);
   Tensor c = d.clone();
   EXPECT_TRUE(c.is_cuda());
+}
+
+// Note [Deferred reads] on a GPU: the value lands in a pinned slot behind the kernels
+// that make it; value() waits for it (a host sync, counted only if it had to wait), a
+// lagged read is never counted; slots are reused once their copies have landed.
+TEST(Cuda, ADeferredScalarLandsBehindItsKernels) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const Device prev = set_training_device(dev);
+  for (int round = 0; round < 3; ++round) {  // the second and third take the first's slots again
+    Tensor x = Tensor::full({1}, 1.5 + round, DType::f32, dev);
+    Generator g(static_cast<uint64_t>(round));
+    Tensor big = Tensor::randn({1 << 22}, g).to(dev);
+    ops::call(ops::scale, big, big, 2.0);  // queued work before the copy
+    const DeferredScalar d = DeferredScalar::of(x);
+    const Tensor f64 = Tensor::full({}, 0.5 + round, DType::f64).to(dev);
+    const DeferredScalar h = DeferredScalar::of(f64);
+    x.zero_();  // after the copy: not in the value
+    const int64_t s0 = host_syncs();
+    EXPECT_EQ(d.lagged_value(), 1.5 + round);
+    EXPECT_EQ(host_syncs(), s0) << "a lagged read is not counted";
+    EXPECT_TRUE(d.landed());
+    EXPECT_EQ(h.value(), 0.5 + round);
+    EXPECT_LE(host_syncs() - s0, 1);
+  }
+  set_training_device(prev);
 }
 
 TEST(Cuda, DropoutMaskEqualsTheCpuMask) {

@@ -9,6 +9,7 @@
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
+#include "core/deferred_read.h"
 #include "core/device.h"
 #include "core/staged_upload.h"
 #include "core/tensor.h"
@@ -125,6 +126,29 @@ TEST(HostSyncs, SteadyStateStepsRunTheSameOpsAndAllocateNothingNew) {
     EXPECT_EQ(allocs[1], 0) << p << ": a steady-state step's blocks all come from the cache";
     EXPECT_EQ(syncs[0], 0) << p;
     EXPECT_EQ(syncs[1], 0) << p;
+  }
+}
+
+// Note [Deferred reads] on the CPU: the value is read when the DeferredScalar is made (no
+// wait, no sync); copies share it; a known value reads as itself; a tensor that is not one
+// f32 or f64 element is refused naming it.
+TEST(HostSyncs, ADeferredScalarOnTheCpuIsReadAtOnce) {
+  Tensor one = Tensor::from_vector(std::vector<float>{2.5f}, {1});
+  DeferredScalar d;
+  EXPECT_FALSE(d.defined());
+  EXPECT_EQ(syncs_of([&] { d = DeferredScalar::of(one); }), 0);
+  one.zero_();  // later writes do not reach a value already read
+  const DeferredScalar copy = d;
+  EXPECT_TRUE(d.landed());
+  EXPECT_EQ(syncs_of([&] { EXPECT_EQ(d.value(), 2.5); }), 0);
+  EXPECT_EQ(copy.lagged_value(), 2.5);
+  EXPECT_EQ(DeferredScalar(0.25).value(), 0.25);
+  EXPECT_EQ(DeferredScalar::of(Tensor::full({}, 3.0, DType::f64)).value(), 3.0);
+  try {
+    (void)DeferredScalar::of(Tensor::zeros({2}));
+    FAIL() << "two elements";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one f32 or f64 element"), std::string::npos) << e.what();
   }
 }
 
