@@ -82,7 +82,8 @@ DeferredScalar DeferredScalar::of(const Tensor& t) {
   State& s = *d.state_;
   if (t.device().is_cpu()) {
     const Tensor p = t.to_plain();
-    s.value = t.dtype() == DType::f32 ? double(*static_cast<const float*>(p.raw())) : *static_cast<const double*>(p.raw());
+    s.value =
+        t.dtype() == DType::f32 ? double(*static_cast<const float*>(p.raw())) : *static_cast<const double*>(p.raw());
     return d;
   }
 #ifdef EG_WITH_CUDA

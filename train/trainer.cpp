@@ -197,8 +197,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     // reading one stopped before it (the figure would be a forward's).
     const double lv = s.deferred ? s.loss_later.value() : s.loss;
     if (!s.deferred) (void)loss.item();
-    EG_CHECK(s.not_finite == dist::StepResult::NotFinite::none && std::isfinite(lv), "bench step: the loss became ",
-             lv, " at iteration ", i, " of ", o.model, " (", dtype_name(o.precision), "); no step to time");
+    EG_CHECK(s.not_finite == dist::StepResult::NotFinite::none && std::isfinite(lv), "bench step: the loss became ", lv,
+             " at iteration ", i, " of ", o.model, " (", dtype_name(o.precision), "); no step to time");
     if (i < warmup) continue;
     syncs.push_back(double(step_syncs));
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
