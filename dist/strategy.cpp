@@ -64,7 +64,7 @@ std::string Strategy::describe(int64_t batch_size, int threads) const {
 
 StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip) {
   StepResult r;
-  if (!sync_ && !scaler_.enabled() && grad_clip <= 0) {  // Note [Deferred reads]
+  if (!sync_ && !scaler_.enabled()) {  // Note [Deferred reads]
     r.deferred = true;
     r.loss = NAN;
     r.count = samples;
@@ -80,11 +80,13 @@ StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer&
     }
     opt.zero_grad();
     if (loss.defined()) loss.backward();
+    if (grad_clip > 0) r.grad_norm_later = opt.clip_grad_norm_later(grad_clip);
     if (r.count > 0) opt.step();
     return r;
   }
   r = step_reading(loss, samples, opt, step, grad_clip);
   r.loss_later = DeferredScalar(r.loss);
+  if (grad_clip > 0) r.grad_norm_later = DeferredScalar(r.grad_norm);
   return r;
 }
 

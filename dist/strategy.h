@@ -61,13 +61,14 @@ struct StepResult {
   // no scaling), and whether its gradients overflowed, so the optimizer step was skipped.
   double loss_scale = 0;
   bool skipped_overflow = false;
-  // One process without loss scaling or clipping reads nothing in the step (Note
+  // One process without loss scaling reads nothing in the step (Note
   // [Deferred reads] in core/deferred_read.h): `loss_later` holds the loss on its way to
   // the host, and a non-finite one shows only there, after its backward and optimizer
   // step were queued; the caller stops before anything is saved (train/run.cpp). The
   // other paths read the loss in the step (`loss`; `loss_later` holds it too).
   bool deferred = false;
   DeferredScalar loss_later;
+  DeferredScalar grad_norm_later;  // with clipping: the norm, as the loss (undefined without)
 };
 
 // The device a rank of `size` trains on, from --device: "cuda" is cuda:<local rank>, one
@@ -105,7 +106,8 @@ class Strategy {
   // (> 0), and the optimizer's step when any rank had a sample. Stops before backward
   // (non-finite loss) or before the optimizer (non-finite gradient norm), saying which in
   // the result; under loss scaling a non-finite gradient skips the step instead. One
-  // process without scaling or clipping defers the loss's read instead (StepResult::deferred).
+  // process without scaling defers the reads of the loss and of the gradient norm instead
+  // (StepResult::deferred).
   StepResult step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
 
   // Every rank's BatchNorm running statistics become their mean over the ranks (in place).
@@ -120,8 +122,8 @@ class Strategy {
   void summarize(nlohmann::json& summary) const;
 
  private:
-  // step() with the loss read at once: data parallelism agrees on it, scaling and
-  // clipping act on it before the optimizer.
+  // step() with the loss read at once: data parallelism agrees on it, scaling acts on it
+  // before the optimizer.
   StepResult step_reading(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
 
   Communicator& comm_;

@@ -188,6 +188,14 @@ using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
 
 // Sum of squares of x into out [1] (f32 or f64 accumulator; for gradient clipping).
 using SumSquares = void(const Tensor& x, Tensor& out);
+// Gradient clipping without a host read (Note [Deferred reads] in core/deferred_read.h):
+// from the buckets' sums of squares (f32 [k]) into out (f64 [2]): the norm, the square
+// root of their sum taken in f64 in order, and the coefficient max_norm / (norm + 1e-6)
+// where the norm is finite and above max_norm, else 1 (Optimizer::clip_grad_norm's).
+using ClipCoef = void(const Tensor& sums, Tensor& out, double max_norm);
+// y = x times the one element of coef (f64, on x's device), rounded to f32 as scale rounds
+// its alpha. x, y f32 (f64 on ref).
+using ScaleBy = void(const Tensor& x, Tensor& y, const Tensor& coef);
 // Loss scaling's unscale (optim/loss_scaler.h), torch's
 // _amp_foreach_non_finite_check_and_unscale_: grad *= inv_scale in place, and found_inf
 // (f32 [1]) set to 1 when an element of grad is inf or NaN, else left as it is, so one
@@ -247,6 +255,7 @@ struct Op {
                               X(token_mask, TokenMask) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)           \
                                   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd) X(sgd_step, SgdStep)   \
                                       X(adamw_step, AdamWStep) X(sum_squares, SumSquares) X(amp_unscale, AmpUnscale)   \
+                                          X(clip_coef, ClipCoef) X(scale_by, ScaleBy)                                  \
                                           X(cast, Cast) X(image_normalize, ImageNormalize) X(swap12, Swap12)           \
                                               X(sp_gram, SpGram) X(sp_loss, SpLoss) X(argmax_rows, ArgmaxRows)
 

@@ -49,6 +49,27 @@ double Optimizer::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+DeferredScalar Optimizer::clip_grad_norm_later(double max_norm) {
+  buckets_.sync(params_);
+  const auto& bs = buckets_.buckets();
+  const bool f32 = std::all_of(bs.begin(), bs.end(), [](const GradBucket& b) { return b.flat.dtype() == DType::f32; });
+  if (!f32 || bs.empty()) return DeferredScalar(clip_grad_norm(max_norm));
+  const Device dev = bs.front().flat.device();
+  Tensor ss = Tensor::empty({int64_t(bs.size())}, DType::f32, dev);
+  for (size_t i = 0; i < bs.size(); ++i) {
+    Tensor slot = ss.slice(int64_t(i), int64_t(i) + 1);
+    ops::call(ops::sum_squares, bs[i].flat, slot);
+  }
+  Tensor out = Tensor::empty({2}, DType::f64, dev);
+  ops::call(ops::clip_coef, ss, out, max_norm);
+  const Tensor coef = out.slice(1, 2);
+  for (auto& b : bs) {
+    Tensor g = b.flat;
+    ops::call(ops::scale_by, g, g, coef);
+  }
+  return DeferredScalar::of(out.slice(0, 1));
+}
+
 SGD::SGD(std::vector<Tensor> params, double lr, SgdOptions o)
     : Optimizer(std::move(params), lr), options(o), momentum_(params_.size()) {
   EG_CHECK(o.momentum >= 0 && o.weight_decay >= 0, "SGD: momentum and weight decay must be non-negative");

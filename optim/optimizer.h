@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/deferred_read.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "optim/buckets.h"
@@ -31,6 +32,13 @@ class Optimizer {
   // norm is at most max_norm, and returns the norm before: one reduction and at most one
   // scale per bucket. A NaN/Inf norm is returned and nothing scaled (callers stop).
   double clip_grad_norm(double max_norm);
+  // The same without a host read (Note [Deferred reads] in core/deferred_read.h): the norm
+  // and the coefficient computed on the buckets' device (ops::clip_coef), every bucket
+  // scaled by it (ops::scale_by; by 1 within the bound, the same bits as not scaling),
+  // the norm on its way to the host. A NaN/Inf norm scales nothing: the update then takes
+  // the unclipped gradients and the caller, reading the norm, stops before anything is
+  // saved. Buckets other than f32 (a model of f64 parameters) are read at once.
+  DeferredScalar clip_grad_norm_later(double max_norm);
   const GradBuckets& grad_buckets() const { return buckets_; }
   // The buckets' caps in bytes (optim/buckets.h); the next zero_grad() rebuilds them.
   void set_bucket_caps(size_t cap_bytes, size_t first_cap_bytes) { buckets_.set_caps(cap_bytes, first_cap_bytes); }

@@ -83,6 +83,40 @@ void add_unscale(std::vector<OpCase>& v, const std::string& name, int64_t n, int
   v.push_back(c);
 }
 
+// Gradient clipping without a host read (Note [Deferred reads]): the norm and coefficient
+// from the buckets' sums of squares, and the buckets scaled by it.
+void add_clip_coef(std::vector<OpCase>& v, const std::string& name, std::vector<float> sums, double max_norm) {
+  OpCase c;
+  c.name = "clip_coef/" + name;
+  c.make_inputs = [=](DType) { return Tensors{Tensor::from_vector(sums, {int64_t(sums.size())})}; };
+  c.forward = [=](ops::Backend b, const Tensors& in) {
+    Tensor out = Tensor::zeros({2}, DType::f64, in[0].device());
+    ops::run(ops::clip_coef, b, in[0], out, max_norm);
+    return Tensors{out};
+  };
+  c.uses = {uses(ops::clip_coef)};
+  c.fwd_tol = {0, 1e-15};  // the same f64 operations in the same order
+  c.gradcheck = false;
+  v.push_back(c);
+}
+
+void add_scale_by(std::vector<OpCase>& v, const std::string& name, int64_t n, double coef, bool big) {
+  OpCase c;
+  c.name = "scale_by/" + name;
+  c.make_inputs = [=](DType dt) { return Tensors{randn({n}, dt, 77), Tensor::full({1}, coef, DType::f64)}; };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    Tensor y = empty_like(in[0]);
+    ops::run(ops::scale_by, b, in[0], y, in[1]);
+    return Tensors{y};
+  };
+  c.uses = {uses(ops::scale_by)};
+  c.fwd_tol = {1e-7, 2e-7};  // the ref's f64 product against an f32 coefficient's
+  c.gradcheck = false;
+  c.bench = big;
+  c.bytes = double(n) * 8;
+  v.push_back(c);
+}
+
 ops::SgdParams sgd(double lr, double momentum, double dampening, double wd, bool nesterov, bool first) {
   ops::SgdParams p;
   p.lr = lr;
@@ -103,6 +137,11 @@ ops::AdamWParams adamw(double lr, double wd, int64_t step) {
 }
 
 RegisterCases reg([](std::vector<OpCase>& v) {
+  add_clip_coef(v, "above_the_bound", {3.5f, 120.25f, 0.125f}, 1.0);
+  add_clip_coef(v, "below_the_bound", {0.25f, 0.5f}, 5.0);
+  add_clip_coef(v, "not_finite", {1.f, INFINITY, 2.f}, 1.0);
+  add_scale_by(v, "small", 1037, 0.3017, false);
+  add_scale_by(v, "resnet56_grads_853018", 853018, 0.125, true);
   const int64_t n = 1037;  // not a multiple of any vector width or chunk
   add_sgd(v, "plain", n, sgd(0.1, 0, 0, 0, false, false), false);
   add_sgd(v, "weight_decay", n, sgd(0.1, 0, 0, 5e-4, false, false), false);

@@ -82,6 +82,38 @@ TEST(Optim, ClipGradNormOverBucketsMatchesPerParameter) {
   EXPECT_NEAR(ps[0].grad().to_vector<float>()[1], 0.4, 1e-5);
 }
 
+// Clipping without a host read (Note [Deferred reads]) gives the host path's bits: the same
+// norm, the same coefficient applied in f32, gradients untouched within the bound; a
+// non-finite norm scales nothing and is reported.
+TEST(Optim, ClipWithoutAHostReadGivesTheHostPathsBits) {
+  auto grads_after = [&](bool later, double max_norm, double* norm, bool poison = false) {
+    std::vector<Tensor> ps = {param({0, 0, 0, 0, 0}), param({0, 0, 0}), param({0, 0})};
+    optim::SGD opt(ps, 0.1, {0.0, 0.0, 0.0, false});
+    opt.set_bucket_caps(16, 16);  // more than one bucket
+    opt.zero_grad();
+    Generator gg(5);
+    for (auto& p : ps) p.grad().copy_(Tensor::randn(p.shape(), gg));
+    if (poison) ps[1].grad().copy_(Tensor::from_vector<float>({1, NAN, 2}, {3}));
+    *norm = later ? opt.clip_grad_norm_later(max_norm).value() : opt.clip_grad_norm(max_norm);
+    std::vector<float> all;
+    for (auto& p : ps)
+      for (float v : p.grad().to_vector<float>()) all.push_back(v);
+    return all;
+  };
+  for (double max_norm : {0.5, 1e9}) {  // clipped; within the bound
+    double n_host = 0, n_later = 0;
+    const std::vector<float> host = grads_after(false, max_norm, &n_host),
+                             later = grads_after(true, max_norm, &n_later);
+    EXPECT_EQ(n_host, n_later) << max_norm;
+    ASSERT_EQ(host.size(), later.size());
+    for (size_t i = 0; i < host.size(); ++i) EXPECT_EQ(host[i], later[i]) << "max_norm " << max_norm << " at " << i;
+  }
+  double n = 0;
+  const std::vector<float> poisoned = grads_after(true, 0.5, &n, true);
+  EXPECT_TRUE(std::isnan(n));
+  EXPECT_EQ(poisoned[5], 1.f) << "a non-finite norm scales nothing";
+}
+
 TEST(Optim, Schedules) {
   EXPECT_DOUBLE_EQ(optim::step_lr(0.1, 30)->lr_at(29), 0.1);
   EXPECT_NEAR(optim::step_lr(0.1, 30)->lr_at(30), 0.01, 1e-15);

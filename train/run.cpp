@@ -164,7 +164,7 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   }
   // The step before's loss, now that this step's kernels are queued behind it.
   settle_loss(r, true);
-  r.pending = Run::PendingLoss{s.loss_later, st.step, st.epoch, st.batch, s.count > 0};
+  r.pending = Run::PendingLoss{s.loss_later, s.grad_norm_later, st.step, st.epoch, st.batch, s.count > 0};
   ++st.step, ++st.batch, ++r.steps_this_run, ++steps_this_epoch;
   r.freezing->after_step({st.step, st.epoch, lr, s.loss_later, Tensor(), Tensor(), s.count > 0}, st.train_seconds);
   ++r.steps_by_host_syncs[host_syncs() - syncs0];  // the step's own, before any log, evaluation or checkpoint
@@ -173,7 +173,7 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   st.train_seconds += seconds_since(t0);
   if (st.step % r.c.log_every == 0 || s.skipped_overflow) {
     settle_loss(r, false);  // a log step reads its own loss
-    if (s.deferred) s.loss = s.count > 0 ? r.last_loss : 0.0;
+    if (s.deferred) s.loss = s.count > 0 ? r.last_loss : 0.0, s.grad_norm = r.last_grad_norm;
     log_step(r, s, lr);
   }
   const double eta = seconds_since(epoch_start) / double(steps_this_epoch) * double(r.steps_per_epoch - st.batch);
@@ -337,9 +337,13 @@ void settle_loss(Run& r, bool lagged) {
   if (!r.pending) return;
   const Run::PendingLoss p = std::move(*r.pending);
   r.pending.reset();
-  const double v = lagged ? p.loss.lagged_value() : p.loss.value();
+  auto read = [lagged](const DeferredScalar& d) { return lagged ? d.lagged_value() : d.value(); };
+  const double v = read(p.loss);
+  if (p.grad_norm.defined()) r.last_grad_norm = read(p.grad_norm);
   if (!p.trained) return;  // no sample: no loss (not a loss of 0)
   if (!std::isfinite(v)) stop_not_finite(r, true, v, p.step, p.epoch, p.batch);
+  if (!std::isfinite(r.last_grad_norm) && p.grad_norm.defined())
+    stop_not_finite(r, false, r.last_grad_norm, p.step, p.epoch, p.batch);
   r.state.epoch_loss_sum += v, ++r.state.epoch_loss_n;
   r.last_loss = v;
 }

@@ -47,12 +47,12 @@ struct Run {
   // the epoch's mean loss; behind the next step's kernels, or before anything reads the
   // loop's state or writes a file.
   struct PendingLoss {
-    DeferredScalar loss;
+    DeferredScalar loss, grad_norm;  // the norm with --grad-clip
     int64_t step = 0, epoch = 0, batch = 0;  // the step's, as stop_not_finite names them
     bool trained = false;  // a sample of the global batch was kept
   };
   std::optional<PendingLoss> pending;
-  double last_loss = NAN;  // the newest settled step's loss, for the progress line
+  double last_loss = NAN, last_grad_norm = NAN;  // the newest settled step's (log and progress lines)
 
   bool lead() const { return dp.lead(); }
   RunParts parts() { return {*model, *opt, *freezing, task, dp}; }
@@ -78,9 +78,9 @@ void build_run(Run& r, bool resuming);
 void start_or_resume(Run& r, std::optional<Checkpoint>& ck);
 // A checkpoint of the run as it is (collective; rank 0 writes), its last loss settled first.
 void save_checkpoint(Run& r);
-// The pending step's loss read (lagged: with later kernels queued behind it, so not a
-// host sync), checked (a non-finite loss stops the run, nothing saved) and counted into
-// the epoch's mean; nothing when no step is pending.
+// The pending step's loss (and gradient norm) read (lagged: with later kernels queued
+// behind it, so not a host sync), checked (a non-finite one stops the run, nothing saved)
+// and the loss counted into the epoch's mean; nothing when no step is pending.
 void settle_loss(Run& r, bool lagged);
 
 }  // namespace eg::train

@@ -11,6 +11,7 @@
 #include <Eigen/Core>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
 
 namespace eg::cpu {
 
@@ -55,6 +56,13 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const ops
   if (p.first_step) sgd_nesterov<true, true>(w, g, mb, n, p);
   else sgd_nesterov<true, false>(w, g, mb, n, p);
 }
+
+// A handful of sums (one a gradient bucket): the reference's loop.
+void clip_coef(const Tensor& sums, Tensor& out, double max_norm) { ref::clip_coef(sums, out, max_norm); }
+
+// scale with the coefficient read here (the CPU holds it): float(coef) x, as clipping's
+// host path scales.
+void scale_by(const Tensor& x, Tensor& y, const Tensor& coef) { scale(x, y, coef.data<double>()[0]); }
 
 void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
   float* g = grad.data<float>();

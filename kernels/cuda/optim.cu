@@ -1,6 +1,7 @@
 // Fused optimizer updates on CUDA, f32, one pass over flat tensors (PyTorch
-// semantics, as ops.h spells out), and loss scaling's unscale with its found-inf flag. Napkin math: SGD with momentum moves 16 B/param
-// (ResNet-56: 14 MB, ~5 us at 3 TB/s); AdamW 28 B/param.
+// semantics, as ops.h spells out), loss scaling's unscale with its found-inf flag, and
+// gradient clipping's coefficient and scaling without a host read. Napkin math: SGD with
+// momentum moves 16 B/param (ResNet-56: 14 MB, ~5 us at 3 TB/s); AdamW 28 B/param.
 #include "kernels/cuda/common.cuh"
 
 namespace eg::cudak {
@@ -37,9 +38,38 @@ __global__ void unscale_kernel(float* g, float* found_inf, float s, int64_t n) {
     g[i] = v * s;
   }
 }
+// One thread: a handful of sums, added in order in f64 as the host's loop adds them.
+__global__ void clip_coef_kernel(const float* sums, int64_t k, double* out, double max_norm) {
+  double total = 0;
+  for (int64_t i = 0; i < k; ++i) total += double(sums[i]);
+  const double norm = sqrt(total);
+  out[0] = norm;
+  out[1] = isfinite(norm) && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+__global__ void scale_by_kernel(const float* x, float* y, const double* coef, int64_t n) {
+  const float s = float(*coef);
+  EG_CUDA_LOOP(i, n) y[i] = x[i] * s;
+}
 }  // namespace
 
 // ---- launchers
+void clip_coef(const Tensor& sums, Tensor& out, double max_norm) {
+  require_f32(sums, "clip_coef");
+  EG_CHECK(out.dtype() == DType::f64 && out.numel() == 2, "clip_coef on CUDA writes f64 [2], got ", out.str());
+  clip_coef_kernel<<<1, 1, 0, stream()>>>(sums.data<float>(), sums.numel(), out.data<double>(), max_norm);
+  cuda::after_launch("clip_coef");
+}
+
+void scale_by(const Tensor& x, Tensor& y, const Tensor& coef) {
+  require_f32(x, "scale_by");
+  EG_CHECK(coef.dtype() == DType::f64 && coef.numel() == 1, "scale_by on CUDA takes an f64 coefficient, got ",
+           coef.str());
+  const int64_t n = x.numel();
+  if (!n) return;
+  scale_by_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.data<float>(), y.data<float>(), coef.data<double>(), n);
+  cuda::after_launch("scale_by");
+}
+
 void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
   require_f32(grad, "amp_unscale");
   const int64_t n = grad.numel();

@@ -63,6 +63,16 @@ void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
   else unscale<float>(grad, found_inf, inv_scale);
 }
 
+void clip_coef(const Tensor& sums, Tensor& out, double max_norm) {
+  double total = 0;
+  for (int64_t i = 0; i < sums.numel(); ++i) total += double(sums.data<float>()[i]);
+  const double norm = std::sqrt(total);
+  out.data<double>()[0] = norm;
+  out.data<double>()[1] = std::isfinite(norm) && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
+void scale_by(const Tensor& x, Tensor& y, const Tensor& coef) { scale(x, y, coef.data<double>()[0]); }
+
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const ops::SgdParams& p) {
   if (param.dtype() == DType::f64) sgd<double>(param, grad, momentum_buf, p);
   else sgd<float>(param, grad, momentum_buf, p);
