@@ -336,8 +336,9 @@ class EgeriaPolicy : public FreezePolicy {
   std::shared_ptr<const Snapshot> snapshot_;
   quant::Calibration restored_calibration_;  // load_state's, until load_state_tensors restores the snapshot
   // The step losses since the last bootstrapping check: loss_sum_ holds those read so far,
-  // losses_ the rest (every one but the newest has landed: summing them waits for
-  // nothing; `all` reads the newest too, a host sync on a GPU at check steps only).
+  // losses_ the rest, read lagged (a later step's kernels are queued behind each but the
+  // newest); `all` reads the newest too (a host sync on a GPU, at check steps and
+  // checkpoints only).
   void add_losses(bool all) const {
     if (losses_.empty()) return;
     const size_t n = all ? losses_.size() : losses_.size() - 1;
