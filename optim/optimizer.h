@@ -34,7 +34,8 @@ class Optimizer {
   double clip_grad_norm(double max_norm);
   // The same without a host read (Note [Deferred reads] in core/deferred_read.h): the norm
   // and the coefficient computed on the buckets' device (ops::clip_coef), every bucket
-  // scaled by it (ops::scale_by; by 1 within the bound, the same bits as not scaling),
+  // scaled by it (ops::scale_by, whose kernels skip a coefficient of 1 in place: within the
+  // bound the gradients are not touched),
   // the norm on its way to the host. A NaN/Inf norm scales nothing: the update then takes
   // the unclipped gradients and the caller, reading the norm, stops before anything is
   // saved. Buckets other than f32 (a model of f64 parameters) are read at once.

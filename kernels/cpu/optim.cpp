@@ -62,7 +62,11 @@ void clip_coef(const Tensor& sums, Tensor& out, double max_norm) { ref::clip_coe
 
 // scale with the coefficient read here (the CPU holds it): float(coef) x, as clipping's
 // host path scales.
-void scale_by(const Tensor& x, Tensor& y, const Tensor& coef) { scale(x, y, coef.data<double>()[0]); }
+void scale_by(const Tensor& x, Tensor& y, const Tensor& coef) {
+  const double c = coef.data<double>()[0];
+  if (float(c) == 1.f && x.raw() == y.raw()) return;  // within the clipping bound: nothing to move
+  scale(x, y, c);
+}
 
 void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
   float* g = grad.data<float>();

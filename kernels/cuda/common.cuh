@@ -29,6 +29,10 @@ inline void require_f32(const Tensor& t, const char* op) {
 // core/tensor.h): unless EG_CUDA_CHANNELS_LAST=0. Defined in conv2d.cu.
 bool channels_last();
 
+// The layout an op computes in (Note [Channels-last activations on CUDA] in
+// core/tensor.h): with 16-bit data, its data's own (NHWC or NCHW); with f32 data, NCHW.
+inline Format compute_layout(const Tensor& x, bool half) { return half ? x.format() : Format::plain; }
+
 // Note [16-bit CUDA kernels]
 // The ops that mixed precision sends bf16 (or f16) activations (Note [bf16 kernels] in
 // kernels/ops.h; marked in kernels/registry.cpp) take each tensor in its own dtype, as

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cuda/batchnorm16.cuh"
 #include "kernels/cuda/cudnn_desc.cuh"
 
 namespace eg::cudak {

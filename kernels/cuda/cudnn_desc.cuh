@@ -1,6 +1,5 @@
 // What conv2d.cu and batchnorm.cu share: cuDNN tensor descriptors (NCHW or NHWC, of f32,
-// bf16 or f16 data), the channels-last switch, and the per-channel sum behind a 16-bit
-// convolution's bias gradient.
+// bf16 or f16 data).
 #pragma once
 #include "kernels/cuda/common.cuh"
 
@@ -22,9 +21,5 @@ struct TensorDesc {
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
-
-// db[c] = sum of dy over (N, H, W) for dy [N, C, H, W] of any of the three dtypes, db f32:
-// a convolution's bias gradient beside 16-bit activations.
-void channel_sum(const Tensor& dy, Tensor& db);
 
 }  // namespace eg::cudak

@@ -48,6 +48,7 @@ __global__ void clip_coef_kernel(const float* sums, int64_t k, double* out, doub
 }
 __global__ void scale_by_kernel(const float* x, float* y, const double* coef, int64_t n) {
   const float s = float(*coef);
+  if (s == 1.f && x == y) return;  // within the clipping bound: nothing to move
   EG_CUDA_LOOP(i, n) y[i] = x[i] * s;
 }
 }  // namespace

@@ -164,7 +164,7 @@ PoolGeom geom(const Shape& x, const Shape& y, const ops::Pool2dParams& p, bool n
 bool fits_32(const Tensor& a, const Tensor& b) { return std::max(a.numel(), b.numel()) < (int64_t(1) << 31); }
 // 16-bit data computes in the layout it comes in (a 16-bit network's activations are
 // NHWC), f32 data NCHW.
-Format layout_for(const Tensor& t) { return t.dtype() == DType::f32 ? Format::plain : t.format(); }
+Format layout_for(const Tensor& t) { return compute_layout(t, t.dtype() != DType::f32); }
 }  // namespace
 
 // ---- launchers
