@@ -28,6 +28,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/bf16x16.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ref.h"
 
@@ -60,6 +61,19 @@ void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, i
       st(y, k, Relu ? std::max(v, 0.f) : v);
     }
 }
+#if EG_BF16X16
+template <bool Relu, bool Res, int64_t Lanes>
+void affine_rows(const bf16_t* x, const bf16_t* r, bf16_t* y, const float* a, const float* b, int64_t rows) {
+  static_assert(Lanes == kBlock, "bf16 activations are held in 16-channel blocks");
+  using namespace bf16x16;
+  const __m512 va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
+  for (int64_t k = 0; k < rows * kBlock; k += kBlock) {
+    __m512 v = _mm512_fmadd_ps(load16(x + k), va, vb);
+    if (Res) v = _mm512_add_ps(v, load16(r + k));
+    store16(y + k, Relu ? relu(v) : v);
+  }
+}
+#endif
 template <int64_t Lanes, class T>
 void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows, bool relu) {
   if (relu)
@@ -78,6 +92,38 @@ void affine_blocked(const Tiles& t, const T* xp, T* yp, const float* sc, const f
   }
 }
 
+// Per channel of an L x 16 tile: the sum s and the squared deviations q from the tile's mean.
+template <class T>
+void tile_stats(const T* xr, int64_t L, float* s_out, float* q_out) {
+  float s[kBlock] = {}, q[kBlock] = {}, mu[kBlock];
+  for (int64_t l = 0; l < L; ++l)
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) s[j] += ld(xr, l * kBlock + j);
+#pragma omp simd
+  for (int64_t j = 0; j < kBlock; ++j) mu[j] = s[j] / float(L);
+  for (int64_t l = 0; l < L; ++l)
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const float d = ld(xr, l * kBlock + j) - mu[j];
+      q[j] += d * d;
+    }
+  for (int64_t j = 0; j < kBlock; ++j) s_out[j] = s[j], q_out[j] = q[j];
+}
+#if EG_BF16X16
+inline void tile_stats(const bf16_t* xr, int64_t L, float* s_out, float* q_out) {
+  using namespace bf16x16;
+  __m512 s = _mm512_setzero_ps(), q = _mm512_setzero_ps();
+  for (int64_t k = 0; k < L * kBlock; k += kBlock) s = _mm512_add_ps(s, load16(xr + k));
+  const __m512 mu = _mm512_div_ps(s, _mm512_set1_ps(float(L)));
+  for (int64_t k = 0; k < L * kBlock; k += kBlock) {
+    const __m512 d = _mm512_sub_ps(load16(xr + k), mu);
+    q = _mm512_fmadd_ps(d, d, q);
+  }
+  _mm512_storeu_ps(s_out, s);
+  _mm512_storeu_ps(q_out, q);
+}
+#endif
+
 template <class T>
 void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip,
                           float* rmp, float* rvp, double momentum, double eps, bool relu, const T* resp) {
@@ -88,22 +134,8 @@ void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Ten
   // Per tile and channel: sum and squared deviations from the tile's mean.
   std::vector<float> tsum(size_t(t.count() * kBlock)), tm2(size_t(t.count() * kBlock));
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < t.count(); ++i) {
-    const T* xr = xp + i * t.L * kBlock;
-    float s[kBlock] = {}, q[kBlock] = {}, mu[kBlock];
-    for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-      for (int64_t j = 0; j < kBlock; ++j) s[j] += ld(xr, l * kBlock + j);
-#pragma omp simd
-    for (int64_t j = 0; j < kBlock; ++j) mu[j] = s[j] / float(t.L);
-    for (int64_t l = 0; l < t.L; ++l)
-#pragma omp simd
-      for (int64_t j = 0; j < kBlock; ++j) {
-        const float d = ld(xr, l * kBlock + j) - mu[j];
-        q[j] += d * d;
-      }
-    for (int64_t j = 0; j < kBlock; ++j) tsum[size_t(i * kBlock + j)] = s[j], tm2[size_t(i * kBlock + j)] = q[j];
-  }
+  for (int64_t i = 0; i < t.count(); ++i)
+    tile_stats(xp + i * t.L * kBlock, t.L, tsum.data() + i * kBlock, tm2.data() + i * kBlock);
   std::vector<float> sc(size_t(t.C)), sh(size_t(t.C));
   const double m = double(t.N * t.L);
   for (int64_t c = 0; c < t.C; ++c) {
@@ -160,6 +192,44 @@ void tile_dx(const T* dr, const T* rr, const T* xr, const float* mu, const float
       st(o, l * kBlock + j,
          gi[j] * grad_at<Relu>(rr, dr, l * kBlock + j) - a[j] * (ld(xr, l * kBlock + j) - mu[j]) - b[j]);
 }
+
+#if EG_BF16X16
+// The gradient of a row: dy, or dy where the fused ReLU's output rr > 0.
+template <bool Relu>
+__m512 grad16(const bf16_t* dr, const bf16_t* rr, int64_t k) {
+  using namespace bf16x16;
+  const __m512 g = load16(dr + k);
+  if (!Relu) return g;
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(load16(rr + k), _mm512_setzero_ps(), _CMP_GT_OQ), g);
+}
+
+template <bool Relu, bool Store>
+void tile_sums(const bf16_t* dr, const bf16_t* rr, const bf16_t* xr, const float* mu, int64_t L, float* a, float* b,
+               bf16_t* go) {
+  using namespace bf16x16;
+  const __m512 vmu = _mm512_loadu_ps(mu);
+  __m512 va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
+  for (int64_t k = 0; k < L * kBlock; k += kBlock) {
+    const __m512 g = grad16<Relu>(dr, rr, k);
+    if (Store) store16(go + k, g);
+    va = _mm512_add_ps(va, g);
+    vb = _mm512_fmadd_ps(g, _mm512_sub_ps(load16(xr + k), vmu), vb);
+  }
+  _mm512_storeu_ps(a, va);
+  _mm512_storeu_ps(b, vb);
+}
+
+template <bool Relu>
+void tile_dx(const bf16_t* dr, const bf16_t* rr, const bf16_t* xr, const float* mu, const float* gi, const float* a,
+             const float* b, int64_t L, bf16_t* o) {
+  using namespace bf16x16;
+  const __m512 vmu = _mm512_loadu_ps(mu), vg = _mm512_loadu_ps(gi), va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
+  for (int64_t k = 0; k < L * kBlock; k += kBlock) {
+    const __m512 v = _mm512_fnmadd_ps(va, _mm512_sub_ps(load16(xr + k), vmu), _mm512_mul_ps(vg, grad16<Relu>(dr, rr, k)));
+    store16(o + k, _mm512_sub_ps(v, vb));
+  }
+}
+#endif
 
 // ry: the fused ReLU's output (nullptr: none); the gradient is dy where ry > 0.
 // dres (defined: wanted): the gradient of the forward's residual, that masked dy.

@@ -8,6 +8,7 @@
 // mismatched operands are brought to the blocked one's format (axpy: to y's).
 #include <vector>
 
+#include "kernels/cpu/bf16x16.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ref.h"
 
@@ -20,6 +21,17 @@ void same_shape(const T* a, const T* b, T* c, int64_t n, F f) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) st(c, i, f(ld(a, i), ld(b, i)));
 }
+#if EG_BF16X16
+// f takes floats or 16 lanes of them (__m512, whose arithmetic operators gcc defines).
+template <class F>
+void same_shape(const bf16_t* a, const bf16_t* b, bf16_t* c, int64_t n, F f) {
+  using namespace bf16x16;
+  const int64_t body = n / 16 * 16;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < body; i += 16) store16(c + i, f(load16(a + i), load16(b + i)));
+  for (int64_t i = body; i < n; ++i) st(c, i, f(ld(a, i), ld(b, i)));
+}
+#endif
 
 // a is full-size [outer, mid, inner]; b is per-mid (or b is full and a per-mid when swapped).
 template <class F>
@@ -84,10 +96,10 @@ bool try_fast(const Tensor& a, const Tensor& b, Tensor& c, F f) {
 template <class T>
 void same_shape_op(ops::Binary op, const T* ap, const T* bp, T* cp, int64_t n) {
   switch (op) {
-    case ops::Binary::add: same_shape(ap, bp, cp, n, [](float x, float y) { return x + y; }); break;
-    case ops::Binary::sub: same_shape(ap, bp, cp, n, [](float x, float y) { return x - y; }); break;
-    case ops::Binary::mul: same_shape(ap, bp, cp, n, [](float x, float y) { return x * y; }); break;
-    case ops::Binary::div: same_shape(ap, bp, cp, n, [](float x, float y) { return x / y; }); break;
+    case ops::Binary::add: same_shape(ap, bp, cp, n, [](auto x, auto y) { return x + y; }); break;
+    case ops::Binary::sub: same_shape(ap, bp, cp, n, [](auto x, auto y) { return x - y; }); break;
+    case ops::Binary::mul: same_shape(ap, bp, cp, n, [](auto x, auto y) { return x * y; }); break;
+    case ops::Binary::div: same_shape(ap, bp, cp, n, [](auto x, auto y) { return x / y; }); break;
   }
 }
 
