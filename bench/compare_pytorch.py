@@ -18,7 +18,9 @@ CPU egeria runs twice per repeat, as it ships (Winograd for the 3x3 convolutions
 enough channels) and with `--cpu-winograd off` (every convolution direct, as PyTorch's),
 so the ratio can be read both ways. With --precision bf16 egeria runs `bench step
 --precision bf16` and PyTorch its forward and loss under torch.autocast(device,
-torch.bfloat16), as its users write mixed precision; --pytorch-precision sets PyTorch's
+torch.bfloat16), as its users write mixed precision; with --precision fp16 (GPUs) egeria runs
+its dynamic loss scaling and PyTorch autocast to torch.float16 with a GradScaler, as AMP's
+users write it; --pytorch-precision sets PyTorch's
 alone (egeria f32 against PyTorch's autocast, say, where egeria has no bf16 on the device).
 --configs picks PyTorch's configurations (e.g. channels_last, to skip a long compile).
 PyTorch missing: prints a message and exits 0.
@@ -103,7 +105,7 @@ def torch_resnet(depth, nn, F):
 _torch_setups = {}
 TF32 = False  # --tf32: both engines may use TF32 tensor cores for f32 convs/matmuls
 PRECISION = "f32"  # --precision: egeria's bench step --precision
-TORCH_PRECISION = "f32"  # --pytorch-precision (default --precision's): bf16 runs PyTorch under torch.autocast
+TORCH_PRECISION = "f32"  # --pytorch-precision (default --precision's): bf16/fp16 run PyTorch under torch.autocast
 CUDNN = "find"  # --egeria-cudnn: how egeria picks its convolution algorithms on a GPU
 
 
@@ -141,19 +143,21 @@ def torch_setup(model_name, bs, threads, config, device, seq_len=32):
         torch.backends.cudnn.allow_tf32 = TF32
         torch.backends.cuda.matmul.allow_tf32 = TF32
     fwd = torch.compile(m) if config == "compile" else m
-    _torch_setups[key] = (fwd, opt, x, y, F)
+    # fp16: GradScaler's dynamic loss scaling, as egeria's --loss-scale dynamic
+    scaler = torch.cuda.amp.GradScaler() if TORCH_PRECISION == "fp16" else None
+    _torch_setups[key] = (fwd, opt, x, y, F, scaler)
     return _torch_setups[key]
 
 
 def bench_torch(model_name, bs, threads, iters, config, device="cpu", seq_len=32):
     """config: "contiguous", "channels_last" or "compile" (torch.compile of the model).
     Images per second, or a Transformer's target tokens per second."""
-    fwd, opt, x, y, F = torch_setup(model_name, bs, threads, config, device, seq_len)
+    fwd, opt, x, y, F, scaler = torch_setup(model_name, bs, threads, config, device, seq_len)
     transformer = model_name in TRANSFORMERS
     import contextlib
     import torch
-    autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if TORCH_PRECISION == "bf16"
-                else contextlib.nullcontext())
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(TORCH_PRECISION)
+    autocast = torch.autocast(torch.device(device).type, dtype=low) if low else contextlib.nullcontext()
     warmup = 3
     times = []
     for i in range(warmup + iters):
@@ -162,8 +166,13 @@ def bench_torch(model_name, bs, threads, iters, config, device="cpu", seq_len=32
             out = fwd(*x) if transformer else fwd(x)
             loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y)
         opt.zero_grad()
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         loss.item()  # waits for the device, as egeria's bench step does
         if i >= warmup:
             times.append(time.perf_counter() - t)
@@ -197,9 +206,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tf32", action="store_true", help="GPU: allow TF32 in both engines (default: exact f32)")
     ap.add_argument("--seq-len", type=int, default=32, help="Transformers: tokens per sentence (throughput in target tokens)")
-    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
-                    help="bf16: egeria's --precision bf16 against PyTorch under torch.autocast")
-    ap.add_argument("--pytorch-precision", choices=["f32", "bf16"],
+    ap.add_argument("--precision", choices=["f32", "bf16", "fp16"], default="f32",
+                    help="bf16: egeria's --precision bf16 against PyTorch under torch.autocast; fp16 (GPUs): "
+                    "egeria's --precision fp16 (dynamic loss scaling) against autocast to float16 with a GradScaler")
+    ap.add_argument("--pytorch-precision", choices=["f32", "bf16", "fp16"],
                     help="PyTorch's precision when it differs from egeria's (default: --precision)")
     ap.add_argument("--egeria-cudnn", choices=["find", "heuristic"], default="find",
                     help="GPU: egeria's convolution algorithms timed per shape (EG_CUDNN_BENCHMARK=1, as PyTorch's "
@@ -219,6 +229,8 @@ def main():
         print("compare_pytorch: PyTorch is not installed (Debian: python3-torch); egeria only")
         torch = None
     gpu = a.device.startswith("cuda")
+    if "fp16" in (PRECISION, TORCH_PRECISION) and not gpu:
+        ap.error("--precision fp16 needs a GPU (--device cuda:0): egeria and PyTorch's CPU autocast run bf16 only")
     if torch is not None and gpu and not torch.cuda.is_available():
         print("compare_pytorch: this PyTorch has no CUDA device; egeria only")
         torch = None

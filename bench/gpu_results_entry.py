@@ -8,7 +8,8 @@ EG_CUDA_CHANNELS_LAST=0: NCHW throughout) and r50-f32.json (bench/compare_pytorc
 --out: egeria's ResNet-50 step in bf16 against PyTorch AMP, and in f32 against PyTorch
 f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
-(transformer-small against PyTorch AMP), and tools/gpu-check's outputs where they ran
+(transformer-small against PyTorch AMP), r50-fp16.json and tfm-fp16.json (both in fp16
+against PyTorch's float16 autocast with a GradScaler), and tools/gpu-check's outputs where they ran
 (gpu-check-tests/tests.log, gpu-check-bench/compare_pytorch_cuda.json). A figure that was not measured, or that the
 engine cannot produce yet, is null, and "missing" says why; nothing is filled in.
 """
@@ -131,6 +132,13 @@ def main():
         e["resnet50_bf16_nchw_synthetic_img_s"] = nchw.get("egeria_images_per_second")
         e["pytorch_amp_resnet50_img_s_beside_nchw"] = nchw.get("pytorch_images_per_second")
         e["resnet50_nchw_ratio_by_repeat_vs_pytorch_amp"] = nchw.get("ratio_by_repeat")
+    for name, model in (("r50-fp16.json", "resnet50"), ("tfm-fp16.json", "transformer_small")):
+        f16 = load(os.path.join(a.results, name))
+        if f16:  # fp16 with loss scaling against PyTorch's float16 autocast and GradScaler, same run
+            unit = "img_s" if model == "resnet50" else "tok_s"
+            e[f"{model}_fp16_{'synthetic_' if model == 'resnet50' else ''}{unit}"] = f16.get("egeria_images_per_second")
+            e[f"pytorch_amp_fp16_{model}_{unit}"] = f16.get("pytorch_images_per_second")
+            e[f"{model}_fp16_ratio_by_repeat_vs_pytorch_amp_fp16"] = f16.get("ratio_by_repeat")
     r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
     if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
         e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")
