@@ -8,6 +8,7 @@
 // Every call is collective: all ranks make it, in the same order, with tensors of the
 // same shape and dtype. Failures throw eg::Error naming the call.
 #pragma once
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
@@ -37,6 +38,18 @@ class Communicator {
   // tensors of this rank's GPU too). bf16 values are combined in f32 and rounded to bf16
   // (by MPI at each step of its algorithm; by NCCL as it does).
   virtual void all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
+  // The same, for an enqueuing communicator, without making the current stream wait for
+  // it: kernels issued after it (the rest of backward) run beside the all-reduce, and the
+  // current stream waits for every one left unjoined at join(). `t` must not be written
+  // meanwhile, nor its result read before join(). A host communicator reduces at once
+  // and join() has nothing to do. Note [NCCL stream ordering] in dist/nccl.cpp.
+  virtual void all_reduce_unjoined(Tensor& t, ReduceOp op = ReduceOp::sum) { all_reduce(t, op); }
+  virtual void join() {}
+  // Device seconds the current stream stood waiting in join() so far, timed by events and
+  // read one join late (a join still running is counted at the next), and how many
+  // joins that covers. 0 on a host communicator, whose waits the host times itself.
+  virtual double join_wait_seconds() const { return 0; }
+  virtual int64_t joins_timed() const { return 0; }
   // `t` becomes rank `root`'s.
   virtual void broadcast(Tensor& t, int root) = 0;
   virtual void barrier() = 0;

@@ -96,7 +96,7 @@ void GradSync::launch(size_t b) {
   stats_.bytes += n, stats_.last_step_bytes += n, ++stats_.buckets;
   if (!use_thread_) {
     const auto t0 = std::chrono::steady_clock::now();
-    comm_.all_reduce(wire_[b]);
+    comm_.all_reduce_unjoined(wire_[b]);  // joined in finish() (an enqueuing communicator)
     stats_.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++done_;
     return;
@@ -116,6 +116,9 @@ void GradSync::finish() {
     cv_.wait(l, [&] { return error_ || done_ == flats_.size(); });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
+  comm_.join();
+  stats_.device_wait_seconds = comm_.join_wait_seconds();
+  stats_.device_waits_timed = comm_.joins_timed();
   if (o_.dtype != DType::f32)
     for (size_t b = 0; b < flats_.size(); ++b) ops::call(ops::cast, wire_[b], flats_[b]);
   stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

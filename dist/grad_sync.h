@@ -14,7 +14,8 @@
 //   launched (members the graph did not reach) are launched, and the step waits for all.
 // - On GPUs (NCCL) a launch only enqueues the all-reduce on a communication stream,
 //   ordered after the gradients by CUDA events (Note [NCCL stream ordering]): it is made
-//   from the training thread, and no thread is needed.
+//   from the training thread, and no thread is needed. The compute stream waits for
+//   them once, after backward (finish()), so the rest of backward runs beside them.
 // - The communication thread exists because Debian's OpenMPI makes no asynchronous
 //   progress: a nonblocking all-reduce started by the training thread would only move
 //   when that thread next calls MPI. The thread sleeps on a condition variable when idle
@@ -46,6 +47,10 @@ struct GradSyncStats {
   int64_t buckets = 0;
   double wait_seconds = 0;  // the training thread's wait for communication after backward
   double comm_seconds = 0;  // time inside the all-reduces (on a host communicator)
+  // On a GPU (NCCL): the device time the compute stream stood waiting for the all-reduces
+  // after backward (CUDA events, Communicator::join_wait_seconds), over this many steps.
+  double device_wait_seconds = 0;
+  int64_t device_waits_timed = 0;
 };
 
 // The ranks' agreement before each backward (Note [Data-parallel training] in

@@ -5,16 +5,22 @@
 // Note [NCCL stream ordering]
 // NCCL works on a communication stream of its own. An all-reduce is ordered after the
 // gradients it reads by an event recorded on the compute stream (the autograd engine's
-// current stream) at the moment the bucket is complete, and the compute stream waits for
-// an event recorded after the all-reduce, so the optimizer's kernels read the reduced
-// gradients. Nothing blocks the host: enqueued() is true, and the gradient sync launches
+// current stream) at the moment the bucket is complete. all_reduce() then makes the
+// compute stream wait for an event recorded after it; the gradient sync's buckets use
+// all_reduce_unjoined() instead, so the rest of backward runs beside them, and join(),
+// after backward, makes the compute stream wait once, for the last of them (the
+// communication stream runs them in order): the optimizer's kernels read the reduced
+// gradients. Nothing blocks the host: enqueues() is true, and the gradient sync launches
 // each bucket from the training thread as backward enqueues its last gradient.
+// join() is timed by a pair of timing events around the compute stream's wait, read at
+// a later join once they have completed (a query, never a host sync).
 #include "dist/communicator.h"
 
 #ifdef EG_WITH_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <array>
 #include <cstring>
 
 #include "core/cuda_context.h"
@@ -53,8 +59,16 @@ class Nccl final : public Communicator {
     EG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     EG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     EG_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    for (JoinTimer& t : timers_) {
+      EG_CUDA_CHECK(cudaEventCreate(&t.start));
+      EG_CUDA_CHECK(cudaEventCreate(&t.end));
+    }
   }
   ~Nccl() override {
+    for (JoinTimer& t : timers_) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.end);
+    }
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
@@ -75,6 +89,30 @@ class Nccl final : public Communicator {
         ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_, stream_));
     after();
   }
+  void all_reduce_unjoined(Tensor& t, ReduceOp op) override {
+    if (t.device().is_cpu()) return host_.all_reduce(t, op);
+    check_device(t, "all_reduce");
+    before();
+    EG_NCCL_CHECK(
+        ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_, stream_));
+    EG_CUDA_CHECK(cudaEventRecord(done_, stream_));
+    unjoined_ = true;
+  }
+  void join() override {
+    if (!unjoined_) return;
+    const cudaStream_t compute = cuda::current_stream(device_);
+    JoinTimer& t = timers_[next_timer_];
+    next_timer_ = (next_timer_ + 1) % timers_.size();
+    harvest(t);  // before its events are recorded again
+    EG_CUDA_CHECK(cudaEventRecord(t.start, compute));
+    EG_CUDA_CHECK(cudaStreamWaitEvent(compute, done_, 0));
+    EG_CUDA_CHECK(cudaEventRecord(t.end, compute));
+    t.recorded = true;
+    unjoined_ = false;
+    for (JoinTimer& o : timers_) harvest(o);  // the earlier joins that have completed
+  }
+  double join_wait_seconds() const override { return wait_seconds_; }
+  int64_t joins_timed() const override { return joins_timed_; }
   void broadcast(Tensor& t, int root) override {
     if (t.device().is_cpu()) return host_.broadcast(t, root);
     check_device(t, "broadcast");
@@ -96,9 +134,30 @@ class Nccl final : public Communicator {
     EG_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_stream(device_)));
     EG_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   }
-  void after() {
+  void after() {  // also joins what all_reduce_unjoined left: the stream runs in order
     EG_CUDA_CHECK(cudaEventRecord(done_, stream_));
     EG_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(device_), done_, 0));
+    unjoined_ = false;
+  }
+  // A timed join's wait, once both its events have completed; a join still running is
+  // left for a later call, and one whose events are about to be recorded again uncounted.
+  struct JoinTimer {
+    cudaEvent_t start = nullptr, end = nullptr;
+    bool recorded = false;
+  };
+  void harvest(JoinTimer& t) {
+    if (!t.recorded) return;
+    const cudaError_t q = cudaEventQuery(t.end);
+    if (q == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not ready is no error
+      return;
+    }
+    EG_CUDA_CHECK(q);
+    float ms = 0;
+    EG_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.end));
+    wait_seconds_ += double(ms) / 1e3;
+    ++joins_timed_;
+    t.recorded = false;
   }
 
   Communicator& host_;
@@ -106,6 +165,11 @@ class Nccl final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  bool unjoined_ = false;  // an all-reduce the compute stream has not been made to wait for
+  std::array<JoinTimer, 4> timers_;
+  size_t next_timer_ = 0;
+  double wait_seconds_ = 0;
+  int64_t joins_timed_ = 0;
 };
 
 }  // namespace

@@ -163,6 +163,10 @@ void Strategy::summarize(nlohmann::json& sj) const {
   sj["gradient_sync_bytes"] = gs.bytes;  // this rank's, over the run
   sj["gradient_sync_bytes_per_step"] = gs.last_step_bytes;  // the last step's (freezing lowers it)
   sj["gradient_sync_wait_seconds"] = gs.wait_seconds;  // this invocation's
+  if (kind_ == Kind::gpu_ranks) {  // the compute stream's wait for NCCL after backward, timed on the device
+    sj["gradient_sync_device_wait_seconds"] = gs.device_wait_seconds;
+    sj["gradient_sync_device_waits_timed"] = gs.device_waits_timed;
+  }
   sj["gradient_sync_overlap"] = sync_options_.overlap;
   sj["gradient_sync_dtype"] = dtype_name(sync_options_.dtype);
   sj["gradient_buckets_launched_in_backward"] = gs.buckets_launched_in_backward;

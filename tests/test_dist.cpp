@@ -252,3 +252,67 @@ TEST(GradSync, EveryRankEndsWithTheSumOfTheRanksGradients) {
     }
   }
 }
+
+namespace {
+
+// An enqueuing communicator (as NCCL's) of one rank, whose all-reduces "land" only at
+// join(): each unjoined tensor is doubled there, as if a second rank had the same
+// gradients. It records the order of the calls.
+struct Enqueuing final : dist::Communicator {
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+  std::string backend() const override { return "enqueuing"; }
+  bool enqueues() const override { return true; }
+  void all_reduce(Tensor&, dist::ReduceOp) override { calls.push_back("all_reduce"); }
+  void all_reduce_unjoined(Tensor& t, dist::ReduceOp) override {
+    calls.push_back("unjoined " + std::to_string(t.numel()));
+    in_flight.push_back(t);
+  }
+  void join() override {
+    calls.push_back("join");
+    for (Tensor& t : in_flight) ops::call(ops::scale, t, t, 2.0);
+    in_flight.clear();
+  }
+  void broadcast(Tensor&, int) override {}
+  void barrier() override {}
+  std::vector<std::string> all_gather(const std::string& b) override { return {b}; }
+  std::vector<std::string> calls;
+  std::vector<Tensor> in_flight;
+};
+
+}  // namespace
+
+// On an enqueuing communicator (NCCL) every bucket is all-reduced without the compute
+// stream waiting for it, during backward, and the stream waits once, after backward
+// (Note [NCCL stream ordering]); a bf16 wire is widened back into the buckets after
+// that wait, never before it.
+TEST(GradSync, AnEnqueuingCommunicatorIsJoinedOnceAfterBackward) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Enqueuing comm;
+    Generator g(3);
+    TwoLayers m(g);
+    optim::SGD opt(m.params(), 0.1);
+    opt.set_bucket_caps(size_t(1) << 20, 64 * 16 * 4 + 16 * 4);  // the last layer's bucket, then the first's
+    Tensor x = Tensor::randn({8, 32}, g);
+    auto loss = [&] { return fn::sum(m.last.forward(fn::relu(m.first.forward(x)))); };
+    opt.zero_grad();
+    loss().backward();
+    const auto local = m.first.weight.grad().to_vector<float>();
+    opt.zero_grad();
+    dist::GradSync sync(comm, {true, dtype});
+    sync.begin(opt.grad_buckets(), opt.params());
+    sync.backward(loss());
+    EXPECT_EQ(comm.calls, (std::vector<std::string>{"unjoined 1040", "unjoined 2112"})) << dtype_name(dtype);
+    sync.finish();
+    EXPECT_EQ(comm.calls.back(), "join") << dtype_name(dtype);
+    EXPECT_EQ(comm.calls.size(), 3u) << dtype_name(dtype);
+    EXPECT_EQ(sync.stats().buckets_launched_in_backward, 2);
+    const auto synced = m.first.weight.grad().to_vector<float>();
+    for (size_t i = 0; i < local.size(); ++i) {
+      const float want = dtype == DType::f32 ? 2 * local[i] : 2 * bf16_to_float(float_to_bf16(local[i]));
+      ASSERT_EQ(synced[i], want) << i << " " << dtype_name(dtype);
+    }
+  }
+}
