@@ -84,9 +84,47 @@ StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer&
     if (r.count > 0) opt.step();
     return r;
   }
+  if (sync_ && grad_comm().enqueues() && !scaler_.enabled())
+    return step_ranks_deferred(loss, samples, opt, step, grad_clip);
   r = step_reading(loss, samples, opt, step, grad_clip);
   r.loss_later = DeferredScalar(r.loss);
   if (grad_clip > 0) r.grad_norm_later = DeferredScalar(r.grad_norm);
+  return r;
+}
+
+// Note [Deferred reads across ranks]
+// GPU ranks agree on what the host knows before backward (the sample counts, the buckets'
+// layout: dist::agree_on_step) and leave the loss on the device: each rank's share of
+// the global mean (its loss scaled by its share of the count, the value backward starts
+// from) is all-reduced with the gradients on the communication stream, and the global
+// mean reaches the host as a DeferredScalar behind the join. Every rank gets the same
+// bits from the all-reduce, so every rank settles the same value at the same step, and a
+// non-finite one stops all of them there, before anything is saved, as one process's
+// deferred step does (the update of that step has run: its weights are never written).
+// Host communicators (CPU ranks over MPI) keep reading the loss in the step: on the CPU
+// it is known when forward returns, and their all-reduces run on a thread of their own.
+StepResult Strategy::step_ranks_deferred(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step,
+                                         double grad_clip) {
+  StepResult r;
+  r.deferred = true;
+  r.loss = NAN;
+  r.grad_norm = NAN;
+  opt.zero_grad();
+  const StepTotals t = agree_on_step(comm_, 0.0, double(samples), opt.grad_buckets().layout_hash(), step);
+  r.count = int64_t(t.count);
+  Tensor scaled = loss.defined() ? fn::scale(loss, double(samples) / std::max(t.count, 1.0)) : loss;
+  // This rank's share of the mean, in f32 (a 16-bit loss widened), all-reduced beside the
+  // gradients; a rank without samples adds 0 and still joins the collective.
+  Tensor mean = Tensor::zeros({1}, DType::f32, device_);
+  if (scaled.defined() && scaled.dtype() == DType::f32) mean.copy_(scaled);
+  else if (scaled.defined()) ops::call(ops::cast, scaled.reshape({1}), mean);
+  grad_comm().all_reduce_unjoined(mean);
+  sync_->begin(opt.grad_buckets(), opt.params());
+  sync_->backward(scaled);
+  sync_->finish();  // joins the all-reduces, the loss's too
+  r.loss_later = DeferredScalar::of(mean);
+  if (grad_clip > 0) r.grad_norm_later = opt.clip_grad_norm_later(grad_clip);
+  if (r.count > 0) opt.step();
   return r;
 }
 

@@ -15,7 +15,9 @@
 //   their gradient buckets' layout, before backward: the loss is normalised by the global
 //   count (each rank's mean is scaled by its share of the count, and the gradients are
 //   summed), a NaN on any rank stops every rank at the same step, and ranks that would
-//   all-reduce different buckets stop with an error instead of hanging.
+//   all-reduce different buckets stop with an error instead of hanging. GPU ranks
+//   exchange the counts and layouts alone and all-reduce the loss on the device, read a
+//   step late (Note [Deferred reads across ranks] in dist/strategy.cpp).
 // - The gradient buckets are all-reduced during backward (dist/grad_sync.h); frozen
 //   parameters are in no bucket and never sent. The freezing policy runs on rank 0 and
 //   its decision reaches every rank after every step (Note [Freezing across ranks]).
@@ -61,11 +63,12 @@ struct StepResult {
   // no scaling), and whether its gradients overflowed, so the optimizer step was skipped.
   double loss_scale = 0;
   bool skipped_overflow = false;
-  // One process without loss scaling reads nothing in the step (Note
-  // [Deferred reads] in core/deferred_read.h): `loss_later` holds the loss on its way to
-  // the host, and a non-finite one shows only there, after its backward and optimizer
-  // step were queued; the caller stops before anything is saved (train/run.cpp). The
-  // other paths read the loss in the step (`loss`; `loss_later` holds it too).
+  // One process, or GPU ranks, without loss scaling read nothing in the step (Note
+  // [Deferred reads] in core/deferred_read.h, Note [Deferred reads across ranks] in
+  // dist/strategy.cpp): `loss_later` holds the loss on its way to the host, and a
+  // non-finite one shows only there, after its backward and optimizer step were queued;
+  // the caller stops before anything is saved (train/run.cpp). The other paths (CPU
+  // ranks, loss scaling) read the loss in the step (`loss`; `loss_later` holds it too).
   bool deferred = false;
   DeferredScalar loss_later;
   DeferredScalar grad_norm_later;  // with clipping: the norm, as the loss (undefined without)
@@ -106,8 +109,8 @@ class Strategy {
   // (> 0), and the optimizer's step when any rank had a sample. Stops before backward
   // (non-finite loss) or before the optimizer (non-finite gradient norm), saying which in
   // the result; under loss scaling a non-finite gradient skips the step instead. One
-  // process without scaling defers the reads of the loss and of the gradient norm instead
-  // (StepResult::deferred).
+  // process, or GPU ranks, without scaling defer the reads of the loss and of the
+  // gradient norm instead (StepResult::deferred).
   StepResult step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
 
   // Every rank's BatchNorm running statistics become their mean over the ranks (in place).
@@ -125,6 +128,11 @@ class Strategy {
   // step() with the loss read at once: data parallelism agrees on it, scaling acts on it
   // before the optimizer.
   StepResult step_reading(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
+  // step() of ranks whose gradient communicator enqueues (GPU ranks, NCCL): nothing read
+  // in the step (Note [Deferred reads across ranks] in dist/strategy.cpp).
+  StepResult step_ranks_deferred(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step,
+                                 double grad_clip);
+  Communicator& grad_comm() const { return nccl_ ? *nccl_ : comm_; }
 
   Communicator& comm_;
   Kind kind_ = Kind::single;

@@ -316,3 +316,90 @@ TEST(GradSync, AnEnqueuingCommunicatorIsJoinedOnceAfterBackward) {
     }
   }
 }
+
+namespace {
+
+// A thread rank whose communicator says it enqueues, as NCCL's does: the strategy then
+// takes GPU ranks' path (Note [Deferred reads across ranks]) on the CPU.
+struct EnqueuingRank final : dist::Communicator {
+  explicit EnqueuingRank(dist::Communicator& inner) : inner(inner) {}
+  int rank() const override { return inner.rank(); }
+  int size() const override { return inner.size(); }
+  int local_rank() const override { return inner.local_rank(); }
+  int local_size() const override { return inner.local_size(); }
+  std::string backend() const override { return "enqueuing"; }
+  bool enqueues() const override { return true; }
+  void all_reduce(Tensor& t, dist::ReduceOp op) override { inner.all_reduce(t, op); }
+  void broadcast(Tensor& t, int root) override { inner.broadcast(t, root); }
+  void barrier() override { inner.barrier(); }
+  std::vector<std::string> all_gather(const std::string& b) override { return inner.all_gather(b); }
+  dist::Communicator& inner;
+};
+
+struct RankSteps {
+  std::vector<double> losses;
+  std::vector<bool> deferred;
+  std::vector<float> weights;
+};
+
+// Four steps of two thread ranks; at step 2 rank 1 has no sample, at step 3 its loss is
+// NaN when `nan`.
+std::vector<RankSteps> two_ranks_train(bool enqueuing, bool nan) {
+  auto group = dist::make_thread_group(2);
+  std::vector<RankSteps> out(2);
+  auto rank_main = [&](int r) {
+    EnqueuingRank wrapped(*group[size_t(r)]);
+    dist::Communicator& comm = enqueuing ? static_cast<dist::Communicator&>(wrapped) : *group[size_t(r)];
+    dist::Strategy dp(comm, "cpu", {});
+    Generator g(7);  // the same weights on both ranks
+    TwoLayers m(g);
+    optim::SGD opt(m.params(), 0.05, {0.9});
+    opt.set_bucket_caps(4096, 1024);
+    Generator data(100 + uint64_t(r));
+    for (int step = 0; step < 4; ++step) {
+      const int64_t samples = r == 1 && step == 2 ? 0 : 3 + r;
+      Tensor loss;
+      if (samples > 0) {
+        Tensor x = Tensor::randn({samples, 32}, data);
+        loss = fn::scale(fn::sum(fn::relu(m.last.forward(fn::relu(m.first.forward(x))))), 1.0 / double(samples));
+        if (nan && r == 1 && step == 3) loss = fn::scale(loss, NAN);
+      }
+      dist::StepResult s = dp.step(loss, samples, opt, step, 0.0);
+      out[size_t(r)].deferred.push_back(s.deferred);
+      out[size_t(r)].losses.push_back(s.deferred ? s.loss_later.value() : s.loss);
+      if (s.not_finite != dist::StepResult::NotFinite::none) break;
+    }
+    out[size_t(r)].weights = m.first.weight.to_vector<float>();
+  };
+  std::thread t1(rank_main, 1);
+  rank_main(0);
+  t1.join();
+  return out;
+}
+
+}  // namespace
+
+// Ranks whose gradients travel on an enqueuing communicator (GPU ranks, NCCL) read no
+// loss in the step: the global mean comes all-reduced with the gradients, the same on
+// every rank, and trains the same weights as ranks that read it; a NaN on one rank
+// reaches every rank's reading, so all of them stop at that step.
+TEST(Strategy, EnqueuingRanksReadTheGlobalLossLateAndTrainAsRanksThatReadIt) {
+  const auto read = two_ranks_train(false, false), late = two_ranks_train(true, false);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(read[size_t(r)].deferred, std::vector<bool>(4, false)) << r;
+    EXPECT_EQ(late[size_t(r)].deferred, std::vector<bool>(4, true)) << r;
+    EXPECT_EQ(late[size_t(r)].weights, read[size_t(r)].weights) << "rank " << r;
+    ASSERT_EQ(late[size_t(r)].losses.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_NEAR(late[size_t(r)].losses[i], read[size_t(r)].losses[i], 1e-6 * std::abs(read[0].losses[i])) << i;
+  }
+  EXPECT_EQ(late[0].losses, late[1].losses) << "the ranks read different global losses";
+  EXPECT_EQ(late[0].weights, late[1].weights);
+
+  const auto stopped = two_ranks_train(true, true);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(stopped[size_t(r)].losses.size(), 4u) << r;
+    EXPECT_TRUE(std::isnan(stopped[size_t(r)].losses[3])) << "rank " << r << " did not see rank 1's NaN";
+    EXPECT_EQ(stopped[size_t(r)].losses[2], late[size_t(r)].losses[2]);
+  }
+}
