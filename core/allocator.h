@@ -33,6 +33,10 @@ class Allocator {
 Allocator& cpu_allocator();
 // Throws eg::Error when egeria was built without CUDA.
 Allocator& cuda_allocator(int device = 0);
+// Page-locked host memory (cudaHostAlloc), which copies from a GPU fill without the host
+// waiting (Tensor::empty_pinned, HostCopy in core/deferred_read.h); the same caching
+// policy. Without CUDA or a GPU it is cpu_allocator().
+Allocator& pinned_allocator();
 
 // Size class used by both caching allocators: small sizes round up to 512 bytes,
 // large ones to an eighth of their power of two, so a class wastes < 25% of a request.

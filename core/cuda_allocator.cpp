@@ -38,13 +38,45 @@ class CudaCachingAllocator final : public CachingAllocator {
     for (void* p : blocks) EG_CUDA_CHECK(cudaFree(p));
   }
   [[noreturn]] void out_of_memory(size_t nbytes, const AllocatorStats& s) const override {
-    EG_THROW("CUDA out of memory on cuda:", device_, " allocating ", nbytes, " bytes (", s.allocated,
-             " bytes in use, ", s.reserved, " reserved after handing the cache back)");
+    EG_THROW("CUDA out of memory on cuda:", device_, " allocating ", nbytes, " bytes (", s.allocated, " bytes in use, ",
+             s.reserved, " reserved after handing the cache back)");
   }
   int device_;
 };
 
+// Page-locked host blocks. Copies still queued may write them: freeing waits for the
+// device first, as the device allocator does.
+class PinnedCachingAllocator final : public CachingAllocator {
+ public:
+  PinnedCachingAllocator() : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"))) {}
+  ~PinnedCachingAllocator() override { empty_cache(); }
+
+ private:
+  void* system_allocate(size_t nbytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, nbytes, cudaHostAllocDefault);
+    if (e == cudaSuccess) return p;
+    (void)cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation) return nullptr;
+    EG_THROW("cudaHostAlloc of ", nbytes, " bytes failed: ", cudaGetErrorString(e));
+  }
+  void system_free(const std::vector<void*>& blocks) override {
+    EG_CUDA_CHECK(cudaDeviceSynchronize());
+    for (void* p : blocks) EG_CUDA_CHECK(cudaFreeHost(p));
+  }
+  [[noreturn]] void out_of_memory(size_t nbytes, const AllocatorStats& s) const override {
+    EG_THROW("out of page-locked host memory allocating ", nbytes, " bytes (", s.allocated, " bytes in use, ",
+             s.reserved, " reserved after handing the cache back)");
+  }
+};
+
 }  // namespace
+
+Allocator& pinned_allocator() {
+  if (cuda::device_count() == 0) return cpu_allocator();
+  static auto* a = new PinnedCachingAllocator();  // leaked on purpose, as the CPU allocator
+  return *a;
+}
 
 Allocator& cuda_allocator(int device) {
   EG_CHECK(device >= 0 && device < cuda::device_count(), "CUDA device ", device, " is not available (",

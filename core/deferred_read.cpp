@@ -138,4 +138,58 @@ bool DeferredScalar::landed() const {
   return true;
 }
 
+struct HostCopy::State {
+  Tensor host;
+#ifdef EG_WITH_CUDA
+  cudaEvent_t landed = nullptr;  // null once waited for (or for a host tensor)
+  void wait(bool count) {
+    if (!landed) return;
+    const cudaError_t q = cudaEventQuery(landed);
+    if (q == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not ready is no error
+      if (count) count_host_sync();  // Note [Host syncs]
+      EG_CUDA_CHECK(cudaEventSynchronize(landed));
+    } else {
+      EG_CUDA_CHECK(q);
+    }
+    EG_CUDA_CHECK(cudaEventDestroy(landed));
+    landed = nullptr;
+  }
+  ~State() {
+    if (!landed) return;
+    // The copy may still write the pinned block: it goes back to the cache after it.
+    cudaEventSynchronize(landed);
+    cudaEventDestroy(landed);
+  }
+#endif
+};
+
+HostCopy HostCopy::of(const Tensor& t) {
+  EG_CHECK(t.defined(), "internal: a host copy of an undefined tensor");
+  HostCopy c;
+  c.state_ = std::make_shared<State>();
+  if (t.device().is_cpu()) {
+    c.state_->host = t.detach();
+    return c;
+  }
+#ifdef EG_WITH_CUDA
+  const Tensor src = t.to_plain();  // queued on the device like the copy; its memory is reused only behind it
+  c.state_->host = Tensor::empty_pinned(src.shape(), src.dtype());
+  cuda::set_device(src.device().index);
+  const cudaStream_t stream = cuda::current_stream(src.device().index);
+  EG_CUDA_CHECK(cudaEventCreateWithFlags(&c.state_->landed, cudaEventDisableTiming));
+  EG_CUDA_CHECK(cudaMemcpyAsync(c.state_->host.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream));
+  EG_CUDA_CHECK(cudaEventRecord(c.state_->landed, stream));
+#endif
+  return c;
+}
+
+const Tensor& HostCopy::get() const {
+  EG_CHECK(state_, "internal: reading an empty HostCopy");
+#ifdef EG_WITH_CUDA
+  state_->wait(true);
+#endif
+  return state_->host;
+}
+
 }  // namespace eg

@@ -38,4 +38,24 @@ class DeferredScalar {
   std::shared_ptr<State> state_;
 };
 
+// A tensor's copy on its way to the host, for a thread other than the training thread
+// (the plasticity reference's input: freeze/controller.cpp). On CUDA the copy goes into
+// page-locked memory (Tensor::empty_pinned) behind the kernels that write the tensor, on
+// their stream, with an event: making it waits for nothing, and get() waits for the copy
+// (on the calling thread; counted there as a host sync, Note [Host syncs]). A host tensor
+// is its own copy, at once. The pinned memory is never handed back while the copy may
+// still write it: a HostCopy dropped before its copy landed waits for it.
+class HostCopy {
+ public:
+  HostCopy() = default;
+  static HostCopy of(const Tensor& t);
+
+  bool defined() const { return state_ != nullptr; }
+  const Tensor& get() const;  // the host tensor (plain layout on CUDA), once it has landed
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
 }  // namespace eg

@@ -115,6 +115,7 @@ void Tensor::zero_() {
 
 #ifndef EG_WITH_CUDA
 Allocator& cuda_allocator(int) { EG_THROW("this build of egeria has no CUDA support; rebuild with -DEG_CUDA=ON"); }
+Allocator& pinned_allocator() { return cpu_allocator(); }
 #endif
 
 }  // namespace eg

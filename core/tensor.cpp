@@ -30,14 +30,11 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
-Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) {
-  data = dev.is_cpu() ? cpu_allocator().allocate(n) : cuda_allocator(dev.index).allocate(n);
-}
+Storage::Storage(size_t n, Device dev) : Storage(n, dev, dev.is_cpu() ? cpu_allocator() : cuda_allocator(dev.index)) {}
 
-Storage::~Storage() {
-  if (device.is_cpu()) cpu_allocator().deallocate(data, nbytes);
-  else cuda_allocator(device.index).deallocate(data, nbytes);
-}
+Storage::Storage(size_t n, Device dev, Allocator& a) : nbytes(n), device(dev), allocator(&a) { data = a.allocate(n); }
+
+Storage::~Storage() { allocator->deallocate(data, nbytes); }
 
 int64_t Tensor::size(int d) const {
   int n = dim();
@@ -127,6 +124,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) EG_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(impl);
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) EG_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage =
+      std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), Device::cpu(), pinned_allocator());
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(impl);

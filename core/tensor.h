@@ -25,13 +25,15 @@ std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
 
 struct Storage {
-  Storage(size_t nbytes, Device device);
+  Storage(size_t nbytes, Device device);  // from the device's allocator
+  Storage(size_t nbytes, Device device, Allocator& allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
+  Allocator* allocator = nullptr;
 };
 
 class Tensor;
@@ -86,6 +88,9 @@ class Tensor {
   // ---- factories
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+  // A host tensor in page-locked memory (pinned_allocator()), for copies from a GPU that
+  // the host does not wait for (HostCopy, core/deferred_read.h).
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
   static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
   template <class T>

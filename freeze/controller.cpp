@@ -73,6 +73,11 @@ PlasticityController::~PlasticityController() {
 
 void PlasticityController::set_snapshot(std::shared_ptr<const Snapshot> snap) { snapshot_ = std::move(snap); }
 
+void PlasticityController::land(Input& in) {
+  if (in.unit_input_later.defined()) in.unit_input = std::exchange(in.unit_input_later, {}).get();
+  if (in.train_later.defined()) in.train = std::exchange(in.train_later, {}).get();
+}
+
 Tensor PlasticityController::reference_gram(const Input& in) {
   if (in.snap != built_from_) {
     ref_.reset();
@@ -108,17 +113,22 @@ bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x,
            "the reference model's input must be on the CPU");
   EG_CHECK(!unit_input.defined() || (begin > 0 && begin <= module), "plasticity evaluation: the unit's input is ",
            "that of layer module ", begin, ", which is not after the first and up to ", module);
-  Input in{step, module, x, x2, Tensor(), begin, snapshot_, Tensor(), false};
-  if (unit_input.defined())  // a GPU reference takes it where it is; a CPU one needs a copy
-    in.unit_input = unit_input.is_cuda() && !quant::reference_on_gpu(opt_.precision) ? unit_input.to(Device::cpu())
-                                                                                     : unit_input.detach();
+  Input in{step, module, x, x2, Tensor(), begin, snapshot_, Tensor(), false, {}, {}};
+  // A GPU reference takes the unit's input where it is; a CPU one gets a copy that the
+  // training thread does not wait for (HostCopy): the reference's thread waits for it.
+  if (unit_input.defined()) {
+    if (unit_input.is_cuda() && !quant::reference_on_gpu(opt_.precision))
+      in.unit_input_later = HostCopy::of(unit_input);
+    else in.unit_input = unit_input.detach();
+  }
   if (train_out.is_cuda()) {
-    in.train = sp_gram(train_out).to(Device::cpu());  // only b x b leaves the GPU
+    in.train_later = HostCopy::of(sp_gram(train_out));  // only b x b leaves the GPU
     in.train_is_gram = true;
   } else {
     in.train = train_out.detach();
   }
   if (opt_.synchronous) {
+    land(in);
     const int64_t t0 = thread_cpu_ns();
     Tensor gr = reference_gram(in);
     Tensor gt = in.train_is_gram ? in.train : sp_gram(in.train);
@@ -191,8 +201,10 @@ void PlasticityController::reference_loop() {
     wait_for_spare_cpu();
     if (stop_) break;
     const int64_t t0 = thread_cpu_ns();
-    Pair r{in->step, in->module, std::move(in->train), Tensor(), in->train_is_gram};
+    Pair r{in->step, in->module, Tensor(), Tensor(), in->train_is_gram};
     try {
+      land(*in);
+      r.train = std::move(in->train);
       r.ref = reference_gram(*in);
     } catch (const std::exception& e) {
       r.ref = Tensor();  // reported as a dropped evaluation

@@ -63,6 +63,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/deferred_read.h"
 #include "freeze/spsc_queue.h"
 #include "quant/reference.h"
 
@@ -172,7 +173,10 @@ class PlasticityController {
     std::shared_ptr<const Snapshot> snap;
     Tensor train;  // b x b Gram on the CPU, or a CPU activation whose Gram is still to be taken
     bool train_is_gram = false;
+    // From a GPU: unit_input and train on their way to the host, until land().
+    HostCopy unit_input_later, train_later;
   };
+  static void land(Input& in);  // waits for the copies from a GPU, on the calling thread
   struct Pair {
     int64_t step = -1, module = 0;
     Tensor train, ref;  // ref: the reference Gram; undefined when the reference failed

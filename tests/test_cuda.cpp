@@ -127,6 +127,36 @@ TEST(Cuda, ADeferredScalarLandsBehindItsKernels) {
   set_training_device(prev);
 }
 
+// A HostCopy leaves the GPU behind the kernels that write its tensor, without the host
+// waiting (no sync counted when it is made), in plain layout from an NHWC tensor; one
+// dropped before it lands waits for its copy, so its pinned block is not reused early.
+TEST(Cuda, AHostCopyLandsBehindItsKernelsWithoutAHostSync) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const Device prev = set_training_device(dev);
+  for (int round = 0; round < 3; ++round) {
+    Generator g(static_cast<uint64_t>(round));
+    const Tensor host = Tensor::randn({4, 16, 5, 6}, g);
+    Tensor x = host.to(dev);
+    Tensor big = Tensor::randn({1 << 22}, g).to(dev);
+    ops::call(ops::scale, big, big, 2.0);  // queued work before the copy
+    ops::call(ops::scale, x, x, 2.0);
+    const int64_t s0 = host_syncs();
+    const HostCopy c = HostCopy::of(x);
+    const HostCopy nhwc = HostCopy::of(x.to_format(Format::nhwc));
+    (void)HostCopy::of(big);  // dropped at once
+    EXPECT_EQ(host_syncs(), s0) << "making a host copy waited for the GPU";
+    x.zero_();  // after the copy: not in it
+    std::vector<float> want = host.to_vector<float>();
+    for (float& v : want) v *= 2;
+    EXPECT_TRUE(c.get().device().is_cpu());
+    EXPECT_EQ(c.get().to_vector<float>(), want);
+    EXPECT_EQ(nhwc.get().format(), Format::plain);
+    EXPECT_EQ(nhwc.get().to_vector<float>(), want);
+  }
+  set_training_device(prev);
+}
+
 TEST(Cuda, DropoutMaskEqualsTheCpuMask) {
   EG_REQUIRE_GPU();
   Tensor x = Tensor::ones({1000});

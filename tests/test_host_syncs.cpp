@@ -152,6 +152,21 @@ TEST(HostSyncs, ADeferredScalarOnTheCpuIsReadAtOnce) {
   }
 }
 
+// A HostCopy of a host tensor is that tensor, at once and without a sync; pinned memory
+// without a GPU is the CPU allocator's, as a plain host tensor.
+TEST(HostSyncs, AHostCopyOfAHostTensorIsItself) {
+  const Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  HostCopy c;
+  EXPECT_FALSE(c.defined());
+  EXPECT_EQ(syncs_of([&] { c = HostCopy::of(x); }), 0);
+  EXPECT_EQ(syncs_of([&] { EXPECT_EQ(c.get().raw(), x.raw()); }), 0);
+  Tensor p = Tensor::empty_pinned({2, 3}, DType::bf16);
+  EXPECT_TRUE(p.device().is_cpu());
+  EXPECT_EQ(p.nbytes(), 12u);
+  p.copy_(Tensor::full({2, 3}, 1.5, DType::bf16));
+  EXPECT_EQ(p.to(DType::f32).to_vector<float>(), std::vector<float>(6, 1.5f));
+}
+
 // A staged upload (Note [Staged uploads]) moves a batch without the host waiting: on the
 // CPU, take() hands the consumer the staged tensor itself; one tensor staged at a time.
 TEST(HostSyncs, AStagedUploadMakesNone) {
