@@ -186,6 +186,19 @@ using SgdStep = void(Tensor& param, const Tensor& grad, Tensor& momentum_buf, co
 // AdamW (decoupled weight decay): p -= lr wd p; m, v moments; bias-corrected step.
 using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p);
 
+// Their multi-tensor forms (PyTorch's foreach/fused optimizers): every member i of
+// params is updated with grads[i] and its state as the ops above update one parameter,
+// with one launch per up to 32 members on CUDA, the learning rate read from `lr` (f64 [1]
+// on the parameters' device; p.lr is not read), so a step's launches carry no value the
+// schedule changes (Note [Op records]). sgd: no member is on its first step (those take
+// sgd_step); bufs undefined without momentum. adamw: steps[i] is member i's count (its
+// bias corrections). f32 (f64 on ref).
+using SgdStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          std::vector<Tensor>& bufs, const SgdParams& p);
+using AdamWStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                            std::vector<Tensor>& m, std::vector<Tensor>& v, const AdamWParams& p,
+                            const std::vector<int64_t>& steps);
+
 // Sum of squares of x into out [1] (f32 or f64 accumulator; for gradient clipping).
 using SumSquares = void(const Tensor& x, Tensor& out);
 // Gradient clipping without a host read (Note [Deferred reads] in core/deferred_read.h):
@@ -254,7 +267,9 @@ struct Op {
                           X(layernorm_bwd, LayerNormBwd) X(embedding_fwd, EmbeddingFwd) X(embedding_bwd, EmbeddingBwd) \
                               X(token_mask, TokenMask) X(dropout_fwd, DropoutFwd) X(dropout_bwd, DropoutBwd)           \
                                   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd) X(sgd_step, SgdStep)   \
-                                      X(adamw_step, AdamWStep) X(sum_squares, SumSquares) X(amp_unscale, AmpUnscale)   \
+                                      X(adamw_step, AdamWStep) X(sgd_step_multi, SgdStepMulti)                         \
+                                          X(adamw_step_multi, AdamWStepMulti) X(sum_squares, SumSquares)               \
+                                              X(amp_unscale, AmpUnscale)                                               \
                                           X(clip_coef, ClipCoef) X(scale_by, ScaleBy)                                  \
                                           X(cast, Cast) X(image_normalize, ImageNormalize) X(swap12, Swap12)           \
                                               X(sp_gram, SpGram) X(sp_loss, SpLoss) X(argmax_rows, ArgmaxRows)

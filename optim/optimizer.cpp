@@ -12,6 +12,34 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(
              " given to the optimizer is not a floating-point tensor");
 }
 
+const Tensor& Optimizer::lr_on(Device device) {
+  if (!lr_dev_.defined() || lr_dev_.device() != device) {
+    lr_dev_ = Tensor::empty({1}, DType::f64, device);
+    lr_upload_.reset();
+    lr_dev_value_ = std::nan("");
+  }
+  if (lr_dev_value_ == lr_) return lr_dev_;
+  if (device.is_cpu()) {
+    lr_dev_.data<double>()[0] = lr_;
+  } else {
+    if (!lr_upload_) lr_upload_ = std::make_unique<StagedUpload>(device);
+    lr_upload_->stage(Tensor::full({1}, lr_, DType::f64));
+    lr_upload_->take([this](const Tensor& staged) {
+      lr_dev_.copy_(staged);
+      return lr_dev_;
+    });
+  }
+  lr_dev_value_ = lr_;
+  return lr_dev_;
+}
+
+bool Optimizer::uniform(const std::vector<size_t>& members) const {
+  for (size_t i : members)
+    if (params_[i].device() != params_[members[0]].device() || params_[i].dtype() != params_[members[0]].dtype())
+      return false;
+  return true;
+}
+
 void Optimizer::zero_grad() {
   buckets_.sync(params_);
   buckets_.zero();
@@ -77,16 +105,30 @@ SGD::SGD(std::vector<Tensor> params, double lr, SgdOptions o)
 }
 
 void SGD::step() {
+  const ops::SgdParams sp{lr_, options.momentum, options.dampening, options.weight_decay, options.nesterov, false};
+  std::vector<size_t> multi;  // the active parameters past their first step
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!active(p)) continue;
-    ops::SgdParams sp{lr_, options.momentum, options.dampening, options.weight_decay, options.nesterov, false};
-    if (options.momentum > 0 && !momentum_[i].defined()) {
+    if (options.momentum > 0 && !momentum_[i].defined()) {  // the buffer starts as the gradient
       momentum_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
-      sp.first_step = true;
+      ops::SgdParams first = sp;
+      first.first_step = true;
+      ops::call(ops::sgd_step, p, p.grad(), momentum_[i], first);
+    } else {
+      multi.push_back(i);
     }
-    ops::call(ops::sgd_step, p, p.grad(), momentum_[i], sp);
   }
+  if (multi.empty()) return;
+  if (!uniform(multi)) {  // parameters on several devices or of several dtypes
+    for (size_t i : multi) ops::call(ops::sgd_step, params_[i], params_[i].grad(), momentum_[i], sp);
+    return;
+  }
+  std::vector<Tensor> ps, gs, bs;
+  for (size_t i : multi) ps.push_back(params_[i]), gs.push_back(params_[i].grad()), bs.push_back(momentum_[i]);
+  const Tensor& lr = lr_on(ps[0].device());
+  ops::run(ops::sgd_step_multi, ops::pick_backend(ops::sgd_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs, bs,
+           sp);
 }
 
 std::map<std::string, Tensor> SGD::state_dict() const {
@@ -116,6 +158,9 @@ AdamW::AdamW(std::vector<Tensor> params, double lr, AdamWOptions o)
 }
 
 void AdamW::step() {
+  const ops::AdamWParams ap{lr_, options.beta1, options.beta2, options.eps, options.weight_decay, 1};
+  std::vector<size_t> members;
+  std::vector<int64_t> steps;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!active(p)) continue;
@@ -123,9 +168,25 @@ void AdamW::step() {
       m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
       v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
     }
-    ops::AdamWParams ap{lr_, options.beta1, options.beta2, options.eps, options.weight_decay, ++steps_[i]};
-    ops::call(ops::adamw_step, p, p.grad(), m_[i], v_[i], ap);
+    members.push_back(i);
+    steps.push_back(++steps_[i]);
   }
+  if (members.empty()) return;
+  if (!uniform(members)) {  // parameters on several devices or of several dtypes
+    for (size_t k = 0; k < members.size(); ++k) {
+      const size_t i = members[k];
+      ops::AdamWParams one = ap;
+      one.step = steps[k];
+      ops::call(ops::adamw_step, params_[i], params_[i].grad(), m_[i], v_[i], one);
+    }
+    return;
+  }
+  std::vector<Tensor> ps, gs, ms, vs;
+  for (size_t i : members)
+    ps.push_back(params_[i]), gs.push_back(params_[i].grad()), ms.push_back(m_[i]), vs.push_back(v_[i]);
+  const Tensor& lr = lr_on(ps[0].device());
+  ops::run(ops::adamw_step_multi, ops::pick_backend(ops::adamw_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs,
+           ms, vs, ap, steps);
 }
 
 std::map<std::string, Tensor> AdamW::state_dict() const {

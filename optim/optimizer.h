@@ -1,6 +1,9 @@
-// Optimizers over a list of parameters, with fused update kernels (ops::sgd_step,
-// ops::adamw_step). A parameter that does not require grad (frozen) or has no
-// gradient is skipped, and its state is kept: see Note [Freezing a module].
+// Optimizers over a list of parameters, with fused update kernels: the multi-tensor
+// ops::sgd_step_multi and ops::adamw_step_multi (one launch per 32 parameters on CUDA,
+// the learning rate read from the device, so that a step's launches carry no value the
+// schedule changes), ops::sgd_step for a parameter's first step with momentum. Their bits
+// are the per-parameter ops' (tested). A parameter that does not require grad (frozen)
+// or has no gradient is skipped, and its state is kept: see Note [Freezing a module].
 // Gradients of the parameters that require grad live in buckets (optim/buckets.h),
 // rebuilt at zero_grad() whenever that set has changed. As with PyTorch's
 // zero_grad(set_to_none=False), a trainable parameter then always has a gradient, and
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "core/deferred_read.h"
+#include "core/staged_upload.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "optim/buckets.h"
@@ -52,9 +56,20 @@ class Optimizer {
 
  protected:
   bool active(const Tensor& p) const { return p.requires_grad() && p.grad().defined(); }
+  // The learning rate as the multi-tensor ops read it: f64 [1] on `device`, rewritten when
+  // lr() has changed since (on CUDA through a staged upload: the host does not wait).
+  const Tensor& lr_on(Device device);
+  // Whether the members (indices into params_) share one device and dtype, as one
+  // multi-tensor call needs.
+  bool uniform(const std::vector<size_t>& members) const;
   std::vector<Tensor> params_;
   double lr_;
   GradBuckets buckets_;
+
+ private:
+  Tensor lr_dev_;
+  double lr_dev_value_ = 0;  // what lr_dev_ holds, once defined
+  std::unique_ptr<StagedUpload> lr_upload_;
 };
 
 struct SgdOptions {

@@ -1,4 +1,4 @@
-// Op cases: fused optimizer steps (sgd_step, adamw_step) and loss scaling's unscale. The forward is one step: it
+// Op cases: fused optimizer steps (sgd_step, adamw_step, their multi-tensor forms) and loss scaling's unscale. The forward is one step: it
 // clones param and state (the kernels update in place, and the inputs are shared by
 // every backend's run) and returns the updated tensors. No backward.
 #include <cmath>
@@ -51,6 +51,89 @@ void add_adamw(std::vector<OpCase>& v, const std::string& name, int64_t n, ops::
   c.fwd_tol = {1e-6, 1e-5};
   c.gradcheck = false;
   c.bench = big;
+  c.bytes = double(n) * 4 * (7 + 6);
+  v.push_back(c);
+}
+
+// The multi-tensor forms over members of the given sizes (their parameters, gradients,
+// state), the learning rate an f64 tensor on the members' device; p.lr is a decoy the op
+// must not read. Outputs: every member's updated tensors.
+void add_sgd_multi(std::vector<OpCase>& v, const std::string& name, std::vector<int64_t> sizes, ops::SgdParams p,
+                   double lr, bool big) {
+  OpCase c;
+  c.name = "sgd_step_multi/" + name;
+  const size_t k = sizes.size();
+  const bool has_buf = p.momentum != 0.0;
+  c.make_inputs = [=](DType dt) {
+    Tensors in{Tensor::full({1}, lr, DType::f64)};
+    for (size_t i = 0; i < k; ++i) {
+      in.push_back(randn({sizes[i]}, dt, 81 + i));
+      in.push_back(randn({sizes[i]}, dt, 181 + i, 0.1));
+      in.push_back(has_buf ? randn({sizes[i]}, dt, 281 + i) : Tensor());
+    }
+    return in;
+  };
+  c.forward = [=](ops::Backend b, const Tensors& in) {
+    std::vector<Tensor> ps, gs, bs;
+    for (size_t i = 0; i < k; ++i) {
+      ps.push_back(in[1 + 3 * i].clone());
+      gs.push_back(in[2 + 3 * i]);
+      bs.push_back(has_buf ? in[3 + 3 * i].clone() : Tensor());
+    }
+    ops::SgdParams q = p;
+    q.lr = 1e3;  // not read
+    ops::run(ops::sgd_step_multi, b, in[0], ps, gs, bs, q);
+    Tensors out = ps;
+    if (has_buf) out.insert(out.end(), bs.begin(), bs.end());
+    return out;
+  };
+  c.uses = {uses(ops::sgd_step_multi)};
+  c.fwd_tol = {1e-6, 1e-6};
+  c.gradcheck = false;
+  c.bench = big;
+  int64_t n = 0;
+  for (int64_t s : sizes) n += s;
+  c.bytes = double(n) * 4 * (has_buf ? 5 + 4 : 3 + 2);
+  v.push_back(c);
+}
+
+void add_adamw_multi(std::vector<OpCase>& v, const std::string& name, std::vector<int64_t> sizes,
+                     std::vector<int64_t> steps, ops::AdamWParams p, double lr, bool big) {
+  OpCase c;
+  c.name = "adamw_step_multi/" + name;
+  const size_t k = sizes.size();
+  c.make_inputs = [=](DType dt) {
+    Tensors in{Tensor::full({1}, lr, DType::f64)};
+    for (size_t i = 0; i < k; ++i) {
+      in.push_back(randn({sizes[i]}, dt, 91 + i));
+      in.push_back(randn({sizes[i]}, dt, 191 + i, 0.1));
+      in.push_back(steps[i] == 1 ? Tensor::zeros({sizes[i]}, dt) : randn({sizes[i]}, dt, 291 + i, 0.02));
+      in.push_back(steps[i] == 1 ? Tensor::zeros({sizes[i]}, dt) : uniform({sizes[i]}, dt, 391 + i, 0.0, 0.02));
+    }
+    return in;
+  };
+  c.forward = [=](ops::Backend b, const Tensors& in) {
+    std::vector<Tensor> ps, gs, ms, vs;
+    for (size_t i = 0; i < k; ++i) {
+      ps.push_back(in[1 + 4 * i].clone());
+      gs.push_back(in[2 + 4 * i]);
+      ms.push_back(in[3 + 4 * i].clone());
+      vs.push_back(in[4 + 4 * i].clone());
+    }
+    ops::AdamWParams q = p;
+    q.lr = 1e3, q.step = 1000;  // not read
+    ops::run(ops::adamw_step_multi, b, in[0], ps, gs, ms, vs, q, steps);
+    Tensors out = ps;
+    out.insert(out.end(), ms.begin(), ms.end());
+    out.insert(out.end(), vs.begin(), vs.end());
+    return out;
+  };
+  c.uses = {uses(ops::adamw_step_multi)};
+  c.fwd_tol = {1e-6, 1e-5};
+  c.gradcheck = false;
+  c.bench = big;
+  int64_t n = 0;
+  for (int64_t s : sizes) n += s;
   c.bytes = double(n) * 4 * (7 + 6);
   v.push_back(c);
 }
@@ -152,6 +235,20 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_sgd(v, "nesterov_first_step", n, sgd(0.1, 0.9, 0, 5e-4, true, true), false);
   add_sgd(v, "nesterov_wd_n850k", 850000, sgd(0.1, 0.9, 0, 5e-4, true, false), true);
   add_sgd(v, "nesterov_wd_n25600k", 25600000, sgd(0.1, 0.9, 0, 5e-4, true, false), true);
+
+  // More members than one CUDA launch takes (32), of sizes from 1 to a few thousand.
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < 37; ++i) sizes.push_back(1 + (i * 977) % 3001);
+  add_sgd_multi(v, "nesterov_wd_37_members", sizes, sgd(0, 0.9, 0, 5e-4, true, false), 0.1, false);
+  add_sgd_multi(v, "momentum_dampening_3_members", {5, 1037, 33}, sgd(0, 0.9, 0.1, 1e-2, false, false), 0.05, false);
+  add_sgd_multi(v, "plain_3_members", {5, 1037, 33}, sgd(0, 0, 0, 0, false, false), 0.1, false);
+  // ResNet-56's 170 parameters: 110 of 16 to 64 (batch norm), 57 of 432 to 36,864, one of 640.
+  std::vector<int64_t> r56;
+  for (int i = 0; i < 170; ++i)
+    r56.push_back(i % 3 == 2 ? 16 * 16 * 9 * (1 << (i / 57)) * (1 << (i / 57)) : 16 << (i / 57));
+  add_sgd_multi(v, "resnet56_like_170_members", r56, sgd(0, 0.9, 0, 5e-4, true, false), 0.1, true);
+  add_adamw_multi(v, "steps_1_3_7", {5, 1037, 33}, {1, 3, 7}, adamw(0, 0.01, 1), 1e-3, false);
+  add_adamw_multi(v, "37_members", sizes, std::vector<int64_t>(37, 12), adamw(0, 0.01, 1), 3e-4, false);
 
   add_unscale(v, "finite", n, -1, false);
   add_unscale(v, "inf_and_nan", n, 700, false);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "freeze/policy.h"
 #include "models/model.h"
@@ -54,6 +55,51 @@ TEST(Optim, FrozenParameterSkippedAndStateKept) {
   p.set_requires_grad(true);
   opt.step();  // buf = 0.9*1 + 1 = 1.9
   EXPECT_NEAR(p.to_vector<float>()[0], after1 - 0.19f, 1e-6);
+}
+
+// The optimizers' multi-tensor steps (ops::sgd_step_multi, ops::adamw_step_multi) give
+// the per-parameter ops' bits, step after step, as the learning rate changes and a
+// parameter frozen for a step falls behind the others' AdamW step count; the learning
+// rate is read from the device, not from the step's arguments.
+TEST(Optim, MultiTensorStepsGiveThePerParameterOpsBits) {
+  for (bool adamw : {false, true}) {
+    Generator g(5);
+    std::vector<Tensor> ps, ref_ps;
+    for (int64_t n : {7, 1, 300, 33}) {
+      ps.push_back(Tensor::randn({n}, g).set_requires_grad(true));
+      ref_ps.push_back(ps.back().clone());
+    }
+    std::unique_ptr<optim::Optimizer> opt;
+    if (adamw) opt = std::make_unique<optim::AdamW>(ps, 1e-2, optim::AdamWOptions{0.9, 0.99, 1e-8, 0.05});
+    else opt = std::make_unique<optim::SGD>(ps, 0.1, optim::SgdOptions{0.9, 0.0, 5e-4, true});
+    std::vector<Tensor> buf(4), m(4), v(4);
+    std::vector<int64_t> steps(4, 0);
+    for (int step = 0; step < 4; ++step) {
+      const double lr = 0.1 / (1 + step);
+      opt->set_lr(lr);
+      ps[2].set_requires_grad(step != 1);  // frozen for one step
+      std::vector<Tensor> grads;
+      for (auto& p : ps) grads.push_back(Tensor::randn(p.shape(), g));
+      for (size_t i = 0; i < ps.size(); ++i)
+        if (ps[i].requires_grad()) ps[i].set_grad(grads[i].clone());
+      opt->step();
+      for (size_t i = 0; i < ps.size(); ++i) {
+        if (i == 2 && step == 1) continue;
+        if (adamw) {
+          if (!m[i].defined()) m[i] = Tensor::zeros(ps[i].shape()), v[i] = Tensor::zeros(ps[i].shape());
+          ops::AdamWParams a{lr, 0.9, 0.99, 1e-8, 0.05, ++steps[i]};
+          ops::call(ops::adamw_step, ref_ps[i], grads[i], m[i], v[i], a);
+        } else {
+          ops::SgdParams s{lr, 0.9, 0.0, 5e-4, true, !buf[i].defined()};
+          if (!buf[i].defined()) buf[i] = Tensor::empty(ps[i].shape());
+          ops::call(ops::sgd_step, ref_ps[i], grads[i], buf[i], s);
+        }
+      }
+      for (size_t i = 0; i < ps.size(); ++i)
+        ASSERT_EQ(ps[i].to_vector<float>(), ref_ps[i].to_vector<float>())
+            << (adamw ? "AdamW" : "SGD") << " step " << step << " parameter " << i;
+    }
+  }
 }
 
 TEST(Optim, ClipGradNorm) {

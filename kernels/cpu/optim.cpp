@@ -5,6 +5,7 @@
 // Napkin math: bandwidth-bound. SGD with momentum moves 20 bytes per element (read p,
 // g, buf; write p, buf), without 12; AdamW 28 (read p, g, m, v; write p, m, v). 25.6M
 // parameters of AdamW = 717 MB per step, ~50 ms at the ~15 GB/s two cores stream.
+#include <omp.h>
 #include <algorithm>
 #include <cmath>
 
@@ -42,7 +43,63 @@ void sgd_nesterov(float* w, const float* g, float* mb, int64_t n, const ops::Sgd
   else sgd_loop<kMomentum, kFirst, false>(w, g, mb, n, p);
 }
 
+// One AdamW update's constants, as the f32 loop uses them.
+struct AdamWConsts {
+  float b1, b2, lr, eps, decay, bc1, bc2;
+  AdamWConsts(const ops::AdamWParams& p)
+      : b1(float(p.beta1)),
+        b2(float(p.beta2)),
+        lr(float(p.lr)),
+        eps(float(p.eps)),
+        decay(float(1.0 - p.lr * p.weight_decay)),
+        bc1(float(1.0 - std::pow(p.beta1, double(p.step)))),
+        bc2(float(1.0 - std::pow(p.beta2, double(p.step)))) {}
+};
+
+// Elements [off, off + len) of one parameter. Chunks of kChunk elements (4 arrays x 8 KB
+// stay in L1): the three statements make one trip to memory per chunk. Eigen's packet
+// sqrt vectorises where a plain loop's sqrtf (errno semantics) does not.
+constexpr int64_t kChunk = 2048;
+void adamw_chunk(float* w, const float* g, float* mp, float* vp, int64_t off, int64_t len, const AdamWConsts& k) {
+  Eigen::Map<Eigen::ArrayXf> W(w + off, len), M(mp + off, len), V(vp + off, len);
+  Eigen::Map<const Eigen::ArrayXf> G(g + off, len);
+  M = k.b1 * M + (1.f - k.b1) * G;
+  V = k.b2 * V + (1.f - k.b2) * G.square();
+  W = W * k.decay - k.lr * (M / k.bc1) / ((V / k.bc2).sqrt() + k.eps);
+}
+
+// Runs f(member, begin, end) over every member's elements, the concatenation split
+// evenly between the threads of one parallel region (a member of a few elements costs no
+// region of its own), each member's share in pieces of at most `piece` elements.
+template <class F>
+void over_members(const std::vector<int64_t>& sizes, int64_t piece, F f) {
+  std::vector<int64_t> start(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) start[i + 1] = start[i] + sizes[i];
+  const int64_t total = start.back();
+#pragma omp parallel if (total > kParallelMin)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
+    size_t i = size_t(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
+    for (; i < sizes.size() && start[i] < hi; ++i) {
+      const int64_t b = std::max(lo, start[i]) - start[i], e = std::min(hi, start[i + 1]) - start[i];
+      for (int64_t at = b; at < e; at += piece) f(i, at, std::min(e, at + piece));
+    }
+  }
+}
+
 }  // namespace
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p) {
+  float* w = param.data<float>();
+  const float* g = grad.data<float>();
+  float *mp = m.data<float>(), *vp = v.data<float>();
+  const int64_t n = param.numel();
+  const AdamWConsts k(p);
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) adamw_chunk(w, g, mp, vp, c * kChunk, std::min(kChunk, n - c * kChunk), k);
+}
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const ops::SgdParams& p) {
   float* w = param.data<float>();
@@ -82,29 +139,51 @@ void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
   if (bad) found_inf.data<float>()[0] = 1.f;
 }
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p) {
-  float* w = param.data<float>();
-  const float* g = grad.data<float>();
-  float *mp = m.data<float>(), *vp = v.data<float>();
-  const int64_t n = param.numel();
-  const float b1 = float(p.beta1), b2 = float(p.beta2), lr = float(p.lr), eps = float(p.eps);
-  const float decay = float(1.0 - p.lr * p.weight_decay);
-  const float bc1 = float(1.0 - std::pow(p.beta1, double(p.step)));
-  const float bc2 = float(1.0 - std::pow(p.beta2, double(p.step)));
-  // Chunks of kChunk elements (4 arrays x 8 KB stay in L1): the three statements below
-  // make one trip to memory per chunk. Eigen's packet sqrt vectorises where a plain
-  // loop's sqrtf (errno semantics) does not.
-  constexpr int64_t kChunk = 2048;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t off = c * kChunk, len = std::min(kChunk, n - off);
-    Eigen::Map<Eigen::ArrayXf> W(w + off, len), M(mp + off, len), V(vp + off, len);
-    Eigen::Map<const Eigen::ArrayXf> G(g + off, len);
-    M = b1 * M + (1.f - b1) * G;
-    V = b2 * V + (1.f - b2) * G.square();
-    W = W * decay - lr * (M / bc1) / ((V / bc2).sqrt() + eps);
+// One parallel region over every member's elements (over_members): ResNet-56's 170
+// parameters, most of them a few dozen elements, cost one region, not 170. Element by
+// element the arithmetic of sgd_step / adamw_step, so the same bits.
+void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<Tensor>& bufs, const ops::SgdParams& p) {
+  ref::check_multi_step("sgd_step_multi", lr, params.size(), {grads.size(), bufs.size()});
+  EG_CHECK(!p.first_step,
+           "sgd_step_multi: a parameter's first step (its buffer made from the gradient) takes sgd_step");
+  ops::SgdParams q = p;
+  q.lr = lr.data<double>()[0];
+  std::vector<int64_t> sizes;
+  std::vector<float*> w, mb;
+  std::vector<const float*> g;
+  for (size_t i = 0; i < params.size(); ++i) {
+    sizes.push_back(params[i].numel());
+    w.push_back(params[i].data<float>());
+    g.push_back(grads[i].data<float>());
+    mb.push_back(p.momentum != 0.0 ? bufs[i].data<float>() : nullptr);
   }
+  // Inside the region each piece's loop runs on its thread (a nested region is inactive).
+  over_members(sizes, sizes.empty() ? 1 : *std::max_element(sizes.begin(), sizes.end()),
+               [&](size_t i, int64_t b, int64_t e) {
+    float* buf = mb[i] ? mb[i] + b : nullptr;
+    if (!buf) sgd_loop<false, false, false>(w[i] + b, g[i] + b, nullptr, e - b, q);
+    else sgd_nesterov<true, false>(w[i] + b, g[i] + b, buf, e - b, q);
+  });
+}
+
+void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      std::vector<Tensor>& m, std::vector<Tensor>& v, const ops::AdamWParams& p,
+                      const std::vector<int64_t>& steps) {
+  ref::check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
+  ops::AdamWParams q = p;
+  q.lr = lr.data<double>()[0];
+  std::vector<int64_t> sizes;
+  std::vector<AdamWConsts> k;
+  for (size_t i = 0; i < params.size(); ++i) {
+    sizes.push_back(params[i].numel());
+    q.step = steps[i];
+    k.emplace_back(q);
+  }
+  over_members(sizes, kChunk, [&](size_t i, int64_t b, int64_t e) {
+    adamw_chunk(params[i].data<float>(), grads[i].data<float>(), m[i].data<float>(), v[i].data<float>(), b, e - b,
+                k[i]);
+  });
 }
 
 }  // namespace eg::cpu

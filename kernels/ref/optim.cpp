@@ -83,4 +83,32 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const o
   else adamw<float>(param, grad, m, v, p);
 }
 
+void check_multi_step(const char* op, const Tensor& lr, size_t params, std::initializer_list<size_t> lists) {
+  EG_CHECK(lr.defined() && lr.dtype() == DType::f64 && lr.numel() == 1, op,
+           ": the learning rate is one f64 element, got ", lr.defined() ? lr.str() : std::string("nothing"));
+  for (size_t n : lists) EG_CHECK(n == params, op, ": ", params, " parameters but a list of ", n);
+}
+
+void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                    std::vector<Tensor>& bufs, const ops::SgdParams& p) {
+  check_multi_step("sgd_step_multi", lr, params.size(), {grads.size(), bufs.size()});
+  EG_CHECK(!p.first_step,
+           "sgd_step_multi: a parameter's first step (its buffer made from the gradient) takes sgd_step");
+  ops::SgdParams q = p;
+  q.lr = lr.data<double>()[0];
+  for (size_t i = 0; i < params.size(); ++i) sgd_step(params[i], grads[i], bufs[i], q);
+}
+
+void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      std::vector<Tensor>& m, std::vector<Tensor>& v, const ops::AdamWParams& p,
+                      const std::vector<int64_t>& steps) {
+  check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
+  ops::AdamWParams q = p;
+  q.lr = lr.data<double>()[0];
+  for (size_t i = 0; i < params.size(); ++i) {
+    q.step = steps[i];
+    adamw_step(params[i], grads[i], m[i], v[i], q);
+  }
+}
+
 }  // namespace eg::ref

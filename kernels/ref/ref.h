@@ -23,4 +23,7 @@ inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
     if (t->defined() && is_half(t->dtype())) return true;
   return false;
 }
+// The multi-tensor optimizer ops' checks (every backend's): the learning rate one f64
+// element, one gradient (and state tensor, step count) per parameter.
+void check_multi_step(const char* op, const Tensor& lr, size_t params, std::initializer_list<size_t> lists);
 }  // namespace eg::ref
