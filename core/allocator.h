@@ -35,7 +35,8 @@ Allocator& cpu_allocator();
 Allocator& cuda_allocator(int device = 0);
 // Page-locked host memory (cudaHostAlloc), which copies from a GPU fill without the host
 // waiting (Tensor::empty_pinned, HostCopy in core/deferred_read.h); the same caching
-// policy. Without CUDA or a GPU it is cpu_allocator().
+// policy with no bound on what it holds (it keeps the peak of its use). Without CUDA or a
+// GPU it is cpu_allocator().
 Allocator& pinned_allocator();
 
 // Size class used by both caching allocators: small sizes round up to 512 bytes,

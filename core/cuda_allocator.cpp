@@ -44,11 +44,13 @@ class CudaCachingAllocator final : public CachingAllocator {
   int device_;
 };
 
-// Page-locked host blocks. Copies still queued may write them: freeing waits for the
-// device first, as the device allocator does.
+// Page-locked host blocks. A block comes back only once its copy has landed (HostCopy
+// waits for it first), so freeing one waits for nothing. No bound on what it holds: an
+// eviction would call cudaFreeHost, which may synchronise the device, from a training
+// step; pinned memory is held at the peak of its use.
 class PinnedCachingAllocator final : public CachingAllocator {
  public:
-  PinnedCachingAllocator() : CachingAllocator(allocator_cache_limit(std::getenv("EG_ALLOC_CACHE_LIMIT"))) {}
+  PinnedCachingAllocator() : CachingAllocator(0) {}
   ~PinnedCachingAllocator() override { empty_cache(); }
 
  private:
@@ -61,7 +63,6 @@ class PinnedCachingAllocator final : public CachingAllocator {
     EG_THROW("cudaHostAlloc of ", nbytes, " bytes failed: ", cudaGetErrorString(e));
   }
   void system_free(const std::vector<void*>& blocks) override {
-    EG_CUDA_CHECK(cudaDeviceSynchronize());
     for (void* p : blocks) EG_CUDA_CHECK(cudaFreeHost(p));
   }
   [[noreturn]] void out_of_memory(size_t nbytes, const AllocatorStats& s) const override {

@@ -177,9 +177,16 @@ HostCopy HostCopy::of(const Tensor& t) {
   c.state_->host = Tensor::empty_pinned(src.shape(), src.dtype());
   cuda::set_device(src.device().index);
   const cudaStream_t stream = cuda::current_stream(src.device().index);
-  EG_CUDA_CHECK(cudaEventCreateWithFlags(&c.state_->landed, cudaEventDisableTiming));
-  EG_CUDA_CHECK(cudaMemcpyAsync(c.state_->host.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream));
-  EG_CUDA_CHECK(cudaEventRecord(c.state_->landed, stream));
+  cudaEvent_t landed = nullptr;
+  EG_CUDA_CHECK(cudaEventCreateWithFlags(&landed, cudaEventDisableTiming));
+  cudaError_t e = cudaMemcpyAsync(c.state_->host.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(landed, stream);
+  if (e != cudaSuccess) {  // a copy may be queued with no event behind it: wait before the block goes back
+    cudaStreamSynchronize(stream);
+    cudaEventDestroy(landed);
+    EG_CUDA_CHECK(e);
+  }
+  c.state_->landed = landed;
 #endif
   return c;
 }

@@ -113,6 +113,12 @@ bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x,
            "the reference model's input must be on the CPU");
   EG_CHECK(!unit_input.defined() || (begin > 0 && begin <= module), "plasticity evaluation: the unit's input is ",
            "that of layer module ", begin, ", which is not after the first and up to ", module);
+  // A full queue drops the reading before anything is copied: a copy from the GPU
+  // dropped before it lands would make this thread wait for it.
+  if (!opt_.synchronous && in_q_.full()) {
+    ++dropped_;
+    return false;
+  }
   Input in{step, module, x, x2, Tensor(), begin, snapshot_, Tensor(), false, {}, {}};
   // A GPU reference takes the unit's input where it is; a CPU one gets a copy that the
   // training thread does not wait for (HostCopy): the reference's thread waits for it.

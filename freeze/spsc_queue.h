@@ -19,6 +19,10 @@ class SpscQueue {
     head_.store(n, std::memory_order_release);
     return true;
   }
+  // Producer only: true when try_push would fail now (the consumer may make room after).
+  bool full() const {
+    return (head_.load(std::memory_order_relaxed) + 1) % slots_.size() == tail_.load(std::memory_order_acquire);
+  }
   // Consumer only.
   std::optional<T> try_pop() {
     const size_t t = tail_.load(std::memory_order_relaxed);

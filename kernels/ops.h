@@ -189,10 +189,11 @@ using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
 // Their multi-tensor forms (PyTorch's foreach/fused optimizers): every member i of
 // params is updated with grads[i] and its state as the ops above update one parameter,
 // with one launch per up to 32 members on CUDA, the learning rate read from `lr` (f64 [1]
-// on the parameters' device; p.lr is not read), so a step's launches carry no value the
-// schedule changes (Note [Op records]). sgd: no member is on its first step (those take
-// sgd_step); bufs undefined without momentum. adamw: steps[i] is member i's count (its
-// bias corrections). f32 (f64 on ref).
+// on the parameters' device; p.lr is not read), so sgd's launches carry no value the
+// schedule changes (Note [Op records]); adamw's still carry its members' bias
+// corrections, from steps[i], member i's count on the host (device-resident counts are
+// what a captured AdamW step needs). sgd: no member is on its first step (those take
+// sgd_step); bufs undefined without momentum. f32 (f64 on ref).
 using SgdStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                           std::vector<Tensor>& bufs, const SgdParams& p);
 using AdamWStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,

@@ -10,11 +10,16 @@
 TEST(SpscQueue, IsBoundedFifoAndRefusesWhenFull) {
   eg::freeze::SpscQueue<int> q(3);
   EXPECT_TRUE(q.empty());
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(q.try_push(int(i)));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(q.full());
+    EXPECT_TRUE(q.try_push(int(i)));
+  }
+  EXPECT_TRUE(q.full());
   int extra = 99;
   EXPECT_FALSE(q.try_push(std::move(extra)));
   EXPECT_EQ(extra, 99) << "a refused item is not taken";
   EXPECT_EQ(q.try_pop().value(), 0);
+  EXPECT_FALSE(q.full());
   EXPECT_TRUE(q.try_push(3));
   for (int i = 1; i <= 3; ++i) EXPECT_EQ(q.try_pop().value(), i);
   EXPECT_FALSE(q.try_pop().has_value());
