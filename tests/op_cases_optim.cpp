@@ -55,6 +55,17 @@ void add_adamw(std::vector<OpCase>& v, const std::string& name, int64_t n, ops::
   v.push_back(c);
 }
 
+// A multi-tensor case's common end: no gradcheck, benchmarked when `big`, `words` f32
+// reads and writes per element of every member (the clones included).
+void add_multi_case(std::vector<OpCase>& v, OpCase& c, const std::vector<int64_t>& sizes, int words, bool big) {
+  c.gradcheck = false;
+  c.bench = big;
+  int64_t n = 0;
+  for (int64_t s : sizes) n += s;
+  c.bytes = double(n) * 4 * words;
+  v.push_back(c);
+}
+
 // The multi-tensor forms over members of the given sizes (their parameters, gradients,
 // state), the learning rate an f64 tensor on the members' device; p.lr is a decoy the op
 // must not read. Outputs: every member's updated tensors.
@@ -89,12 +100,7 @@ void add_sgd_multi(std::vector<OpCase>& v, const std::string& name, std::vector<
   };
   c.uses = {uses(ops::sgd_step_multi)};
   c.fwd_tol = {1e-6, 1e-6};
-  c.gradcheck = false;
-  c.bench = big;
-  int64_t n = 0;
-  for (int64_t s : sizes) n += s;
-  c.bytes = double(n) * 4 * (has_buf ? 5 + 4 : 3 + 2);
-  v.push_back(c);
+  add_multi_case(v, c, sizes, has_buf ? 5 + 4 : 3 + 2, big);
 }
 
 void add_adamw_multi(std::vector<OpCase>& v, const std::string& name, std::vector<int64_t> sizes,
@@ -130,12 +136,7 @@ void add_adamw_multi(std::vector<OpCase>& v, const std::string& name, std::vecto
   };
   c.uses = {uses(ops::adamw_step_multi)};
   c.fwd_tol = {1e-6, 1e-5};
-  c.gradcheck = false;
-  c.bench = big;
-  int64_t n = 0;
-  for (int64_t s : sizes) n += s;
-  c.bytes = double(n) * 4 * (7 + 6);
-  v.push_back(c);
+  add_multi_case(v, c, sizes, 7 + 6, big);
 }
 
 // found_inf starts 0; `inf_at` >= 0 puts an inf there (and a NaN after it), so the flag

@@ -9,28 +9,33 @@ namespace eg::cudak {
 
 // ---- kernels
 namespace {
+// Element i of one parameter's update, shared by the per-parameter and multi-tensor kernels.
+__device__ __forceinline__ void sgd_update(float* p, const float* g, float* buf, int64_t i, float lr, float mom,
+                                           float damp, float wd, bool nesterov, bool first) {
+  float d = g[i] + wd * p[i];
+  if (mom != 0.f) {
+    const float b = first ? d : mom * buf[i] + (1.f - damp) * d;
+    buf[i] = b;
+    d = nesterov ? d + mom * b : b;
+  }
+  p[i] -= lr * d;
+}
+__device__ __forceinline__ void adamw_update(float* p, const float* g, float* m, float* v, int64_t i, float lr,
+                                             float b1, float b2, float eps, float wd, float bc1, float bc2) {
+  const float gi = g[i];
+  p[i] *= 1.f - lr * wd;
+  const float mi = b1 * m[i] + (1.f - b1) * gi, vi = b2 * v[i] + (1.f - b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+}
 __global__ void sgd_kernel(float* p, const float* g, float* buf, float lr, float mom, float damp, float wd,
                            bool nesterov, bool first, int64_t n) {
-  EG_CUDA_LOOP(i, n) {
-    float d = g[i] + wd * p[i];
-    if (mom != 0.f) {
-      const float b = first ? d : mom * buf[i] + (1.f - damp) * d;
-      buf[i] = b;
-      d = nesterov ? d + mom * b : b;
-    }
-    p[i] -= lr * d;
-  }
+  EG_CUDA_LOOP(i, n) sgd_update(p, g, buf, i, lr, mom, damp, wd, nesterov, first);
 }
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float lr, float b1, float b2, float eps,
                              float wd, float bc1, float bc2, int64_t n) {
-  EG_CUDA_LOOP(i, n) {
-    const float gi = g[i];
-    p[i] *= 1.f - lr * wd;
-    const float mi = b1 * m[i] + (1.f - b1) * gi, vi = b2 * v[i] + (1.f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-  }
+  EG_CUDA_LOOP(i, n) adamw_update(p, g, m, v, i, lr, b1, b2, eps, wd, bc1, bc2);
 }
 __global__ void unscale_kernel(float* g, float* found_inf, float s, int64_t n) {
   EG_CUDA_LOOP(i, n) {
@@ -54,7 +59,7 @@ __global__ void scale_by_kernel(const float* x, float* y, const double* coef, in
 }
 // Multi-tensor forms: up to kMembers parameters a launch, their pointers passed by value
 // (PyTorch's multi_tensor_apply); blockIdx.y picks the member, a grid-stride loop covers
-// it. The arithmetic is sgd_kernel's and adamw_kernel's, the learning rate read from the
+// it. The arithmetic is sgd_update's and adamw_update's, the learning rate read from the
 // device.
 constexpr int kMembers = 32;
 struct SgdMembers {
@@ -77,29 +82,16 @@ __global__ void sgd_multi_kernel(SgdMembers l, const double* lr_dev, float mom, 
   const float* g = l.g[t];
   float* buf = l.b[t];
   const float lr = float(*lr_dev);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < l.n[t]; i += int64_t(gridDim.x) * blockDim.x) {
-    float d = g[i] + wd * p[i];
-    if (mom != 0.f) {
-      const float b = mom * buf[i] + (1.f - damp) * d;
-      buf[i] = b;
-      d = nesterov ? d + mom * b : b;
-    }
-    p[i] -= lr * d;
-  }
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < l.n[t]; i += int64_t(gridDim.x) * blockDim.x)
+    sgd_update(p, g, buf, i, lr, mom, damp, wd, nesterov, false);
 }
 __global__ void adamw_multi_kernel(AdamWMembers l, const double* lr_dev, float b1, float b2, float eps, float wd) {
   const int t = int(blockIdx.y);
   float *p = l.p[t], *m = l.m[t], *v = l.v[t];
   const float* g = l.g[t];
-  const float lr = float(*lr_dev), bc1 = l.bc1[t], bc2 = l.bc2[t];
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < l.n[t]; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gi = g[i];
-    p[i] *= 1.f - lr * wd;
-    const float mi = b1 * m[i] + (1.f - b1) * gi, vi = b2 * v[i] + (1.f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-  }
+  const float lr = float(*lr_dev);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < l.n[t]; i += int64_t(gridDim.x) * blockDim.x)
+    adamw_update(p, g, m, v, i, lr, b1, b2, eps, wd, l.bc1[t], l.bc2[t]);
 }
 // Blocks along x for the largest member of a launch (the grid-stride loop covers more).
 dim3 members_grid(int64_t largest, size_t count) {
