@@ -1,4 +1,6 @@
 // Op cases: layer norm, embedding, dropout, sum of squares, casts.
+#include <cstring>
+
 #include "tests/op_cases.h"
 
 namespace eg::testing {
@@ -149,8 +151,18 @@ void add_reductions(std::vector<OpCase>& v, const std::string& variant, int64_t 
 void add_cast(std::vector<OpCase>& v, const std::string& variant, DType from, DType to, int64_t n, bool big) {
   OpCase c;
   c.name = "cast/" + variant;
-  c.make_inputs = [from, n](DType) {
+  const bool special = variant.find("special") != std::string::npos;
+  c.make_inputs = [from, n, special](DType) {
     if (from == DType::u8) return Tensors{randint({n}, 0, 256, 95, DType::u8)};
+    if (special) {  // what rounding to 16 bits must get right: ties, NaN, infinities, zeros, denormals, overflow
+      std::vector<float> vals = randn({n}, DType::f32, 97, 100.0).to_vector<float>();
+      const uint32_t bits[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7fc00001u, 0x7f800001u, 0xff800000u,
+                               0x7f800000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu,
+                               0x00008000u, 0x00018000u, 0x3effff80u, 0xbf7f8000u};
+      for (size_t k = 0; k < vals.size(); ++k)
+        if (k % 3 == 0) std::memcpy(&vals[k], &bits[(k / 3) % 16], 4);
+      return Tensors{Tensor::from_vector(vals, {n}).to(from)};
+    }
     return Tensors{randn({n}, DType::f32, 96, 100.0).to(from)};
   };
   c.forward = [to](ops::Backend b, const Tensors& in) {
@@ -186,6 +198,8 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_reductions(v, "small", 1000, false);
   add_reductions(v, "resnet56_params", 853018, true);
   add_cast(v, "f32_to_bf16", DType::f32, DType::bf16, 1000, false);
+  add_cast(v, "f32_to_bf16_special_values", DType::f32, DType::bf16, 1003, false);
+  add_cast(v, "f32_to_bf16_4096x512", DType::f32, DType::bf16, 4096 * 512, true);
   add_cast(v, "bf16_to_f32", DType::bf16, DType::f32, 1000, false);
   add_cast(v, "f32_to_f16", DType::f32, DType::f16, 1000, false);
   add_cast(v, "u8_to_f32_images", DType::u8, DType::f32, 128 * 3 * 32 * 32, true);
