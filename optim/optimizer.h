@@ -2,9 +2,9 @@
 // ops::sgd_step_multi and ops::adamw_step_multi (one launch per 32 parameters on CUDA,
 // the learning rate read from the device, so that SGD's launches carry no value the
 // schedule changes; AdamW's carry their bias corrections), ops::sgd_step for a
-// parameter's first step with momentum. Their bits
-// are the per-parameter ops' (tested). A parameter that does not require grad (frozen)
-// or has no gradient is skipped, and its state is kept: see Note [Freezing a module].
+// parameter's first step with momentum; their bits are the per-parameter ops' (tested).
+// A parameter that does not require grad (frozen) or has no gradient is skipped, and its
+// state is kept: see Note [Freezing a module].
 // Gradients of the parameters that require grad live in buckets (optim/buckets.h),
 // rebuilt at zero_grad() whenever that set has changed. As with PyTorch's
 // zero_grad(set_to_none=False), a trainable parameter then always has a gradient, and

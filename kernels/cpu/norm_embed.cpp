@@ -128,8 +128,9 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
 
 namespace {
 // Every argument by value: the compiler vectorises the Philox rounds only when it can see
-// that the stores alias none of them. Blocks of 64 elements: their 16 Philox blocks (four elements each, philox_uniform4)
-// in one vectorised loop, then the elements in a contiguous one.
+// that the stores alias none of them. Blocks of 64 elements: their 16 Philox blocks (four
+// elements each, philox_uniform4) in one vectorised loop, then the elements in a
+// contiguous one.
 template <class T>
 void dropout_loop(const T* xp, T* yp, uint8_t* mp, int64_t n, float s, float pf, uint64_t seed, uint64_t offset) {
   constexpr int64_t kGroups = 16, kBlockElems = 4 * kGroups;
