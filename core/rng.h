@@ -42,13 +42,6 @@ EG_HOST_DEVICE float philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) 
   return uint_to_unit(philox4x32(seed, offset + i).x[0]);
 }
 
-// The same for dropout masks: element i takes word i % 4 of counter offset + i / 4, so
-// one Philox block serves four elements (as curand_uniform4); a draw of n elements still
-// reserves n counters.
-EG_HOST_DEVICE float philox_uniform4(uint64_t seed, uint64_t offset, uint64_t i) {
-  return uint_to_unit(philox4x32(seed, offset + i / 4).x[i % 4]);
-}
-
 // Standard normal for element i (Box-Muller on two words of the same counter).
 EG_HOST_DEVICE double philox_normal(uint64_t seed, uint64_t offset, uint64_t i) {
   Philox4 r = philox4x32(seed, offset + i);

@@ -164,7 +164,7 @@ using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
 // are (no host round trip on a GPU).
 using TokenMask = void(const Tensor& ids, Tensor& mask, int64_t value, bool equal);
 
-// Dropout: element i is kept when philox_uniform4(seed, offset, i) >= p, and scaled by
+// Dropout: element i is kept when philox_uniform(seed, offset, i) >= p, and scaled by
 // 1/(1-p). mask (u8) records kept elements. Same mask on every device. bf16 (Note [bf16
 // kernels]): x, y (dy, dx) bf16 together.
 using DropoutFwd = void(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset);

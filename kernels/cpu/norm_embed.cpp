@@ -128,28 +128,14 @@ void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
 
 namespace {
 // Every argument by value: the compiler vectorises the Philox rounds only when it can see
-// that the stores alias none of them. Blocks of 64 elements: their 16 Philox blocks (four
-// elements each, philox_uniform4) in one vectorised loop, then the elements in a
-// contiguous one.
+// that the stores alias none of them.
 template <class T>
 void dropout_loop(const T* xp, T* yp, uint8_t* mp, int64_t n, float s, float pf, uint64_t seed, uint64_t offset) {
-  constexpr int64_t kGroups = 16, kBlockElems = 4 * kGroups;
-  const int64_t blocks = (n + kBlockElems - 1) / kBlockElems;
 #pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t b = 0; b < blocks; ++b) {
-    uint32_t words[kBlockElems];
-    const uint64_t g0 = uint64_t(b * kGroups);
-#pragma omp simd
-    for (int64_t g = 0; g < kGroups; ++g) {
-      const Philox4 r = philox4x32(seed, offset + g0 + uint64_t(g));
-      for (int w = 0; w < 4; ++w) words[4 * g + w] = r.x[w];
-    }
-    const int64_t i0 = b * kBlockElems, len = std::min(kBlockElems, n - i0);
-    for (int64_t k = 0; k < len; ++k) {
-      const bool keep = uint_to_unit(words[k]) >= pf;
-      mp[i0 + k] = keep;
-      st(yp, i0 + k, keep ? ld(xp, i0 + k) * s : 0.f);
-    }
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= pf;
+    mp[i] = keep;
+    st(yp, i, keep ? ld(xp, i) * s : 0.f);
   }
 }
 template <class T>

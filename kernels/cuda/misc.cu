@@ -1,6 +1,6 @@
 // Embedding, token masks, dropout, sum of squares and casts on CUDA. Dropout takes f32, bf16 or f16
 // (x and y of one dtype; Note [16-bit CUDA kernels]).
-// Dropout draws eg::philox_uniform4(seed, offset, i) per element, the same function
+// Dropout draws eg::philox_uniform(seed, offset, i) per element, the same function
 // the CPU paths use, so masks match bit for bit across devices.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,7 +24,7 @@ __global__ void token_mask_kernel(const int64_t* ids, uint8_t* mask, int64_t val
 __global__ void dropout_fwd_kernel(const void* x, void* y, int t, uint8_t* mask, float p, float s, uint64_t seed,
                                    uint64_t offset, int64_t n) {
   EG_CUDA_LOOP(i, n) {
-    const bool keep = philox_uniform4(seed, offset, uint64_t(i)) >= p;
+    const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= p;
     mask[i] = keep;
     st(y, t, i, keep ? ld(x, t, i) * s : 0.f);
   }

@@ -79,7 +79,7 @@ template <class T>
 void dropout_fwd_t(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
   const double s = 1.0 / (1.0 - p);
   for (int64_t i = 0; i < x.numel(); ++i) {
-    const bool keep = double(philox_uniform4(seed, offset, uint64_t(i))) >= p;
+    const bool keep = double(philox_uniform(seed, offset, uint64_t(i))) >= p;
     mask.data<uint8_t>()[i] = keep;
     y.data<T>()[i] = keep ? T(double(x.data<T>()[i]) * s) : T(0);
   }
