@@ -34,10 +34,16 @@ const Tensor& Optimizer::lr_on(Device device) {
 }
 
 bool Optimizer::uniform(const std::vector<size_t>& members) const {
-  for (size_t i : members)
+  std::vector<const void*> data;
+  for (size_t i : members) {
     if (params_[i].device() != params_[members[0]].device() || params_[i].dtype() != params_[members[0]].dtype())
       return false;
-  return true;
+    data.push_back(params_[i].raw_any());
+  }
+  // A parameter listed twice is updated twice, one after the other, as the per-parameter
+  // loop does; in one multi-tensor call its two updates could run at once.
+  std::sort(data.begin(), data.end());
+  return std::adjacent_find(data.begin(), data.end()) == data.end();
 }
 
 void Optimizer::zero_grad() {

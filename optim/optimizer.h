@@ -60,8 +60,8 @@ class Optimizer {
   // The learning rate as the multi-tensor ops read it: f64 [1] on `device`, rewritten when
   // lr() has changed since (on CUDA through a staged upload: the host does not wait).
   const Tensor& lr_on(Device device);
-  // Whether the members (indices into params_) share one device and dtype, as one
-  // multi-tensor call needs.
+  // Whether the members (indices into params_) share one device and dtype and no two
+  // start at one address, as one multi-tensor call needs.
   bool uniform(const std::vector<size_t>& members) const;
   std::vector<Tensor> params_;
   double lr_;

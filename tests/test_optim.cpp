@@ -65,15 +65,17 @@ TEST(Optim, MultiTensorStepsGiveThePerParameterOpsBits) {
   for (bool adamw : {false, true}) {
     Generator g(5);
     std::vector<Tensor> ps, ref_ps;
-    for (int64_t n : {7, 1, 300, 33}) {
+    // Above the CPU kernels' parallel threshold (32,768 elements), members across the
+    // threads' shares: pieces must start where the per-parameter kernels' chunks start.
+    for (int64_t n : {7, 1, 300, 33, 40000, 2049, 5000}) {
       ps.push_back(Tensor::randn({n}, g).set_requires_grad(true));
       ref_ps.push_back(ps.back().clone());
     }
     std::unique_ptr<optim::Optimizer> opt;
     if (adamw) opt = std::make_unique<optim::AdamW>(ps, 1e-2, optim::AdamWOptions{0.9, 0.99, 1e-8, 0.05});
     else opt = std::make_unique<optim::SGD>(ps, 0.1, optim::SgdOptions{0.9, 0.0, 5e-4, true});
-    std::vector<Tensor> buf(4), m(4), v(4);
-    std::vector<int64_t> steps(4, 0);
+    std::vector<Tensor> buf(ps.size()), m(ps.size()), v(ps.size());
+    std::vector<int64_t> steps(ps.size(), 0);
     for (int step = 0; step < 4; ++step) {
       const double lr = 0.1 / (1 + step);
       opt->set_lr(lr);

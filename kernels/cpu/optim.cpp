@@ -68,22 +68,28 @@ void adamw_chunk(float* w, const float* g, float* mp, float* vp, int64_t off, in
   W = W * k.decay - k.lr * (M / k.bc1) / ((V / k.bc2).sqrt() + k.eps);
 }
 
-// Runs f(member, begin, end) over every member's elements, the concatenation split
-// evenly between the threads of one parallel region (a member of a few elements costs no
-// region of its own), each member's share in pieces of at most `piece` elements.
+// Runs f(member, begin, end) over pieces of `piece` elements counted from each member's
+// start (the last piece of a member shorter), the pieces split evenly between the threads
+// of one parallel region: a member of a few elements costs no region of its own. Pieces
+// start where the per-parameter kernels' chunks start, whatever the thread count, so a
+// kernel whose rounding depends on where a vector loop starts (Eigen's approximate vector
+// sqrt with exact scalar ends, in adamw_chunk) gives the per-parameter kernel's bits.
 template <class F>
 void over_members(const std::vector<int64_t>& sizes, int64_t piece, F f) {
-  std::vector<int64_t> start(sizes.size() + 1, 0);
-  for (size_t i = 0; i < sizes.size(); ++i) start[i + 1] = start[i] + sizes[i];
-  const int64_t total = start.back();
+  std::vector<int64_t> first(sizes.size() + 1, 0);  // each member's first piece
+  for (size_t i = 0; i < sizes.size(); ++i) first[i + 1] = first[i] + (sizes[i] + piece - 1) / piece;
+  const int64_t pieces = first.back();
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
 #pragma omp parallel if (total > kParallelMin)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
-    size_t i = size_t(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
-    for (; i < sizes.size() && start[i] < hi; ++i) {
-      const int64_t b = std::max(lo, start[i]) - start[i], e = std::min(hi, start[i + 1]) - start[i];
-      for (int64_t at = b; at < e; at += piece) f(i, at, std::min(e, at + piece));
+    const int64_t lo = pieces * t / nt, hi = pieces * (t + 1) / nt;
+    size_t i = size_t(std::upper_bound(first.begin(), first.end(), lo) - first.begin()) - 1;
+    for (int64_t k = lo; k < hi; ++k) {
+      while (k >= first[i + 1]) ++i;  // members without pieces (no elements) are passed over
+      const int64_t b = (k - first[i]) * piece;
+      f(i, b, std::min(sizes[i], b + piece));
     }
   }
 }
@@ -140,8 +146,9 @@ void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
 }
 
 // One parallel region over every member's elements (over_members): ResNet-56's 170
-// parameters, most of them a few dozen elements, cost one region, not 170. Element by
-// element the arithmetic of sgd_step / adamw_step, so the same bits.
+// parameters, most of them a few dozen elements, cost one region, not 170. The
+// arithmetic of sgd_step / adamw_step on the same chunks, so the same bits (tested above
+// the parallel threshold).
 void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                     std::vector<Tensor>& bufs, const ops::SgdParams& p) {
   ref::check_multi_step("sgd_step_multi", lr, params.size(), {grads.size(), bufs.size()});
@@ -159,8 +166,7 @@ void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::ve
     mb.push_back(p.momentum != 0.0 ? bufs[i].data<float>() : nullptr);
   }
   // Inside the region each piece's loop runs on its thread (a nested region is inactive).
-  over_members(sizes, sizes.empty() ? 1 : *std::max_element(sizes.begin(), sizes.end()),
-               [&](size_t i, int64_t b, int64_t e) {
+  over_members(sizes, kChunk, [&](size_t i, int64_t b, int64_t e) {
     float* buf = mb[i] ? mb[i] + b : nullptr;
     if (!buf) sgd_loop<false, false, false>(w[i] + b, g[i] + b, nullptr, e - b, q);
     else sgd_nesterov<true, false>(w[i] + b, g[i] + b, buf, e - b, q);
