@@ -82,12 +82,8 @@ class Nccl final : public Communicator {
   bool enqueues() const override { return true; }
 
   void all_reduce(Tensor& t, ReduceOp op) override {
-    if (t.device().is_cpu()) return host_.all_reduce(t, op);
-    check_device(t, "all_reduce");
-    before();
-    EG_NCCL_CHECK(
-        ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_, stream_));
-    after();
+    all_reduce_unjoined(t, op);
+    if (!t.device().is_cpu()) wait_done();
   }
   void all_reduce_unjoined(Tensor& t, ReduceOp op) override {
     if (t.device().is_cpu()) return host_.all_reduce(t, op);
@@ -134,8 +130,13 @@ class Nccl final : public Communicator {
     EG_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_stream(device_)));
     EG_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   }
-  void after() {  // also joins what all_reduce_unjoined left: the stream runs in order
+  void after() {
     EG_CUDA_CHECK(cudaEventRecord(done_, stream_));
+    wait_done();
+  }
+  // The compute stream waits for the last collective (and so, the stream running in
+  // order, for every one all_reduce_unjoined left): an untimed join.
+  void wait_done() {
     EG_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(device_), done_, 0));
     unjoined_ = false;
   }
