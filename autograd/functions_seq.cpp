@@ -111,8 +111,10 @@ Tensor dropout(const Tensor& x_in, double p, bool training, Generator& gen) {
   // 16-bit activations stay so (as under torch.autocast, which lists no dtype for dropout).
   const Tensor x = is_half(x_in.dtype()) ? x_in : f32_input(x_in, "dropout", "input");
   Tensor y = empty_like(x), mask = Tensor::empty(x.shape(), DType::u8, x.device());
-  uint64_t offset = gen.reserve(uint64_t(x.numel()));
-  ops::call(ops::dropout_fwd, x, y, mask, p, gen.seed(), offset);
+  // Counted from the step's base, on the device with the seed (Note [Random state on the
+  // device] in core/rng.h).
+  const uint64_t offset = gen.reserve(uint64_t(x.numel())) - gen.step_base();
+  ops::call(ops::dropout_fwd, x, y, mask, p, gen.state_on(x.device()), offset);
   autograd::record_function("DropoutBackward", {x}, {&y}, {mask}, [p](const Tensors& g, const Tensors& s, const Node&) {
     Tensor dx = empty_like(g[0]);
     ops::call(ops::dropout_bwd, g[0], s[0], dx, p);

@@ -50,15 +50,40 @@ EG_HOST_DEVICE double philox_normal(uint64_t seed, uint64_t offset, uint64_t i) 
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+class Tensor;
+struct Device;
+
+// Note [Random state on the device]
+// A CUDA graph replays its kernels with the arguments they were captured with, so a
+// kernel that drew from (seed, offset) passed by value would draw the same numbers at
+// every replay. Dropout therefore reads the seed and the step's first counter from
+// device memory (state_on(): s64 [2] = {seed, step base}, rewritten without a host wait
+// when they change) and takes by value only its draw's counter within the step, which
+// is the same every step: mark_step() at the start of a training step makes the counters
+// reserved after it count from there. The numbers drawn are those of (seed, offset) as
+// before: element i of a draw at `offset` uses counter step_base() + (offset -
+// step_base()) + i. Without mark_step() (a user's loop) the base stays where it was and
+// the draws are the same numbers, only the records of two steps differ (Note [Op
+// records] in kernels/ops.h). PyTorch's CUDA generator does the same for graph capture
+// (a seed and offset in device memory, an offset within the graph by value).
+
 // A stream of draws: each draw of n numbers reserves counters [offset, offset + n).
 class Generator {
  public:
-  explicit Generator(uint64_t seed = 0, uint64_t offset = 0) : seed_(seed), offset_(offset) {}
+  explicit Generator(uint64_t seed = 0, uint64_t offset = 0) : seed_(seed), offset_(offset), step_base_(offset) {}
+  // A copy draws what the original would; the device copies of the state are not shared.
+  Generator(const Generator& o) : seed_(o.seed_), offset_(o.offset_), step_base_(o.step_base_) {}
+  Generator& operator=(const Generator& o) {
+    seed_ = o.seed_, offset_ = o.offset_, step_base_ = o.step_base_;
+    return *this;
+  }
+  ~Generator();
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
   void set_state(uint64_t seed, uint64_t offset) {
     seed_ = seed;
     offset_ = offset;
+    step_base_ = offset;
   }
   uint64_t reserve(uint64_t n) {
     uint64_t o = offset_;
@@ -68,8 +93,17 @@ class Generator {
   uint32_t next_u32() { return philox4x32(seed_, reserve(1)).x[0]; }
   double next_uniform() { return philox_uniform(seed_, reserve(1), 0); }
 
+  // Note [Random state on the device]: the counters reserved from now on count from here.
+  void mark_step() { step_base_ = offset_; }
+  uint64_t step_base() const { return step_base_; }
+  // {seed, step base} as s64 [2] on `device`, rewritten when either has changed since the
+  // last call (on a GPU through a staged upload: the host does not wait).
+  const Tensor& state_on(const Device& device);
+
  private:
-  uint64_t seed_, offset_;
+  uint64_t seed_, offset_, step_base_;
+  struct OnDevice;  // core/rng.cpp; owned (its type is incomplete here, for CUDA's sources)
+  OnDevice* on_device_ = nullptr;
 };
 
 // The process-wide generator used by layer initialisers and dropout by default.

@@ -164,10 +164,12 @@ using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
 // are (no host round trip on a GPU).
 using TokenMask = void(const Tensor& ids, Tensor& mask, int64_t value, bool equal);
 
-// Dropout: element i is kept when philox_uniform(seed, offset, i) >= p, and scaled by
-// 1/(1-p). mask (u8) records kept elements. Same mask on every device. bf16 (Note [bf16
-// kernels]): x, y (dy, dx) bf16 together.
-using DropoutFwd = void(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset);
+// Dropout: element i is kept when philox_uniform(seed, base + offset, i) >= p, and scaled
+// by 1/(1-p), where {seed, base} = rng (s64 [2] on x's device, read there: Note [Random
+// state on the device] in core/rng.h) and `offset` counts from the base. mask (u8)
+// records kept elements. Same mask on every device. bf16 (Note [bf16 kernels]): x, y
+// (dy, dx) bf16 together.
+using DropoutFwd = void(const Tensor& x, Tensor& y, Tensor& mask, double p, const Tensor& rng, uint64_t offset);
 using DropoutBwd = void(const Tensor& dy, const Tensor& mask, Tensor& dx, double p);
 
 // Scaled dot-product attention: q [B, H, T, D], k/v [B, H, S, D] -> out [B, H, T, D];
@@ -189,16 +191,16 @@ using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
 // Their multi-tensor forms (PyTorch's foreach/fused optimizers): every member i of
 // params is updated with grads[i] and its state as the ops above update one parameter,
 // with one launch per up to 32 members on CUDA, the learning rate read from `lr` (f64 [1]
-// on the parameters' device; p.lr is not read), so sgd's launches carry no value the
-// schedule changes (Note [Op records]); adamw's still carry its members' bias
-// corrections, from steps[i], member i's count on the host (device-resident counts are
-// what a captured AdamW step needs). sgd: no member is on its first step (those take
-// sgd_step); bufs undefined without momentum. f32 (f64 on ref).
+// on the parameters' device; p.lr is not read), so their launches carry no value the
+// schedule changes (Note [Op records]). sgd: no member is on its first step (those take
+// sgd_step); bufs undefined without momentum. adamw: steps[i] is member i's count of
+// steps taken, f64 [1] on the device, which the op advances by one and bias-corrects
+// with (PyTorch's capturable AdamW; p.step is not read). f32 (f64 on ref).
 using SgdStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                           std::vector<Tensor>& bufs, const SgdParams& p);
 using AdamWStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                            std::vector<Tensor>& m, std::vector<Tensor>& v, const AdamWParams& p,
-                            const std::vector<int64_t>& steps);
+                            std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
+                            const AdamWParams& p);
 
 // Sum of squares of x into out [1] (f32 or f64 accumulator; for gradient clipping).
 using SumSquares = void(const Tensor& x, Tensor& out);
@@ -327,8 +329,10 @@ const Tensor& first_tensor(const T& t, const R&... r) {
 // the same ops on the same shapes, dtypes and layouts, with no host read and no new
 // allocation from the system inside it. An OpRecorder lists the ops its thread runs while
 // it lives: op, backend, and each argument (a tensor as Tensor::str() gives it, "-" when
-// undefined; a number as written; a parameter struct as "{}"), so a test holds a step's
-// list identical between steps without a GPU (tests/test_host_syncs.cpp).
+// undefined; a number as written; a list element by element; the optimizers' parameter
+// structs field by field, record_str; other parameter structs, a layer's fixed
+// configuration, as "{}"), so a test holds a step's list identical between steps without
+// a GPU (tests/test_host_syncs.cpp).
 struct OpRecord {
   std::string op;
   Backend backend = Backend::ref;
@@ -351,15 +355,38 @@ class OpRecorder {
   OpRecorder* prev_ = nullptr;
 };
 
+// The optimizer parameters' fields, as records show them (the values a schedule changes
+// between steps live there).
+std::string record_str(const SgdParams& p);
+std::string record_str(const AdamWParams& p);
+
 namespace detail {
 OpRecorder* current_recorder();  // this thread's, or nullptr
 std::string number_str(double v);  // every digit it takes to tell two values apart
+template <class T, class = void>
+struct has_record_str : std::false_type {};
+template <class T>
+struct has_record_str<T, std::void_t<decltype(record_str(std::declval<const T&>()))>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
 template <class T>
 std::string describe(const T& x) {
   using D = std::decay_t<T>;
-  if constexpr (std::is_same_v<D, Tensor>) return x.defined() ? x.str() : "-";
-  else if constexpr (std::is_arithmetic_v<D> || std::is_enum_v<D>) return number_str(static_cast<double>(x));
-  else return "{}";
+  if constexpr (std::is_same_v<D, Tensor>) {
+    return x.defined() ? x.str() : "-";
+  } else if constexpr (std::is_arithmetic_v<D> || std::is_enum_v<D>) {
+    return number_str(static_cast<double>(x));
+  } else if constexpr (is_vector<D>::value) {
+    std::string s = "[";
+    for (size_t i = 0; i < x.size(); ++i) s += (i ? ", " : "") + describe(x[i]);
+    return s + "]";
+  } else if constexpr (has_record_str<D>::value) {
+    return record_str(x);
+  } else {
+    return "{}";
+  }
 }
 }  // namespace detail
 

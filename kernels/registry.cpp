@@ -96,6 +96,18 @@ std::string OpRecord::str() const {
   for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i];
   return s + ")";
 }
+std::string record_str(const SgdParams& p) {
+  using detail::number_str;
+  return "{lr " + number_str(p.lr) + ", momentum " + number_str(p.momentum) + ", dampening " + number_str(p.dampening) +
+         ", weight_decay " + number_str(p.weight_decay) + ", nesterov " + number_str(p.nesterov) + ", first_step " +
+         number_str(p.first_step) + "}";
+}
+std::string record_str(const AdamWParams& p) {
+  using detail::number_str;
+  return "{lr " + number_str(p.lr) + ", betas " + number_str(p.beta1) + " " + number_str(p.beta2) + ", eps " +
+         number_str(p.eps) + ", weight_decay " + number_str(p.weight_decay) + ", step " + number_str(double(p.step)) +
+         "}";
+}
 void set_forced_cpu_backend(int b) { g_forced = b; }
 int forced_cpu_backend() { return g_forced; }
 

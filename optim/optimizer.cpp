@@ -84,10 +84,18 @@ double Optimizer::clip_grad_norm(double max_norm) {
 }
 
 DeferredScalar Optimizer::clip_grad_norm_later(double max_norm) {
+  return DeferredScalar::of(clip_grad_norm_on_device(max_norm));
+}
+
+Tensor Optimizer::clip_grad_norm_on_device(double max_norm) {
   buckets_.sync(params_);
   const auto& bs = buckets_.buckets();
   const bool f32 = std::all_of(bs.begin(), bs.end(), [](const GradBucket& b) { return b.flat.dtype() == DType::f32; });
-  if (!f32 || bs.empty()) return DeferredScalar(clip_grad_norm(max_norm));
+  if (!f32 || bs.empty()) {  // read at once, the norm in a host tensor
+    Tensor norm = Tensor::empty({1}, DType::f64);
+    norm.data<double>()[0] = clip_grad_norm(max_norm);
+    return norm;
+  }
   const Device dev = bs.front().flat.device();
   Tensor ss = Tensor::empty({int64_t(bs.size())}, DType::f32, dev);
   for (size_t i = 0; i < bs.size(); ++i) {
@@ -101,7 +109,7 @@ DeferredScalar Optimizer::clip_grad_norm_later(double max_norm) {
     Tensor g = b.flat;
     ops::call(ops::scale_by, g, g, coef);
   }
-  return DeferredScalar::of(out.slice(0, 1));
+  return out.slice(0, 1);
 }
 
 SGD::SGD(std::vector<Tensor> params, double lr, SgdOptions o)
@@ -133,8 +141,10 @@ void SGD::step() {
   std::vector<Tensor> ps, gs, bs;
   for (size_t i : multi) ps.push_back(params_[i]), gs.push_back(params_[i].grad()), bs.push_back(momentum_[i]);
   const Tensor& lr = lr_on(ps[0].device());
+  ops::SgdParams on_device = sp;
+  on_device.lr = 0;  // read from `lr`
   ops::run(ops::sgd_step_multi, ops::pick_backend(ops::sgd_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs, bs,
-           sp);
+           on_device);
 }
 
 std::map<std::string, Tensor> SGD::state_dict() const {
@@ -158,15 +168,18 @@ void SGD::load_state_dict(const std::map<std::string, Tensor>& sd) {
 }
 
 AdamW::AdamW(std::vector<Tensor> params, double lr, AdamWOptions o)
-    : Optimizer(std::move(params), lr), options(o), m_(params_.size()), v_(params_.size()), steps_(params_.size(), 0) {
+    : Optimizer(std::move(params), lr),
+      options(o),
+      m_(params_.size()),
+      v_(params_.size()),
+      steps_(params_.size(), 0),
+      step_dev_(params_.size()) {
   EG_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1)");
   EG_CHECK(o.eps > 0, "AdamW: eps must be positive");
 }
 
 void AdamW::step() {
-  const ops::AdamWParams ap{lr_, options.beta1, options.beta2, options.eps, options.weight_decay, 1};
   std::vector<size_t> members;
-  std::vector<int64_t> steps;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!active(p)) continue;
@@ -175,24 +188,40 @@ void AdamW::step() {
       v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
     }
     members.push_back(i);
-    steps.push_back(++steps_[i]);
+    ++steps_[i];
   }
+  last_members_ = members;
+  last_multi_ = false;
   if (members.empty()) return;
   if (!uniform(members)) {  // parameters on several devices or of several dtypes
-    for (size_t k = 0; k < members.size(); ++k) {
-      const size_t i = members[k];
-      ops::AdamWParams one = ap;
-      one.step = steps[k];
+    for (size_t i : members) {
+      const ops::AdamWParams one{lr_, options.beta1, options.beta2, options.eps, options.weight_decay, steps_[i]};
       ops::call(ops::adamw_step, params_[i], params_[i].grad(), m_[i], v_[i], one);
+      step_dev_[i] = Tensor();  // behind the host's count now: remade from it when next needed
     }
     return;
   }
-  std::vector<Tensor> ps, gs, ms, vs;
-  for (size_t i : members)
+  std::vector<Tensor> ps, gs, ms, vs, counts;
+  for (size_t i : members) {
+    if (!step_dev_[i].defined() || step_dev_[i].device() != params_[i].device())  // the count before this step
+      step_dev_[i] = steps_[i] == 1 ? Tensor::zeros({1}, DType::f64, params_[i].device())
+                                    : Tensor::full({1}, double(steps_[i] - 1), DType::f64, params_[i].device());
     ps.push_back(params_[i]), gs.push_back(params_[i].grad()), ms.push_back(m_[i]), vs.push_back(v_[i]);
+    counts.push_back(step_dev_[i]);
+  }
+  last_multi_ = true;
   const Tensor& lr = lr_on(ps[0].device());
+  // The learning rate and the counts are read on the device (p.lr, p.step: not read).
+  const ops::AdamWParams ap{0, options.beta1, options.beta2, options.eps, options.weight_decay, 0};
   ops::run(ops::adamw_step_multi, ops::pick_backend(ops::adamw_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs,
-           ms, vs, ap, steps);
+           ms, vs, counts, ap);
+}
+
+void AdamW::note_replayed_step() {
+  EG_CHECK(last_multi_ || last_members_.empty(),
+           "AdamW: a replayed step must be a multi-tensor one (parameters of one device and dtype): the "
+           "per-parameter step's bias corrections are host values a replay would repeat");
+  for (size_t i : last_members_) ++steps_[i];
 }
 
 std::map<std::string, Tensor> AdamW::state_dict() const {
@@ -209,6 +238,7 @@ std::map<std::string, Tensor> AdamW::state_dict() const {
 
 void AdamW::load_state_dict(const std::map<std::string, Tensor>& sd) {
   for (size_t i = 0; i < params_.size(); ++i) {
+    step_dev_[i] = Tensor();  // remade from steps_ at the next step
     std::string k = std::to_string(i);
     auto m = sd.find(k + ".exp_avg"), v = sd.find(k + ".exp_avg_sq"), s = sd.find(k + ".step");
     if (m == sd.end() || v == sd.end() || s == sd.end()) {

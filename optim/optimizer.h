@@ -1,7 +1,7 @@
 // Optimizers over a list of parameters, with fused update kernels: the multi-tensor
 // ops::sgd_step_multi and ops::adamw_step_multi (one launch per 32 parameters on CUDA,
-// the learning rate read from the device, so that SGD's launches carry no value the
-// schedule changes; AdamW's carry their bias corrections), ops::sgd_step for a
+// the learning rate and AdamW's step counts read from the device, so that their launches
+// carry no value the schedule changes: Note [Op records]), ops::sgd_step for a
 // parameter's first step with momentum; their bits are the per-parameter ops' (tested).
 // A parameter that does not require grad (frozen) or has no gradient is skipped, and its
 // state is kept: see Note [Freezing a module].
@@ -45,12 +45,20 @@ class Optimizer {
   // the unclipped gradients and the caller, reading the norm, stops before anything is
   // saved. Buckets other than f32 (a model of f64 parameters) are read at once.
   DeferredScalar clip_grad_norm_later(double max_norm);
+  // The same with the norm left on the device (one f64 element; on the host for buckets
+  // other than f32, read at once), as a captured step leaves it (Strategy::step_on_device).
+  Tensor clip_grad_norm_on_device(double max_norm);
   const GradBuckets& grad_buckets() const { return buckets_; }
   // The buckets' caps in bytes (optim/buckets.h); the next zero_grad() rebuilds them.
   void set_bucket_caps(size_t cap_bytes, size_t first_cap_bytes) { buckets_.set_caps(cap_bytes, first_cap_bytes); }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
+  // A replayed step (Note [Graphed steps] in train/graphed_step.h): before it, the learning
+  // rate is written where the multi-tensor kernels read it (no host wait); after it, the
+  // host's own records advance as the captured step() advanced them (AdamW's step counts).
+  void prepare_replay(Device device) { (void)lr_on(device); }
+  virtual void note_replayed_step() {}
   // Optimizer state as named tensors ("3.momentum"), for checkpoints.
   virtual std::map<std::string, Tensor> state_dict() const = 0;
   virtual void load_state_dict(const std::map<std::string, Tensor>& sd) = 0;
@@ -98,13 +106,19 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, double lr, AdamWOptions o = {});
   void step() override;
+  void note_replayed_step() override;
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& sd) override;
   AdamWOptions options;
 
  private:
+  std::vector<size_t> last_members_;  // the parameters the last step() updated
+  bool last_multi_ = false;  // ... through adamw_step_multi (its counts on the device)
   std::vector<Tensor> m_, v_;
   std::vector<int64_t> steps_;  // per parameter: a frozen parameter's count does not advance
+  // steps_ on the parameters' device, as adamw_step_multi reads and advances them (f64 [1]
+  // each; undefined until needed, or after a step or a load that left them behind).
+  std::vector<Tensor> step_dev_;
 };
 
 // The same for any parameters, one reduction per parameter (Optimizer::clip_grad_norm

@@ -116,22 +116,25 @@ void add_adamw_multi(std::vector<OpCase>& v, const std::string& name, std::vecto
       in.push_back(steps[i] == 1 ? Tensor::zeros({sizes[i]}, dt) : randn({sizes[i]}, dt, 291 + i, 0.02));
       in.push_back(steps[i] == 1 ? Tensor::zeros({sizes[i]}, dt) : uniform({sizes[i]}, dt, 391 + i, 0.0, 0.02));
     }
+    for (size_t i = 0; i < k; ++i) in.push_back(Tensor::full({1}, double(steps[i] - 1), DType::f64));  // counts before
     return in;
   };
   c.forward = [=](ops::Backend b, const Tensors& in) {
-    std::vector<Tensor> ps, gs, ms, vs;
+    std::vector<Tensor> ps, gs, ms, vs, counts;
     for (size_t i = 0; i < k; ++i) {
       ps.push_back(in[1 + 4 * i].clone());
       gs.push_back(in[2 + 4 * i]);
       ms.push_back(in[3 + 4 * i].clone());
       vs.push_back(in[4 + 4 * i].clone());
+      counts.push_back(in[1 + 4 * k + i].clone());
     }
     ops::AdamWParams q = p;
     q.lr = 1e3, q.step = 1000;  // not read
-    ops::run(ops::adamw_step_multi, b, in[0], ps, gs, ms, vs, q, steps);
+    ops::run(ops::adamw_step_multi, b, in[0], ps, gs, ms, vs, counts, q);
     Tensors out = ps;
     out.insert(out.end(), ms.begin(), ms.end());
     out.insert(out.end(), vs.begin(), vs.end());
+    out.insert(out.end(), counts.begin(), counts.end());  // each advanced by one
     return out;
   };
   c.uses = {uses(ops::adamw_step_multi)};
@@ -250,6 +253,7 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_sgd_multi(v, "resnet56_like_170_members", r56, sgd(0, 0.9, 0, 5e-4, true, false), 0.1, true);
   add_adamw_multi(v, "steps_1_3_7", {5, 1037, 33}, {1, 3, 7}, adamw(0, 0.01, 1), 1e-3, false);
   add_adamw_multi(v, "37_members", sizes, std::vector<int64_t>(37, 12), adamw(0, 0.01, 1), 3e-4, false);
+  add_adamw_multi(v, "resnet56_like_170_members", r56, std::vector<int64_t>(170, 100), adamw(0, 0.01, 1), 1e-3, true);
 
   add_unscale(v, "finite", n, -1, false);
   add_unscale(v, "inf_and_nan", n, 700, false);

@@ -161,10 +161,12 @@ TEST(Cuda, DropoutMaskEqualsTheCpuMask) {
   EG_REQUIRE_GPU();
   Tensor x = Tensor::ones({1000});
   Tensor y = Tensor::empty({1000}), m = Tensor::empty({1000}, DType::u8);
-  ops::run(ops::dropout_fwd, ops::Backend::cpu, x, y, m, 0.3, 42, 7);
+  ops::run(ops::dropout_fwd, ops::Backend::cpu, x, y, m, 0.3, Tensor::from_vector(std::vector<int64_t>{42, 0}, {2}), 7);
   Tensor xd = x.to(Device::cuda(0)), yd = Tensor::empty({1000}, DType::f32, Device::cuda(0)),
          md = Tensor::empty({1000}, DType::u8, Device::cuda(0));
-  ops::run(ops::dropout_fwd, ops::Backend::cuda, xd, yd, md, 0.3, 42, 7);
+  // Counter 7 again, as a base of 3 read on the GPU and 4 past it.
+  ops::run(ops::dropout_fwd, ops::Backend::cuda, xd, yd, md, 0.3,
+           Tensor::from_vector(std::vector<int64_t>{42, 3}, {2}, Device::cuda(0)), 4);
   EXPECT_EQ(md.to_vector<uint8_t>(), m.to_vector<uint8_t>());
 }
 

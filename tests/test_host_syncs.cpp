@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
@@ -77,10 +80,36 @@ TEST(HostSyncs, ABenchmarkStepMakesNone) {
   }
 }
 
+// Two steady-state steps (`step(i)` runs step i) record the same ops with the same
+// arguments, take every block from the allocators' caches, and make no host sync.
+void expect_replayable_steps(const std::string& what, const std::function<void(int64_t)>& step) {
+  for (int64_t i = 0; i < 3; ++i) step(i);  // warm-up: plans, caches, the autocast weight copies
+  std::vector<ops::OpRecord> seen[2];
+  int64_t syncs[2] = {}, allocs[2] = {};
+  for (int k = 0; k < 2; ++k) {
+    const uint64_t a0 = cpu_allocator().stats().system_allocs;
+    const int64_t s0 = host_syncs();
+    ops::OpRecorder rec;
+    step(3 + k);
+    seen[k] = rec.records();
+    syncs[k] = host_syncs() - s0;
+    allocs[k] = int64_t(cpu_allocator().stats().system_allocs - a0);
+  }
+  EXPECT_GT(seen[0].size(), 100u) << what;
+  ASSERT_EQ(seen[0].size(), seen[1].size()) << what;
+  for (size_t i = 0; i < seen[0].size(); ++i)
+    ASSERT_EQ(seen[0][i], seen[1][i]) << what << ": op " << i << " differs between steps: " << seen[0][i].str()
+                                      << " then " << seen[1][i].str();
+  EXPECT_EQ(allocs[1], 0) << what << ": a steady-state step's blocks all come from the cache";
+  EXPECT_EQ(syncs[0], 0) << what;
+  EXPECT_EQ(syncs[1], 0) << what;
+}
+
 // Note [Op records]: what a CUDA graph of the training step needs, checked on the CPU. Two
-// steady-state steps of ResNet-20 (f32, and bf16 under autocast) run the same ops with the
-// same arguments, take every block from the allocators' caches, and make no host sync: the
-// loss is on its way to the host when the step ends (Note [Deferred reads]).
+// steady-state steps of ResNet-20 with SGD (f32, and bf16 under autocast) run the same ops
+// with the same arguments (the learning rate on the device), take every block from the
+// allocators' caches, and make no host sync: the loss is on its way to the host when the
+// step ends (Note [Deferred reads]).
 TEST(HostSyncs, SteadyStateStepsRunTheSameOpsAndAllocateNothingNew) {
   auto local = dist::make_local();
   for (DType precision : {DType::f32, DType::bf16}) {
@@ -95,7 +124,8 @@ TEST(HostSyncs, SteadyStateStepsRunTheSameOpsAndAllocateNothingNew) {
     dist::Strategy dp(*local, "cpu", {});
     const Tensor x = Tensor::randn({8, 3, 32, 32}, g);
     const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
-    auto step = [&](int64_t i) {
+    expect_replayable_steps(std::string("resnet20 ") + dtype_name(precision), [&](int64_t i) {
+      opt.set_lr(0.05 / double(1 + i));  // a schedule: the value moves, the launches do not
       Tensor loss;
       {
         autograd::Autocast ac(precision);
@@ -104,28 +134,54 @@ TEST(HostSyncs, SteadyStateStepsRunTheSameOpsAndAllocateNothingNew) {
       const dist::StepResult r = dp.step(loss, 8, opt, i, 0);
       ASSERT_TRUE(r.deferred);
       ASSERT_TRUE(std::isfinite(r.loss_later.lagged_value()));
+    });
+  }
+}
+
+// The same for a Transformer with AdamW: its dropout reads the seed and the step's first
+// counter from the device (Note [Random state on the device] in core/rng.h), AdamW its step
+// counts, so that the launches are those of the step before. Without mark_step() the
+// dropout's counters move on and the records differ (the check can fail).
+TEST(HostSyncs, TransformerStepsWithDropoutAndAdamWRunTheSameOps) {
+  auto local = dist::make_local();
+  for (DType precision : {DType::f32, DType::bf16}) {
+    models::ModelConfig mc;
+    mc.name = "transformer-tiny";
+    Generator g(3);
+    auto m = models::build_model(mc, g);
+    optim::AdamW opt(m->parameters(), 1e-3);
+    dist::Strategy dp(*local, "cpu", {});
+    Generator data(5);
+    auto ids = [&](int64_t b, int64_t n) {
+      std::vector<int64_t> v(size_t(b * n));
+      for (auto& t : v) t = 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4));
+      return Tensor::from_vector(v, {b, n});
     };
-    for (int64_t i = 0; i < 3; ++i) step(i);  // warm-up: plans, caches, the autocast weight copies
+    const Tensor src = ids(4, 6), tgt = ids(4, 6), y = ids(1, 24).reshape({24});
+    bool mark = true;
+    auto step = [&](int64_t i) {
+      if (mark) g.mark_step();
+      opt.set_lr(1e-3 * double(i + 1) / 8);  // warm-up
+      Tensor loss;
+      {
+        autograd::Autocast ac(precision);
+        Tensor logits = m->forward_frozen(src, tgt, 0);
+        loss = fn::cross_entropy(fn::reshape(logits, {24, logits.size(2)}), y);
+      }
+      const dist::StepResult r = dp.step(loss, 24, opt, i, 0);
+      ASSERT_TRUE(r.deferred);
+      ASSERT_TRUE(std::isfinite(r.loss_later.lagged_value()));
+    };
+    expect_replayable_steps(std::string("transformer-tiny ") + dtype_name(precision), step);
+    if (precision == DType::bf16) continue;
+    mark = false;
     std::vector<ops::OpRecord> seen[2];
-    int64_t syncs[2] = {}, allocs[2] = {};
     for (int k = 0; k < 2; ++k) {
-      const uint64_t a0 = cpu_allocator().stats().system_allocs;
-      const int64_t s0 = host_syncs();
       ops::OpRecorder rec;
-      step(3 + k);
+      step(10 + k);
       seen[k] = rec.records();
-      syncs[k] = host_syncs() - s0;
-      allocs[k] = int64_t(cpu_allocator().stats().system_allocs - a0);
     }
-    const char* p = dtype_name(precision);
-    EXPECT_GT(seen[0].size(), 100u) << p;
-    ASSERT_EQ(seen[0].size(), seen[1].size()) << p;
-    for (size_t i = 0; i < seen[0].size(); ++i)
-      ASSERT_EQ(seen[0][i], seen[1][i]) << p << ": op " << i << " differs between steps: " << seen[0][i].str()
-                                        << " then " << seen[1][i].str();
-    EXPECT_EQ(allocs[1], 0) << p << ": a steady-state step's blocks all come from the cache";
-    EXPECT_EQ(syncs[0], 0) << p;
-    EXPECT_EQ(syncs[1], 0) << p;
+    EXPECT_NE(seen[0], seen[1]) << "unmarked steps draw from counters further on";
   }
 }
 

@@ -202,8 +202,11 @@ void ImageTask::build_model() {
   EG_CHECK(data_.train->size() >= c_.batch_size * comm_->size(), "--batch-size ", c_.batch_size,
            comm_->size() > 1 ? " x " + std::to_string(comm_->size()) + " ranks" : std::string(),
            " is larger than the training set (", data_.train->size(), data_.train_what, ")");
-  Generator g(c_.seed);
-  model_ = models::build_model(model_config(), g);
+  // Dropout (MobileNetV2's head, a user's model) draws from the generator the model was
+  // built with, so that generator lives as long as the model and its state is in every
+  // checkpoint, as the translation task's.
+  gen_ = Generator(c_.seed);
+  model_ = models::build_model(model_config(), gen_);
   model_->to(dev_);
 }
 

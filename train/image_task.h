@@ -57,6 +57,7 @@ class ImageTask : public Task {
   explicit ImageTask(ImageData user_data);  // a user's; TrainConfig::dataset only names it in the logs
   void setup(const TrainConfig& c, dist::Communicator& comm) override;
   models::Model& model() override { return *model_; }
+  Generator& generator() override { return gen_; }
   void configure_freezing(freeze::PolicyConfig& pc) const override;
   void attach(FreezeRun& fr) override;
   int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
@@ -81,6 +82,7 @@ class ImageTask : public Task {
   Device dev_;
   std::optional<ImageData> user_;  // a user's samples, as given
   ImageSplits data_;
+  Generator gen_;  // the model's: its initialisation, then its dropout
   models::ModelPtr model_;
   std::unique_ptr<data::Loader> loader_;
   data::Batch batch_;

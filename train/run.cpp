@@ -149,6 +149,7 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   const double lr = r.sched->lr_at(st.step);
   r.opt->set_lr(lr);
   r.freezing->start_step(st.step);
+  r.task.generator().mark_step();  // Note [Random state on the device] in core/rng.h
   StepOutput out;
   {
     autograd::Autocast ac(r.c.precision);  // the forward and the loss; backward in the dtypes they recorded

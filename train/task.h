@@ -58,7 +58,7 @@ class Task {
   // into config.json and checked on --resume to equal the checkpoint's.
   virtual nlohmann::json resolved() const { return nlohmann::json::object(); }
   // The generator of the task's randomness during training (dropout); its state is in
-  // every checkpoint. Image models draw from the default generator.
+  // every checkpoint. The built-in tasks give the one their model was built with.
   virtual Generator& generator() { return default_generator(); }
   // The freezing policy's view of the model: how to build a reference, its input shape.
   virtual void configure_freezing(freeze::PolicyConfig&) const {}

@@ -177,7 +177,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
         transformer ? 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4)) : (i + comm.rank()) % mc.num_classes;
   Tensor y = Tensor::from_vector(labels, {samples}, dev);
   auto forward = [&] {
-    autograd::Autocast ac(o.precision);  // as the training loop's step (train/run.cpp)
+    g.mark_step();  // the model's dropout, as the training loop's step (train/run.cpp)
+    autograd::Autocast ac(o.precision);  // as the training loop's step
     Tensor logits = m->forward_frozen(x, x2, frozen_layers);
     return fn::cross_entropy(transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits, y);
   };

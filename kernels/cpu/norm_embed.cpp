@@ -145,8 +145,10 @@ void dropout_bwd_loop(const T* gp, const uint8_t* mp, T* out, int64_t n, float s
 }
 }  // namespace
 
-void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
-  if (!same_dtype({&x, &y})) return ref::dropout_fwd(x, y, mask, p, seed, offset);
+void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, const Tensor& rng, uint64_t offset) {
+  if (!same_dtype({&x, &y})) return ref::dropout_fwd(x, y, mask, p, rng, offset);
+  uint64_t seed = 0;
+  offset = ref::dropout_counter(rng, offset, &seed);
   const float s = float(1.0 / (1.0 - p)), pf = float(p);
   with_storage(x, [&](auto t) {  // f32, or bf16 activations (Note [bf16 kernels])
     using T = decltype(t);

@@ -174,16 +174,17 @@ void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::ve
 }
 
 void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                      std::vector<Tensor>& m, std::vector<Tensor>& v, const ops::AdamWParams& p,
-                      const std::vector<int64_t>& steps) {
+                      std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
+                      const ops::AdamWParams& p) {
   ref::check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
+  ref::check_step_counts("adamw_step_multi", steps);
   ops::AdamWParams q = p;
   q.lr = lr.data<double>()[0];
   std::vector<int64_t> sizes;
   std::vector<AdamWConsts> k;
   for (size_t i = 0; i < params.size(); ++i) {
     sizes.push_back(params[i].numel());
-    q.step = steps[i];
+    q.step = ref::advance_step_count(steps[i]);
     k.emplace_back(q);
   }
   over_members(sizes, kChunk, [&](size_t i, int64_t b, int64_t e) {

@@ -21,8 +21,12 @@ __global__ void embedding_bwd_kernel(const float* dy, const int64_t* ids, float*
 __global__ void token_mask_kernel(const int64_t* ids, uint8_t* mask, int64_t value, bool equal, int64_t n) {
   EG_CUDA_LOOP(i, n) mask[i] = (ids[i] == value) == equal ? 1 : 0;
 }
-__global__ void dropout_fwd_kernel(const void* x, void* y, int t, uint8_t* mask, float p, float s, uint64_t seed,
+// The seed and the step's base counter read from the device (Note [Random state on the
+// device]); `offset` counts from the base.
+__global__ void dropout_fwd_kernel(const void* x, void* y, int t, uint8_t* mask, float p, float s, const int64_t* rng,
                                    uint64_t offset, int64_t n) {
+  const uint64_t seed = uint64_t(rng[0]);
+  offset += uint64_t(rng[1]);
   EG_CUDA_LOOP(i, n) {
     const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= p;
     mask[i] = keep;
@@ -100,14 +104,16 @@ void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
   cuda::after_launch("token_mask");
 }
 
-void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
+void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, const Tensor& rng, uint64_t offset) {
   const int t = dt_code(x, "dropout");
   EG_CHECK(y.dtype() == x.dtype(), "dropout on CUDA: input and output share one dtype, got ", dtype_name(x.dtype()),
            " and ", dtype_name(y.dtype()));
+  EG_CHECK(rng.dtype() == DType::s64 && rng.numel() == 2 && rng.device() == x.device(),
+           "dropout: the random state is s64 [2] {seed, base} where the input is, got ", rng.str());
   const int64_t n = x.numel();
   if (!n) return;
   dropout_fwd_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw(), y.raw(), t, mask.data<uint8_t>(), float(p),
-                                                               float(1.0 / (1.0 - p)), seed, offset, n);
+                                                               float(1.0 / (1.0 - p)), rng.data<int64_t>(), offset, n);
   cuda::after_launch("dropout_fwd");
 }
 

@@ -74,7 +74,10 @@ struct AdamWMembers {
   float* m[kMembers];
   float* v[kMembers];
   int64_t n[kMembers];
-  float bc1[kMembers], bc2[kMembers];
+  const double* step[kMembers];  // the count after this step (advance_steps_kernel ran first)
+};
+struct StepCounts {
+  double* s[kMembers];
 };
 __global__ void sgd_multi_kernel(SgdMembers l, const double* lr_dev, float mom, float damp, float wd, bool nesterov) {
   const int t = int(blockIdx.y);
@@ -85,13 +88,22 @@ __global__ void sgd_multi_kernel(SgdMembers l, const double* lr_dev, float mom, 
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < l.n[t]; i += int64_t(gridDim.x) * blockDim.x)
     sgd_update(p, g, buf, i, lr, mom, damp, wd, nesterov, false);
 }
-__global__ void adamw_multi_kernel(AdamWMembers l, const double* lr_dev, float b1, float b2, float eps, float wd) {
+// One thread a member: its step count advanced, before the update reads it.
+__global__ void advance_steps_kernel(StepCounts c, int count) {
+  const int t = int(threadIdx.x);
+  if (t < count) c.s[t][0] += 1.0;
+}
+// The bias corrections from the member's count as the host computes them (f64 pow of the
+// f64 betas, rounded to f32), once a thread.
+__global__ void adamw_multi_kernel(AdamWMembers l, const double* lr_dev, double b1, double b2, float eps, float wd) {
   const int t = int(blockIdx.y);
   float *p = l.p[t], *m = l.m[t], *v = l.v[t];
   const float* g = l.g[t];
   const float lr = float(*lr_dev);
+  const double step = *l.step[t];
+  const float bc1 = float(1.0 - pow(b1, step)), bc2 = float(1.0 - pow(b2, step));
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < l.n[t]; i += int64_t(gridDim.x) * blockDim.x)
-    adamw_update(p, g, m, v, i, lr, b1, b2, eps, wd, l.bc1[t], l.bc2[t]);
+    adamw_update(p, g, m, v, i, lr, float(b1), float(b2), eps, wd, bc1, bc2);
 }
 // Blocks along x for the largest member of a launch (the grid-stride loop covers more).
 dim3 members_grid(int64_t largest, size_t count) {
@@ -174,11 +186,13 @@ void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::ve
 }
 
 void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                      std::vector<Tensor>& m, std::vector<Tensor>& v, const ops::AdamWParams& a,
-                      const std::vector<int64_t>& steps) {
+                      std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
+                      const ops::AdamWParams& a) {
   ref::check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
+  ref::check_step_counts("adamw_step_multi", steps);
   for (size_t first = 0; first < params.size(); first += kMembers) {
     AdamWMembers l{};
+    StepCounts c{};
     const size_t count = std::min(params.size() - first, size_t(kMembers));
     int64_t largest = 0;
     for (size_t k = 0; k < count; ++k) {
@@ -189,12 +203,14 @@ void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::
       l.m[k] = m[i].data<float>();
       l.v[k] = v[i].data<float>();
       l.n[k] = params[i].numel();
-      l.bc1[k] = float(1.0 - std::pow(a.beta1, double(steps[i])));
-      l.bc2[k] = float(1.0 - std::pow(a.beta2, double(steps[i])));
+      c.s[k] = steps[i].data<double>();
+      l.step[k] = c.s[k];
       largest = std::max(largest, l.n[k]);
     }
-    adamw_multi_kernel<<<members_grid(largest, count), kThreads, 0, stream()>>>(
-        l, lr.data<double>(), float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay));
+    advance_steps_kernel<<<1, kMembers, 0, stream()>>>(c, int(count));
+    cuda::after_launch("adamw_step_multi (step counts)");
+    adamw_multi_kernel<<<members_grid(largest, count), kThreads, 0, stream()>>>(l, lr.data<double>(), a.beta1, a.beta2,
+                                                                                float(a.eps), float(a.weight_decay));
     cuda::after_launch("adamw_step_multi");
   }
 }

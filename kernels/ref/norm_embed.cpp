@@ -108,6 +108,14 @@ double read_as_double(const Tensor& x, int64_t i) {
 
 }  // namespace
 
+uint64_t dropout_counter(const Tensor& rng, uint64_t offset, uint64_t* seed) {
+  EG_CHECK(rng.dtype() == DType::s64 && rng.numel() == 2 && rng.device().is_cpu(),
+           "dropout: the random state is s64 [2] {seed, base} where the input is, got ", rng.str());
+  const int64_t* v = rng.data<int64_t>();
+  *seed = uint64_t(v[0]);
+  return uint64_t(v[1]) + offset;
+}
+
 void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd,
                    double eps) {
   if (x.dtype() == DType::f64) ln_fwd_t<double>(x, g, b, y, mean, rstd, eps);
@@ -131,7 +139,9 @@ void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
   uint8_t* mp = mask.data<uint8_t>();
   for (int64_t i = 0; i < ids.numel(); ++i) mp[i] = (ip[i] == value) == equal ? 1 : 0;
 }
-void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, uint64_t seed, uint64_t offset) {
+void dropout_fwd(const Tensor& x, Tensor& y, Tensor& mask, double p, const Tensor& rng, uint64_t offset) {
+  uint64_t seed = 0;
+  offset = dropout_counter(rng, offset, &seed);
   if (any_bf16({&x, &y})) {  // Note [bf16 kernels]
     Tensor y64 = wide_like(y);
     dropout_fwd_t<double>(widened(x), y64, mask, p, seed, offset);

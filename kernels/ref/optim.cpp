@@ -2,6 +2,7 @@
 // AdamW (decoupled weight decay, bias-corrected moments), PyTorch semantics, in place
 // over flat tensors of any shape. f32 and f64; arithmetic in the tensor's dtype, as
 // PyTorch's single-tensor loops do.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ref/ref.h"
@@ -99,14 +100,31 @@ void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::ve
   for (size_t i = 0; i < params.size(); ++i) sgd_step(params[i], grads[i], bufs[i], q);
 }
 
+void check_step_counts(const char* op, const std::vector<Tensor>& steps) {
+  for (size_t i = 0; i < steps.size(); ++i)
+    EG_CHECK(steps[i].defined() && steps[i].dtype() == DType::f64 && steps[i].numel() == 1, op, ": member ", i,
+             "'s step count is one f64 element, got ", steps[i].defined() ? steps[i].str() : std::string("nothing"));
+  std::vector<const void*> at;
+  for (const Tensor& s : steps) at.push_back(s.raw_any());
+  std::sort(at.begin(), at.end());
+  EG_CHECK(std::adjacent_find(at.begin(), at.end()) == at.end(), op, ": two members share one step count");
+}
+
+int64_t advance_step_count(Tensor& step) {
+  double& s = step.data<double>()[0];
+  s += 1;
+  return int64_t(s);
+}
+
 void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                      std::vector<Tensor>& m, std::vector<Tensor>& v, const ops::AdamWParams& p,
-                      const std::vector<int64_t>& steps) {
+                      std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
+                      const ops::AdamWParams& p) {
   check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
+  check_step_counts("adamw_step_multi", steps);
   ops::AdamWParams q = p;
   q.lr = lr.data<double>()[0];
   for (size_t i = 0; i < params.size(); ++i) {
-    q.step = steps[i];
+    q.step = advance_step_count(steps[i]);
     adamw_step(params[i], grads[i], m[i], v[i], q);
   }
 }

@@ -26,4 +26,11 @@ inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
 // The multi-tensor optimizer ops' checks (every backend's): the learning rate one f64
 // element, one gradient (and state tensor, step count) per parameter.
 void check_multi_step(const char* op, const Tensor& lr, size_t params, std::initializer_list<size_t> lists);
+// A dropout draw's first counter, base + offset, and its seed from the host state
+// {seed, base} (ops::DropoutFwd's rng).
+uint64_t dropout_counter(const Tensor& rng, uint64_t offset, uint64_t* seed);
+// Each an f64 [1] count (adamw_step_multi's steps).
+void check_step_counts(const char* op, const std::vector<Tensor>& steps);
+// Adds one to a host count and returns the new count.
+int64_t advance_step_count(Tensor& step);
 }  // namespace eg::ref
