@@ -9,7 +9,8 @@ EG_CUDA_CHANNELS_LAST=0: NCHW throughout) and r50-f32.json (bench/compare_pytorc
 f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
 (transformer-small against PyTorch AMP), r50-fp16.json and tfm-fp16.json (both in fp16
-against PyTorch's float16 autocast with a GradScaler), and tools/gpu-check's outputs where they ran
+against PyTorch's float16 autocast with a GradScaler), graphs.jsonl (`egeria bench step` lines,
+--cuda-graphs off and on alternating), and tools/gpu-check's outputs where they ran
 (gpu-check-tests/tests.log, gpu-check-bench/compare_pytorch_cuda.json). A figure that was not measured, or that the
 engine cannot produce yet, is null, and "missing" says why; nothing is filled in.
 """
@@ -55,6 +56,28 @@ def folder_steady_rate(path, batch):
     last = steps[-1]
     dt = last.get("train_seconds", 0) - first.get("train_seconds", 0)
     return (last["step"] - first["step"]) * batch / dt if dt > 0 else None
+
+
+def graph_figures(path):
+    """From `egeria bench step` lines with --cuda-graphs off and on alternating: per model,
+    the median images a second each way and the on/off ratio of each pair, or None."""
+    try:
+        with open(path) as f:
+            lines = [json.loads(l) for l in f if l.strip()]
+    except (OSError, ValueError):
+        return None
+    out = {}
+    for model in sorted({l.get("model") for l in lines}):
+        runs = {g: [l["images_per_second"] for l in lines if l.get("model") == model and l.get("cuda_graphs") == g]
+                for g in ("off", "on")}
+        pairs = list(zip(runs["off"], runs["on"]))
+        if not pairs:
+            continue
+        med = lambda v: sorted(v)[len(v) // 2]
+        out[f"{model}_f32_cuda_graphs_img_s"] = med(runs["on"])
+        out[f"{model}_f32_eager_img_s"] = med(runs["off"])
+        out[f"{model}_cuda_graphs_ratio_by_pair"] = [on / off for off, on in pairs]
+    return out or None
 
 
 def main():
@@ -139,6 +162,9 @@ def main():
             e[f"{model}_fp16_{'synthetic_' if model == 'resnet50' else ''}{unit}"] = f16.get("egeria_images_per_second")
             e[f"pytorch_amp_fp16_{model}_{unit}"] = f16.get("pytorch_images_per_second")
             e[f"{model}_fp16_ratio_by_repeat_vs_pytorch_amp_fp16"] = f16.get("ratio_by_repeat")
+    graphs = graph_figures(os.path.join(a.results, "graphs.jsonl"))
+    if graphs:  # CUDA graphs on against off, egeria's own step (no PyTorch beside it)
+        e.update(graphs)
     r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
     if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
         e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")

@@ -28,6 +28,18 @@ class Allocator {
   virtual void reset_peak() = 0;
   // Returns every cached (unused) block to the system.
   virtual void empty_cache() = 0;
+
+  // Private pools (Note [Private pools] in core/caching_allocator.cpp): what a CUDA graph's
+  // capture allocates stays the graph's. create_pool() names a new pool; between
+  // begin_pool(pool) and end_pool() this thread's requests are served from it and the
+  // blocks they get return to it when freed; release_pool(pool) hands its idle blocks back
+  // to the shared cache (its live ones go there when freed).
+  virtual uint64_t create_pool() = 0;
+  virtual void begin_pool(uint64_t pool) = 0;
+  virtual void end_pool() = 0;
+  virtual void release_pool(uint64_t pool) = 0;
+  // The bytes a pool holds, in use or idle (0 once released).
+  virtual size_t pool_bytes(uint64_t pool) const = 0;
 };
 
 Allocator& cpu_allocator();

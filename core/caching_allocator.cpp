@@ -30,6 +30,23 @@
 // stream too must have that stream ordered back onto S before it is freed, as the NCCL
 // communicator does); a block goes back to the system (eviction, empty_cache) only after
 // the device has finished its queued work.
+//
+// Note [Private pools]
+// A CUDA graph replays its kernels at the addresses they had when it was captured, so
+// every block the captured step allocated must be the graph's for as long as the graph
+// lives: no other tensor may be given it, and it may not go back to the system. While a
+// thread is inside begin_pool(P) (the capture), its requests take P's idle blocks first,
+// then the shared cache's (the block becomes P's: its last use is queued on the stream
+// the graph will replay on, so ordered before it), then the system's; a block of P freed
+// (inside the capture, or later by a tensor the graph's outputs kept) goes back to P, where
+// only the capture's later requests find it: a reuse inside the capture is one the replay
+// repeats in the same order, as stream order makes it safe in an eager step. A block made
+// before the capture and freed inside it becomes P's too (captured kernels used it). Nothing
+// is evicted while any pool is being filled (handing a block back synchronises the device,
+// which a capture forbids), and the cache's bound leaves the pools' blocks out (they are
+// not the cache's to hand back). release_pool(P), when the graph is destroyed, makes P's
+// idle blocks the shared cache's again. PyTorch's caching allocator keeps graph pools the
+// same way.
 #include "core/caching_allocator.h"
 
 #include <algorithm>
@@ -45,21 +62,32 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   stream = resolve_stream(stream);
   std::lock_guard<std::mutex> lock(mu_);
   size_t block = sz;
-  void* p = take_cached_locked(sz, stream, &block);
+  const uint64_t pool = active_pool_locked();
+  void* p = pool ? take_pooled_locked(pool, sz, &block, &stream) : nullptr;
+  if (p) {
+    ++stats_.cache_hits;
+    live_.emplace(p, Live{stream, block, pool});
+    stats_.allocated += block;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    return p;
+  }
+  p = take_cached_locked(sz, stream, &block);
   if (p) {
     ++stats_.cache_hits;
   } else {
-    if (cache_limit_ > 0) {
+    if (cache_limit_ > 0 && active_.empty()) {  // no eviction while a pool fills (Note [Private pools])
+      // The pools' blocks are not the cache's to bound: what they hold is left out.
       const double limit = cache_limit_ * double(std::max(stats_.peak_allocated, stats_.allocated + sz));
+      const size_t shared = stats_.reserved - pooled_;
       size_t count = 0, bytes = 0;
-      for (auto it = lru_.begin(); it != lru_.end() && double(stats_.reserved - bytes + sz) > limit; ++it) {
+      for (auto it = lru_.begin(); it != lru_.end() && double(shared - bytes + sz) > limit; ++it) {
         bytes += it->size;
         ++count;
       }
       release_oldest_locked(count);
     }
     p = system_allocate(sz);
-    if (!p) {
+    if (!p && active_.empty()) {
       empty_cache_locked();
       p = system_allocate(sz);
     }
@@ -68,7 +96,8 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
     ++stats_.system_allocs;
   }
-  live_.emplace(p, std::make_pair(stream, block));
+  live_.emplace(p, Live{stream, block, pool});
+  if (pool) pools_.at(pool).bytes += block, pooled_ += block;
   stats_.allocated += block;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
   return p;
@@ -79,11 +108,76 @@ void CachingAllocator::deallocate(void* p, size_t) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   EG_CHECK(it != live_.end(), "allocator: freeing memory it did not hand out");
-  const auto [stream, size] = it->second;
-  lru_.push_back({p, size, stream});
-  free_[key(stream, size)].push_back(std::prev(lru_.end()));
-  stats_.allocated -= size;
+  Live l = it->second;
+  if (!l.pool) {  // a block made before a capture and freed inside it: the graph's kernels use it
+    l.pool = active_pool_locked();
+    if (l.pool) pools_.at(l.pool).bytes += l.size, pooled_ += l.size;
+  }
+  auto pool = l.pool ? pools_.find(l.pool) : pools_.end();
+  if (pool != pools_.end()) {
+    pool->second.idle.emplace(l.size, Idle{p, l.size, l.stream});
+  } else {  // the shared cache's, or its pool was released
+    lru_.push_back({p, l.size, l.stream});
+    free_[key(l.stream, l.size)].push_back(std::prev(lru_.end()));
+  }
+  stats_.allocated -= l.size;
   live_.erase(it);
+}
+
+uint64_t CachingAllocator::create_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_pool_++;
+  pools_.emplace(id, Pool{});
+  return id;
+}
+
+void CachingAllocator::begin_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EG_CHECK(pools_.count(pool), "allocator: begin_pool of pool ", pool, ", which does not exist");
+  EG_CHECK(active_.emplace(std::this_thread::get_id(), pool).second,
+           "allocator: begin_pool on a thread already drawing from a pool");
+}
+
+void CachingAllocator::end_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EG_CHECK(active_.erase(std::this_thread::get_id()) == 1, "allocator: end_pool without begin_pool");
+}
+
+void CachingAllocator::release_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  for (auto& a : active_)
+    EG_CHECK(a.second != pool, "allocator: release_pool of pool ", pool, " while a thread draws from it");
+  for (auto& [size, idle] : it->second.idle) {
+    lru_.push_back(idle);
+    free_[key(idle.stream, idle.size)].push_back(std::prev(lru_.end()));
+  }
+  pooled_ -= it->second.bytes;
+  pools_.erase(it);  // its live blocks, when freed, go to the shared cache
+}
+
+size_t CachingAllocator::pool_bytes(uint64_t pool) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  return it == pools_.end() ? 0 : it->second.bytes;
+}
+
+uint64_t CachingAllocator::active_pool_locked() const {
+  if (active_.empty()) return 0;
+  auto it = active_.find(std::this_thread::get_id());
+  return it == active_.end() ? 0 : it->second;
+}
+
+void* CachingAllocator::take_pooled_locked(uint64_t pool, size_t size, size_t* block, void** stream) {
+  auto& idle = pools_.at(pool).idle;
+  auto it = idle.lower_bound(size);
+  if (it == idle.end() || it->first > 2 * size) return nullptr;
+  *block = it->first;
+  *stream = it->second.stream;
+  void* p = it->second.p;
+  idle.erase(it);
+  return p;
 }
 
 AllocatorStats CachingAllocator::stats() const {

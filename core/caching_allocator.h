@@ -6,6 +6,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -30,6 +31,11 @@ class CachingAllocator : public Allocator {
   AllocatorStats stats() const final;
   void reset_peak() final;
   void empty_cache() final;
+  uint64_t create_pool() final;
+  void begin_pool(uint64_t pool) final;
+  void end_pool() final;
+  void release_pool(uint64_t pool) final;
+  size_t pool_bytes(uint64_t pool) const final;
   double cache_limit() const { return cache_limit_; }
 
  protected:
@@ -58,6 +64,10 @@ class CachingAllocator : public Allocator {
 
   // Takes the idle block of the best fit on `stream`; nullptr when none is within 2x.
   void* take_cached_locked(size_t size, void* stream, size_t* block);
+  // The same from a pool's idle blocks (any stream: the pool's work is one stream's).
+  void* take_pooled_locked(uint64_t pool, size_t size, size_t* block, void** stream);
+  // The pool this thread draws from, 0 for none.
+  uint64_t active_pool_locked() const;
   // Hands the `count` blocks idle the longest back to the system.
   void release_oldest_locked(size_t count);
   void empty_cache_locked();
@@ -66,7 +76,20 @@ class CachingAllocator : public Allocator {
   mutable std::mutex mu_;
   IdleList lru_;  // cached blocks, idle the longest first
   std::map<Key, std::vector<IdleList::iterator>> free_;  // the same blocks by stream and size
-  std::unordered_map<void*, std::pair<void*, size_t>> live_;  // handed-out blocks: stream, size
+  struct Live {
+    void* stream;
+    size_t size;
+    uint64_t pool;  // 0: the shared cache's
+  };
+  std::unordered_map<void*, Live> live_;  // handed-out blocks
+  struct Pool {
+    std::multimap<size_t, Idle> idle;  // by size
+    size_t bytes = 0;  // live and idle
+  };
+  std::map<uint64_t, Pool> pools_;
+  size_t pooled_ = 0;  // the pools' bytes (counted in stats_.reserved)
+  std::map<std::thread::id, uint64_t> active_;  // the threads inside begin_pool()
+  uint64_t next_pool_ = 1;
   AllocatorStats stats_;
 };
 

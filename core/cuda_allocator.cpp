@@ -24,7 +24,12 @@ class CudaCachingAllocator final : public CachingAllocator {
   void* system_allocate(size_t nbytes) override {
     cuda::set_device(device_);
     void* p = nullptr;
+    // A capture (Note [Private pools]) forbids cudaMalloc on its thread unless relaxed: the
+    // block is the graph's for as long as the graph lives, so its address holds at replay.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    EG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     const cudaError_t e = cudaMalloc(&p, nbytes);
+    EG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     if (e == cudaSuccess) return p;
     (void)cudaGetLastError();  // so that the next kernel launch check does not report it
     if (e == cudaErrorMemoryAllocation) return nullptr;

@@ -98,6 +98,13 @@ cublasHandle_t cublas_handle() {
   if (!s.cublas) {
     EG_CUBLAS_CHECK(cublasCreate(&s.cublas));
     EG_CUBLAS_CHECK(cublasSetStream(s.cublas, st));
+    // A workspace of its own, set once (32 MiB, NVIDIA's advice for Hopper): cuBLAS then
+    // allocates none inside a CUDA graph's capture (Note [Device graphs]). Kept as long as
+    // the handle, which is never destroyed.
+    void* ws = nullptr;
+    const size_t bytes = size_t(32) << 20;
+    EG_CUDA_CHECK(cudaMalloc(&ws, bytes));
+    EG_CUBLAS_CHECK(cublasSetWorkspace(s.cublas, ws, bytes));
   }
   return s.cublas;
 }
@@ -141,6 +148,9 @@ void after_launch(const char* what) {
   cudaError_t e = cudaGetLastError();
   EG_CHECK(e == cudaSuccess, "CUDA kernel ", what, " failed to launch: ", cudaGetErrorString(e));
   if (sync_debug()) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    EG_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) return;  // a capture runs nothing (Note [Device graphs])
     e = cudaStreamSynchronize(current_stream());
     EG_CHECK(e == cudaSuccess, "CUDA kernel ", what, " failed: ", cudaGetErrorString(e), " (EG_SYNC_DEBUG=1)");
   }

@@ -73,6 +73,13 @@ void StagedUpload::stage(const Tensor& host) {
   const Tensor src = host.to_plain();
   Slots& ss = *slots_;
   cuda::set_device(device_.index);
+  // Its copy stream and events would be drawn into a capture and replayed with whatever
+  // the pinned buffer then holds: uploads happen before a capture (Note [Graphed steps]).
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  EG_CUDA_CHECK(cudaStreamIsCapturing(cuda::current_stream(device_.index), &capturing));
+  EG_CHECK(capturing == cudaStreamCaptureStatusNone,
+           "internal: a staged upload inside a CUDA graph capture (a value that changes between replays must be "
+           "written before the replay: Note [Graphed steps])");
   Slots::Slot& s = ss.slot[ss.next];
   // The pinned buffer is refilled only once its last copy has read it.
   if (s.copy_issued) {

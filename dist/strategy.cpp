@@ -62,26 +62,34 @@ std::string Strategy::describe(int64_t batch_size, int threads) const {
          " threads per rank";
 }
 
+bool Strategy::steps_on_device() const { return !sync_ && !scaler_.enabled(); }
+
+DeviceStep Strategy::step_on_device(const Tensor& loss, int64_t samples, optim::Optimizer& opt, double grad_clip) {
+  EG_CHECK(steps_on_device(), "internal: step_on_device is one process's step without loss scaling");
+  DeviceStep d;
+  if (loss.defined() && loss.dtype() != DType::f32 && loss.dtype() != DType::f64) {
+    d.loss = Tensor::empty(loss.shape(), DType::f32, loss.device());  // a 16-bit loss (a user's model's), widened
+    ops::call(ops::cast, loss, d.loss);
+  } else {
+    d.loss = loss;
+  }
+  opt.zero_grad();
+  if (loss.defined()) loss.backward();
+  if (grad_clip > 0) d.grad_norm = opt.clip_grad_norm_on_device(grad_clip);
+  if (samples > 0) opt.step();
+  return d;
+}
+
 StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip) {
   StepResult r;
-  if (!sync_ && !scaler_.enabled()) {  // Note [Deferred reads]
+  if (steps_on_device()) {  // Note [Deferred reads]
     r.deferred = true;
     r.loss = NAN;
     r.count = samples;
     r.grad_norm = NAN;
-    if (!loss.defined()) {
-      r.loss_later = DeferredScalar(0.0);
-    } else if (loss.dtype() == DType::f32 || loss.dtype() == DType::f64) {
-      r.loss_later = DeferredScalar::of(loss);
-    } else {  // a 16-bit loss (a user's model's): widened on its device first
-      Tensor wide = Tensor::empty(loss.shape(), DType::f32, loss.device());
-      ops::call(ops::cast, loss, wide);
-      r.loss_later = DeferredScalar::of(wide);
-    }
-    opt.zero_grad();
-    if (loss.defined()) loss.backward();
-    if (grad_clip > 0) r.grad_norm_later = opt.clip_grad_norm_later(grad_clip);
-    if (r.count > 0) opt.step();
+    const DeviceStep d = step_on_device(loss, samples, opt, grad_clip);
+    r.loss_later = d.loss.defined() ? DeferredScalar::of(d.loss) : DeferredScalar(0.0);
+    if (grad_clip > 0) r.grad_norm_later = DeferredScalar::of(d.grad_norm);
     return r;
   }
   if (sync_ && grad_comm().enqueues() && !scaler_.enabled())

@@ -74,6 +74,12 @@ struct StepResult {
   DeferredScalar grad_norm_later;  // with clipping: the norm, as the loss (undefined without)
 };
 
+// The outputs of a step left on the device (Strategy::step_on_device).
+struct DeviceStep {
+  Tensor loss;  // the mean loss, one f32 or f64 element; undefined without samples
+  Tensor grad_norm;  // with clipping: the norm before clipping, one f64 element
+};
+
 // The device a rank of `size` trains on, from --device: "cuda" is cuda:<local rank>, one
 // GPU a rank; a named GPU (cuda:N) serves one rank a host only, as ranks sharing a GPU
 // would contend for it (NCCL refuses them); cpu is every rank's. Throws on a shared GPU.
@@ -112,6 +118,14 @@ class Strategy {
   // process, or GPU ranks, without scaling defer the reads of the loss and of the
   // gradient norm instead (StepResult::deferred).
   StepResult step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
+
+  // Whether step() is all device work (one process without loss scaling), as a CUDA graph
+  // can capture it (Note [Graphed steps] in train/graphed_step.h).
+  bool steps_on_device() const;
+  // That step with nothing read nor sent to the host: backward, clipping, the optimizer's
+  // step (when `samples` > 0); the loss (f32 or f64, a 16-bit one widened) and the norm
+  // before clipping (undefined without) are left on the device.
+  DeviceStep step_on_device(const Tensor& loss, int64_t samples, optim::Optimizer& opt, double grad_clip);
 
   // Every rank's BatchNorm running statistics become their mean over the ranks (in place).
   void average_running_stats(models::Model& m) const;

@@ -121,10 +121,12 @@ SGD::SGD(std::vector<Tensor> params, double lr, SgdOptions o)
 void SGD::step() {
   const ops::SgdParams sp{lr_, options.momentum, options.dampening, options.weight_decay, options.nesterov, false};
   std::vector<size_t> multi;  // the active parameters past their first step
+  last_host_lr_ = false;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!active(p)) continue;
     if (options.momentum > 0 && !momentum_[i].defined()) {  // the buffer starts as the gradient
+      last_host_lr_ = true;
       momentum_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
       ops::SgdParams first = sp;
       first.first_step = true;
@@ -135,6 +137,7 @@ void SGD::step() {
   }
   if (multi.empty()) return;
   if (!uniform(multi)) {  // parameters on several devices or of several dtypes
+    last_host_lr_ = true;
     for (size_t i : multi) ops::call(ops::sgd_step, params_[i], params_[i].grad(), momentum_[i], sp);
     return;
   }
@@ -145,6 +148,12 @@ void SGD::step() {
   on_device.lr = 0;  // read from `lr`
   ops::run(ops::sgd_step_multi, ops::pick_backend(ops::sgd_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs, bs,
            on_device);
+}
+
+void SGD::check_replayable() const {
+  EG_CHECK(!last_host_lr_,
+           "SGD: a step to replay must be a multi-tensor one past every momentum buffer's first "
+           "step (parameters of one device and dtype): its learning rate is read on the device");
 }
 
 std::map<std::string, Tensor> SGD::state_dict() const {
@@ -217,10 +226,13 @@ void AdamW::step() {
            ms, vs, counts, ap);
 }
 
-void AdamW::note_replayed_step() {
+void AdamW::check_replayable() const {
   EG_CHECK(last_multi_ || last_members_.empty(),
-           "AdamW: a replayed step must be a multi-tensor one (parameters of one device and dtype): the "
+           "AdamW: a step to replay must be a multi-tensor one (parameters of one device and dtype): the "
            "per-parameter step's bias corrections are host values a replay would repeat");
+}
+
+void AdamW::note_replayed_step() {
   for (size_t i : last_members_) ++steps_[i];
 }
 

@@ -59,6 +59,9 @@ class Optimizer {
   // host's own records advance as the captured step() advanced them (AdamW's step counts).
   void prepare_replay(Device device) { (void)lr_on(device); }
   virtual void note_replayed_step() {}
+  // Throws, naming why, when the last step() launched a value a replay would repeat (a
+  // per-parameter path's learning rate or bias correction; a momentum buffer's first step).
+  virtual void check_replayable() const {}
   // Optimizer state as named tensors ("3.momentum"), for checkpoints.
   virtual std::map<std::string, Tensor> state_dict() const = 0;
   virtual void load_state_dict(const std::map<std::string, Tensor>& sd) = 0;
@@ -90,12 +93,14 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, double lr, SgdOptions o = {});
   void step() override;
+  void check_replayable() const override;
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& sd) override;
   SgdOptions options;
 
  private:
   std::vector<Tensor> momentum_;  // undefined until a parameter's first step
+  bool last_host_lr_ = false;  // the last step() launched the learning rate from the host
 };
 
 struct AdamWOptions {
@@ -107,6 +112,7 @@ class AdamW : public Optimizer {
   AdamW(std::vector<Tensor> params, double lr, AdamWOptions o = {});
   void step() override;
   void note_replayed_step() override;
+  void check_replayable() const override;
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& sd) override;
   AdamWOptions options;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -278,7 +279,8 @@ TEST(CoreAllocator, TheCacheLimitComesFromTheEnvironment) {
   EXPECT_EQ(allocator_cache_limit("", 1.5), 1.5);
   EXPECT_EQ(allocator_cache_limit("2.5", 1.5), 2.5);
   EXPECT_EQ(allocator_cache_limit("0", 1.5), 0.0);
-  for (const char* bad : {"0.5", "-1", "1.5x", "lots", "nan", "inf"}) EXPECT_THROW(allocator_cache_limit(bad, 1.5), Error) << bad;
+  for (const char* bad : {"0.5", "-1", "1.5x", "lots", "nan", "inf"})
+    EXPECT_THROW(allocator_cache_limit(bad, 1.5), Error) << bad;
   RecordingAllocator unbounded(0), bounded(1.5);
   const size_t mb = size_t(1) << 20;
   for (RecordingAllocator* a : {&unbounded, &bounded})
@@ -287,6 +289,67 @@ TEST(CoreAllocator, TheCacheLimitComesFromTheEnvironment) {
   EXPECT_EQ(unbounded.stats().reserved, 1023 * mb);  // 2x the peak of 512 MB
   EXPECT_FALSE(bounded.frees.empty());
   EXPECT_LE(bounded.stats().reserved, 768 * mb);
+}
+
+// Note [Private pools]: what a thread allocates between begin_pool and end_pool (a CUDA
+// graph's capture) is the pool's: freed, it serves only the pool's later requests, never
+// another tensor nor the system, until the pool is released; a capture reuses a block it
+// freed itself, takes the shared cache's idle blocks before the system's, and evicts
+// nothing; other threads meanwhile draw from the shared cache.
+TEST(CoreAllocator, APrivatePoolKeepsItsBlocksUntilReleased) {
+  RecordingAllocator a;
+  const size_t mb = size_t(1) << 20;
+  void* warm = a.allocate(2 * mb);  // an eager step's block, idle when the capture starts
+  a.deallocate(warm, 2 * mb);
+  void* kept = a.allocate(8 * mb);  // made before the capture, freed inside it
+  const uint64_t pool = a.create_pool();
+  EXPECT_NE(pool, a.create_pool());
+  a.begin_pool(pool);
+  EXPECT_THROW(a.begin_pool(pool), Error) << "one pool a thread at a time";
+  void* x = a.allocate(2 * mb);  // the shared cache's idle block becomes the pool's
+  EXPECT_EQ(x, warm);
+  void* y = a.allocate(4 * mb);  // from the system
+  a.deallocate(x, 2 * mb);
+  void* z = a.allocate(mb);  // x, freed inside the capture, serves its later request (2 MB <= 2 x 1 MB)
+  EXPECT_EQ(z, x);
+  void* other = nullptr;
+  std::thread t([&] {  // another thread: not from the pool, nor back into it
+    other = a.allocate(2 * mb);
+    a.deallocate(other, 2 * mb);
+  });
+  t.join();
+  EXPECT_NE(other, x);
+  EXPECT_EQ(a.pool_bytes(pool), 6 * mb);
+  a.deallocate(kept, 8 * mb);  // captured kernels used it: the pool's now
+  EXPECT_EQ(a.pool_bytes(pool), 14 * mb);
+  a.end_pool();
+  EXPECT_THROW(a.end_pool(), Error);
+  void* eager8 = a.allocate(8 * mb);
+  EXPECT_NE(eager8, kept) << "a block the graph's kernels use went to an eager request";
+  a.deallocate(eager8, 8 * mb);
+  a.deallocate(z, mb);  // the graph's temporaries: idle in the pool
+  void* after = a.allocate(2 * mb);  // an eager request after the capture: not the pool's block
+  EXPECT_NE(after, x);
+  EXPECT_EQ(after, other);
+  a.empty_cache();  // the pool's blocks stay (y live, x and kept idle)
+  for (const auto& f : a.frees) {
+    EXPECT_EQ(std::find(f.begin(), f.end(), x), f.end());
+    EXPECT_EQ(std::find(f.begin(), f.end(), kept), f.end());
+  }
+  EXPECT_EQ(a.pool_bytes(pool), 14 * mb);
+  a.begin_pool(pool);
+  EXPECT_THROW(a.release_pool(pool), Error) << "released while a thread draws from it";
+  a.end_pool();
+  a.release_pool(pool);
+  EXPECT_EQ(a.pool_bytes(pool), 0u);
+  void* again = a.allocate(mb);  // x is the shared cache's again
+  EXPECT_EQ(again, x);
+  a.deallocate(again, mb);
+  a.deallocate(y, 4 * mb);  // a live block of a released pool goes to the shared cache
+  a.deallocate(after, 2 * mb);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, 0u);
+  EXPECT_THROW(a.begin_pool(pool), Error) << "a released pool";
 }
 
 TEST(CoreAllocator, SizeClassesWasteUnderAQuarter) {

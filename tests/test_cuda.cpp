@@ -7,23 +7,30 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #include "core/caching_allocator.h"
 #include "core/deferred_read.h"
+#include "core/device_graph.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "dist/grad_sync.h"
+#include "dist/strategy.h"
 #include "freeze/plasticity.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "quant/reference.h"
 #include "tests/test_util.h"
+#include "train/graphed_step.h"
 #include "train/trainer.h"
 
 using namespace eg;
@@ -469,4 +476,174 @@ TEST(Cuda, HalfStepsFollowTheF32StepAsTheCpuBf16StepDoes) {
       EXPECT_LT(relative_l2(gpu.step, gpu_f32.step), bound);
     }
   }
+}
+
+// Note [Device graphs]: a capture runs nothing; each replay runs the captured kernels on
+// the tensors they were captured with (an input rewritten between replays is read anew),
+// and what the capture allocated stays the graph's (its pool) until the graph is gone.
+TEST(Cuda, AGraphReplaysItsKernelsOnTheirTensors) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Tensor in = Tensor::full({1000}, 1.0, DType::f32, dev);
+  Tensor out = Tensor::zeros({1000}, DType::f32, dev);
+  {
+    DeviceGraph g(dev);
+    g.capture([&] {
+      Tensor t = fn::scale(in, 3.0);  // a temporary from the graph's pool
+      ops::call(ops::binary_fwd, ops::Binary::add, t, in, out);
+    });
+    EXPECT_TRUE(g.captured());
+    EXPECT_EQ(out.to_vector<float>()[7], 0.f) << "a capture runs nothing";
+    EXPECT_GT(g.pool_bytes(), 0u);
+    Tensor eager = Tensor::full({1000}, 5.0, DType::f32, dev);  // the temporary's size: not its block
+    g.replay();
+    EXPECT_EQ(out.to_vector<float>()[7], 4.f);
+    EXPECT_EQ(eager.to_vector<float>()[7], 5.f) << "a replay wrote an eager tensor's block";
+    in.copy_(Tensor::full({1000}, 2.0, DType::f32));
+    g.replay();
+    EXPECT_EQ(out.to_vector<float>()[999], 8.f);
+    EXPECT_EQ(g.replays(), 2);
+    DeviceGraph bad(dev);
+    const std::string e = eg::testing::error_of([&] { bad.capture([&] { (void)out.item(); }); });
+    EXPECT_NE(e.find("capturing a CUDA graph"), std::string::npos) << e << " (a host read inside a capture)";
+    EXPECT_FALSE(bad.captured());
+  }
+  Tensor after = fn::scale(in, 1.0);  // the pools' blocks are the shared cache's again
+  EXPECT_EQ(after.to_vector<float>()[0], 2.f);
+}
+
+// Note [Graphed steps]: a step captured after its warm-up and replayed trains the weights
+// an eager step trains (the same kernels on the same values): ResNet-20 with
+// SGD and momentum under a changing learning rate, clipped; transformer-tiny with AdamW
+// and dropout (its masks drawn from counters the host moves past each replay), bf16 too.
+// The host's records end where the eager run's do (the generator, AdamW's step counts).
+TEST(Cuda, AGraphedStepTrainsTheWeightsOfTheEagerStep) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const Device prev = set_training_device(dev);
+  auto local = dist::make_local();
+  for (const char* name : {"resnet20", "transformer-tiny"})
+    for (DType precision : {DType::f32, DType::bf16}) {
+      const bool tfm = std::string(name) == "transformer-tiny";
+      std::vector<float> weights[2], losses[2], norms[2];
+      uint64_t offsets[2] = {};
+      std::map<std::string, Tensor> state[2];
+      for (int graphed = 0; graphed < 2; ++graphed) {
+        models::ModelConfig mc;
+        mc.name = name;
+        mc.image_size = 32;
+        mc.small_input = true;
+        mc.num_classes = 10;
+        Generator g(3);
+        auto m = models::build_model(mc, g);
+        m->to(dev);
+        std::unique_ptr<optim::Optimizer> opt;
+        if (tfm) {
+          opt = std::make_unique<optim::AdamW>(m->parameters(), 1e-3);
+        } else {
+          opt = std::make_unique<optim::SGD>(m->parameters(), 0.05, optim::SgdOptions{0.9, 0, 5e-4, false});
+        }
+        dist::Strategy dp(*local, "cuda:0", {});
+        Generator data(5);
+        Tensor x, x2, y;
+        int64_t samples = 8;
+        if (tfm) {
+          auto ids = [&](int64_t n) {
+            std::vector<int64_t> v(static_cast<size_t>(n));
+            for (auto& t : v) t = 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4));
+            return v;
+          };
+          x = Tensor::from_vector(ids(24), {4, 6}, dev), x2 = Tensor::from_vector(ids(24), {4, 6}, dev);
+          y = Tensor::from_vector(ids(24), {24}, dev);
+          samples = 24;
+        } else {
+          x = Tensor::randn({8, 3, 32, 32}, data).to(dev);
+          y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8}, dev);
+        }
+        auto forward = [&] {
+          autograd::Autocast ac(precision);
+          Tensor logits = m->forward_frozen(x, x2, 0);
+          return fn::cross_entropy(tfm ? fn::reshape(logits, {samples, logits.size(2)}) : logits, y);
+        };
+        train::GraphedStep gs(dp, *opt, &g, {2, 1.0});
+        for (int64_t i = 0; i < 7; ++i) {
+          opt->set_lr((tfm ? 1e-3 : 0.05) / double(1 + i));
+          dist::StepResult r;
+          if (graphed) {
+            r = gs.run(forward, samples);
+          } else {
+            g.mark_step();
+            r = dp.step(forward(), samples, *opt, i, 1.0);
+          }
+          losses[graphed].push_back(float(r.loss_later.value()));
+          norms[graphed].push_back(float(r.grad_norm_later.value()));
+        }
+        if (graphed) {
+          EXPECT_EQ(gs.captures(), 1);
+          EXPECT_EQ(gs.replays(), 5) << "7 steps, 2 eager";
+          EXPECT_GT(gs.graph_bytes(), 0u);
+        }
+        for (auto& p : m->parameters())
+          for (float v : p.to(Device::cpu()).to(DType::f32).to_vector<float>()) weights[graphed].push_back(v);
+        offsets[graphed] = g.offset();
+        state[graphed] = opt->state_dict();
+      }
+      // Within the order of atomic adds (the embedding's and some cuDNN gradients' sums
+      // differ in their last bits from run to run): a stale learning rate, bias correction
+      // or dropout mask moves the losses by percents.
+      const std::string what = std::string(name) + " " + dtype_name(precision);
+      ASSERT_EQ(losses[0].size(), losses[1].size());
+      for (size_t i = 0; i < losses[0].size(); ++i)
+        EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4 * std::abs(losses[0][i])) << what << " step " << i;
+      for (size_t i = 0; i < norms[0].size(); ++i)
+        EXPECT_NEAR(norms[1][i], norms[0][i], 1e-3 * std::abs(norms[0][i])) << what << " norm at step " << i;
+      ASSERT_EQ(weights[0].size(), weights[1].size());
+      float worst = 0;
+      for (size_t i = 0; i < weights[0].size(); ++i) worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
+      EXPECT_LE(worst, 1e-4f) << what;
+      EXPECT_EQ(offsets[0], offsets[1]) << what << ": the generator moves past what each replay drew";
+      ASSERT_EQ(state[0].size(), state[1].size()) << what;
+      for (auto& [k, t] : state[0]) {
+        if (k.find(".step") == std::string::npos) continue;
+        EXPECT_EQ(t.to(Device::cpu()).to(DType::f64).to_vector<double>(),
+                  state[1].at(k).to(Device::cpu()).to(DType::f64).to_vector<double>())
+            << what << ": " << k;
+      }
+    }
+  set_training_device(prev);
+}
+
+// `egeria train --cuda-graphs on` (Note [Graphed steps]): ResNet-20 with Egeria freezing
+// on the GPU trains as without graphs (the same losses within the order of atomic adds),
+// captures anew after each freeze and unfreeze, replays most steps, and makes no host
+// sync in a steady-state step.
+TEST(Cuda, ATrainingRunWithCudaGraphsTrainsAsWithout) {
+  EG_REQUIRE_GPU();
+  nlohmann::json sj[2];
+  std::vector<double> losses[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    // 4 epochs of 16 steps; half the layer modules freeze at epoch 3 (a new graph), the LR
+    // falls at epoch 4 (the multi-tensor step reads it on the device).
+    train::TrainConfig c =
+        eg::testing::small_image_run(eg::testing::fresh_dir("cuda_graphs_" + std::to_string(graphs)));
+    c.device = "cuda:0";
+    c.threads = 1;
+    c.freezing.policy = "static";
+    c.cuda_graphs = graphs == 1;
+    c.log_every = 4;
+    train::run_training(c);
+    sj[graphs] = nlohmann::json::parse(eg::testing::slurp(c.out + "/summary.json"));
+    std::ifstream m(c.out + "/metrics.jsonl");
+    for (std::string line; std::getline(m, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("type", "") == "step") losses[graphs].push_back(j.at("loss").get<double>());
+    }
+  }
+  ASSERT_EQ(losses[0].size(), losses[1].size());
+  ASSERT_FALSE(losses[0].empty());
+  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-3 * losses[0][i]) << i;
+  EXPECT_GE(sj[1].at("cuda_graph_captures").get<int64_t>(), 2) << sj[1].dump();
+  EXPECT_GE(sj[1].at("cuda_graph_replayed_steps").get<int64_t>(), 40) << sj[1].dump() << " of 64 steps";
+  EXPECT_EQ(sj[1].at("host_syncs_per_step"), 0);
+  EXPECT_FALSE(sj[0].contains("cuda_graph_captures"));
 }

@@ -22,6 +22,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
+#include "train/graphed_step.h"
 #include "train/trainer.h"
 
 namespace eg {
@@ -78,6 +79,24 @@ TEST(HostSyncs, ABenchmarkStepMakesNone) {
     o.threads = 1;
     EXPECT_EQ(train::bench_step(o, *local).host_syncs_per_step, 0) << model;
   }
+}
+
+// --cuda-graphs on is refused where there is nothing to capture, naming the flag: on the
+// CPU (benchmark and GraphedStep alike); the graphed step itself runs in Cuda.* tests.
+TEST(HostSyncs, CudaGraphsAreRefusedOnTheCpu) {
+  auto local = dist::make_local();
+  train::StepBenchOptions o;
+  o.model = "resnet20";
+  o.batch_size = 2;
+  o.iterations = 1;
+  o.cuda_graphs = true;
+  const std::string e = testing::error_of([&] { train::bench_step(o, *local); });
+  EXPECT_NE(e.find("--cuda-graphs on runs on a GPU"), std::string::npos) << e;
+  dist::Strategy dp(*local, "cpu", {});
+  Tensor w = Tensor::zeros({2}).set_requires_grad(true);
+  optim::SGD opt({w}, 0.1);
+  const std::string e2 = testing::error_of([&] { train::GraphedStep gs(dp, opt, nullptr, {}); });
+  EXPECT_NE(e2.find("--cuda-graphs on runs on a GPU"), std::string::npos) << e2;
 }
 
 // Two steady-state steps (`step(i)` runs step i) record the same ops with the same
@@ -261,6 +280,22 @@ TEST(HostSyncs, ATrainingStepStagesItsBatchAndDefersItsLoss) {
     const auto sj = nlohmann::json::parse(eg::testing::slurp(c.out + "/summary.json"));
     EXPECT_EQ(sj.at("host_syncs_per_step"), 0) << "--grad-clip " << clip;
   }
+}
+
+// `egeria train --cuda-graphs on` is refused, naming what stands in its way, before any
+// step: the CPU, the activation cache (the batch on the host), a translation task (batch
+// shapes change). Training with it runs in Cuda.ATrainingRunWithCudaGraphsTrainsAsWithout.
+TEST(HostSyncs, TrainingWithCudaGraphsIsRefusedWhereItCannotCapture) {
+  train::TrainConfig c = eg::testing::small_image_run(eg::testing::fresh_dir("graphs_refused"));
+  c.cuda_graphs = true;
+  std::string e = eg::testing::error_of([&] { train::run_training(c); });
+  EXPECT_NE(e.find("--cuda-graphs on runs on a GPU"), std::string::npos) << e;
+  c.freezing.policy = "egeria";
+  c.freezing.cache = true;
+  c.freezing.bn = train::FrozenBn::running;
+  c.augment_mode = train::AugmentMode::sample;
+  e = eg::testing::error_of([&] { train::run_training(c); });
+  EXPECT_NE(e.find("--freeze-cache on keeps the batch on the host"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -172,6 +172,11 @@ int run_cli(int argc, char** argv) {
   std::string bwino;
   step->add_option("--cpu-winograd", bwino, eg::train::option("--cpu-winograd").help)
       ->check(CLI::IsMember({"on", "off"}));
+  std::string bgraphs = "off";
+  step->add_option("--cuda-graphs", bgraphs,
+                   "on: capture the step as a CUDA graph after the warm-up and replay it (one GPU, one process)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -238,6 +243,7 @@ int run_cli(int argc, char** argv) {
     } else if (*step) {
       if (!bwino.empty()) eg::set_cpu_winograd(bwino == "on");
       bo.unit_per_layer = bunits == "layers";
+      bo.cuda_graphs = bgraphs == "on";
       eg::train::TrainConfig parsed;  // the words, as the training options read them
       eg::train::set_option(parsed, "--precision", bprecision);
       eg::train::set_option(parsed, "--grad-sync-overlap", boverlap);
@@ -258,7 +264,9 @@ int run_cli(int argc, char** argv) {
                           {"frozen_units", r.frozen_units},
                           {"frozen_parameters", r.frozen_parameters},
                           {"parameters", r.parameters},
-                          {"host_syncs_per_step", r.host_syncs_per_step}};
+                          {"host_syncs_per_step", r.host_syncs_per_step},
+                          {"cuda_graphs", bgraphs}};
+      if (bo.cuda_graphs) j["graph_replays"] = r.graph_replays, j["graph_bytes"] = r.graph_bytes;
       if (eg::models::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
       if (r.world_size > 1) {
         j["world_size"] = r.world_size;

@@ -46,6 +46,9 @@ struct TrainConfig {
   // [Autocast] in autograd/autocast.h), on the CPU and CUDA; or fp16, the same on CUDA
   // with loss scaling.
   DType precision = DType::f32;
+  // The training step captured as a CUDA graph after a warm-up and replayed (Note
+  // [Graphed steps] in train/graphed_step.h): one GPU, one process, image models.
+  bool cuda_graphs = false;
   bool resume = false;
   int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only
   int64_t keep_checkpoints = 1;  // the newest N checkpoints are kept (checkpoint-<step>)

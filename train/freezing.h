@@ -77,6 +77,11 @@ class FreezeRun {
   // The freezing keeps the batch and the captured outputs for after_step, its one
   // channel from the forward to the policy.
   Tensor forward(const StepBatch& b, const std::vector<int64_t>& ids, Device dev);
+  // Whether this step's forward captures a layer's outputs for the policy (the host reads
+  // them after the step: a step a CUDA graph replays takes none).
+  bool reads_this_step() const { return capture_.layer >= 0; }
+  // A replayed step ran the forward without this object seeing it (Note [Graphed steps]).
+  void note_replayed_forward() { ++steps_; }
   // The next batch's ids, for the cache to gather ahead.
   void prefetch(const std::vector<int64_t>& next_ids);
 

@@ -267,6 +267,43 @@ void ImageTask::load_state(const nlohmann::json& state) {
   left_out_here_ = 0;
 }
 
+std::vector<int64_t> ImageTask::stage_graph_batch(int64_t* samples) {
+  *samples = batch_.ids.empty() ? 0 : batch_.y.numel();
+  if (!*samples) return {};
+  EG_CHECK(staged_, "internal: --cuda-graphs on without staged batches");
+  const Shape xs = batch_.x.shape(), ys = batch_.y.shape();
+  if (!graph_x_.defined() || graph_x_.shape() != xs) graph_x_ = Tensor::empty(xs, DType::f32, dev_);
+  if (!graph_y_.defined() || graph_y_.shape() != ys) graph_y_ = Tensor::empty(ys, batch_.y.dtype(), dev_);
+  // Written in place: the graph reads these tensors' storage (Note [Graphed steps]).
+  (void)x_up_->take([&](const Tensor& d) {
+    if (d.dtype() == DType::u8) ops::call(ops::image_normalize, d, scale_, zero_, graph_x_);
+    else graph_x_.copy_(d);
+    return Tensor();
+  });
+  (void)y_up_->take([&](const Tensor& d) {
+    graph_y_.copy_(d);
+    return Tensor();
+  });
+  std::vector<int64_t> key = xs;
+  key.insert(key.end(), ys.begin(), ys.end());
+  return key;
+}
+
+StepOutput ImageTask::graph_forward(FreezeRun& fr) {
+  const data::Batch& b = batch_;
+  std::function<Tensor()> host_x = [&b, this] {  // a reading's (an eager step's), as training_step's
+    if (b.x.dtype() != DType::u8) return b.x;
+    Tensor images = Tensor::empty(b.x.shape());
+    ops::call(ops::image_normalize, b.x, host_scale_, host_zero_, images);
+    return images;
+  };
+  StepOutput out;
+  Tensor logits = fr.forward({graph_x_, Tensor(), host_x, Tensor()}, batch_.ids, dev_);
+  out.loss = fn::cross_entropy(logits, graph_y_, c_.label_smoothing);
+  out.samples = batch_.y.numel();
+  return out;
+}
+
 StepOutput ImageTask::training_step(FreezeRun& fr) {
   StepOutput out;
   if (batch_.ids.empty()) return out;  // this rank's share is empty, or every image was left out

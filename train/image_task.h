@@ -64,6 +64,9 @@ class ImageTask : public Task {
   void start_epoch(int64_t epoch, int64_t first_batch) override { loader_->start_epoch(epoch, first_batch); }
   bool next_batch() override;
   StepOutput training_step(FreezeRun& fr) override;
+  bool graphable() const override { return true; }
+  std::vector<int64_t> stage_graph_batch(int64_t* samples) override;
+  StepOutput graph_forward(FreezeRun& fr) override;
   std::vector<Split> epoch_splits() const override;
   Metrics evaluate(Split s) override;
   std::string selection_metric() const override { return "accuracy"; }
@@ -92,6 +95,8 @@ class ImageTask : public Task {
   // pixels, normalised there with scale_ and zero_ (on the device).
   bool staged_ = false;
   std::unique_ptr<StagedUpload> x_up_, y_up_;
+  // --cuda-graphs on: the batch the graph reads (images, labels), rewritten every step.
+  Tensor graph_x_, graph_y_;
   Tensor scale_, zero_, host_scale_, host_zero_;
   // --skip-bad-images: training samples left out, over the run (every rank's, as of the
   // last checkpoint), and by this rank since the run started or resumed.

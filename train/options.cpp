@@ -65,6 +65,11 @@ std::vector<Option> make_options() {
                      "(the CPU and CUDA); or fp16 the same way with loss scaling (--loss-scale), on GPUs",
                      &TrainConfig::precision,
                      Names<DType>{{"f32", DType::f32}, {"bf16", DType::bf16}, {"fp16", DType::f16}}));
+  t.push_back(choice("--cuda-graphs", "cuda_graphs", G::run, Free,
+                     "on: capture the training step as a CUDA graph after a warm-up and replay it (recaptured "
+                     "after a freeze, an unfreeze or a new batch shape; a step taking a plasticity reading runs "
+                     "eagerly); one GPU, one process, image models, no --freeze-cache, no fp16 loss scaling",
+                     &TrainConfig::cuda_graphs, kOnOff));
   t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",
                           &TrainConfig::resume));
   t.push_back(number("--checkpoint-every", "checkpoint_every", G::run, Free,

@@ -139,6 +139,25 @@ void evaluate_between_steps(Run& r) {
   r.log(j);
 }
 
+// ---- --cuda-graphs on: the step through the captured graph (Note [Graphed steps] in
+// train/graphed_step.h), captured anew when the frozen prefix or the batch's shape has
+// changed; a step taking a plasticity reading runs eagerly (the host reads its captures).
+// False for a step with no samples of this rank's, which takes the plain path.
+bool graphed_step(Run& r, dist::StepResult& s) {
+  int64_t samples = 0;
+  std::vector<int64_t> key = r.task.stage_graph_batch(&samples);
+  if (samples == 0) return false;
+  key.push_back(r.freezing->frozen_layers());
+  if (key != r.graph_key) r.graphed->reset(), r.graph_key = key;
+  auto forward = [&] {
+    autograd::Autocast ac(r.c.precision);
+    return r.task.graph_forward(*r.freezing).loss;
+  };
+  s = r.graphed->run(forward, samples, r.freezing->reads_this_step());
+  if (r.graphed->replayed_last()) r.freezing->note_replayed_forward();
+  return true;
+}
+
 // ---- one training step: the task's forward through the freezing state, the strategy's
 // backward and optimizer step, the freezing policy, the logs. False once
 // --stop-after-steps has ended this invocation.
@@ -149,16 +168,19 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   const double lr = r.sched->lr_at(st.step);
   r.opt->set_lr(lr);
   r.freezing->start_step(st.step);
-  r.task.generator().mark_step();  // Note [Random state on the device] in core/rng.h
-  StepOutput out;
-  {
-    autograd::Autocast ac(r.c.precision);  // the forward and the loss; backward in the dtypes they recorded
-    out = r.task.training_step(*r.freezing);
+  dist::StepResult s;
+  if (!r.graphed || !graphed_step(r, s)) {
+    r.task.generator().mark_step();  // Note [Random state on the device] in core/rng.h
+    StepOutput out;
+    {
+      autograd::Autocast ac(r.c.precision);  // the forward and the loss; backward in the dtypes they recorded
+      out = r.task.training_step(*r.freezing);
+    }
+    // No loss: this rank's share of the global batch is empty (data parallelism, or every
+    // image of the batch left out by --skip-bad-images).
+    EG_CHECK(out.loss.defined() || out.samples == 0, "the task gave no loss for step ", st.step);
+    s = r.dp.step(out.loss, out.samples, *r.opt, st.step, r.c.grad_clip);
   }
-  // No loss: this rank's share of the global batch is empty (data parallelism, or every
-  // image of the batch left out by --skip-bad-images).
-  EG_CHECK(out.loss.defined() || out.samples == 0, "the task gave no loss for step ", st.step);
-  dist::StepResult s = r.dp.step(out.loss, out.samples, *r.opt, st.step, r.c.grad_clip);
   if (s.not_finite != dist::StepResult::NotFinite::none) {
     const bool loss = s.not_finite == dist::StepResult::NotFinite::loss;
     stop_not_finite(r, loss, loss ? s.loss : s.grad_norm, st.step, st.epoch, st.batch);
@@ -263,6 +285,10 @@ json summary_json(const Run& r, const SplitMetrics& last) {
              {"batch_size", c.batch_size},
              {"global_batch_size", c.batch_size * r.dp.size()}};
   r.dp.summarize(sj);
+  if (r.graphed) {  // Note [Graphed steps]: graphs captured, and the steps that replayed one
+    sj["cuda_graph_captures"] = r.graphed->captures();
+    sj["cuda_graph_replayed_steps"] = r.graphed->replayed_steps();
+  }
   // Note [Host syncs]: this invocation's steady state (its most common count) and worst step.
   const auto mode = std::max_element(r.steps_by_host_syncs.begin(), r.steps_by_host_syncs.end(),
                                      [](const auto& a, const auto& b) { return a.second < b.second; });

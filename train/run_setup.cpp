@@ -102,6 +102,14 @@ void build_run(Run& r, bool resuming) {
   pc.tracker.final_lr = r.sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
   r.freezing = std::make_unique<FreezeRun>(c, *r.model, pc, c.out, r.dp);
   r.task.attach(*r.freezing);
+  if (c.cuda_graphs) {  // Note [Graphed steps]; GraphedStep itself refuses ranks and loss scaling
+    EG_CHECK(r.task.graphable(),
+             "--cuda-graphs on: this task's batches change shape from step to step "
+             "(translation); CUDA graphs capture image models' steps for now");
+    EG_CHECK(!c.freezing.cache,
+             "--cuda-graphs on: --freeze-cache on keeps the batch on the host; use one or the other");
+    r.graphed = std::make_unique<GraphedStep>(r.dp, *r.opt, &r.task.generator(), GraphedStep::Options{3, c.grad_clip});
+  }
 }
 
 void start_or_resume(Run& r, std::optional<Checkpoint>& ck) {

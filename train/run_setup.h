@@ -16,6 +16,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/freezing.h"
+#include "train/graphed_step.h"
 #include "train/run_state.h"
 #include "train/task.h"
 
@@ -52,6 +53,10 @@ struct Run {
     bool trained = false;  // a sample of the global batch was kept
   };
   std::optional<PendingLoss> pending;
+  // --cuda-graphs on: the captured step, and what it was captured for (the frozen layer
+  // prefix, the batch's shape).
+  std::unique_ptr<GraphedStep> graphed;
+  std::vector<int64_t> graph_key;
   double last_loss = NAN, last_grad_norm = NAN;  // the newest settled step's (log and progress lines)
 
   bool lead() const { return dp.lead(); }

@@ -76,6 +76,20 @@ class Task {
   // frozen prefix under no-grad, or from the activation cache), which also hands the
   // batch and the captured outputs to the freezing policy.
   virtual StepOutput training_step(FreezeRun& freezing) = 0;
+  // --cuda-graphs on (Note [Graphed steps] in train/graphed_step.h): a task whose step a
+  // CUDA graph can capture splits training_step in two. stage_graph_batch() moves the
+  // loaded batch into tensors the task keeps (the same storage for every batch of one
+  // shape: what a graph reads), outside the graph; it returns the batch's shape (a graph
+  // serves batches of one shape) and sets `samples` (0: this rank's share is empty, and
+  // the step is training_step's). graph_forward() is the rest of training_step, from those
+  // tensors; it runs inside a capture, so it makes no host sync.
+  virtual bool graphable() const { return false; }
+  virtual std::vector<int64_t> stage_graph_batch(int64_t* /*samples*/) {
+    EG_THROW("internal: this task's step is not captured as a CUDA graph");
+  }
+  virtual StepOutput graph_forward(FreezeRun& /*freezing*/) {
+    EG_THROW("internal: this task's step is not captured as a CUDA graph");
+  }
 
   // ---- evaluation (the model is put in eval mode by the loop and back after).
   // The splits evaluated at every epoch's end; the first picks the best epoch. A test

@@ -13,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "quant/reference.h"
 #include "train/checkpoint.h"
+#include "train/graphed_step.h"
 #include "train/image_task.h"
 #include "train/translation_task.h"
 
@@ -140,6 +141,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   EG_CHECK(o.precision != DType::f16 || dev.is_cuda(), "bench step: --precision fp16 on ", dev.str(),
            ": fp16 is for GPUs; the CPU trains in f32 or bf16");
   check_precision_on(dev, o.precision);
+  EG_CHECK(!o.cuda_graphs || dev.is_cuda(), "bench step: --cuda-graphs on runs on a GPU (--device cuda); on ",
+           dev.str(), " a step has no kernel launches to save");
   models::ModelConfig mc;
   mc.name = o.model;
   mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
@@ -177,27 +180,37 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
         transformer ? 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4)) : (i + comm.rank()) % mc.num_classes;
   Tensor y = Tensor::from_vector(labels, {samples}, dev);
   auto forward = [&] {
-    g.mark_step();  // the model's dropout, as the training loop's step (train/run.cpp)
-    autograd::Autocast ac(o.precision);  // as the training loop's step
+    autograd::Autocast ac(o.precision);  // as the training loop's step (train/run.cpp)
     Tensor logits = m->forward_frozen(x, x2, frozen_layers);
     return fn::cross_entropy(transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits, y);
   };
   const dist::GradSync* sync = dp.sync();
   std::vector<double> ms, wait_ms, comm_ms, syncs;
   const int warmup = 3;
+  // --cuda-graphs on: two warm-up steps eager, the third captured and replayed, every
+  // timed step a replay (Note [Graphed steps]).
+  std::unique_ptr<GraphedStep> graphed;
+  if (o.cuda_graphs) graphed = std::make_unique<GraphedStep>(dp, opt, &g, GraphedStep::Options{warmup - 1, 0.0});
   for (int i = 0; i < warmup + o.iterations; ++i) {
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
     const int64_t syncs0 = host_syncs();
-    Tensor loss = forward();
-    const dist::StepResult s = dp.step(loss, samples, opt, i, 0);  // the training loop's step (train/run.cpp)
+    Tensor loss;
+    dist::StepResult s;
+    if (graphed) {
+      s = graphed->run(forward, samples);
+    } else {
+      g.mark_step();  // the model's dropout, as the training loop's step (train/run.cpp)
+      loss = forward();
+      s = dp.step(loss, samples, opt, i, 0);  // the training loop's step
+    }
     const int64_t step_syncs = host_syncs() - syncs0;
     // Waits for the device (the benchmark's own wait, not the step's). A step whose loss
     // is not finite is no step to time: a deferring step ran its backward on it, a
     // reading one stopped before it (the figure would be a forward's).
     const double lv = s.deferred ? s.loss_later.value() : s.loss;
-    if (!s.deferred) (void)loss.item();
+    if (!s.deferred && loss.defined()) (void)loss.item();
     EG_CHECK(s.not_finite == dist::StepResult::NotFinite::none && std::isfinite(lv), "bench step: the loss became ", lv,
              " at iteration ", i, " of ", o.model, " (", dtype_name(o.precision), "); no step to time");
     if (i < warmup) continue;
@@ -225,6 +238,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.median_sync_wait_ms = median(wait_ms);
   r.median_comm_ms = median(comm_ms);
   r.host_syncs_per_step = std::llround(median(syncs));
+  if (graphed) r.graph_replays = graphed->replays() - 1, r.graph_bytes = int64_t(graphed->graph_bytes());
   return r;
 }
 

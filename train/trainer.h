@@ -61,6 +61,8 @@ struct StepBenchOptions {
   bool unit_per_layer = false;  // --freeze-modules layers: every layer module a unit (else the paper's)
   double bucket_cap_mb = 25;
   DType precision = DType::f32;  // the forward and loss under autograd::Autocast (--precision)
+  bool cuda_graphs =
+      false;  // --cuda-graphs on: the step captured after the warm-up, then replayed (Note [Graphed steps])
 };
 struct StepBench {
   double samples_per_second = 0, median_step_ms = 0;  // samples (target tokens) of every rank
@@ -70,6 +72,8 @@ struct StepBench {
   double median_sync_wait_ms = 0;  // after backward, waiting for the all-reduces
   double median_comm_ms = 0;  // inside the all-reduces; what exceeds the wait was hidden behind backward
   int64_t host_syncs_per_step = 0;  // the median step's, forward to optimizer (Note [Host syncs] in core/device.h)
+  int64_t graph_replays = 0;  // --cuda-graphs on: the timed steps that were replays (all of them)
+  int64_t graph_bytes = 0;  // what the graph's allocations hold on the device
 };
 StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm);
 

@@ -1,0 +1,121 @@
+// CUDA graphs (Note [Device graphs] in core/device_graph.h).
+#include "core/device_graph.h"
+
+#include <string>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#ifdef EG_WITH_CUDA
+#include "core/cuda_context.h"
+#endif
+
+namespace eg {
+
+struct DeviceGraph::Impl {
+  Allocator* alloc = nullptr;
+  uint64_t pool = 0;
+  int64_t replays = 0;
+#ifdef EG_WITH_CUDA
+  cudaGraphExec_t exec = nullptr;
+#endif
+};
+
+DeviceGraph::DeviceGraph(Device device) : device_(device), impl_(std::make_unique<Impl>()) {
+  EG_CHECK(device.is_cuda(), "CUDA graphs run on a GPU, not on ", device.str());
+#ifdef EG_WITH_CUDA
+  impl_->alloc = &cuda_allocator(device.index);
+  impl_->pool = impl_->alloc->create_pool();
+#else
+  EG_THROW("CUDA graphs need a build with CUDA (this egeria was built without it)");
+#endif
+}
+
+DeviceGraph::~DeviceGraph() {
+#ifdef EG_WITH_CUDA
+  if (impl_->exec) {
+    // Replays still queued read the pool's blocks: they finish before the blocks are the
+    // shared cache's (a destructor cannot throw: a failed sync is left to the next check).
+    count_host_sync();
+    cuda::set_device(device_.index);
+    (void)cudaStreamSynchronize(cuda::current_stream(device_.index));
+    (void)cudaGraphExecDestroy(impl_->exec);
+    (void)cudaGetLastError();
+  }
+#endif
+  if (impl_->alloc) impl_->alloc->release_pool(impl_->pool);
+}
+
+bool DeviceGraph::captured() const {
+#ifdef EG_WITH_CUDA
+  return impl_->exec != nullptr;
+#else
+  return false;
+#endif
+}
+
+int64_t DeviceGraph::replays() const { return impl_->replays; }
+
+size_t DeviceGraph::pool_bytes() const { return impl_->alloc ? impl_->alloc->pool_bytes(impl_->pool) : 0; }
+
+void DeviceGraph::capture(const std::function<void()>& body) {
+  EG_CHECK(!captured(), "internal: a DeviceGraph is captured once");
+#ifdef EG_WITH_CUDA
+  cuda::set_device(device_.index);
+  const cudaStream_t stream = cuda::current_stream(device_.index);
+  // Kernels the capture's tensors' blocks last served run before the capture's own.
+  impl_->alloc->begin_pool(impl_->pool);
+  cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    impl_->alloc->end_pool();
+    (void)cudaGetLastError();
+    EG_THROW("cannot start capturing a CUDA graph on cuda:", device_.index, ": ", cudaGetErrorString(e));
+  }
+  cudaGraph_t graph = nullptr;
+  auto abandon = [&] {  // the stream out of capture mode, this thread out of the pool
+    (void)cudaStreamEndCapture(stream, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    impl_->alloc->end_pool();
+  };
+  try {
+    body();
+  } catch (const std::exception& ex) {
+    abandon();
+    EG_THROW("while capturing a CUDA graph on cuda:", device_.index, ": ", ex.what());
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  e = cudaStreamEndCapture(stream, &graph);
+  impl_->alloc->end_pool();
+  if (e != cudaSuccess) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    EG_THROW("capturing a CUDA graph on cuda:", device_.index, " failed: ", cudaGetErrorString(e),
+             " (the captured work did what a capture forbids: a host sync, a copy from pageable memory, or work on "
+             "a stream not ordered into the capture)");
+  }
+  // Auto-free on launch: memory a library allocated inside the capture (cudaMallocAsync)
+  // is freed before each relaunch, as PyTorch instantiates its graphs.
+  e = cudaGraphInstantiateWithFlags(&impl_->exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  (void)cudaGraphDestroy(graph);
+  if (e != cudaSuccess) {
+    impl_->exec = nullptr;
+    (void)cudaGetLastError();
+    EG_THROW("instantiating a CUDA graph on cuda:", device_.index, " failed: ", cudaGetErrorString(e));
+  }
+#else
+  (void)body;
+#endif
+}
+
+void DeviceGraph::replay() {
+  EG_CHECK(captured(), "internal: replay of a DeviceGraph not captured");
+#ifdef EG_WITH_CUDA
+  cuda::set_device(device_.index);
+  EG_CUDA_CHECK(cudaGraphLaunch(impl_->exec, cuda::current_stream(device_.index)));
+  ++impl_->replays;
+#endif
+}
+
+}  // namespace eg

@@ -1,0 +1,58 @@
+// CUDA graphs of device work: captured once, replayed at the cost of one launch.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "core/device.h"
+
+namespace eg {
+
+// Note [Device graphs]
+// A training step of a small network on a GPU is bound by its launches: ResNet-56 queues
+// ~1,000 kernels a step, each a few microseconds of host work. A DeviceGraph captures
+// what a function queues on the device's compute stream (cudaStreamBeginCapture in
+// thread-local mode: unsafe calls of other threads do not end the capture, but the
+// compute stream is the device's one, so only the capturing thread queues work on it
+// meanwhile: the loader's and the reference's threads do not) and replays it with one
+// cudaGraphLaunch. A replay runs the captured
+// kernels with the arguments and at the addresses they had:
+// - every block the capture allocates comes from the graph's private pool and stays the
+//   graph's until it is destroyed (Note [Private pools] in core/caching_allocator.cpp);
+//   tensors made before the capture (parameters, gradient buckets, optimizer state, the
+//   inputs) must keep their storage for as long as the graph is replayed;
+// - values that change between replays are read from device memory (the learning rate,
+//   AdamW's step counts, dropout's seed and base counter: Note [Random state on the
+//   device] in core/rng.h), written outside the graph before a replay;
+// - a capture runs nothing: the host code of the captured function runs once (its
+//   host-side effects, such as counters reserved from a generator, happen then), and the
+//   work happens at each replay(), the first included.
+// A capture fails, naming what CUDA said, when the function does what a capture forbids:
+// a host sync (Note [Host syncs] in core/device.h), a copy from pageable memory, work on
+// a stream not ordered into the capture. Steps free of them are checked without a GPU by
+// recording their ops (Note [Op records] in kernels/ops.h).
+class DeviceGraph {
+ public:
+  // Throws, naming what it needs, on the CPU or in a build without CUDA.
+  explicit DeviceGraph(Device device);
+  ~DeviceGraph();  // waits for the graph's queued replays, then hands its pool back
+  DeviceGraph(const DeviceGraph&) = delete;
+  DeviceGraph& operator=(const DeviceGraph&) = delete;
+
+  // Captures what `body` queues on the device's compute stream from this thread. On a
+  // throw nothing is captured and the error says it happened during a capture.
+  void capture(const std::function<void()>& body);
+  bool captured() const;
+  void replay();  // queues the captured work on the compute stream
+  int64_t replays() const;
+  size_t pool_bytes() const;  // what the graph's allocations hold on the device
+  Device device() const { return device_; }
+
+ private:
+  struct Impl;
+  Device device_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace eg

@@ -1,0 +1,92 @@
+// Note [Graphed steps] in train/graphed_step.h.
+#include "train/graphed_step.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace eg::train {
+
+GraphedStep::GraphedStep(dist::Strategy& strategy, optim::Optimizer& opt, Generator* gen, Options o)
+    : strategy_(strategy), opt_(opt), gen_(gen), o_(o) {
+  EG_CHECK(strategy.device().is_cuda(), "--cuda-graphs on runs on a GPU (--device cuda), not on ",
+           strategy.device().str());
+  EG_CHECK(strategy.steps_on_device(), "--cuda-graphs on: a captured step is one process's without loss scaling ",
+           "(this run has ", strategy.size() > 1 ? "several ranks" : "loss scaling (--precision fp16)",
+           "); use --cuda-graphs off");
+  EG_CHECK(o.warmup >= 1, "internal: a graphed step warms up at least once");
+}
+
+GraphedStep::~GraphedStep() = default;
+
+bool GraphedStep::replaying() const { return graph_ && graph_->captured(); }
+
+int64_t GraphedStep::replays() const { return graph_ ? graph_->replays() : 0; }
+
+size_t GraphedStep::graph_bytes() const { return graph_ ? graph_->pool_bytes() : 0; }
+
+void GraphedStep::reset() {
+  outputs_ = {};
+  graph_.reset();
+  eager_ = 0;
+  drawn_ = 0;
+  samples_ = 0;
+}
+
+dist::StepResult GraphedStep::run(const std::function<Tensor()>& forward, int64_t samples, bool eager) {
+  EG_CHECK(samples > 0, "internal: a graphed step has samples");
+  const Device dev = strategy_.device();
+  // What replays read from the device, written before the step (no host wait).
+  if (gen_) {
+    gen_->mark_step();
+    (void)gen_->state_on(dev);
+  }
+  opt_.prepare_replay(dev);
+  dist::DeviceStep d;
+  replayed_last_ = false;
+  if (eager) {
+    d = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip);
+  } else if (replaying()) {
+    EG_CHECK(samples == samples_, "internal: a graph captured for ", samples_, " samples replayed for ", samples,
+             " (reset() first)");
+    graph_->replay();
+    if (gen_) (void)gen_->reserve(drawn_);
+    opt_.note_replayed_step();
+    d = outputs_;
+    replayed_last_ = true;
+    ++replayed_steps_;
+  } else if (eager_ < o_.warmup) {
+    ++eager_;
+    d = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip);
+  } else {
+    graph_ = std::make_unique<DeviceGraph>(dev);
+    const uint64_t before = gen_ ? gen_->offset() : 0;
+    try {
+      graph_->capture([&] {
+        const dist::DeviceStep s = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip);
+        outputs_ = {s.loss.defined() ? s.loss.detach() : s.loss, s.grad_norm};
+      });
+    } catch (const Error& e) {
+      // The captured host code ran (counters moved) for a step that never ran: no way on.
+      EG_THROW(e.what(),
+               "; the run stops (its files are as the last checkpoint left them): --cuda-graphs off "
+               "trains this step eagerly");
+    }
+    opt_.check_replayable();
+    drawn_ = gen_ ? gen_->offset() - before : 0;
+    samples_ = samples;
+    ++captures_;
+    graph_->replay();  // the capture ran nothing: this is its step
+    d = outputs_;
+  }
+  dist::StepResult r;
+  r.deferred = true;
+  r.loss = NAN;
+  r.grad_norm = NAN;
+  r.count = samples;
+  r.loss_later = d.loss.defined() ? DeferredScalar::of(d.loss) : DeferredScalar(0.0);
+  if (o_.grad_clip > 0) r.grad_norm_later = DeferredScalar::of(d.grad_norm);
+  return r;
+}
+
+}  // namespace eg::train
