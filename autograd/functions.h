@@ -37,6 +37,9 @@ Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, double alpha);
+// x times the one element of `coef` (f64 on x's device, read there: loss scaling's scale),
+// rounded to f32 as scale's alpha is; x f32.
+Tensor scale_by(const Tensor& x, const Tensor& coef);
 // Sum over `dims` (negative counts from the end); keepdim keeps them as size 1.
 Tensor sum(const Tensor& x, std::vector<int> dims, bool keepdim = false);
 Tensor sum(const Tensor& x);  // all elements -> [1]

@@ -130,6 +130,19 @@ Tensor scale(const Tensor& x, double alpha) {
   return y;
 }
 
+Tensor scale_by(const Tensor& x, const Tensor& coef) {
+  check_defined(x, "scale_by", "input");
+  EG_CHECK(x.dtype() == DType::f32, "scale_by: an f32 input, got ", x.str());
+  Tensor y = empty_like(x);
+  ops::call(ops::scale_by, x, y, coef);
+  autograd::record_function("ScaleByBackward", {x}, {&y}, {coef}, [](const Tensors& g, const Tensors& s, const Node&) {
+    Tensor dx = empty_like(g[0]);
+    ops::call(ops::scale_by, g[0], dx, s[0]);
+    return Tensors{dx};
+  });
+  return y;
+}
+
 Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor y = x.detach().reshape(shape);
   autograd::record_function(

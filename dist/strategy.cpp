@@ -62,10 +62,13 @@ std::string Strategy::describe(int64_t batch_size, int threads) const {
          " threads per rank";
 }
 
-bool Strategy::steps_on_device() const { return !sync_ && !scaler_.enabled(); }
+bool Strategy::steps_on_device() const { return !sync_; }
 
 DeviceStep Strategy::step_on_device(const Tensor& loss, int64_t samples, optim::Optimizer& opt, double grad_clip) {
-  EG_CHECK(steps_on_device(), "internal: step_on_device is one process's step without loss scaling");
+  EG_CHECK(steps_on_device(), "internal: step_on_device is one process's step");
+  const bool scaling = scaler_.enabled();
+  EG_CHECK(!scaling || !loss.defined() || loss.dtype() == DType::f32,
+           "internal: a scaled step on the device takes an f32 loss, got ", loss.str());
   DeviceStep d;
   if (loss.defined() && loss.dtype() != DType::f32 && loss.dtype() != DType::f64) {
     d.loss = Tensor::empty(loss.shape(), DType::f32, loss.device());  // a 16-bit loss (a user's model's), widened
@@ -73,30 +76,51 @@ DeviceStep Strategy::step_on_device(const Tensor& loss, int64_t samples, optim::
   } else {
     d.loss = loss;
   }
+  Tensor scaled = loss;
+  if (scaling && loss.defined()) {  // optim/loss_scaler.h, decided on the device
+    const Tensor s = scaler_.scale_on(loss.device());
+    d.loss_scale = s.clone();  // before this step's update
+    scaled = fn::scale_by(loss, s);
+  }
   opt.zero_grad();
-  if (loss.defined()) loss.backward();
-  if (grad_clip > 0) d.grad_norm = opt.clip_grad_norm_on_device(grad_clip);
-  if (samples > 0) opt.step();
+  if (scaled.defined()) scaled.backward();
+  if (scaling && loss.defined()) d.found_inf = scaler_.unscale_on_device(opt.grad_buckets());
+  if (grad_clip > 0) d.grad_norm = opt.clip_grad_norm_on_device(grad_clip);  // an overflow's: not finite, unused
+  if (samples > 0) {
+    if (d.found_inf.defined()) opt.step_unless(d.found_inf);
+    else opt.step();
+  }
+  if (d.found_inf.defined()) scaler_.update(d.found_inf);
   return d;
 }
 
 StepResult Strategy::step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip) {
   StepResult r;
-  if (steps_on_device()) {  // Note [Deferred reads]
-    r.deferred = true;
-    r.loss = NAN;
-    r.count = samples;
-    r.grad_norm = NAN;
-    const DeviceStep d = step_on_device(loss, samples, opt, grad_clip);
-    r.loss_later = d.loss.defined() ? DeferredScalar::of(d.loss) : DeferredScalar(0.0);
-    if (grad_clip > 0) r.grad_norm_later = DeferredScalar::of(d.grad_norm);
-    return r;
+  // A 16-bit loss under loss scaling (a user's model's) is scaled on the host's reading path.
+  if (steps_on_device() && !(scaler_.enabled() && loss.defined() && loss.dtype() != DType::f32)) {
+    const DeviceStep d = step_on_device(loss, samples, opt, grad_clip);  // Note [Deferred reads]
+    return deferred_result(d, samples, grad_clip);
   }
   if (sync_ && grad_comm().enqueues() && !scaler_.enabled())
     return step_ranks_deferred(loss, samples, opt, step, grad_clip);
   r = step_reading(loss, samples, opt, step, grad_clip);
   r.loss_later = DeferredScalar(r.loss);
   if (grad_clip > 0) r.grad_norm_later = DeferredScalar(r.grad_norm);
+  return r;
+}
+
+StepResult deferred_result(const DeviceStep& d, int64_t samples, double grad_clip) {
+  StepResult r;
+  r.deferred = true;
+  r.loss = NAN;
+  r.count = samples;
+  r.grad_norm = NAN;
+  r.loss_later = d.loss.defined() ? DeferredScalar::of(d.loss) : DeferredScalar(0.0);
+  if (grad_clip > 0) r.grad_norm_later = DeferredScalar::of(d.grad_norm);
+  if (d.found_inf.defined()) {
+    r.overflow_later = DeferredScalar::of(d.found_inf);
+    r.loss_scale_later = DeferredScalar::of(d.loss_scale);
+  }
   return r;
 }
 
@@ -154,7 +178,8 @@ StepResult Strategy::step_reading(const Tensor& loss, int64_t samples, optim::Op
     r.not_finite = StepResult::NotFinite::loss;
     return r;
   }
-  if (scaler_.enabled() && scaled.defined()) scaled = fn::scale(scaled, scaler_.scale());
+  const double loss_scale = scaler_.enabled() ? scaler_.scale() : 0.0;
+  if (scaler_.enabled() && scaled.defined()) scaled = fn::scale(scaled, loss_scale);
   if (sync_) {
     sync_->begin(opt.grad_buckets(), opt.params());
     sync_->backward(scaled);
@@ -163,9 +188,10 @@ StepResult Strategy::step_reading(const Tensor& loss, int64_t samples, optim::Op
     scaled.backward();
   }
   if (scaler_.enabled()) {
-    r.loss_scale = scaler_.scale();
-    r.skipped_overflow = scaler_.unscale(opt.grad_buckets());
-    scaler_.update(r.skipped_overflow);
+    r.loss_scale = loss_scale;
+    const Tensor found = scaler_.unscale_on_device(opt.grad_buckets());
+    r.skipped_overflow = found.item() != 0;
+    scaler_.update(found);
     if (r.skipped_overflow) return r;  // the weights stay as they were
   }
   r.grad_norm = grad_clip > 0 ? opt.clip_grad_norm(grad_clip) : NAN;

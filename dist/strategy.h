@@ -72,13 +72,22 @@ struct StepResult {
   bool deferred = false;
   DeferredScalar loss_later;
   DeferredScalar grad_norm_later;  // with clipping: the norm, as the loss (undefined without)
+  // A deferring step with loss scaling: loss_scale and skipped_overflow, as the loss.
+  DeferredScalar loss_scale_later, overflow_later;
 };
 
 // The outputs of a step left on the device (Strategy::step_on_device).
 struct DeviceStep {
   Tensor loss;  // the mean loss, one f32 or f64 element; undefined without samples
   Tensor grad_norm;  // with clipping: the norm before clipping, one f64 element
+  // With loss scaling: the scale this step's loss was multiplied by (f64 [1]) and whether
+  // its gradients overflowed (f32 [1]: the step was skipped).
+  Tensor loss_scale, found_inf;
 };
+
+// A step left on the device as its caller reads it: everything on its way to the host
+// (StepResult::deferred).
+StepResult deferred_result(const DeviceStep& d, int64_t samples, double grad_clip);
 
 // The device a rank of `size` trains on, from --device: "cuda" is cuda:<local rank>, one
 // GPU a rank; a named GPU (cuda:N) serves one rank a host only, as ranks sharing a GPU
@@ -119,12 +128,15 @@ class Strategy {
   // gradient norm instead (StepResult::deferred).
   StepResult step(const Tensor& loss, int64_t samples, optim::Optimizer& opt, int64_t step, double grad_clip);
 
-  // Whether step() is all device work (one process without loss scaling), as a CUDA graph
-  // can capture it (Note [Graphed steps] in train/graphed_step.h).
+  // Whether step() is all device work (one process), as a CUDA graph can capture it (Note
+  // [Graphed steps] in train/graphed_step.h).
   bool steps_on_device() const;
-  // That step with nothing read nor sent to the host: backward, clipping, the optimizer's
-  // step (when `samples` > 0); the loss (f32 or f64, a 16-bit one widened) and the norm
-  // before clipping (undefined without) are left on the device.
+  // That step with nothing read nor sent to the host: backward (from the loss times the
+  // scale, with loss scaling), the unscale and its flag, clipping, the optimizer's step
+  // (when `samples` > 0; skipped on the device at an overflow), the scale's update; the
+  // loss (f32 or f64, a 16-bit one widened), the norm before clipping (undefined
+  // without), the scale and the flag are left on the device. With loss scaling the loss
+  // is f32.
   DeviceStep step_on_device(const Tensor& loss, int64_t samples, optim::Optimizer& opt, double grad_clip);
 
   // Every rank's BatchNorm running statistics become their mean over the ranks (in place).

@@ -195,12 +195,14 @@ using AdamWStep = void(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
 // schedule changes (Note [Op records]). sgd: no member is on its first step (those take
 // sgd_step); bufs undefined without momentum. adamw: steps[i] is member i's count of
 // steps taken, f64 [1] on the device, which the op advances by one and bias-corrects
-// with (PyTorch's capturable AdamW; p.step is not read). f32 (f64 on ref).
+// with (PyTorch's capturable AdamW; p.step is not read). `skip_if` (f32 [1] on the device,
+// loss scaling's found-inf flag; undefined: none): where it is set, nothing is written
+// (no update, no count advanced), as GradScaler skips optimizer.step(). f32 (f64 on ref).
 using SgdStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                          std::vector<Tensor>& bufs, const SgdParams& p);
+                          std::vector<Tensor>& bufs, const SgdParams& p, const Tensor& skip_if);
 using AdamWStepMulti = void(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
-                            const AdamWParams& p);
+                            const AdamWParams& p, const Tensor& skip_if);
 
 // Sum of squares of x into out [1] (f32 or f64 accumulator; for gradient clipping).
 using SumSquares = void(const Tensor& x, Tensor& out);
@@ -213,10 +215,16 @@ using ClipCoef = void(const Tensor& sums, Tensor& out, double max_norm);
 // its alpha. x, y f32 (f64 on ref).
 using ScaleBy = void(const Tensor& x, Tensor& y, const Tensor& coef);
 // Loss scaling's unscale (optim/loss_scaler.h), torch's
-// _amp_foreach_non_finite_check_and_unscale_: grad *= inv_scale in place, and found_inf
-// (f32 [1]) set to 1 when an element of grad is inf or NaN, else left as it is, so one
-// flag gathers every bucket's. grad f32 (f64 on ref).
-using AmpUnscale = void(Tensor& grad, Tensor& found_inf, double inv_scale);
+// _amp_foreach_non_finite_check_and_unscale_: grad *= 1 / scale in place (the scale, f64
+// [1] on grad's device, read there; a power of two, so exact in f32), and found_inf (f32
+// [1]) set to 1 when an element of grad is inf or NaN, else left as it is, so one flag
+// gathers every bucket's. grad f32 (f64 on ref).
+using AmpUnscale = void(Tensor& grad, Tensor& found_inf, const Tensor& scale);
+// Its scale's update, torch's _amp_update_scale_, on the device: state (f64 [3]) = {scale,
+// clean steps in a row, skipped steps}; with found_inf set the scale halves, the count
+// restarts and a skip is counted, else the count grows and at growth_interval the scale
+// doubles and the count restarts.
+using AmpUpdateScale = void(Tensor& state, const Tensor& found_inf, int64_t growth_interval);
 // Layout: x [A, B, C, D] -> y [A, C, B, D] (splitting heads out of [B, T, H, Dh] and
 // back). Its own adjoint: the backward is the same op on the gradient.
 using Swap12 = void(const Tensor& x, Tensor& y);
@@ -272,7 +280,7 @@ struct Op {
                                   X(attention_fwd, AttentionFwd) X(attention_bwd, AttentionBwd) X(sgd_step, SgdStep)   \
                                       X(adamw_step, AdamWStep) X(sgd_step_multi, SgdStepMulti)                         \
                                           X(adamw_step_multi, AdamWStepMulti) X(sum_squares, SumSquares)               \
-                                              X(amp_unscale, AmpUnscale)                                               \
+                                              X(amp_unscale, AmpUnscale) X(amp_update_scale, AmpUpdateScale)          \
                                           X(clip_coef, ClipCoef) X(scale_by, ScaleBy)                                  \
                                           X(cast, Cast) X(image_normalize, ImageNormalize) X(swap12, Swap12)           \
                                               X(sp_gram, SpGram) X(sp_loss, SpLoss) X(argmax_rows, ArgmaxRows)

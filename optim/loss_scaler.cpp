@@ -8,44 +8,57 @@
 
 namespace eg::optim {
 
-LossScaler::LossScaler(LossScaleOptions o) : o_(o), scale_(o.init) {
+LossScaler::LossScaler(LossScaleOptions o)
+    : o_(o), state_(Tensor::from_vector(std::vector<double>{o.init, 0, 0}, {3})) {
   EG_CHECK(o.init > 0 && std::isfinite(o.init), "--loss-scale-init must be a positive number, got ", o.init);
   EG_CHECK(o.growth_interval >= 1, "--loss-scale-growth-interval must be at least 1, got ", o.growth_interval);
 }
 
-bool LossScaler::unscale(const GradBuckets& buckets) {
-  if (buckets.buckets().empty()) return false;
+std::vector<double> LossScaler::read() const { return state_.to_vector<double>(); }
+
+double LossScaler::scale() const { return read()[0]; }
+
+int64_t LossScaler::skipped() const { return int64_t(read()[2]); }
+
+Tensor LossScaler::scale_on(Device device) {
+  if (state_.device() != device) state_ = state_.to(device);  // once: the state stays there
+  return state_.slice(0, 1);
+}
+
+Tensor LossScaler::unscale_on_device(const GradBuckets& buckets) {
+  if (buckets.buckets().empty()) return Tensor::zeros({1}, DType::f32, state_.device());
   const Device dev = buckets.buckets().front().flat.device();
+  const Tensor s = scale_on(dev);
   Tensor found = Tensor::zeros({1}, DType::f32, dev);
   for (const GradBucket& b : buckets.buckets()) {
     Tensor flat = b.flat;
-    ops::call(ops::amp_unscale, flat, found, 1.0 / scale_);
+    ops::call(ops::amp_unscale, flat, found, s);
   }
-  return found.item() != 0;
+  return found;
 }
 
-void LossScaler::update(bool overflow) {
-  if (overflow) {
-    scale_ *= 0.5;
-    clean_ = 0;
-    ++skipped_;
-    return;
-  }
-  if (++clean_ < o_.growth_interval) return;
-  scale_ *= 2;
-  clean_ = 0;
+bool LossScaler::unscale(const GradBuckets& buckets) { return unscale_on_device(buckets).item() != 0; }
+
+void LossScaler::update(const Tensor& found_inf) {
+  if (state_.device() != found_inf.device()) state_ = state_.to(found_inf.device());
+  ops::call(ops::amp_update_scale, state_, found_inf, o_.growth_interval);
 }
+
+void LossScaler::update(bool overflow) { update(Tensor::full({1}, overflow ? 1.0 : 0.0, DType::f32, state_.device())); }
 
 void LossScaler::save(nlohmann::json& state) const {
-  state["loss_scale"] = {{"scale", scale_}, {"clean_steps", clean_}, {"skipped_steps", skipped_}};
+  const std::vector<double> s = read();
+  state["loss_scale"] = {{"scale", s[0]}, {"clean_steps", int64_t(s[1])}, {"skipped_steps", int64_t(s[2])}};
 }
 
 void LossScaler::load(const nlohmann::json& state) {
   if (!state.contains("loss_scale")) return;  // a checkpoint of a run without scaling
   const auto& s = state["loss_scale"];
-  scale_ = s.at("scale").get<double>();
-  clean_ = s.at("clean_steps").get<int64_t>();
-  skipped_ = s.at("skipped_steps").get<int64_t>();
+  state_ =
+      Tensor::from_vector(std::vector<double>{s.at("scale").get<double>(), double(s.at("clean_steps").get<int64_t>()),
+                                              double(s.at("skipped_steps").get<int64_t>())},
+                          {3})
+          .to(state_.device());
 }
 
 }  // namespace eg::optim

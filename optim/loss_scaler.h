@@ -10,11 +10,16 @@
 //   doubled. Powers of two keep the scaling exact.
 // - The scale and the count of clean steps are part of a checkpoint, so a resumed run
 //   scales as the uninterrupted one.
+// - The state (scale, clean steps, skipped steps) lives where the gradients are, and the
+//   flag, the skip (Optimizer::step_unless) and the update (ops::amp_update_scale) are
+//   decided there, as GradScaler's: a step need not read anything on the host; scale()
+//   and skipped() read it (a host sync on a GPU).
 // Data-parallel ranks unscale the same all-reduced gradients, so they agree on every
 // skip without a collective of their own.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <vector>
 
 #include "core/tensor.h"
 #include "optim/buckets.h"
@@ -31,23 +36,28 @@ class LossScaler {
  public:
   explicit LossScaler(LossScaleOptions o);
   bool enabled() const { return o_.dynamic; }
-  double scale() const { return scale_; }
-  // Divides every bucket by the scale; true when a gradient was inf or NaN (the flag is
-  // read once, after every bucket).
+  double scale() const;  // read from where the state is
+  // The scale as one f64 element on `device` (the state moved there first if it is not):
+  // what the loss is multiplied by and the gradients divided by.
+  Tensor scale_on(Device device);
+  // Divides every bucket by the scale; the flag (f32 [1] on the buckets' device) is set
+  // when a gradient was inf or NaN. No host read.
+  Tensor unscale_on_device(const GradBuckets& buckets);
+  // The same, the flag read once, after every bucket: true on an overflow.
   bool unscale(const GradBuckets& buckets);
   // After a step's unscale: halves the scale after an overflow, doubles it after
-  // growth_interval clean steps in a row.
+  // growth_interval clean steps in a row; on the flag's device, no host read.
+  void update(const Tensor& found_inf);
   void update(bool overflow);
-  int64_t skipped() const { return skipped_; }  // steps skipped over the run
+  int64_t skipped() const;  // steps skipped over the run (read from where the state is)
 
   void save(nlohmann::json& state) const;
   void load(const nlohmann::json& state);
 
  private:
   LossScaleOptions o_;
-  double scale_;
-  int64_t clean_ = 0;  // clean steps since the last change of the scale
-  int64_t skipped_ = 0;
+  Tensor state_;  // f64 [3]: the scale, clean steps since it last changed, skipped steps
+  std::vector<double> read() const;
 };
 
 }  // namespace eg::optim

@@ -122,11 +122,18 @@ void SGD::step() {
   const ops::SgdParams sp{lr_, options.momentum, options.dampening, options.weight_decay, options.nesterov, false};
   std::vector<size_t> multi;  // the active parameters past their first step
   last_host_lr_ = false;
+  // Loss scaling's overflow flag as the per-parameter launches need it: read once, if at all.
+  int host_skip = -1;
+  auto skipped = [&] {
+    if (host_skip < 0) host_skip = skip_if_.defined() && skip_if_.item() != 0;
+    return host_skip == 1;
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!active(p)) continue;
     if (options.momentum > 0 && !momentum_[i].defined()) {  // the buffer starts as the gradient
       last_host_lr_ = true;
+      if (skipped()) continue;
       momentum_[i] = Tensor::empty(p.shape(), p.dtype(), p.device());
       ops::SgdParams first = sp;
       first.first_step = true;
@@ -138,6 +145,7 @@ void SGD::step() {
   if (multi.empty()) return;
   if (!uniform(multi)) {  // parameters on several devices or of several dtypes
     last_host_lr_ = true;
+    if (skipped()) return;
     for (size_t i : multi) ops::call(ops::sgd_step, params_[i], params_[i].grad(), momentum_[i], sp);
     return;
   }
@@ -147,7 +155,7 @@ void SGD::step() {
   ops::SgdParams on_device = sp;
   on_device.lr = 0;  // read from `lr`
   ops::run(ops::sgd_step_multi, ops::pick_backend(ops::sgd_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs, bs,
-           on_device);
+           on_device, skip_if_);
 }
 
 void SGD::check_replayable() const {
@@ -187,6 +195,8 @@ AdamW::AdamW(std::vector<Tensor> params, double lr, AdamWOptions o)
   EG_CHECK(o.eps > 0, "AdamW: eps must be positive");
 }
 
+int64_t AdamW::count(size_t i) const { return step_dev_[i].defined() ? int64_t(step_dev_[i].item()) : steps_[i]; }
+
 void AdamW::step() {
   std::vector<size_t> members;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -197,24 +207,26 @@ void AdamW::step() {
       v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
     }
     members.push_back(i);
-    ++steps_[i];
   }
   last_members_ = members;
   last_multi_ = false;
   if (members.empty()) return;
-  if (!uniform(members)) {  // parameters on several devices or of several dtypes
+  if (!uniform(members)) {  // parameters on several devices or of several dtypes: counts on the host
+    if (skip_if_.defined() && skip_if_.item() != 0) return;  // loss scaling's overflow (one read)
     for (size_t i : members) {
+      steps_[i] = count(i) + 1;
+      step_dev_[i] = Tensor();
       const ops::AdamWParams one{lr_, options.beta1, options.beta2, options.eps, options.weight_decay, steps_[i]};
       ops::call(ops::adamw_step, params_[i], params_[i].grad(), m_[i], v_[i], one);
-      step_dev_[i] = Tensor();  // behind the host's count now: remade from it when next needed
     }
     return;
   }
   std::vector<Tensor> ps, gs, ms, vs, counts;
   for (size_t i : members) {
-    if (!step_dev_[i].defined() || step_dev_[i].device() != params_[i].device())  // the count before this step
-      step_dev_[i] = steps_[i] == 1 ? Tensor::zeros({1}, DType::f64, params_[i].device())
-                                    : Tensor::full({1}, double(steps_[i] - 1), DType::f64, params_[i].device());
+    if (step_dev_[i].defined() && step_dev_[i].device() != params_[i].device()) steps_[i] = count(i);
+    if (!step_dev_[i].defined() || step_dev_[i].device() != params_[i].device())  // from here on the device's
+      step_dev_[i] = steps_[i] == 0 ? Tensor::zeros({1}, DType::f64, params_[i].device())
+                                    : Tensor::full({1}, double(steps_[i]), DType::f64, params_[i].device());
     ps.push_back(params_[i]), gs.push_back(params_[i].grad()), ms.push_back(m_[i]), vs.push_back(v_[i]);
     counts.push_back(step_dev_[i]);
   }
@@ -223,17 +235,13 @@ void AdamW::step() {
   // The learning rate and the counts are read on the device (p.lr, p.step: not read).
   const ops::AdamWParams ap{0, options.beta1, options.beta2, options.eps, options.weight_decay, 0};
   ops::run(ops::adamw_step_multi, ops::pick_backend(ops::adamw_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs,
-           ms, vs, counts, ap);
+           ms, vs, counts, ap, skip_if_);
 }
 
 void AdamW::check_replayable() const {
   EG_CHECK(last_multi_ || last_members_.empty(),
            "AdamW: a step to replay must be a multi-tensor one (parameters of one device and dtype): the "
            "per-parameter step's bias corrections are host values a replay would repeat");
-}
-
-void AdamW::note_replayed_step() {
-  for (size_t i : last_members_) ++steps_[i];
 }
 
 std::map<std::string, Tensor> AdamW::state_dict() const {
@@ -243,14 +251,14 @@ std::map<std::string, Tensor> AdamW::state_dict() const {
     std::string k = std::to_string(i);
     sd[k + ".exp_avg"] = m_[i];
     sd[k + ".exp_avg_sq"] = v_[i];
-    sd[k + ".step"] = Tensor::full({1}, double(steps_[i]), DType::s64);
+    sd[k + ".step"] = Tensor::full({1}, double(count(i)), DType::s64);
   }
   return sd;
 }
 
 void AdamW::load_state_dict(const std::map<std::string, Tensor>& sd) {
   for (size_t i = 0; i < params_.size(); ++i) {
-    step_dev_[i] = Tensor();  // remade from steps_ at the next step
+    step_dev_[i] = Tensor();  // the count is steps_ until the next multi-tensor step
     std::string k = std::to_string(i);
     auto m = sd.find(k + ".exp_avg"), v = sd.find(k + ".exp_avg_sq"), s = sd.find(k + ".step");
     if (m == sd.end() || v == sd.end() || s == sd.end()) {

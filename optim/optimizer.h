@@ -29,6 +29,14 @@ class Optimizer {
   Optimizer(std::vector<Tensor> params, double lr);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
+  // step() unless `found_inf` (f32 [1] on the parameters' device, loss scaling's flag) is
+  // set, decided on the device: the multi-tensor launches write nothing then (a
+  // per-parameter path reads the flag, once).
+  void step_unless(const Tensor& found_inf) {
+    skip_if_ = found_inf;
+    step();
+    skip_if_ = Tensor();
+  }
   // Zeroes the gradients of the parameters that require grad: one fill per bucket,
   // after rebuilding the buckets if the set of those parameters changed (a freeze or
   // an unfreeze).
@@ -54,11 +62,10 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
-  // A replayed step (Note [Graphed steps] in train/graphed_step.h): before it, the learning
-  // rate is written where the multi-tensor kernels read it (no host wait); after it, the
-  // host's own records advance as the captured step() advanced them (AdamW's step counts).
+  // Before a replayed step (Note [Graphed steps] in train/graphed_step.h): the learning
+  // rate written where the multi-tensor kernels read it (no host wait). What else a step
+  // changes is on the device (AdamW's step counts), so a replay leaves nothing to do after.
   void prepare_replay(Device device) { (void)lr_on(device); }
-  virtual void note_replayed_step() {}
   // Throws, naming why, when the last step() launched a value a replay would repeat (a
   // per-parameter path's learning rate or bias correction; a momentum buffer's first step).
   virtual void check_replayable() const {}
@@ -77,6 +84,7 @@ class Optimizer {
   std::vector<Tensor> params_;
   double lr_;
   GradBuckets buckets_;
+  Tensor skip_if_;  // step_unless's flag while its step() runs
 
  private:
   Tensor lr_dev_;
@@ -111,7 +119,6 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, double lr, AdamWOptions o = {});
   void step() override;
-  void note_replayed_step() override;
   void check_replayable() const override;
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& sd) override;
@@ -121,10 +128,13 @@ class AdamW : public Optimizer {
   std::vector<size_t> last_members_;  // the parameters the last step() updated
   bool last_multi_ = false;  // ... through adamw_step_multi (its counts on the device)
   std::vector<Tensor> m_, v_;
-  std::vector<int64_t> steps_;  // per parameter: a frozen parameter's count does not advance
-  // steps_ on the parameters' device, as adamw_step_multi reads and advances them (f64 [1]
-  // each; undefined until needed, or after a step or a load that left them behind).
+  // Per parameter, its count of steps (a frozen parameter's does not advance): on the
+  // parameters' device once a multi-tensor step has taken it (step_dev_, f64 [1], which
+  // adamw_step_multi advances, or not where loss scaling skips the step), else on the host
+  // (steps_: before, after a load, on the per-parameter path).
+  std::vector<int64_t> steps_;
   std::vector<Tensor> step_dev_;
+  int64_t count(size_t i) const;  // the parameter's count, wherever it is (a read on a GPU)
 };
 
 // The same for any parameters, one reduction per parameter (Optimizer::clip_grad_norm

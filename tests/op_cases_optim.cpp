@@ -66,11 +66,15 @@ void add_multi_case(std::vector<OpCase>& v, OpCase& c, const std::vector<int64_t
   v.push_back(c);
 }
 
+// Loss scaling's skip flag for a multi-tensor case: -1 none (undefined), 0 clear, 1 set.
+Tensor skip_flag(int skip, Device d) { return skip < 0 ? Tensor() : Tensor::full({1}, double(skip), DType::f32, d); }
+
 // The multi-tensor forms over members of the given sizes (their parameters, gradients,
 // state), the learning rate an f64 tensor on the members' device; p.lr is a decoy the op
-// must not read. Outputs: every member's updated tensors.
+// must not read. Outputs: every member's updated tensors (with the skip flag set, its
+// tensors as they came: ref writes nothing).
 void add_sgd_multi(std::vector<OpCase>& v, const std::string& name, std::vector<int64_t> sizes, ops::SgdParams p,
-                   double lr, bool big) {
+                   double lr, bool big, int skip = -1) {
   OpCase c;
   c.name = "sgd_step_multi/" + name;
   const size_t k = sizes.size();
@@ -93,7 +97,7 @@ void add_sgd_multi(std::vector<OpCase>& v, const std::string& name, std::vector<
     }
     ops::SgdParams q = p;
     q.lr = 1e3;  // not read
-    ops::run(ops::sgd_step_multi, b, in[0], ps, gs, bs, q);
+    ops::run(ops::sgd_step_multi, b, in[0], ps, gs, bs, q, skip_flag(skip, in[0].device()));
     Tensors out = ps;
     if (has_buf) out.insert(out.end(), bs.begin(), bs.end());
     return out;
@@ -104,7 +108,7 @@ void add_sgd_multi(std::vector<OpCase>& v, const std::string& name, std::vector<
 }
 
 void add_adamw_multi(std::vector<OpCase>& v, const std::string& name, std::vector<int64_t> sizes,
-                     std::vector<int64_t> steps, ops::AdamWParams p, double lr, bool big) {
+                     std::vector<int64_t> steps, ops::AdamWParams p, double lr, bool big, int skip = -1) {
   OpCase c;
   c.name = "adamw_step_multi/" + name;
   const size_t k = sizes.size();
@@ -130,7 +134,7 @@ void add_adamw_multi(std::vector<OpCase>& v, const std::string& name, std::vecto
     }
     ops::AdamWParams q = p;
     q.lr = 1e3, q.step = 1000;  // not read
-    ops::run(ops::adamw_step_multi, b, in[0], ps, gs, ms, vs, counts, q);
+    ops::run(ops::adamw_step_multi, b, in[0], ps, gs, ms, vs, counts, q, skip_flag(skip, in[0].device()));
     Tensors out = ps;
     out.insert(out.end(), ms.begin(), ms.end());
     out.insert(out.end(), vs.begin(), vs.end());
@@ -159,7 +163,7 @@ void add_unscale(std::vector<OpCase>& v, const std::string& name, int64_t n, int
   };
   c.forward = [=](ops::Backend b, const Tensors& in) {
     Tensor g = in[0].clone(), found = Tensor::zeros({1}, DType::f32, in[0].device());
-    ops::run(ops::amp_unscale, b, g, found, 1.0 / 65536);
+    ops::run(ops::amp_unscale, b, g, found, Tensor::full({1}, 65536.0, DType::f64, in[0].device()));
     return Tensors{inf_at >= 0 ? Tensor::zeros({1}, in[0].dtype(), in[0].device()) : g, found};
   };
   c.uses = {uses(ops::amp_unscale)};
@@ -167,6 +171,27 @@ void add_unscale(std::vector<OpCase>& v, const std::string& name, int64_t n, int
   c.gradcheck = false;
   c.bench = big;
   c.bytes = double(n) * 4 * (2 + 2);
+  v.push_back(c);
+}
+
+// Loss scaling's update on the device: state {scale, clean, skipped} = {2^15, clean, 3}
+// with the flag `found`; a growth interval of 5, so a clean count of 4 doubles the scale.
+void add_update_scale(std::vector<OpCase>& v, int found, double clean) {
+  OpCase c;
+  c.name = "amp_update_scale/found_" + std::to_string(found) + "_clean_" + std::to_string(int(clean));
+  c.make_inputs = [=](DType) {
+    return Tensors{Tensor::from_vector(std::vector<double>{32768, clean, 3}, {3}),
+                   Tensor::full({1}, double(found), DType::f32)};
+  };
+  c.forward = [](ops::Backend b, const Tensors& in) {
+    Tensor state = in[0].clone();
+    ops::run(ops::amp_update_scale, b, state, in[1], int64_t(5));
+    return Tensors{state};
+  };
+  c.uses = {uses(ops::amp_update_scale)};
+  c.fwd_tol = {0, 0};
+  c.gradcheck = false;
+  c.bench = false;
   v.push_back(c);
 }
 
@@ -254,6 +279,15 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_adamw_multi(v, "steps_1_3_7", {5, 1037, 33}, {1, 3, 7}, adamw(0, 0.01, 1), 1e-3, false);
   add_adamw_multi(v, "37_members", sizes, std::vector<int64_t>(37, 12), adamw(0, 0.01, 1), 3e-4, false);
   add_adamw_multi(v, "resnet56_like_170_members", r56, std::vector<int64_t>(170, 100), adamw(0, 0.01, 1), 1e-3, true);
+  // Loss scaling's flag: clear (the step as without it), set over more members than one
+  // launch (nothing written, no count advanced).
+  add_sgd_multi(v, "skip_flag_clear", {5, 1037, 33}, sgd(0, 0.9, 0, 5e-4, true, false), 0.1, false, 0);
+  add_sgd_multi(v, "skip_flag_set_37_members", sizes, sgd(0, 0.9, 0, 5e-4, true, false), 0.1, false, 1);
+  add_adamw_multi(v, "skip_flag_clear", {5, 1037, 33}, {1, 3, 7}, adamw(0, 0.01, 1), 1e-3, false, 0);
+  add_adamw_multi(v, "skip_flag_set_37_members", sizes, std::vector<int64_t>(37, 12), adamw(0, 0.01, 1), 3e-4, false,
+                  1);
+  for (int found : {0, 1})
+    for (double clean : {0.0, 4.0}) add_update_scale(v, found, clean);
 
   add_unscale(v, "finite", n, -1, false);
   add_unscale(v, "inf_and_nan", n, 700, false);

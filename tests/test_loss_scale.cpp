@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "core/device.h"
 #include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
 #include "tests/test_util.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -84,6 +87,45 @@ TEST(LossScale, UnscaleDividesEveryBucketAndFlagsANonFiniteGradient) {
   EXPECT_TRUE(s.unscale(b)) << "a NaN in the first";
 }
 
+// The flag, the skip and the update decided where the gradients are, with no host read
+// (Note [Host syncs]): an overflowing step writes no weight, no momentum and no AdamW step
+// count, and halves the scale; a clean one trains; each optimizer's multi-tensor step.
+TEST(LossScale, TheFlagSkipsTheStepWhereTheGradientsAreWithoutAHostRead) {
+  for (int adamw = 0; adamw < 2; ++adamw) {
+    std::vector<Tensor> params = {Tensor::full({3}, 1.0).set_requires_grad(true),
+                                  Tensor::full({5}, 2.0).set_requires_grad(true)};
+    std::unique_ptr<optim::Optimizer> opt;
+    if (adamw) opt = std::make_unique<optim::AdamW>(params, 0.1);
+    else opt = std::make_unique<optim::SGD>(params, 0.1, optim::SgdOptions{0.9, 0, 0, false});
+    optim::LossScaler s({true, 1024, 100});
+    auto step_with = [&](float g) {
+      opt->zero_grad();
+      for (auto& p : params) p.grad().copy_(Tensor::full(p.shape(), double(g) * 1024));
+      const int64_t syncs = host_syncs();
+      const Tensor found = s.unscale_on_device(opt->grad_buckets());
+      opt->step_unless(found);
+      s.update(found);
+      return host_syncs() - syncs;
+    };
+    // SGD's first step makes its momentum buffers one parameter at a time: the flag read once.
+    EXPECT_EQ(step_with(0.5f), adamw ? 0 : 1) << "a clean step";
+    EXPECT_NE(params[1].to_vector<float>(), std::vector<float>(5, 2.f)) << "the clean step trained";
+    EXPECT_EQ(step_with(0.5f), 0) << "past SGD's first momentum step: the multi-tensor one";
+    const std::vector<float> w2 = params[1].to_vector<float>();
+    const auto state2 = opt->state_dict();
+    EXPECT_EQ(step_with(INFINITY), 0) << "an overflowing step";
+    EXPECT_EQ(params[1].to_vector<float>(), w2) << "no weight written";
+    for (auto& [k, t] : opt->state_dict())
+      EXPECT_EQ(t.to(DType::f64).to_vector<double>(), state2.at(k).to(DType::f64).to_vector<double>())
+          << k << ": no state written (adamw " << adamw << ")";
+    EXPECT_EQ(s.scale(), 512) << "halved";
+    EXPECT_EQ(s.skipped(), 1);
+    if (adamw) {
+      EXPECT_EQ(opt->state_dict().at("1.step").to(DType::f64).to_vector<double>()[0], 2.0);
+    }
+  }
+}
+
 // A power-of-two scale that never overflows changes no bit: every gradient is exactly S
 // times the unscaled one, and dividing by S is exact.
 TEST(LossScale, APowerOfTwoScaleWithoutOverflowTrainsTheSameWeights) {
@@ -136,6 +178,29 @@ TEST(LossScale, OverflowsAreSkippedNeverWrittenAndTheScaleResumes) {
   const json sj = json::parse(std::ifstream(full + "/summary.json"));
   EXPECT_EQ(sj["steps_skipped_overflow"], skipped);
   EXPECT_TRUE(all_finite(train::load_safetensors(full + "/model.safetensors")));
+
+  // Logged every 4 steps, each skipped step still has its line, a step late where it is
+  // no log step (its overflow is read behind the next step: no host read in the step).
+  const std::string sparse = eg::testing::fresh_dir("eg_ls_sparse");
+  train::TrainConfig c4 = config(sparse);
+  c4.log_every = 4;
+  ASSERT_TRUE(train::run_training(c4).completed);
+  const auto lines4 = lines(sparse + "/metrics.jsonl", "step");
+  int64_t skipped4 = 0, last = 0;
+  for (const auto& l : lines4) {
+    skipped4 += l.value("skipped", "") == "overflow";
+    EXPECT_GT(l["step"].get<int64_t>(), last) << "in step order";
+    last = l["step"];
+  }
+  EXPECT_EQ(skipped4, skipped);
+  for (const auto& l : steps)  // the same steps skipped, with the same scales
+    if (l.value("skipped", "") == "overflow") {
+      bool found = false;
+      for (const auto& m : lines4)
+        found |= m["step"] == l["step"] && m.value("skipped", "") == "overflow" && m["loss_scale"] == l["loss_scale"];
+      EXPECT_TRUE(found) << "step " << l["step"];
+    }
+  eg::testing::expect_same_weights(full, sparse);
 
   eg::testing::run_stopped_and_resumed(config(killed), 12);
   eg::testing::expect_same_weights(full, killed);

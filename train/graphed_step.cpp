@@ -11,9 +11,8 @@ GraphedStep::GraphedStep(dist::Strategy& strategy, optim::Optimizer& opt, Genera
     : strategy_(strategy), opt_(opt), gen_(gen), o_(o) {
   EG_CHECK(strategy.device().is_cuda(), "--cuda-graphs on runs on a GPU (--device cuda), not on ",
            strategy.device().str());
-  EG_CHECK(strategy.steps_on_device(), "--cuda-graphs on: a captured step is one process's without loss scaling ",
-           "(this run has ", strategy.size() > 1 ? "several ranks" : "loss scaling (--precision fp16)",
-           "); use --cuda-graphs off");
+  EG_CHECK(strategy.steps_on_device(), "--cuda-graphs on: a captured step is one process's (this run has ",
+           strategy.size(), " ranks); use --cuda-graphs off");
   EG_CHECK(o.warmup >= 1, "internal: a graphed step warms up at least once");
 }
 
@@ -51,7 +50,6 @@ dist::StepResult GraphedStep::run(const std::function<Tensor()>& forward, int64_
              " (reset() first)");
     graph_->replay();
     if (gen_) (void)gen_->reserve(drawn_);
-    opt_.note_replayed_step();
     d = outputs_;
     replayed_last_ = true;
     ++replayed_steps_;
@@ -63,8 +61,8 @@ dist::StepResult GraphedStep::run(const std::function<Tensor()>& forward, int64_
     const uint64_t before = gen_ ? gen_->offset() : 0;
     try {
       graph_->capture([&] {
-        const dist::DeviceStep s = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip);
-        outputs_ = {s.loss.defined() ? s.loss.detach() : s.loss, s.grad_norm};
+        outputs_ = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip);
+        if (outputs_.loss.defined()) outputs_.loss = outputs_.loss.detach();  // its graph freed, its storage kept
       });
     } catch (const Error& e) {
       // The captured host code ran (counters moved) for a step that never ran: no way on.
@@ -79,14 +77,7 @@ dist::StepResult GraphedStep::run(const std::function<Tensor()>& forward, int64_
     graph_->replay();  // the capture ran nothing: this is its step
     d = outputs_;
   }
-  dist::StepResult r;
-  r.deferred = true;
-  r.loss = NAN;
-  r.grad_norm = NAN;
-  r.count = samples;
-  r.loss_later = d.loss.defined() ? DeferredScalar::of(d.loss) : DeferredScalar(0.0);
-  if (o_.grad_clip > 0) r.grad_norm_later = DeferredScalar::of(d.grad_norm);
-  return r;
+  return dist::deferred_result(d, samples, o_.grad_clip);
 }
 
 }  // namespace eg::train

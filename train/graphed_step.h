@@ -12,9 +12,9 @@
 namespace eg::train {
 
 // Note [Graphed steps]
-// On a GPU, one process without loss scaling, a training step is all device work: the
-// forward from inputs the caller keeps (the same tensors every step), backward, clipping
-// and the optimizer (Strategy::step_on_device). A GraphedStep runs it eagerly for
+// On a GPU, one process, a training step is all device work: the forward from inputs the
+// caller keeps (the same tensors every step), backward, loss scaling's unscale, skip and
+// update, clipping and the optimizer (Strategy::step_on_device). A GraphedStep runs it eagerly for
 // `warmup` steps (cuDNN's plans, the allocators' blocks, the optimizer's state and a
 // frozen prefix's autocast weights are made then), captures the next one into a
 // DeviceGraph (Note [Device graphs] in core/device_graph.h) and replays that graph for
@@ -22,8 +22,8 @@ namespace eg::train {
 // the captured host code did once: before it, the model's generator marks the step and
 // its seed and base counter are rewritten on the device (Note [Random state on the
 // device] in core/rng.h) and the learning rate is written where the optimizer's kernels
-// read it; after it, the generator moves past the counters the step reserved and the
-// optimizer's host records advance (Optimizer::note_replayed_step). The loss and the
+// read it; after it, the generator moves past the counters the step reserved (the
+// optimizer keeps its step counts on the device, advanced by the replay). The loss and the
 // gradient norm are the graph's output tensors, each replay's read late as an eager
 // step's are (Note [Deferred reads]). A step that runs other work (a freeze, an
 // unfreeze, another batch shape or sample count) needs another graph: reset() drops this

@@ -68,7 +68,7 @@ std::vector<Option> make_options() {
   t.push_back(choice("--cuda-graphs", "cuda_graphs", G::run, Free,
                      "on: capture the training step as a CUDA graph after a warm-up and replay it (recaptured "
                      "after a freeze, an unfreeze or a new batch shape; a step taking a plasticity reading runs "
-                     "eagerly); one GPU, one process, image models, no --freeze-cache, no fp16 loss scaling",
+                     "eagerly); one GPU, one process, image models, no --freeze-cache",
                      &TrainConfig::cuda_graphs, kOnOff));
   t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",
                           &TrainConfig::resume));

@@ -108,11 +108,11 @@ void print_progress(const Run& r, double loss, double lr, double eta) {
   std::fflush(stdout);
 }
 
-void log_step(const Run& r, const dist::StepResult& s, double lr) {
+void log_step(const Run& r, const dist::StepResult& s, double lr, int64_t step) {
   const LoopState& st = r.state;
   const std::string unit = r.task.unit();
   json j = {{"type", "step"},
-            {"step", st.step},
+            {"step", step},
             {"epoch", st.epoch + 1},
             {"loss", s.loss},
             {"lr", lr},
@@ -187,7 +187,9 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   }
   // The step before's loss, now that this step's kernels are queued behind it.
   settle_loss(r, true);
-  r.pending = Run::PendingLoss{s.loss_later, s.grad_norm_later, st.step, st.epoch, st.batch, s.count > 0};
+  r.pending = Run::PendingLoss{
+      s.loss_later, s.grad_norm_later,  st.step,          st.epoch, st.batch,
+      s.count > 0,  s.loss_scale_later, s.overflow_later, lr,       (st.step + 1) % r.c.log_every == 0};
   ++st.step, ++st.batch, ++r.steps_this_run, ++steps_this_epoch;
   r.freezing->after_step({st.step, st.epoch, lr, s.loss_later, Tensor(), Tensor(), s.count > 0}, st.train_seconds);
   ++r.steps_by_host_syncs[host_syncs() - syncs0];  // the step's own, before any log, evaluation or checkpoint
@@ -197,7 +199,8 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   if (st.step % r.c.log_every == 0 || s.skipped_overflow) {
     settle_loss(r, false);  // a log step reads its own loss
     if (s.deferred) s.loss = s.count > 0 ? r.last_loss : 0.0, s.grad_norm = r.last_grad_norm;
-    log_step(r, s, lr);
+    if (s.overflow_later.defined()) s.loss_scale = r.last_loss_scale, s.skipped_overflow = r.last_overflow;
+    log_step(r, s, lr, st.step);
   }
   const double eta = seconds_since(epoch_start) / double(steps_this_epoch) * double(r.steps_per_epoch - st.batch);
   if (r.lead()) print_progress(r, r.last_loss, lr, eta);
@@ -367,12 +370,20 @@ void settle_loss(Run& r, bool lagged) {
   auto read = [lagged](const DeferredScalar& d) { return lagged ? d.lagged_value() : d.value(); };
   const double v = read(p.loss);
   if (p.grad_norm.defined()) r.last_grad_norm = read(p.grad_norm);
+  const bool overflow = p.overflow.defined() && read(p.overflow) != 0;
+  if (p.overflow.defined()) r.last_overflow = overflow, r.last_loss_scale = read(p.loss_scale);
   if (!p.trained) return;  // no sample: no loss (not a loss of 0)
   if (!std::isfinite(v)) stop_not_finite(r, true, v, p.step, p.epoch, p.batch);
-  if (!std::isfinite(r.last_grad_norm) && p.grad_norm.defined())
+  // An overflowing step's gradients were not finite, and it was skipped (loss scaling).
+  if (!overflow && !std::isfinite(r.last_grad_norm) && p.grad_norm.defined())
     stop_not_finite(r, false, r.last_grad_norm, p.step, p.epoch, p.batch);
   r.state.epoch_loss_sum += v, ++r.state.epoch_loss_n;
   r.last_loss = v;
+  if (overflow && !p.logs) {  // a skipped step is always logged: this one a step late (its own numbers)
+    dist::StepResult s;
+    s.loss = v, s.grad_norm = r.last_grad_norm, s.loss_scale = r.last_loss_scale, s.skipped_overflow = true;
+    log_step(r, s, p.lr, p.step + 1);
+  }
 }
 
 Summary fit(Task& task, const TrainConfig& c) { return fit(task, c, dist::world()); }

@@ -102,7 +102,7 @@ void build_run(Run& r, bool resuming) {
   pc.tracker.final_lr = r.sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
   r.freezing = std::make_unique<FreezeRun>(c, *r.model, pc, c.out, r.dp);
   r.task.attach(*r.freezing);
-  if (c.cuda_graphs) {  // Note [Graphed steps]; GraphedStep itself refuses ranks and loss scaling
+  if (c.cuda_graphs) {  // Note [Graphed steps]; GraphedStep itself refuses several ranks
     EG_CHECK(r.task.graphable(),
              "--cuda-graphs on: this task's batches change shape from step to step "
              "(translation); CUDA graphs capture image models' steps for now");

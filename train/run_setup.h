@@ -51,6 +51,11 @@ struct Run {
     DeferredScalar loss, grad_norm;  // the norm with --grad-clip
     int64_t step = 0, epoch = 0, batch = 0;  // the step's, as stop_not_finite names them
     bool trained = false;  // a sample of the global batch was kept
+    // Loss scaling's, read late as the loss: the scale and the overflow flag; the step's
+    // learning rate and whether its own log line comes (else an overflow logs it here).
+    DeferredScalar loss_scale, overflow;
+    double lr = 0;
+    bool logs = false;
   };
   std::optional<PendingLoss> pending;
   // --cuda-graphs on: the captured step, and what it was captured for (the frozen layer
@@ -58,6 +63,8 @@ struct Run {
   std::unique_ptr<GraphedStep> graphed;
   std::vector<int64_t> graph_key;
   double last_loss = NAN, last_grad_norm = NAN;  // the newest settled step's (log and progress lines)
+  double last_loss_scale = 0;
+  bool last_overflow = false;
 
   bool lead() const { return dp.lead(); }
   RunParts parts() { return {*model, *opt, *freezing, task, dp}; }

@@ -131,10 +131,10 @@ void scale_by(const Tensor& x, Tensor& y, const Tensor& coef) {
   scale(x, y, c);
 }
 
-void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
+void amp_unscale(Tensor& grad, Tensor& found_inf, const Tensor& scale) {
   float* g = grad.data<float>();
   const int64_t n = grad.numel();
-  const float s = float(inv_scale);
+  const float s = float(1.0 / ref::loss_scale_of(scale));
   int bad = 0;
   // x - x is 0 for a finite x and NaN for inf or NaN: a test that vectorises.
 #pragma omp parallel for simd schedule(static) reduction(max : bad) if (n > kParallelMin)
@@ -149,11 +149,16 @@ void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
 // parameters, most of them a few dozen elements, cost one region, not 170. The
 // arithmetic of sgd_step / adamw_step on the same chunks, so the same bits (tested above
 // the parallel threshold).
+void amp_update_scale(Tensor& state, const Tensor& found_inf, int64_t growth_interval) {
+  ref::amp_update_scale(state, found_inf, growth_interval);
+}
+
 void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                    std::vector<Tensor>& bufs, const ops::SgdParams& p) {
+                    std::vector<Tensor>& bufs, const ops::SgdParams& p, const Tensor& skip_if) {
   ref::check_multi_step("sgd_step_multi", lr, params.size(), {grads.size(), bufs.size()});
   EG_CHECK(!p.first_step,
            "sgd_step_multi: a parameter's first step (its buffer made from the gradient) takes sgd_step");
+  if (ref::skipped(skip_if)) return;
   ops::SgdParams q = p;
   q.lr = lr.data<double>()[0];
   std::vector<int64_t> sizes;
@@ -175,9 +180,10 @@ void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::ve
 
 void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                       std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
-                      const ops::AdamWParams& p) {
+                      const ops::AdamWParams& p, const Tensor& skip_if) {
   ref::check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
   ref::check_step_counts("adamw_step_multi", steps);
+  if (ref::skipped(skip_if)) return;
   ops::AdamWParams q = p;
   q.lr = lr.data<double>()[0];
   std::vector<int64_t> sizes;

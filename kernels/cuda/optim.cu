@@ -37,12 +37,22 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, float
                              float wd, float bc1, float bc2, int64_t n) {
   EG_CUDA_LOOP(i, n) adamw_update(p, g, m, v, i, lr, b1, b2, eps, wd, bc1, bc2);
 }
-__global__ void unscale_kernel(float* g, float* found_inf, float s, int64_t n) {
+__global__ void unscale_kernel(float* g, float* found_inf, const double* scale, int64_t n) {
+  const float s = float(1.0 / *scale);
   EG_CUDA_LOOP(i, n) {
     const float v = g[i];
     if (!isfinite(v)) *found_inf = 1.f;  // every writer writes the same value
     g[i] = v * s;
   }
+}
+// One thread: the scale's update, as ref::amp_update_scale.
+__global__ void update_scale_kernel(double* s, const float* found_inf, double growth_interval) {
+  if (*found_inf != 0.f) {
+    s[0] *= 0.5, s[1] = 0, s[2] += 1;
+    return;
+  }
+  if ((s[1] += 1) < growth_interval) return;
+  s[0] *= 2, s[1] = 0;
 }
 // One thread: a handful of sums, added in order in f64 as the host's loop adds them.
 __global__ void clip_coef_kernel(const float* sums, int64_t k, double* out, double max_norm) {
@@ -79,7 +89,10 @@ struct AdamWMembers {
 struct StepCounts {
   double* s[kMembers];
 };
-__global__ void sgd_multi_kernel(SgdMembers l, const double* lr_dev, float mom, float damp, float wd, bool nesterov) {
+// `skip` (loss scaling's found-inf flag, or null): set, the launch writes nothing.
+__global__ void sgd_multi_kernel(SgdMembers l, const double* lr_dev, float mom, float damp, float wd, bool nesterov,
+                                 const float* skip) {
+  if (skip && *skip != 0.f) return;
   const int t = int(blockIdx.y);
   float* p = l.p[t];
   const float* g = l.g[t];
@@ -89,13 +102,16 @@ __global__ void sgd_multi_kernel(SgdMembers l, const double* lr_dev, float mom, 
     sgd_update(p, g, buf, i, lr, mom, damp, wd, nesterov, false);
 }
 // One thread a member: its step count advanced, before the update reads it.
-__global__ void advance_steps_kernel(StepCounts c, int count) {
+__global__ void advance_steps_kernel(StepCounts c, int count, const float* skip) {
+  if (skip && *skip != 0.f) return;
   const int t = int(threadIdx.x);
   if (t < count) c.s[t][0] += 1.0;
 }
 // The bias corrections from the member's count as the host computes them (f64 pow of the
 // f64 betas, rounded to f32), once a thread.
-__global__ void adamw_multi_kernel(AdamWMembers l, const double* lr_dev, double b1, double b2, float eps, float wd) {
+__global__ void adamw_multi_kernel(AdamWMembers l, const double* lr_dev, double b1, double b2, float eps, float wd,
+                                   const float* skip) {
+  if (skip && *skip != 0.f) return;
   const int t = int(blockIdx.y);
   float *p = l.p[t], *m = l.m[t], *v = l.v[t];
   const float* g = l.g[t];
@@ -129,14 +145,36 @@ void scale_by(const Tensor& x, Tensor& y, const Tensor& coef) {
   cuda::after_launch("scale_by");
 }
 
-void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
+void amp_unscale(Tensor& grad, Tensor& found_inf, const Tensor& scale) {
   require_f32(grad, "amp_unscale");
+  EG_CHECK(scale.dtype() == DType::f64 && scale.numel() == 1 && scale.device() == grad.device(),
+           "amp_unscale on CUDA reads the scale as one f64 element on the gradient's GPU, got ", scale.str());
   const int64_t n = grad.numel();
   if (!n) return;
   unscale_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(grad.data<float>(), found_inf.data<float>(),
-                                                           float(inv_scale), n);
+                                                           scale.data<double>(), n);
   cuda::after_launch("amp_unscale");
 }
+
+void amp_update_scale(Tensor& state, const Tensor& found_inf, int64_t growth_interval) {
+  EG_CHECK(state.dtype() == DType::f64 && state.numel() == 3 && found_inf.dtype() == DType::f32 &&
+               found_inf.numel() == 1 && state.device() == found_inf.device(),
+           "amp_update_scale: an f64 [3] state and an f32 [1] flag on one GPU, got ", state.str(), " and ",
+           found_inf.str());
+  update_scale_kernel<<<1, 1, 0, stream()>>>(state.data<double>(), found_inf.data<float>(), double(growth_interval));
+  cuda::after_launch("amp_update_scale");
+}
+
+namespace {
+const float* skip_flag(const Tensor& skip_if) {
+  if (!skip_if.defined()) return nullptr;
+  EG_CHECK(skip_if.dtype() == DType::f32 && skip_if.numel() == 1,
+           "a multi-tensor step's skip flag is one f32 "
+           "element, got ",
+           skip_if.str());
+  return skip_if.data<float>();
+}
+}  // namespace
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& buf, const ops::SgdParams& s) {
   require_f32(param, "sgd_step");
@@ -161,7 +199,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const o
 }
 
 void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                    std::vector<Tensor>& bufs, const ops::SgdParams& s) {
+                    std::vector<Tensor>& bufs, const ops::SgdParams& s, const Tensor& skip_if) {
   ref::check_multi_step("sgd_step_multi", lr, params.size(), {grads.size(), bufs.size()});
   EG_CHECK(!s.first_step,
            "sgd_step_multi: a parameter's first step (its buffer made from the gradient) takes sgd_step");
@@ -179,15 +217,16 @@ void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::ve
       l.n[k] = p.numel();
       largest = std::max(largest, l.n[k]);
     }
-    sgd_multi_kernel<<<members_grid(largest, count), kThreads, 0, stream()>>>(
-        l, lr.data<double>(), float(s.momentum), float(s.dampening), float(s.weight_decay), s.nesterov);
+    sgd_multi_kernel<<<members_grid(largest, count), kThreads, 0, stream()>>>(l, lr.data<double>(), float(s.momentum),
+                                                                              float(s.dampening), float(s.weight_decay),
+                                                                              s.nesterov, skip_flag(skip_if));
     cuda::after_launch("sgd_step_multi");
   }
 }
 
 void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                       std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
-                      const ops::AdamWParams& a) {
+                      const ops::AdamWParams& a, const Tensor& skip_if) {
   ref::check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
   ref::check_step_counts("adamw_step_multi", steps);
   for (size_t first = 0; first < params.size(); first += kMembers) {
@@ -207,10 +246,10 @@ void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::
       l.step[k] = c.s[k];
       largest = std::max(largest, l.n[k]);
     }
-    advance_steps_kernel<<<1, kMembers, 0, stream()>>>(c, int(count));
+    advance_steps_kernel<<<1, kMembers, 0, stream()>>>(c, int(count), skip_flag(skip_if));
     cuda::after_launch("adamw_step_multi (step counts)");
-    adamw_multi_kernel<<<members_grid(largest, count), kThreads, 0, stream()>>>(l, lr.data<double>(), a.beta1, a.beta2,
-                                                                                float(a.eps), float(a.weight_decay));
+    adamw_multi_kernel<<<members_grid(largest, count), kThreads, 0, stream()>>>(
+        l, lr.data<double>(), a.beta1, a.beta2, float(a.eps), float(a.weight_decay), skip_flag(skip_if));
     cuda::after_launch("adamw_step_multi");
   }
 }

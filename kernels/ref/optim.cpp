@@ -59,9 +59,31 @@ void unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
 
 }  // namespace
 
-void amp_unscale(Tensor& grad, Tensor& found_inf, double inv_scale) {
+double loss_scale_of(const Tensor& scale) {
+  EG_CHECK(scale.defined() && scale.dtype() == DType::f64 && scale.numel() == 1,
+           "amp_unscale: the scale is one f64 element, got ", scale.defined() ? scale.str() : std::string("nothing"));
+  return scale.data<double>()[0];
+}
+
+bool skipped(const Tensor& skip_if) { return skip_if.defined() && skip_if.data<float>()[0] != 0.f; }
+
+void amp_unscale(Tensor& grad, Tensor& found_inf, const Tensor& scale) {
+  const double inv_scale = 1.0 / loss_scale_of(scale);
   if (grad.dtype() == DType::f64) unscale<double>(grad, found_inf, inv_scale);
   else unscale<float>(grad, found_inf, inv_scale);
+}
+
+void amp_update_scale(Tensor& state, const Tensor& found_inf, int64_t growth_interval) {
+  EG_CHECK(
+      state.dtype() == DType::f64 && state.numel() == 3 && found_inf.dtype() == DType::f32 && found_inf.numel() == 1,
+      "amp_update_scale: an f64 [3] state and an f32 [1] flag, got ", state.str(), " and ", found_inf.str());
+  double* s = state.data<double>();
+  if (found_inf.data<float>()[0] != 0.f) {
+    s[0] *= 0.5, s[1] = 0, s[2] += 1;
+    return;
+  }
+  if ((s[1] += 1) < double(growth_interval)) return;
+  s[0] *= 2, s[1] = 0;
 }
 
 void clip_coef(const Tensor& sums, Tensor& out, double max_norm) {
@@ -91,10 +113,11 @@ void check_multi_step(const char* op, const Tensor& lr, size_t params, std::init
 }
 
 void sgd_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                    std::vector<Tensor>& bufs, const ops::SgdParams& p) {
+                    std::vector<Tensor>& bufs, const ops::SgdParams& p, const Tensor& skip_if) {
   check_multi_step("sgd_step_multi", lr, params.size(), {grads.size(), bufs.size()});
   EG_CHECK(!p.first_step,
            "sgd_step_multi: a parameter's first step (its buffer made from the gradient) takes sgd_step");
+  if (skipped(skip_if)) return;
   ops::SgdParams q = p;
   q.lr = lr.data<double>()[0];
   for (size_t i = 0; i < params.size(); ++i) sgd_step(params[i], grads[i], bufs[i], q);
@@ -118,9 +141,10 @@ int64_t advance_step_count(Tensor& step) {
 
 void adamw_step_multi(const Tensor& lr, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                       std::vector<Tensor>& m, std::vector<Tensor>& v, std::vector<Tensor>& steps,
-                      const ops::AdamWParams& p) {
+                      const ops::AdamWParams& p, const Tensor& skip_if) {
   check_multi_step("adamw_step_multi", lr, params.size(), {grads.size(), m.size(), v.size(), steps.size()});
   check_step_counts("adamw_step_multi", steps);
+  if (skipped(skip_if)) return;
   ops::AdamWParams q = p;
   q.lr = lr.data<double>()[0];
   for (size_t i = 0; i < params.size(); ++i) {

@@ -33,4 +33,8 @@ uint64_t dropout_counter(const Tensor& rng, uint64_t offset, uint64_t* seed);
 void check_step_counts(const char* op, const std::vector<Tensor>& steps);
 // Adds one to a host count and returns the new count.
 int64_t advance_step_count(Tensor& step);
+// Whether a multi-tensor step's host flag (f32 [1], or undefined: no) says to skip it.
+bool skipped(const Tensor& skip_if);
+// amp_unscale's scale, read on the host (one f64 element, checked).
+double loss_scale_of(const Tensor& scale);
 }  // namespace eg::ref
