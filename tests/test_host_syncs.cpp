@@ -262,9 +262,9 @@ TEST(HostSyncs, AStagedUploadMakesNone) {
 // A training run's steady-state step (summary.json host_syncs_per_step) makes none: the
 // batch is staged (Note [Staged uploads]) and the loss read behind the next step (Note
 // [Deferred reads]); with --grad-clip the gradient norm too is computed, applied and read
-// so.
+// so, and with loss scaling the overflow flag and the scale (optim/loss_scaler.h).
 TEST(HostSyncs, ATrainingStepStagesItsBatchAndDefersItsLoss) {
-  for (double clip : {0.0, 1.0}) {
+  for (double clip : {0.0, 1.0, 2.0}) {
     train::TrainConfig c;
     c.model = "resnet20";
     c.dataset = "synthetic";
@@ -273,12 +273,18 @@ TEST(HostSyncs, ATrainingStepStagesItsBatchAndDefersItsLoss) {
     c.batch_size = 32;
     c.epochs = 1;
     c.threads = 2;
-    c.grad_clip = clip;
+    c.grad_clip = clip > 0 ? 1.0 : 0.0;
+    // The third run with loss scaling, its flag, skip and update decided on the device too.
+    if (clip == 2.0) c.loss_scale = {true, 1024, 4};
     c.out = eg::testing::fresh_dir("host_syncs_" + std::to_string(int(clip)));
     c.log_every = 1000;  // a log step reads its own loss
     train::run_training(c);
     const auto sj = nlohmann::json::parse(eg::testing::slurp(c.out + "/summary.json"));
-    EXPECT_EQ(sj.at("host_syncs_per_step"), 0) << "--grad-clip " << clip;
+    EXPECT_EQ(sj.at("host_syncs_per_step"), 0)
+        << "--grad-clip " << c.grad_clip << (clip == 2.0 ? ", loss scaling" : "");
+    if (clip == 2.0) {
+      EXPECT_EQ(sj.at("loss_scale_final"), 1024 * 2 * 2) << "8 clean steps, doubled every 4";
+    }
   }
 }
 
