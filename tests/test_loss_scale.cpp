@@ -189,6 +189,7 @@ TEST(LossScale, OverflowsAreSkippedNeverWrittenAndTheScaleResumes) {
   int64_t skipped4 = 0, last = 0;
   for (const auto& l : lines4) {
     skipped4 += l.value("skipped", "") == "overflow";
+    EXPECT_EQ(l["images"], 16) << "step " << l["step"] << ": its own batch";
     EXPECT_GT(l["step"].get<int64_t>(), last) << "in step order";
     last = l["step"];
   }

@@ -187,9 +187,12 @@ bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch
   }
   // The step before's loss, now that this step's kernels are queued behind it.
   settle_loss(r, true);
-  r.pending = Run::PendingLoss{
-      s.loss_later, s.grad_norm_later,  st.step,          st.epoch, st.batch,
-      s.count > 0,  s.loss_scale_later, s.overflow_later, lr,       (st.step + 1) % r.c.log_every == 0};
+  Run::PendingLoss pending;
+  pending.loss = s.loss_later, pending.grad_norm = s.grad_norm_later;
+  pending.step = st.step, pending.epoch = st.epoch, pending.batch = st.batch, pending.trained = s.count > 0;
+  pending.loss_scale = s.loss_scale_later, pending.overflow = s.overflow_later;
+  pending.lr = lr, pending.logs = (st.step + 1) % r.c.log_every == 0, pending.count = s.count;
+  r.pending = pending;
   ++st.step, ++st.batch, ++r.steps_this_run, ++steps_this_epoch;
   r.freezing->after_step({st.step, st.epoch, lr, s.loss_later, Tensor(), Tensor(), s.count > 0}, st.train_seconds);
   ++r.steps_by_host_syncs[host_syncs() - syncs0];  // the step's own, before any log, evaluation or checkpoint
@@ -382,6 +385,7 @@ void settle_loss(Run& r, bool lagged) {
   if (overflow && !p.logs) {  // a skipped step is always logged: this one a step late (its own numbers)
     dist::StepResult s;
     s.loss = v, s.grad_norm = r.last_grad_norm, s.loss_scale = r.last_loss_scale, s.skipped_overflow = true;
+    s.count = p.count;
     log_step(r, s, p.lr, p.step + 1);
   }
 }

@@ -56,6 +56,7 @@ struct Run {
     DeferredScalar loss_scale, overflow;
     double lr = 0;
     bool logs = false;
+    int64_t count = 0;  // its samples (target tokens) of every rank
   };
   std::optional<PendingLoss> pending;
   // --cuda-graphs on: the captured step, and what it was captured for (the frozen layer
