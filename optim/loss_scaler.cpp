@@ -37,14 +37,10 @@ Tensor LossScaler::unscale_on_device(const GradBuckets& buckets) {
   return found;
 }
 
-bool LossScaler::unscale(const GradBuckets& buckets) { return unscale_on_device(buckets).item() != 0; }
-
 void LossScaler::update(const Tensor& found_inf) {
   if (state_.device() != found_inf.device()) state_ = state_.to(found_inf.device());
   ops::call(ops::amp_update_scale, state_, found_inf, o_.growth_interval);
 }
-
-void LossScaler::update(bool overflow) { update(Tensor::full({1}, overflow ? 1.0 : 0.0, DType::f32, state_.device())); }
 
 void LossScaler::save(nlohmann::json& state) const {
   const std::vector<double> s = read();

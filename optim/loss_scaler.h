@@ -43,12 +43,9 @@ class LossScaler {
   // Divides every bucket by the scale; the flag (f32 [1] on the buckets' device) is set
   // when a gradient was inf or NaN. No host read.
   Tensor unscale_on_device(const GradBuckets& buckets);
-  // The same, the flag read once, after every bucket: true on an overflow.
-  bool unscale(const GradBuckets& buckets);
   // After a step's unscale: halves the scale after an overflow, doubles it after
   // growth_interval clean steps in a row; on the flag's device, no host read.
   void update(const Tensor& found_inf);
-  void update(bool overflow);
   int64_t skipped() const;  // steps skipped over the run (read from where the state is)
 
   void save(nlohmann::json& state) const;

@@ -208,10 +208,10 @@ void AdamW::step() {
     }
     members.push_back(i);
   }
-  last_members_ = members;
-  last_multi_ = false;
+  last_host_counts_ = false;
   if (members.empty()) return;
   if (!uniform(members)) {  // parameters on several devices or of several dtypes: counts on the host
+    last_host_counts_ = true;
     if (skip_if_.defined() && skip_if_.item() != 0) return;  // loss scaling's overflow (one read)
     for (size_t i : members) {
       steps_[i] = count(i) + 1;
@@ -223,14 +223,14 @@ void AdamW::step() {
   }
   std::vector<Tensor> ps, gs, ms, vs, counts;
   for (size_t i : members) {
-    if (step_dev_[i].defined() && step_dev_[i].device() != params_[i].device()) steps_[i] = count(i);
-    if (!step_dev_[i].defined() || step_dev_[i].device() != params_[i].device())  // from here on the device's
+    if (step_dev_[i].defined() && step_dev_[i].device() != params_[i].device())  // moved: back to the host first
+      steps_[i] = count(i), step_dev_[i] = Tensor();
+    if (!step_dev_[i].defined())  // from here on the device's
       step_dev_[i] = steps_[i] == 0 ? Tensor::zeros({1}, DType::f64, params_[i].device())
                                     : Tensor::full({1}, double(steps_[i]), DType::f64, params_[i].device());
     ps.push_back(params_[i]), gs.push_back(params_[i].grad()), ms.push_back(m_[i]), vs.push_back(v_[i]);
     counts.push_back(step_dev_[i]);
   }
-  last_multi_ = true;
   const Tensor& lr = lr_on(ps[0].device());
   // The learning rate and the counts are read on the device (p.lr, p.step: not read).
   const ops::AdamWParams ap{0, options.beta1, options.beta2, options.eps, options.weight_decay, 0};
@@ -239,7 +239,7 @@ void AdamW::step() {
 }
 
 void AdamW::check_replayable() const {
-  EG_CHECK(last_multi_ || last_members_.empty(),
+  EG_CHECK(!last_host_counts_,
            "AdamW: a step to replay must be a multi-tensor one (parameters of one device and dtype): the "
            "per-parameter step's bias corrections are host values a replay would repeat");
 }

@@ -125,8 +125,7 @@ class AdamW : public Optimizer {
   AdamWOptions options;
 
  private:
-  std::vector<size_t> last_members_;  // the parameters the last step() updated
-  bool last_multi_ = false;  // ... through adamw_step_multi (its counts on the device)
+  bool last_host_counts_ = false;  // the last step() bias-corrected from host counts
   std::vector<Tensor> m_, v_;
   // Per parameter, its count of steps (a frozen parameter's does not advance): on the
   // parameters' device once a multi-tensor step has taken it (step_dev_, f64 [1], which

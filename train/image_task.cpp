@@ -289,16 +289,16 @@ std::vector<int64_t> ImageTask::stage_graph_batch(int64_t* samples) {
   return key;
 }
 
+Tensor ImageTask::host_images() const {
+  if (batch_.x.dtype() != DType::u8) return batch_.x;
+  Tensor images = Tensor::empty(batch_.x.shape());
+  ops::call(ops::image_normalize, batch_.x, host_scale_, host_zero_, images);
+  return images;
+}
+
 StepOutput ImageTask::graph_forward(FreezeRun& fr) {
-  const data::Batch& b = batch_;
-  std::function<Tensor()> host_x = [&b, this] {  // a reading's (an eager step's), as training_step's
-    if (b.x.dtype() != DType::u8) return b.x;
-    Tensor images = Tensor::empty(b.x.shape());
-    ops::call(ops::image_normalize, b.x, host_scale_, host_zero_, images);
-    return images;
-  };
   StepOutput out;
-  Tensor logits = fr.forward({graph_x_, Tensor(), host_x, Tensor()}, batch_.ids, dev_);
+  Tensor logits = fr.forward({graph_x_, Tensor(), [this] { return host_images(); }, Tensor()}, batch_.ids, dev_);
   out.loss = fn::cross_entropy(logits, graph_y_, c_.label_smoothing);
   out.samples = batch_.y.numel();
   return out;
@@ -322,16 +322,7 @@ StepOutput ImageTask::training_step(FreezeRun& fr) {
   } else {
     y = batch_.y.to(dev_);
   }
-  // The reference model's batch on the host: the f32 batch, or the pixels normalised as
-  // on the device.
-  const data::Batch& b = batch_;
-  std::function<Tensor()> host_x = [&b, this] {
-    if (b.x.dtype() != DType::u8) return b.x;
-    Tensor images = Tensor::empty(b.x.shape());
-    ops::call(ops::image_normalize, b.x, host_scale_, host_zero_, images);
-    return images;
-  };
-  Tensor logits = fr.forward({x, Tensor(), host_x, Tensor()}, batch_.ids, dev_);
+  Tensor logits = fr.forward({x, Tensor(), [this] { return host_images(); }, Tensor()}, batch_.ids, dev_);
   if (fr.caching()) fr.prefetch(loader_->upcoming_ids(1));  // gathered while this step runs
   out.loss = fn::cross_entropy(logits, y, c_.label_smoothing);
   out.samples = batch_.y.numel();

@@ -80,6 +80,9 @@ class ImageTask : public Task {
  private:
   models::ModelConfig model_config() const;
   void build_model();  // checks the batch fits
+  // The reference model's batch on the host: the f32 batch, or the pixels normalised as
+  // on the device.
+  Tensor host_images() const;
   TrainConfig c_;
   dist::Communicator* comm_ = nullptr;
   Device dev_;

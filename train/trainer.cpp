@@ -132,6 +132,35 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   return r;
 }
 
+namespace {
+// The benchmark's batch, made once on the device, each rank its own: images, or a
+// Transformer's source, target input and target ids (no padding); `samples` counts the
+// images or target tokens.
+struct BenchBatch {
+  Tensor x, x2, y;
+  int64_t samples = 0;
+};
+BenchBatch bench_batch(const StepBenchOptions& o, const models::ModelConfig& mc, bool transformer, Device dev,
+                       int rank) {
+  Generator data(uint64_t(1 + rank));
+  BenchBatch b;
+  b.samples = transformer ? o.batch_size * o.seq_len : o.batch_size;
+  auto ids = [&](int64_t n) {
+    std::vector<int64_t> v(static_cast<size_t>(n));
+    for (auto& t : v) t = 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4));  // past pad, bos, eos, unk
+    return Tensor::from_vector(v, {o.batch_size, n / o.batch_size}, dev);
+  };
+  b.x = transformer ? ids(b.samples) : Tensor::randn({o.batch_size, 3, mc.image_size, mc.image_size}, data).to(dev);
+  if (transformer) b.x2 = ids(b.samples);
+  std::vector<int64_t> labels(static_cast<size_t>(b.samples));
+  for (int64_t i = 0; i < b.samples; ++i)
+    labels[size_t(i)] =
+        transformer ? 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4)) : (i + rank) % mc.num_classes;
+  b.y = Tensor::from_vector(labels, {b.samples}, dev);
+  return b;
+}
+}  // namespace
+
 StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   using Clock = std::chrono::steady_clock;
   EG_CHECK(o.batch_size > 0 && o.iterations > 0, "bench step: batch size and iterations must be positive");
@@ -164,25 +193,12 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   optim::SGD opt(m->parameters(), 0.01, {0.9, 0, 5e-4, false});
   opt.set_bucket_caps(size_t(o.bucket_cap_mb * double(1 << 20)),
                       std::min(optim::kDefaultFirstBucketCap, size_t(o.bucket_cap_mb * double(1 << 20))));
-  Generator data(uint64_t(1 + comm.rank()));  // each rank its own batch
-  // Images, or a Transformer's source, target input and target ids (no padding).
-  const int64_t samples = transformer ? o.batch_size * o.seq_len : o.batch_size;
-  auto ids = [&](int64_t n) {
-    std::vector<int64_t> v(static_cast<size_t>(n));
-    for (auto& t : v) t = 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4));  // past pad, bos, eos, unk
-    return Tensor::from_vector(v, {o.batch_size, n / o.batch_size}, dev);
-  };
-  Tensor x = transformer ? ids(samples) : Tensor::randn({o.batch_size, 3, mc.image_size, mc.image_size}, data).to(dev);
-  Tensor x2 = transformer ? ids(samples) : Tensor();
-  std::vector<int64_t> labels(static_cast<size_t>(samples));
-  for (int64_t i = 0; i < samples; ++i)
-    labels[size_t(i)] =
-        transformer ? 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4)) : (i + comm.rank()) % mc.num_classes;
-  Tensor y = Tensor::from_vector(labels, {samples}, dev);
+  const BenchBatch b = bench_batch(o, mc, transformer, dev, comm.rank());
+  const int64_t samples = b.samples;
   auto forward = [&] {
     autograd::Autocast ac(o.precision);  // as the training loop's step (train/run.cpp)
-    Tensor logits = m->forward_frozen(x, x2, frozen_layers);
-    return fn::cross_entropy(transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits, y);
+    Tensor logits = m->forward_frozen(b.x, b.x2, frozen_layers);
+    return fn::cross_entropy(transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits, b.y);
   };
   const dist::GradSync* sync = dp.sync();
   std::vector<double> ms, wait_ms, comm_ms, syncs;
