@@ -21,7 +21,8 @@
 // whose shapes repeat keeps its whole block set and never reaches the system; with
 // changing shapes, blocks of lengths not seen for a while make room for the new ones
 // instead of piling up beside them (the best fit alone still holds several times the
-// peak when lengths keep changing). EG_ALLOC_CACHE_LIMIT in the environment sets the multiple (0: no
+// peak when lengths keep changing). A thread beside training that must not stall it (its
+// work on a side stream) never evicts: set_thread_evicts. EG_ALLOC_CACHE_LIMIT in the environment sets the multiple (0: no
 // bound, as PyTorch's CUDA allocator until it runs out of memory).
 //
 // Blocks are stream-ordered: a block is handed out again only to work on the stream it was
@@ -52,10 +53,17 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
+#include <utility>
 
 #include "core/error.h"
 
 namespace eg {
+
+namespace {
+thread_local bool t_evicts = true;
+}  // namespace
+
+bool set_thread_evicts(bool on) { return std::exchange(t_evicts, on); }
 
 void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   const size_t sz = allocation_size_class(nbytes);
@@ -75,7 +83,8 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   if (p) {
     ++stats_.cache_hits;
   } else {
-    if (cache_limit_ > 0 && active_.empty()) {  // no eviction while a pool fills (Note [Private pools])
+    // No eviction while a pool fills (Note [Private pools]), nor by a thread that may not.
+    if (cache_limit_ > 0 && active_.empty() && t_evicts) {
       // The pools' blocks are not the cache's to bound: what they hold is left out.
       const double limit = cache_limit_ * double(std::max(stats_.peak_allocated, stats_.allocated + sz));
       const size_t shared = stats_.reserved - pooled_;

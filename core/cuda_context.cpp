@@ -3,6 +3,7 @@
 #include "core/cuda_context.h"
 
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -10,6 +11,9 @@ namespace eg::cuda {
 
 namespace {
 
+// A stream and the library handles bound to it. The compute stream's is the device's
+// one; side streams' (Note [Side streams] in core/side_stream.h) are lent to one thread at
+// a time. Neither is ever destroyed: the caching allocator keys cached blocks by stream.
 struct DeviceState {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
@@ -33,6 +37,46 @@ DeviceState& state(int device) {
   auto& s = states();
   EG_CHECK(device < int(s.size()), "CUDA device ", device, " does not exist (", s.size(), " visible)");
   return s[size_t(device)];
+}
+
+// The side stream this thread has borrowed (device -1: none), and the idle ones by device.
+struct SideLoan {
+  int device = -1;
+  DeviceState* state = nullptr;
+};
+thread_local SideLoan t_side;
+std::vector<std::vector<DeviceState*>>& idle_side_states() {
+  static auto* v = new std::vector<std::vector<DeviceState*>>(size_t(std::max(device_count(), 1)));
+  return *v;  // never destroyed, as the streams in it
+}
+
+// The state work from this thread on `device` (-1: the current one) goes to; its stream
+// exists on return. Called with g_mu held.
+DeviceState& active_state_locked(int device) {
+  if (device < 0) device = current_device();
+  if (t_side.state && t_side.device == device) return *t_side.state;
+  DeviceState& s = state(device);
+  if (!s.stream) EG_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  return s;
+}
+
+// The handles of `s`, bound to its stream, made where missing (cuBLAS with a workspace of
+// its own, set once: 32 MiB, NVIDIA's advice for Hopper; cuBLAS then allocates none
+// inside a CUDA graph's capture, Note [Device graphs]. Kept as long as the handle, which
+// is never destroyed).
+void make_cublas(DeviceState& s) {
+  if (s.cublas) return;
+  EG_CUBLAS_CHECK(cublasCreate(&s.cublas));
+  EG_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
+  void* ws = nullptr;
+  const size_t bytes = size_t(32) << 20;
+  EG_CUDA_CHECK(cudaMalloc(&ws, bytes));
+  EG_CUBLAS_CHECK(cublasSetWorkspace(s.cublas, ws, bytes));
+}
+void make_cudnn(DeviceState& s) {
+  if (s.cudnn) return;
+  EG_CUDNN_CHECK(cudnnCreate(&s.cudnn));
+  EG_CUDNN_CHECK(cudnnSetStream(s.cudnn, s.stream));
 }
 
 bool sync_debug() {
@@ -86,38 +130,60 @@ int device_count() {
 cudaStream_t current_stream(int device) {
   EG_CHECK(device_count() > 0, "no CUDA GPU is available");
   std::lock_guard<std::mutex> l(g_mu);
-  DeviceState& s = state(device);
-  if (!s.stream) EG_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-  return s.stream;
+  return active_state_locked(device).stream;
 }
 
 cublasHandle_t cublas_handle() {
-  cudaStream_t st = current_stream();
+  EG_CHECK(device_count() > 0, "no CUDA GPU is available");
   std::lock_guard<std::mutex> l(g_mu);
-  DeviceState& s = state(-1);
-  if (!s.cublas) {
-    EG_CUBLAS_CHECK(cublasCreate(&s.cublas));
-    EG_CUBLAS_CHECK(cublasSetStream(s.cublas, st));
-    // A workspace of its own, set once (32 MiB, NVIDIA's advice for Hopper): cuBLAS then
-    // allocates none inside a CUDA graph's capture (Note [Device graphs]). Kept as long as
-    // the handle, which is never destroyed.
-    void* ws = nullptr;
-    const size_t bytes = size_t(32) << 20;
-    EG_CUDA_CHECK(cudaMalloc(&ws, bytes));
-    EG_CUBLAS_CHECK(cublasSetWorkspace(s.cublas, ws, bytes));
-  }
+  DeviceState& s = active_state_locked(-1);
+  make_cublas(s);
   return s.cublas;
 }
 
 cudnnHandle_t cudnn_handle() {
-  cudaStream_t st = current_stream();
+  EG_CHECK(device_count() > 0, "no CUDA GPU is available");
   std::lock_guard<std::mutex> l(g_mu);
-  DeviceState& s = state(-1);
-  if (!s.cudnn) {
-    EG_CUDNN_CHECK(cudnnCreate(&s.cudnn));
-    EG_CUDNN_CHECK(cudnnSetStream(s.cudnn, st));
-  }
+  DeviceState& s = active_state_locked(-1);
+  make_cudnn(s);
   return s.cudnn;
+}
+
+cudaStream_t borrow_side_stream(int device) {
+  EG_CHECK(device_count() > 0, "no CUDA GPU is available");
+  EG_CHECK(t_side.device < 0, "a thread borrows one side stream at a time (it has one on cuda:", t_side.device, ")");
+  EG_CHECK(device >= 0 && device < device_count(), "CUDA device ", device, " does not exist (", device_count(),
+           " visible)");
+  set_device(device);
+  DeviceState* s = nullptr;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto& idle = idle_side_states()[size_t(device)];
+    if (!idle.empty()) {
+      s = idle.back();
+      idle.pop_back();
+    }
+  }
+  if (!s) {
+    // Made outside the lock: every launch of the training thread takes it to find its
+    // stream, and a cuDNN handle takes long to make. The same default priority as the
+    // compute stream: a higher one for training would also rank it above NCCL's kernels.
+    auto made = std::make_unique<DeviceState>();
+    EG_CUDA_CHECK(cudaStreamCreateWithFlags(&made->stream, cudaStreamNonBlocking));
+    make_cublas(*made);
+    make_cudnn(*made);
+    s = made.release();  // never destroyed (see DeviceState)
+  }
+  std::lock_guard<std::mutex> l(g_mu);
+  t_side = {device, s};
+  return s->stream;
+}
+
+void return_side_stream() noexcept {
+  std::lock_guard<std::mutex> l(g_mu);
+  if (t_side.device < 0) return;
+  idle_side_states()[size_t(t_side.device)].push_back(t_side.state);
+  t_side = {};
 }
 
 void set_device(int device) { EG_CUDA_CHECK(cudaSetDevice(device)); }

@@ -16,9 +16,16 @@ const char* cublas_status_string(cublasStatus_t s);
 
 int device_count();  // 0 when there is no driver or no device
 int compute_capability(int device);  // major * 10 + minor, e.g. 90 for an H100
-cudaStream_t current_stream(int device = -1);  // -1: the current device
+// The stream this thread's work on `device` goes to (-1: the current device): the
+// device's compute stream, or the side stream the thread has borrowed there.
+cudaStream_t current_stream(int device = -1);
 cublasHandle_t cublas_handle();  // for the current device, bound to current_stream()
 cudnnHandle_t cudnn_handle();
+// Lends this thread a side stream of `device` (made current), returned, until
+// return_side_stream() on the same thread: eg::SideStream's implementation (Note [Side
+// streams] in core/side_stream.h).
+cudaStream_t borrow_side_stream(int device);
+void return_side_stream() noexcept;
 void set_device(int device);
 void memcpy(void* dst, Device dd, const void* src, Device sd, size_t n);
 void memset_zero(void* p, size_t n, Device d);

@@ -178,7 +178,9 @@ HostCopy HostCopy::of(const Tensor& t) {
   cuda::set_device(src.device().index);
   const cudaStream_t stream = cuda::current_stream(src.device().index);
   cudaEvent_t landed = nullptr;
-  EG_CUDA_CHECK(cudaEventCreateWithFlags(&landed, cudaEventDisableTiming));
+  // The thread that waits for it (the reference's) sleeps rather than spins: it runs
+  // beside training, on a core the data loader's workers want.
+  EG_CUDA_CHECK(cudaEventCreateWithFlags(&landed, cudaEventBlockingSync | cudaEventDisableTiming));
   cudaError_t e = cudaMemcpyAsync(c.state_->host.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream);
   if (e == cudaSuccess) e = cudaEventRecord(landed, stream);
   if (e != cudaSuccess) {  // a copy may be queued with no event behind it: wait before the block goes back

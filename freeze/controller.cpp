@@ -13,6 +13,7 @@
 
 #include "autograd/node.h"
 #include "core/error.h"
+#include "core/side_stream.h"
 #include "freeze/plasticity.h"
 
 namespace eg::freeze {
@@ -25,9 +26,12 @@ int64_t thread_cpu_ns() {
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-void background_thread_setup(const ControllerOptions& o) {
+// `renice`: false for the thread that launches a GPU reference's kernels: niced on a
+// machine whose cores are all busy (the reason to put the reference on the GPU), it would
+// wait for a core, and the training with it at the next evaluation step.
+void background_thread_setup(const ControllerOptions& o, bool renice = true) {
   omp_set_num_threads(std::max(1, o.threads));
-  if (o.nice > 0) (void)setpriority(PRIO_PROCESS, pid_t(syscall(SYS_gettid)), o.nice);  // best effort
+  if (renice && o.nice > 0) (void)setpriority(PRIO_PROCESS, pid_t(syscall(SYS_gettid)), o.nice);  // best effort
 }
 
 void idle() { std::this_thread::sleep_for(std::chrono::microseconds(500)); }
@@ -56,7 +60,6 @@ PlasticityController::PlasticityController(quant::ModelFactory make_model, Contr
   EG_CHECK(opt_.max_cpu_load > 0, "plasticity controller: the CPU load below which the reference runs must be > 0, ",
            "got ", opt_.max_cpu_load);
   if (opt_.max_cpu_load < 1) cpu_load_ = opt_.cpu_load ? opt_.cpu_load : std::function<double()>(CpuLoadProbe());
-  if (quant::reference_on_gpu(opt_.precision)) opt_.synchronous = true;  // see the header
   if (!opt_.synchronous) {
     ref_thread_ = std::thread([this] { reference_loop(); });
     plast_thread_ = std::thread([this] { plasticity_loop(); });
@@ -78,7 +81,7 @@ void PlasticityController::land(Input& in) {
   if (in.train_later.defined()) in.train = std::exchange(in.train_later, {}).get();
 }
 
-Tensor PlasticityController::reference_gram(const Input& in) {
+void PlasticityController::build_reference(const Input& in) {
   if (in.snap != built_from_) {
     ref_.reset();
     built_from_.reset();
@@ -90,6 +93,10 @@ Tensor PlasticityController::reference_gram(const Input& in) {
     built_from_ = in.snap;
     ++builds_;
   }
+}
+
+Tensor PlasticityController::reference_gram(const Input& in) {
+  build_reference(in);
   autograd::NoGradGuard ng;
   if (in.unit_input.defined()) return sp_gram(ref_->activation_from(in.unit_input, in.begin, in.module));
   return sp_gram(ref_->activation(in.x, in.module, in.x2));
@@ -119,13 +126,19 @@ bool PlasticityController::submit(int64_t step, int64_t module, const Tensor& x,
     ++dropped_;
     return false;
   }
-  Input in{step, module, x, x2, Tensor(), begin, snapshot_, Tensor(), false, {}, {}};
-  // A GPU reference takes the unit's input where it is; a CPU one gets a copy that the
-  // training thread does not wait for (HostCopy): the reference's thread waits for it.
+  Input in{step, module, x, x2, Tensor(), {}, begin, snapshot_, Tensor(), false, {}, {}};
+  // A GPU reference takes the unit's input where it is (on its side stream, after the
+  // kernels that wrote it: Note [Side streams]); a CPU one gets a copy that the training
+  // thread does not wait for (HostCopy): the reference's thread waits for it.
   if (unit_input.defined()) {
-    if (unit_input.is_cuda() && !quant::reference_on_gpu(opt_.precision))
+    if (unit_input.is_cuda() && !quant::reference_on_gpu(opt_.precision)) {
       in.unit_input_later = HostCopy::of(unit_input);
-    else in.unit_input = unit_input.detach();
+    } else {
+      EG_CHECK(!unit_input.is_cuda() || unit_input.device() == opt_.gpu, "plasticity evaluation: the unit's input ",
+               "is on ", unit_input.device().str(), ", the GPU reference on ", opt_.gpu.str());
+      in.unit_input = unit_input.detach();
+      if (!opt_.synchronous && unit_input.is_cuda()) in.unit_input_written = StreamMark::here(unit_input.device());
+    }
   }
   if (train_out.is_cuda()) {
     in.train_later = HostCopy::of(sp_gram(train_out));  // only b x b leaves the GPU
@@ -197,24 +210,53 @@ void PlasticityController::wait_for_spare_cpu() {
 }
 
 void PlasticityController::reference_loop() {
-  background_thread_setup(opt_);
+  // A reference on the training GPU queues its work on a stream of its own, beside the
+  // training's (Note [Side streams] in core/side_stream.h); it waits for no CPU load.
+  const bool on_gpu = quant::reference_on_gpu(opt_.precision);
+  background_thread_setup(opt_, !on_gpu);
+  std::unique_ptr<SideStream> side;
   while (!stop_) {
     auto in = in_q_.try_pop();
     if (!in) {
       ref_bell_.wait([this] { return stop_.load() || !in_q_.empty(); });
       continue;
     }
-    wait_for_spare_cpu();
+    if (!on_gpu) wait_for_spare_cpu();
     if (stop_) break;
     const int64_t t0 = thread_cpu_ns();
     Pair r{in->step, in->module, Tensor(), Tensor(), in->train_is_gram};
     try {
-      land(*in);
-      r.train = std::move(in->train);
-      r.ref = reference_gram(*in);
+      if (on_gpu && !side) side = std::make_unique<SideStream>(opt_.gpu);
+      if (side) {
+        // Queued before the training Gram's copy is waited for (land): the side stream
+        // waits on the device for the unit's input, and the timed span is the forward's.
+        build_reference(*in);
+        in->unit_input_written.wait();
+        const StreamMark begun = StreamMark::here(opt_.gpu, true);
+        r.ref = reference_gram(*in);
+        const StreamMark ended = StreamMark::here(opt_.gpu, true);
+        // The Gram comes to the host on the side stream (the plasticity thread's copy
+        // would go on the compute stream, unordered with this one); once it has, nothing
+        // queued here reads the training's tensors that `in` is about to drop.
+        side->synchronize();
+        gpu_ns_ += int64_t(ended.seconds_since(begun) * 1e9);
+        r.ref = r.ref.to(Device::cpu());
+        land(*in);
+        r.train = std::move(in->train);
+      } else {
+        land(*in);
+        r.train = std::move(in->train);
+        r.ref = reference_gram(*in);
+      }
     } catch (const std::exception& e) {
       r.ref = Tensor();  // reported as a dropped evaluation
       note_error(e.what());
+      if (side) {
+        try {
+          side->synchronize();  // before `in` drops tensors its queued work may read
+        } catch (const std::exception&) {  // the device failed: the training thread will say so
+        }
+      }
     }
     cpu_ns_ += thread_cpu_ns() - t0;
     while (!stop_ && !ref_q_.try_push(std::move(r))) idle();  // back-pressure: rare, short

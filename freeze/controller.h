@@ -20,10 +20,14 @@
 // paper: "only at low CPU load (e.g., <50%)", so as not to get in the way of data
 // loading and other CPU work beside GPU training); while the training thread waits in
 // drain() that gate is open, the wait itself being the spare capacity.
-// `synchronous` evaluates inline instead (deterministic; for tests and reproducible runs). A reference on the
-// GPU (precision "fp32-gpu" or "fp16-gpu") is always evaluated inline, on the training thread and
-// stream: the GPU serialises the work anyway, and one thread keeps one set of CUDA
-// handles.
+// `synchronous` evaluates inline instead (deterministic; for tests and reproducible runs).
+// A reference on the training GPU (precision "fp32-gpu" or "fp16-gpu") runs on the
+// reference thread too (not niced, and not gated by the CPU load), which queues its
+// forward on a side stream of the GPU (Note [Side streams] in core/side_stream.h), after
+// a mark of the training stream where the unit's input was written: the training thread
+// queues only the training output's Gram and its copy to the host, waits for none of it,
+// and the GPU runs the reference beside the step. The reference's Gram comes to the host
+// on the side stream.
 //
 // Note [The reference's scope]
 // A reading compares the front unit's output in training with the reference's output
@@ -64,6 +68,7 @@
 #include <vector>
 
 #include "core/deferred_read.h"
+#include "core/side_stream.h"
 #include "freeze/spsc_queue.h"
 #include "quant/reference.h"
 
@@ -153,6 +158,10 @@ class PlasticityController {
   int64_t dropped() const { return dropped_.load(); }
   int64_t completed() const { return completed_.load(); }
   double background_cpu_seconds() const;  // CPU time of the background threads
+  // A GPU reference's device time in the background: each reading's span on its side
+  // stream, from its first kernel to its Gram (other work sharing the GPU meanwhile
+  // included, so at most what it took from training). 0 for the other references.
+  double reference_gpu_seconds() const { return double(gpu_ns_.load()) * 1e-9; }
   // What made the first dropped background evaluation fail ("" when none failed): a
   // failure there is counted as a drop, never thrown at the training loop.
   std::string first_error() const;
@@ -160,8 +169,10 @@ class PlasticityController {
   // Evaluations whose reference forward waited for the CPU load to fall, and how long.
   int64_t deferred() const { return deferred_.load(); }
   double deferred_seconds() const { return double(deferred_ns_.load()) * 1e-9; }
-  // The gate in force: 1 (none) for an inline (synchronous or GPU) reference.
-  double max_cpu_load() const { return opt_.synchronous ? 1.0 : opt_.max_cpu_load; }
+  // The gate in force: 1 (none) for an inline (synchronous) or GPU reference.
+  double max_cpu_load() const {
+    return opt_.synchronous || quant::reference_on_gpu(opt_.precision) ? 1.0 : opt_.max_cpu_load;
+  }
   double reference_build_count() const { return builds_.load(); }
 
  private:
@@ -169,6 +180,7 @@ class PlasticityController {
     int64_t step = -1, module = 0;
     Tensor x, x2;
     Tensor unit_input;  // when defined, the reference runs layer modules begin..module on it
+    StreamMark unit_input_written;  // a GPU unit_input's, for the reference's side stream
     int64_t begin = 0;
     std::shared_ptr<const Snapshot> snap;
     Tensor train;  // b x b Gram on the CPU, or a CPU activation whose Gram is still to be taken
@@ -182,6 +194,7 @@ class PlasticityController {
     Tensor train, ref;  // ref: the reference Gram; undefined when the reference failed
     bool train_is_gram = false;
   };
+  void build_reference(const Input& in);  // from in.snap, unless the current one is
   Tensor reference_gram(const Input& in);
   void wait_for_spare_cpu();
   void reference_loop();
@@ -199,7 +212,7 @@ class PlasticityController {
   std::vector<Result> sync_results_;  // synchronous results, or asynchronous ones drain() collected
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> dropped_{0}, completed_{0}, submitted_{0}, finished_{0}, builds_{0};
-  std::atomic<int64_t> cpu_ns_{0}, deferred_{0}, deferred_ns_{0};
+  std::atomic<int64_t> cpu_ns_{0}, gpu_ns_{0}, deferred_{0}, deferred_ns_{0};
   std::atomic<bool> draining_{false};
   std::function<double()> cpu_load_;
   double wait_seconds_ = 0;

@@ -267,6 +267,7 @@ class EgeriaPolicy : public FreezePolicy {
               {"evaluations_dropped", ctl_->dropped()},
               {"stale_results", stale_results_},
               {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
+              {"reference_gpu_seconds", ctl_->reference_gpu_seconds()},
               {"evaluation_wait_seconds", ctl_->wait_seconds()},
               {"apply", c_.apply_on_arrival ? "arrival" : "next"},
               {"snapshot_seconds", snapshot_seconds_},

@@ -24,6 +24,7 @@
 #include "dist/communicator.h"
 #include "dist/grad_sync.h"
 #include "dist/strategy.h"
+#include "freeze/controller.h"
 #include "freeze/plasticity.h"
 #include "kernels/ops.h"
 #include "models/model.h"
@@ -314,21 +315,99 @@ TEST(Cuda, GpuReferenceModelMatchesTheCpuOneAndTrains) {
     Tensor a = cpu->activation(x, k), b = gpu->activation(x, k).to(Device::cpu());
     EXPECT_LT(freeze::sp_loss(a, b), 1e-9) << "module " << k;
   }
+  // Inline, on the reference thread's side stream, and there beside a graphed step.
+  enum Mode { inline_, background, graphed };
+  for (const char* precision : {"fp32-gpu", "fp16-gpu"})
+    for (Mode mode : {inline_, background, graphed}) {
+      train::TrainConfig c = eg::testing::small_image_run("");
+      c.epochs = 2;
+      c.device = "cuda:0";
+      c.out = std::string("/tmp/eg_cuda_gpu_reference_") + precision + "_" + std::to_string(int(mode));
+      c.cuda_graphs = mode == graphed;
+      const bool background = mode != inline_;
+      c.freezing.policy = "egeria";
+      c.freezing.reference.precision = precision;
+      c.freezing.reference.synchronous = !background;
+      c.freezing.tracker.interval = 2;
+      c.freezing.tracker.bootstrap_interval = -1;  // every n, the paper
+      c.freezing.tracker.window = 2;
+      auto s = train::run_training(c);
+      ASSERT_TRUE(s.completed) << precision;
+      auto sum = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
+      EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 0) << precision << " " << int(mode);
+      EXPECT_EQ(sum["freeze_stats"]["evaluations_dropped"].get<int64_t>(), 0) << precision << " " << int(mode);
+      EXPECT_EQ(sum["freeze_stats"]["reference_gpu_seconds"].get<double>() > 0, background) << precision;
+      if (mode == graphed) {
+        EXPECT_GT(sum["cuda_graph_captures"].get<int64_t>(), 0) << precision;
+      }
+    }
+}
+
+// A GPU reference in the background (Note [Side streams] in core/side_stream.h): the
+// reference thread runs it on a side stream after a mark of the training stream, so its
+// reading is the inline reading's, though the unit's input is written by a copy queued
+// behind ~100 ms of other kernels, dropped by the training thread at once, and its block
+// asked for again and overwritten; and submitting makes no host sync of the training
+// thread (inline, the reading waits for the GPU there). A first reading warms the
+// controller (the reference built, the stream and its handles made), so the second's
+// forward is queued while the products still run; its training output is on the host,
+// so nothing but the mark orders the side stream behind the copy.
+TEST(Cuda, AGpuReferenceOnItsSideStreamReadsWhatTheInlineOneReads) {
+  EG_REQUIRE_GPU();
+  const Device d = Device::cuda(0);
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 1;
+  mc.image_size = 16;
+  Generator g(2);
+  auto m = models::build_model(mc, g), moved = models::build_model(mc, g);
+  auto snap = std::make_shared<freeze::Snapshot>(m->state_dict());
+  moved->to(d);
+  moved->eval();
+  Tensor x = Tensor::randn({16, 1, 16, 16}, g);
+  const int64_t begin = 2, last = 4;
+  Tensor h, out;
+  {
+    autograd::NoGradGuard ng;
+    h = moved->layer_output(x.to(d), Tensor(), begin - 1);
+    out = moved->layer_output(x.to(d), Tensor(), last).to(Device::cpu());
+  }
+  Tensor busy = Tensor::randn({2048, 2048}, g).to(d), busy_out = Tensor::empty({2048, 2048}, DType::f32, d);
   for (const char* precision : {"fp32-gpu", "fp16-gpu"}) {
-    train::TrainConfig c = eg::testing::small_image_run("");
-    c.epochs = 2;
-    c.device = "cuda:0";
-    c.out = std::string("/tmp/eg_cuda_gpu_reference_") + precision;
-    c.freezing.policy = "egeria";
-    c.freezing.reference.precision = precision;
-    c.freezing.tracker.interval = 2;
-    c.freezing.tracker.bootstrap_interval = -1;  // every n, the paper
-    c.freezing.tracker.window = 2;
-    auto s = train::run_training(c);
-    ASSERT_TRUE(s.completed) << precision;
-    auto sum = nlohmann::json::parse(std::ifstream(c.out + "/summary.json"));
-    EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 0) << precision;
-    EXPECT_EQ(sum["freeze_stats"]["evaluations_dropped"].get<int64_t>(), 0) << precision;
+    double reading[2] = {0, 0};
+    int64_t syncs[2] = {0, 0};
+    for (int background = 0; background < 2; ++background) {
+      freeze::ControllerOptions o;
+      o.precision = precision;
+      o.gpu = d;
+      o.synchronous = background == 0;
+      freeze::PlasticityController ctl(mc, o);
+      ctl.set_snapshot(snap);
+      ASSERT_TRUE(ctl.submit(0, last, x, out, Tensor(), h, begin)) << precision;
+      ctl.drain();
+      ASSERT_EQ(ctl.poll().size(), 1u) << precision << " " << ctl.first_error();
+      {
+        Tensor late = Tensor::zeros(h.shape(), DType::f32, d);
+        for (int i = 0; i < 300; ++i) ops::call(ops::gemm, busy, busy, busy_out, false, false, 1.0, 0.0);
+        late.copy_(h);  // queued behind the products
+        const int64_t s0 = host_syncs();
+        ASSERT_TRUE(ctl.submit(1, last, x, out, Tensor(), late, begin)) << precision;
+        syncs[background] = host_syncs() - s0;
+      }
+      Tensor garbage = Tensor::full(h.shape(), 1e6, DType::f32, d);  // the dropped input's block, if it were free
+      ctl.drain();
+      const auto r = ctl.poll();
+      ASSERT_EQ(r.size(), 1u) << precision << " " << ctl.first_error();
+      reading[background] = r[0].plasticity;
+      if (background) {
+        EXPECT_GT(ctl.reference_gpu_seconds(), 0) << precision;
+      }
+    }
+    EXPECT_GT(reading[0], 0) << precision;
+    // Not bit-equal: the Gram kernel adds its partial sums with atomics.
+    EXPECT_NEAR(reading[1], reading[0], 1e-4 * reading[0]) << precision;
+    EXPECT_GT(syncs[0], 0) << precision << ": the inline reading waits for the GPU";
+    EXPECT_EQ(syncs[1], 0) << precision;
   }
 }
 

@@ -670,6 +670,9 @@ TEST(FreezeTrainer, TheReferenceOverheadCountsBackgroundCpuTimeOnlyOnTheTraining
   EXPECT_NEAR(train::reference_overhead_fraction(0.39, 14.9, 4, false, 74.0), 0.005270, 1e-6);
   EXPECT_NEAR(train::reference_overhead_fraction(0.0, 2.0, 0, true, 10.0), 0.2, 1e-12);  // 0 threads: as 1
   EXPECT_EQ(train::reference_overhead_fraction(1.0, 2.0, 2, true, 0.0), 0.0);
+  // A GPU reference in the background: its 1.8 s of side-stream time count, its thread's
+  // CPU time (on a core of its own) does not.
+  EXPECT_NEAR(train::reference_overhead_fraction(0.39, 14.9, 4, false, 74.0, 1.8), 0.029595, 1e-6);
 }
 
 TEST(FreezeTrainer, TheEndOfRunReportSaysWhatIsFrozenInTheSummarysFigures) {

@@ -14,6 +14,7 @@
 #include "core/allocator.h"
 #include "core/deferred_read.h"
 #include "core/device.h"
+#include "core/side_stream.h"
 #include "core/staged_upload.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
@@ -240,6 +241,27 @@ TEST(HostSyncs, AHostCopyOfAHostTensorIsItself) {
   EXPECT_EQ(p.nbytes(), 12u);
   p.copy_(Tensor::full({2, 3}, 1.5, DType::bf16));
   EXPECT_EQ(p.to(DType::f32).to_vector<float>(), std::vector<float>(6, 1.5f));
+}
+
+// A side stream and a stream mark (Note [Side streams]) on the CPU do nothing and wait for
+// nothing; a side stream on a GPU this process cannot use is refused naming it.
+TEST(HostSyncs, ASideStreamOnTheCpuIsNothing) {
+  EXPECT_EQ(syncs_of([&] {
+              SideStream side(Device::cpu());
+              const StreamMark m = StreamMark::here(Device::cpu());
+              EXPECT_TRUE(m.empty());
+              m.wait();
+              side.synchronize();
+            }),
+            0);
+  EXPECT_TRUE(StreamMark().empty());
+  const Device beyond = Device::cuda(cuda_device_count());
+  try {
+    SideStream side(beyond);
+    ADD_FAILURE() << "a side stream on " << beyond.str() << " was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(beyond.str()), std::string::npos) << e.what();
+  }
 }
 
 // A staged upload (Note [Staged uploads]) moves a batch without the host waiting: on the

@@ -51,8 +51,11 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
   }
   unit_scope_ =
       c.freezing.policy == "egeria" && c.freezing.reference_scope == ReferenceScope::unit && model.sequential();
+  // A GPU reference in the background works on a side stream, its host work on a core of
+  // its own: its device time is what it takes from training (reference_overhead_fraction).
   reference_on_training_cores_ =
-      !Device::parse(c.device).is_cuda() || quant::reference_on_gpu(c.freezing.reference.precision);
+      !Device::parse(c.device).is_cuda() ||
+      (quant::reference_on_gpu(c.freezing.reference.precision) && c.freezing.reference.synchronous);
   if (c.freezing.bn == FrozenBn::batch)
     for (auto& [name, mod] : model.named_modules())
       if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
@@ -227,10 +230,11 @@ std::string freeze_report(const json& sj) {
 }
 
 double reference_overhead_fraction(double policy_seconds, double background_cpu_seconds, int training_threads,
-                                   bool background_on_training_cores, double train_seconds) {
+                                   bool background_on_training_cores, double train_seconds,
+                                   double reference_gpu_seconds) {
   if (train_seconds <= 0) return 0.0;
   const double bg = background_on_training_cores ? background_cpu_seconds / double(std::max(1, training_threads)) : 0.0;
-  return (policy_seconds + bg) / train_seconds;
+  return (policy_seconds + bg + reference_gpu_seconds) / train_seconds;
 }
 
 void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
@@ -239,8 +243,9 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   sj["frozen_modules_final"] = frozen_;
   sj["freeze_units"] = part_.to_json();
   sj["backward_flops_saved_fraction"] = steps > 0 ? flops_saved_sum_ / double(steps) : 0.0;
-  sj["reference_overhead_fraction"] = reference_overhead_fraction(
-      seconds_, st.value("reference_cpu_seconds", 0.0), num_threads(), reference_on_training_cores_, train_seconds);
+  sj["reference_overhead_fraction"] =
+      reference_overhead_fraction(seconds_, st.value("reference_cpu_seconds", 0.0), num_threads(),
+                                  reference_on_training_cores_, train_seconds, st.value("reference_gpu_seconds", 0.0));
   sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
   if (st.contains("reference")) st["reference_scope"] = unit_scope_ ? "unit" : "network";
   sj["freeze_stats"] = st;

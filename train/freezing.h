@@ -26,12 +26,15 @@ std::string freeze_report(const nlohmann::json& summary);
 // summary.json's reference_overhead_fraction, a share of training time: the training
 // thread's time in the policy, plus the background threads' CPU time spread over the
 // training threads where the reference works on the training's own cores (CPU training,
-// or a reference on the training GPU). Beside GPU training a CPU reference runs on cores
-// the step does not use (the paper's setting): its CPU time is reported
-// (freeze_stats.reference_cpu_seconds) but not counted; what it takes from the data
-// loader's cores shows in the wall time.
+// or a reference on the training GPU evaluated inline, --freeze-sync), plus a GPU
+// reference's device time in the background (freeze_stats.reference_gpu_seconds: its
+// readings' spans on their side stream, an upper bound of what they took from the step).
+// Beside GPU training a CPU reference runs on cores the step does not use (the paper's
+// setting): its CPU time is reported (freeze_stats.reference_cpu_seconds) but not
+// counted; what it takes from the data loader's cores shows in the wall time.
 double reference_overhead_fraction(double policy_seconds, double background_cpu_seconds, int training_threads,
-                                   bool background_on_training_cores, double train_seconds);
+                                   bool background_on_training_cores, double train_seconds,
+                                   double reference_gpu_seconds = 0);
 
 // Note [Freezing across ranks]
 // In data-parallel training the policy (and Egeria's reference model) runs on rank 0

@@ -88,6 +88,9 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  // Held while a pass's algorithm is chosen: the plan is shared by threads on their own
+  // streams (the reference's: Note [Side streams] in core/side_stream.h).
+  std::mutex choosing;
   ConvPlan(const Shape& xs, const Shape& ws, const Shape& ys, const ops::Conv2dParams& p, DType t, bool nhwc)
       : d(xs, ws, ys, p, t, nhwc) {}
 };
@@ -172,15 +175,19 @@ void conv2d_fwd(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, Tens
   }
   cudnnHandle_t h = cuda::cudnn_handle();
   ConvPlan& c = conv_plan(x.shape(), w.shape(), y.shape(), p, t, nhwc);
-  if (!c.has_fwd) {
-    cudnnConvolutionFwdAlgoPerf_t perf[16];
-    int found = 0;
-    if (cudnn_benchmark())
-      EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
-    else EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
-    c.fwd = first_fitting(perf, found, "forward").first;
-    EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, c.fwd, &c.fwd_ws));
-    c.has_fwd = true;
+  {  // the first call with these shapes chooses; other threads use the choice
+    std::lock_guard<std::mutex> chosen(c.choosing);
+    if (!c.has_fwd) {
+      cudnnConvolutionFwdAlgoPerf_t perf[16];
+      int found = 0;
+      if (cudnn_benchmark())
+        EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
+      else
+        EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
+      c.fwd = first_fitting(perf, found, "forward").first;
+      EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, c.fwd, &c.fwd_ws));
+      c.has_fwd = true;
+    }
   }
   Tensor buf = workspace(c.fwd_ws, x.device());
   const float one = 1.f, zero = 0.f;
@@ -201,18 +208,22 @@ void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const 
   dx.set_format(f);
   cudnnHandle_t h = cuda::cudnn_handle();
   ConvPlan& c = conv_plan(dx.shape(), w.shape(), dy.shape(), p, t, nhwc);
-  if (!c.has_bwd_data) {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[16];
-    int found = 0;
-    if (cudnn_benchmark())
-      EG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
-    else
-      EG_CUDNN_CHECK(
-          cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
-    c.bwd_data = first_fitting(perf, found, "backward-data").first;
-    EG_CUDNN_CHECK(
-        cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, c.bwd_data, &c.bwd_data_ws));
-    c.has_bwd_data = true;
+  {  // the first call with these shapes chooses; other threads use the choice
+    std::lock_guard<std::mutex> chosen(c.choosing);
+    if (!c.has_bwd_data) {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[16];
+      int found = 0;
+      if (cudnn_benchmark())
+        EG_CUDNN_CHECK(
+            cudnnFindConvolutionBackwardDataAlgorithm(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
+      else
+        EG_CUDNN_CHECK(
+            cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
+      c.bwd_data = first_fitting(perf, found, "backward-data").first;
+      EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, c.bwd_data,
+                                                                  &c.bwd_data_ws));
+      c.has_bwd_data = true;
+    }
   }
   Tensor buf = workspace(c.bwd_data_ws, dy.device());
   const float one = 1.f, zero = 0.f;
@@ -233,19 +244,22 @@ void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tens
   const float one = 1.f, zero = 0.f;
   if (dw.defined()) {
     ConvPlan& c = conv_plan(x.shape(), dw.shape(), dy.shape(), p, t, nhwc);
-    if (!c.has_bwd_filter) {
-      cudnnConvolutionBwdFilterAlgoPerf_t perf[16];
-      int found = 0;
-      if (cudnn_benchmark())
-        EG_CUDNN_CHECK(
-            cudnnFindConvolutionBackwardFilterAlgorithm(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
-      else
-        EG_CUDNN_CHECK(
-            cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
-      c.bwd_filter = first_fitting(perf, found, "backward-filter").first;
-      EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, c.bwd_filter,
-                                                                    &c.bwd_filter_ws));
-      c.has_bwd_filter = true;
+    {  // the first call with these shapes chooses; other threads use the choice
+      std::lock_guard<std::mutex> chosen(c.choosing);
+      if (!c.has_bwd_filter) {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[16];
+        int found = 0;
+        if (cudnn_benchmark())
+          EG_CUDNN_CHECK(
+              cudnnFindConvolutionBackwardFilterAlgorithm(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
+        else
+          EG_CUDNN_CHECK(
+              cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
+        c.bwd_filter = first_fitting(perf, found, "backward-filter").first;
+        EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w,
+                                                                      c.bwd_filter, &c.bwd_filter_ws));
+        c.has_bwd_filter = true;
+      }
     }
     Tensor buf = workspace(c.bwd_filter_ws, dy.device());
     // cuDNN writes the data's dtype (and NHWC's [K,R,S,C]): an f32 gradient of 16-bit
