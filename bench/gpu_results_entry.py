@@ -10,7 +10,8 @@ f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
 (transformer-small against PyTorch AMP), r50-fp16.json and tfm-fp16.json (both in fp16
 against PyTorch's float16 autocast with a GradScaler), graphs.jsonl (`egeria bench step` lines,
---cuda-graphs off and on alternating), and tools/gpu-check's outputs where they ran
+--cuda-graphs off and on alternating), gpuref-<inline|side>-<rep>/summary.json (training runs with
+Egeria's reference on the GPU, inline and on its side stream), and tools/gpu-check's outputs where they ran
 (gpu-check-tests/tests.log, gpu-check-bench/compare_pytorch_cuda.json). A figure that was not measured, or that the
 engine cannot produce yet, is null, and "missing" says why; nothing is filled in.
 """
@@ -78,6 +79,33 @@ def graph_figures(path):
         out[f"{model}_f32_eager_img_s"] = med(runs["off"])
         out[f"{model}_cuda_graphs_ratio_by_pair"] = [on / off for off, on in pairs]
     return out or None
+
+
+def gpu_reference_figures(results):
+    """From gpuref-<inline|side>-<rep>/summary.json: per way, the median images a second,
+    host syncs a step and readings, and side/inline each pair; or None."""
+    runs = {}
+    for how in ("inline", "side"):
+        for rep in range(1, 10):
+            s = load(os.path.join(results, f"gpuref-{how}-{rep}", "summary.json"))
+            if s:
+                runs.setdefault(how, []).append(s)
+    if not runs:
+        return None
+    med = lambda v: sorted(v)[len(v) // 2] if v else None
+    out = {}
+    for how, key in (("inline", "inline"), ("side", "side_stream")):
+        r = runs.get(how, [])
+        out[f"gpu_reference_{key}_resnet56_bf16_img_s"] = med([s.get("images_per_second") for s in r])
+        out[f"gpu_reference_{key}_host_syncs_per_step"] = med([s.get("host_syncs_per_step") for s in r])
+        out[f"gpu_reference_{key}_readings"] = med(
+            [s.get("freeze_stats", {}).get("evaluations_completed") for s in r])
+        out[f"gpu_reference_{key}_overhead_fraction"] = med([s.get("reference_overhead_fraction") for s in r])
+    pairs = list(zip(runs.get("inline", []), runs.get("side", [])))
+    out["gpu_reference_side_stream_ratio_by_pair"] = [
+        s["images_per_second"] / i["images_per_second"] for i, s in pairs
+        if i.get("images_per_second") and s.get("images_per_second")]
+    return out
 
 
 def main():
@@ -165,6 +193,9 @@ def main():
     graphs = graph_figures(os.path.join(a.results, "graphs.jsonl"))
     if graphs:  # CUDA graphs on against off, egeria's own step (no PyTorch beside it)
         e.update(graphs)
+    gpuref = gpu_reference_figures(a.results)
+    if gpuref:  # Egeria's reference on the training GPU: inline against on its side stream
+        e.update(gpuref)
     r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
     if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
         e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")
