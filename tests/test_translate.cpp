@@ -115,6 +115,9 @@ TEST(Translate, LearnsAToyTaskAndWritesItsFiles) {
     EXPECT_TRUE(sum.contains(k)) << k;
   EXPECT_TRUE(sum["time_to_target_seconds"].is_null());
   EXPECT_GT(sum["tokens_per_second"].get<double>(), 0);
+  // A steady-state step waits for nothing: the batch's ids staged (Note [Staged uploads]),
+  // the padding masks made where the ids are, the loss read behind the next step.
+  EXPECT_EQ(sum["host_syncs_per_step"], 0) << sum.dump();
 
   auto steps = records(out + "/metrics.jsonl", "step"), epochs = records(out + "/metrics.jsonl", "epoch");
   ASSERT_EQ(epochs.size(), 16u);

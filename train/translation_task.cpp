@@ -144,6 +144,9 @@ void TranslationTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   gen_ = Generator(c.seed);
   model_ = std::make_shared<models::Transformer>(mc_, gen_);
   model_->to(dev_);
+  src_up_ = std::make_unique<StagedUpload>(dev_);
+  tgt_in_up_ = std::make_unique<StagedUpload>(dev_);
+  tgt_out_up_ = std::make_unique<StagedUpload>(dev_);
 
   data::BatcherOptions bo;
   bo.batch_size = c.batch_size;
@@ -178,15 +181,30 @@ void TranslationTask::configure_freezing(freeze::PolicyConfig& pc) const {
   };
 }
 
+bool TranslationTask::next_batch() {
+  for (auto* up : {src_up_.get(), tgt_in_up_.get(), tgt_out_up_.get()})  // staged, never trained on: dropped
+    if (up->staged()) up->take([](const Tensor&) { return Tensor(); });
+  if (!batcher_->next(batch_)) return false;
+  if (!batch_.ids.empty()) {
+    src_up_->stage(batch_.src);
+    tgt_in_up_->stage(batch_.tgt_in);
+    tgt_out_up_->stage(batch_.tgt_out);
+  }
+  return true;
+}
+
 StepOutput TranslationTask::training_step(FreezeRun& fr) {
   StepOutput out;
   if (batch_.ids.empty()) return out;  // this rank's share of a short batch is empty
-  const Tensor src = batch_.src;
-  Tensor logits = fr.forward({src.to(dev_), batch_.tgt_in.to(dev_), [src] { return src; }, batch_.tgt_in}, batch_.ids,
-                             dev_);
-  const int64_t n = batch_.tgt_out.numel();
-  out.loss = fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), batch_.tgt_out.reshape({n}).to(dev_),
-                               c_.label_smoothing, mc_.pad_id);
+  // The step's own tensors: clones of the device copies (the staging buffers are reused),
+  // on the CPU the batch itself.
+  auto own = [](const Tensor& t) { return t.is_cuda() ? t.clone() : t; };
+  const Tensor src = batch_.src, tgt_out = tgt_out_up_->take(own);
+  Tensor logits =
+      fr.forward({src_up_->take(own), tgt_in_up_->take(own), [src] { return src; }, batch_.tgt_in}, batch_.ids, dev_);
+  const int64_t n = tgt_out.numel();
+  out.loss =
+      fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), tgt_out.reshape({n}), c_.label_smoothing, mc_.pad_id);
   out.samples = batch_.tgt_tokens;  // target tokens, as fairseq's wps
   return out;
 }

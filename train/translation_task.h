@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/staged_upload.h"
 #include "data/text.h"
 #include "models/transformer.h"
 #include "train/task.h"
@@ -48,7 +49,7 @@ class TranslationTask : public Task {
   std::string unit() const override { return "tokens"; }
   int64_t batches_per_epoch() const override { return steps_per_epoch_; }
   void start_epoch(int64_t epoch, int64_t first_batch) override { batcher_->start_epoch(epoch, first_batch); }
-  bool next_batch() override { return batcher_->next(batch_); }
+  bool next_batch() override;
   StepOutput training_step(FreezeRun& fr) override;
   std::vector<Split> epoch_splits() const override { return {Split::valid}; }
   Metrics evaluate(Split s) override;
@@ -71,6 +72,10 @@ class TranslationTask : public Task {
   std::unique_ptr<data::TranslationBatcher> batcher_;
   int64_t steps_per_epoch_ = 0;
   data::TranslationBatch batch_;
+  // The batch's source, target input and target output ids on their way to the device as
+  // soon as the batch is known (Note [Staged uploads] in core/staged_upload.h): a step
+  // waits for none of the copies.
+  std::unique_ptr<StagedUpload> src_up_, tgt_in_up_, tgt_out_up_;
 };
 
 // Teacher-forced loss per target token and (with `bleu`) BLEU of greedy translations of a
