@@ -81,30 +81,36 @@ def graph_figures(path):
     return out or None
 
 
-def gpu_reference_figures(results):
-    """From gpuref-<inline|side>-<rep>/summary.json: per way, the median images a second,
-    host syncs a step and readings, and side/inline each pair; or None."""
+def gpu_reference_figures(results, batch=128):
+    """From gpuref-<inline|side>-<rep>/ (summary.json, metrics.jsonl): per way, the median
+    images a second after the first epoch, host syncs a step, readings and overhead, and
+    side/inline for each rep both ran; or None."""
     runs = {}
     for how in ("inline", "side"):
         for rep in range(1, 10):
-            s = load(os.path.join(results, f"gpuref-{how}-{rep}", "summary.json"))
+            d = os.path.join(results, f"gpuref-{how}-{rep}")
+            s = load(os.path.join(d, "summary.json"))
             if s:
-                runs.setdefault(how, []).append(s)
+                rate = folder_steady_rate(os.path.join(d, "metrics.jsonl"), batch)
+                runs.setdefault(how, {})[rep] = dict(s, steady_img_s=rate)
     if not runs:
         return None
-    med = lambda v: sorted(v)[len(v) // 2] if v else None
+
+    def med(v):
+        w = sorted(x for x in v if isinstance(x, (int, float)))
+        return w[len(w) // 2] if w else None
+
     out = {}
     for how, key in (("inline", "inline"), ("side", "side_stream")):
-        r = runs.get(how, [])
-        out[f"gpu_reference_{key}_resnet56_bf16_img_s"] = med([s.get("images_per_second") for s in r])
+        r = list(runs.get(how, {}).values())
+        out[f"gpu_reference_{key}_resnet56_bf16_img_s"] = med([s.get("steady_img_s") for s in r])
         out[f"gpu_reference_{key}_host_syncs_per_step"] = med([s.get("host_syncs_per_step") for s in r])
-        out[f"gpu_reference_{key}_readings"] = med(
-            [s.get("freeze_stats", {}).get("evaluations_completed") for s in r])
+        out[f"gpu_reference_{key}_readings"] = med([(s.get("freeze_stats") or {}).get("evaluations_completed") for s in r])
         out[f"gpu_reference_{key}_overhead_fraction"] = med([s.get("reference_overhead_fraction") for s in r])
-    pairs = list(zip(runs.get("inline", []), runs.get("side", [])))
+    inline, side = runs.get("inline", {}), runs.get("side", {})
     out["gpu_reference_side_stream_ratio_by_pair"] = [
-        s["images_per_second"] / i["images_per_second"] for i, s in pairs
-        if i.get("images_per_second") and s.get("images_per_second")]
+        side[k]["steady_img_s"] / inline[k]["steady_img_s"] for k in sorted(set(inline) & set(side))
+        if inline[k].get("steady_img_s") and side[k].get("steady_img_s")]
     return out
 
 
@@ -196,6 +202,8 @@ def main():
     gpuref = gpu_reference_figures(a.results)
     if gpuref:  # Egeria's reference on the training GPU: inline against on its side stream
         e.update(gpuref)
+    else:
+        e["missing"]["gpu_reference_*"] = "the gpuref step did not run (EG_GPU_STEPS)"
     r56 = load(os.path.join(a.results, "gpu-check-bench", "compare_pytorch_cuda.json"))
     if r56:  # tools/gpu-check's ResNet-56 step, exact f32 in both engines
         e["resnet56_f32_img_s"] = r56.get("egeria_images_per_second")

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -240,10 +241,11 @@ Taps taps(int64_t in, int64_t out) {
   return t;
 }
 
-// Sums rounded half away from zero, as std::lround rounds, and clamped to a byte.
-// floor(a + 0.5) in double is exact for a float a (and truncation is floor here, or a
-// negative clamped to 0 either way); written without a float comparison, which the
-// compiler does not vectorise under IEEE exception semantics.
+// Sums rounded half away from zero, as std::lround rounds, and clamped to a byte: for the
+// sums here (at least 0, at most 255 and a few ulps) floor(a + 0.5) in double is lround's
+// result (the addition is exact, or for a below 2^-30 rounds to 0.5, whose floor is 0
+// too), and truncation is floor. Written without a float comparison, which the compiler
+// does not vectorise under IEEE exception semantics.
 void to_bytes(const float* sums, uint8_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = uint8_t(std::min(std::max(int32_t(double(sums[i]) + 0.5), 0), 255));
 }
@@ -293,16 +295,25 @@ RgbImage decode_image(const std::string& bytes, const std::string& path, int red
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  std::ifstream f(path, std::ios::binary);
   EG_CHECK(f, "cannot open '", path, "': ", std::strerror(errno));
-  // One read of the size the file has (a character at a time through a stream iterator
-  // cost a loader worker 2% of its time).
-  const std::streamoff size = f.tellg();
-  EG_CHECK(size >= 0 && f.seekg(0), "cannot read '", path, "': ", std::strerror(errno));
-  std::string s(size_t(size), '\0');
-  f.read(s.data(), size);
-  EG_CHECK(!f.bad() && f.gcount() == size, "cannot read '", path,
-           "': ", f.bad() ? std::strerror(errno) : "it changed size while being read");
+  // A regular file in one read of the size it has (a character at a time through a stream
+  // iterator cost a loader worker 2% of its time), then whatever is left in chunks: all
+  // of a file of unknown size (a pipe), or one that grew meanwhile.
+  std::string s;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+  if (!ec && size > 0) {
+    s.resize(size_t(size));
+    f.read(s.data(), std::streamsize(size));
+    s.resize(size_t(f.gcount()));
+  }
+  char chunk[1 << 16];
+  while (f) {
+    f.read(chunk, sizeof chunk);
+    s.append(chunk, size_t(f.gcount()));
+  }
+  EG_CHECK(!f.bad(), "cannot read '", path, "': ", std::strerror(errno));
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include <jpeglib.h>
 // clang-format on
 #include <png.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -241,6 +243,21 @@ TEST(ImageFile, BadFilesAreNamedErrors) {
   } catch (const Error& ex) {
     EXPECT_NE(std::string(ex.what()).find("missing.jpg"), std::string::npos);
   }
+  // A folder where a file was expected is an error naming it; a pipe (no size to ask for)
+  // and an empty file are read whole.
+  try {
+    data::read_file(d);
+    ADD_FAILURE() << "a folder was read";
+  } catch (const Error& ex) {
+    EXPECT_NE(std::string(ex.what()).find(d), std::string::npos) << ex.what();
+  }
+  const std::string fifo = d + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary) << png; });
+  EXPECT_EQ(data::read_file(fifo), png);
+  writer.join();
+  std::ofstream(d + "/empty.jpg").close();
+  EXPECT_EQ(data::read_file(d + "/empty.jpg"), "");
 }
 
 namespace {

@@ -73,8 +73,9 @@ class TranslationTask : public Task {
   int64_t steps_per_epoch_ = 0;
   data::TranslationBatch batch_;
   // The batch's source, target input and target output ids on their way to the device as
-  // soon as the batch is known (Note [Staged uploads] in core/staged_upload.h): a step
-  // waits for none of the copies.
+  // soon as the batch is known (Note [Staged uploads] in core/staged_upload.h): the host
+  // waits for none of the copies (a batch of another shape than the last is copied after
+  // the kernels queued before it, on the device; ids are a few kilobytes).
   std::unique_ptr<StagedUpload> src_up_, tgt_in_up_, tgt_out_up_;
 };
 
