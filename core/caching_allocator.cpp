@@ -83,8 +83,9 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   if (p) {
     ++stats_.cache_hits;
   } else {
-    // No eviction while a pool fills (Note [Private pools]), nor by a thread that may not.
-    if (cache_limit_ > 0 && active_.empty() && t_evicts) {
+    // No eviction while a pool fills (Note [Private pools]), nor on a device by a thread that
+    // may not (a host block goes back without a device sync: the CPU's cache evicts as ever).
+    if (cache_limit_ > 0 && active_.empty() && (t_evicts || !stream)) {
       // The pools' blocks are not the cache's to bound: what they hold is left out.
       const double limit = cache_limit_ * double(std::max(stats_.peak_allocated, stats_.allocated + sz));
       const size_t shared = stats_.reserved - pooled_;

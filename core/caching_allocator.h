@@ -93,11 +93,12 @@ class CachingAllocator : public Allocator {
   AllocatorStats stats_;
 };
 
-// Whether the calling thread's cache misses may evict (the default), and the previous
-// setting. An eviction synchronises the device with the allocator's lock held, so every
-// other thread's request waits for the GPU meanwhile: a thread beside training (its work
-// on a side stream, Note [Side streams] in core/side_stream.h) takes new memory on a miss
-// instead, and the training thread's next miss bounds the cache again.
+// Whether the calling thread's cache misses on a device may evict (the default), and the
+// previous setting. An eviction synchronises the device with the allocator's lock held, so
+// every other thread's request waits for the GPU meanwhile: a thread beside training (its
+// work on a side stream, Note [Side streams] in core/side_stream.h) takes new memory on a
+// miss instead, and the training thread's next miss bounds the cache again. The CPU's
+// cache, whose evictions wait for nothing, evicts for every thread.
 bool set_thread_evicts(bool on);
 
 // The cache limit the allocators use: `fallback`, or EG_ALLOC_CACHE_LIMIT from the

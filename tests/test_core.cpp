@@ -244,6 +244,33 @@ TEST(CoreAllocator, CachedBlocksStayOnTheirStream) {
   a.deallocate(last, mb);
 }
 
+// A thread that may not evict (a side stream's: Note [Side streams]) takes new memory on a
+// device miss over the limit, handing nothing back; on the host (no stream) it evicts as
+// any thread does; the setting is the thread's, and restored.
+TEST(CoreAllocator, AThreadThatMayNotEvictGrowsTheDeviceCacheInstead) {
+  int stream = 0;
+  const size_t mb = size_t(1) << 20;
+  for (void* on : {static_cast<void*>(&stream), static_cast<void*>(nullptr)}) {
+    RecordingAllocator a;
+    void* x = a.allocate(8 * mb, on);
+    a.deallocate(x, 8 * mb);
+    const bool before = set_thread_evicts(false);
+    EXPECT_TRUE(before);
+    void* z = a.allocate(12 * mb, on);  // 8 MB idle + 12 > 1.5 x 12: an eviction, if allowed
+    EXPECT_FALSE(set_thread_evicts(before));
+    EXPECT_EQ(a.frees.size(), on ? 0u : 1u) << (on ? "on a stream" : "on the host");
+    a.deallocate(z, 12 * mb);
+    a.reset_peak();
+    std::thread other([&] {  // another thread's miss evicts what is idle over its bound
+      void* w = a.allocate(2 * mb, on);
+      a.deallocate(w, 2 * mb);
+    });
+    other.join();
+    EXPECT_EQ(a.frees.size(), on ? 1u : 2u) << (on ? "on a stream" : "on the host");
+    EXPECT_EQ(a.stats().reserved, allocation_size_class(2 * mb));
+  }
+}
+
 // When the system is out of memory the cache goes back first and the request is retried;
 // only a second failure is the user's error, and the allocator still works after it.
 TEST(CoreAllocator, OutOfMemoryEmptiesTheCacheBeforeItFails) {
