@@ -74,6 +74,8 @@ struct ModelConfig {
 // the known names.
 ModelPtr build_model(const ModelConfig& c, Generator& g);
 std::vector<std::string> model_names();  // sorted
+// Whether `name` is one of egeria's own models rather than one a program registered.
+bool is_builtin_model(const std::string& name);
 // Whether `name` trains on sentence pairs (the built-in Transformers); every other model,
 // a user's registered ones included, classifies images.
 bool is_translation_model(const std::string& name);

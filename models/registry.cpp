@@ -66,6 +66,7 @@ ModelBuilder find_builder(const std::string& name) {
 }
 }  // namespace
 
+bool is_builtin_model(const std::string& name) { return builtins().count(name) > 0; }
 bool is_translation_model(const std::string& name) { return builtin_models().translation.count(name) > 0; }
 
 void register_model(const std::string& name, ModelBuilder builder) {

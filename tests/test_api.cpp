@@ -111,6 +111,8 @@ TEST(Api, RegisterModelMakesAUsersModelKnownByName) {
   const auto names = models::model_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "user-cnn"), names.end());
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_FALSE(models::is_builtin_model("user-cnn"));
+  EXPECT_TRUE(models::is_builtin_model("resnet20"));
   models::ModelConfig mc;
   mc.name = "user-cnn", mc.in_channels = 1, mc.image_size = 16, mc.num_classes = 4;
   Generator g(0);

@@ -180,6 +180,7 @@ void expect_fits(const std::string& name, const std::function<Tensor()>& loss_fn
 
 TEST(Models, EveryBuiltInModelFitsAFixedBatch) {
   for (const std::string& name : models::model_names()) {
+    if (!models::is_builtin_model(name)) continue;  // a model another test registered
     Generator g(1);
     models::ModelConfig c;
     c.name = name;
