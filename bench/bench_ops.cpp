@@ -20,8 +20,17 @@ void run_case(benchmark::State& st, size_t idx, ops::Backend b) {
   Device dev = b == ops::Backend::cuda ? Device::cuda(0) : Device::cpu();
   Tensors in;
   for (auto& t : c.make_inputs(c.dtype)) in.push_back(t.defined() ? t.to(dev) : t);
+  // An NHWC twin's conversions happen here, once: timed are the kernels a channels-last
+  // network calls.
+  auto nhwc = [&](Tensor& t) {
+    if (b == ops::Backend::cuda && t.defined() && t.nhwc_capable()) t = t.to_format(Format::nhwc);
+  };
+  for (int i : c.nhwc_inputs) nhwc(in[size_t(i)]);
   Tensors out = c.forward(b, in), dout(out.size());
-  for (int k : c.diff_outputs) dout[size_t(k)] = randn(out[size_t(k)].shape(), out[size_t(k)].dtype(), 5).to(dev);
+  for (int k : c.diff_outputs) {
+    dout[size_t(k)] = randn(out[size_t(k)].shape(), out[size_t(k)].dtype(), 5).to(dev);
+    if (c.nhwc_douts) nhwc(dout[size_t(k)]);
+  }
   for (auto _ : st) {
     Tensors o = c.forward(b, in);
     if (c.bench_backward && c.backward) c.backward(b, in, o, dout);

@@ -78,7 +78,8 @@ void add_nhwc_twin(std::vector<OpCase>& v, std::vector<int> which, bool douts, c
   OpCase c = v[base - 1];
   c.name += suffix;
   c.cuda_only = true;
-  c.bench = false;
+  c.nhwc_inputs = which;
+  c.nhwc_douts = douts;
   auto nhwc = [](Tensors t, const std::vector<int>& idx) {
     for (int i : idx)
       if (t[size_t(i)].nhwc_capable()) t[size_t(i)] = t[size_t(i)].to_format(Format::nhwc);

@@ -64,6 +64,11 @@ struct OpCase {
   double bytes = 0;  // memory traffic, for bandwidth-bound ops
   bool bench_backward = false;
   bool cuda_only = false;  // a layout only CUDA kernels take (NHWC)
+  // An NHWC twin's inputs (and, with nhwc_douts, output gradients) that CUDA takes in
+  // NHWC: its forward and backward convert them (a no-op for tensors already NHWC), and
+  // a benchmark converts them once, outside the timed loop.
+  std::vector<int> nhwc_inputs;
+  bool nhwc_douts = false;
 
   bool supports(ops::Backend b) const;
 };
@@ -84,7 +89,8 @@ void block_inputs(OpCase& c, std::vector<int> which, bool douts);
 void add_bf16_twin(std::vector<OpCase>& v);
 // Appends the last case that is not such a twin again as "<name><suffix>", run on CUDA
 // alone with its inputs `which` (and, when douts is set, its output gradients) in NHWC
-// (Note [Channels-last activations on CUDA] in core/tensor.h), against the same plain ref.
+// (Note [Channels-last activations on CUDA] in core/tensor.h), against the same plain ref;
+// benchmarked where that case is.
 void add_nhwc_twin(std::vector<OpCase>& v, std::vector<int> which, bool douts, const std::string& suffix = "_nhwc");
 
 // Registration from each op_cases_<group>.cpp: static RegisterCases r([](auto& v){...}).
