@@ -292,14 +292,15 @@ struct RowSlices {
   int64_t rows, c, s;  // rows; channels; slices of the rows (gridDim.y)
   int w, lanes;
 };
-RowSlices row_slices(const Tensor& x, int v) {
+// per_sm: the blocks a 132-SM GPU holds at once per SM, so that the grid is whole waves.
+RowSlices row_slices(const Tensor& x, int v, int per_sm) {
   RowSlices r;
   r.c = x.size(1);
   r.rows = x.numel() / std::max<int64_t>(r.c, 1);
   r.w = int(std::min<int64_t>(32, r.c / v));
   r.lanes = kBnThreads / r.w;
   const int64_t gx = (r.c / v + r.w - 1) / r.w;
-  r.s = std::clamp<int64_t>((4 * 132 + gx - 1) / gx, 1, std::max<int64_t>(1, r.rows / r.lanes));
+  r.s = std::clamp<int64_t>((per_sm * 132 + gx - 1) / gx, 1, std::max<int64_t>(1, r.rows / r.lanes));
   return r;
 }
 __device__ __forceinline__ void row_range(const RowSlices& r, int64_t& r0, int64_t& r1) {
@@ -307,8 +308,19 @@ __device__ __forceinline__ void row_range(const RowSlices& r, int64_t& r0, int64
   r1 = r.rows * (blockIdx.y + 1) / r.s;
 }
 
+// The NHWC statistics' lanes issue the loads of kRowsInFlight rows (ldv_raw) before they
+// sum any, in the rows' order as one row at a time would: with one 16-byte load a thread
+// in flight the pass was bound by latency, not bandwidth. Its registers (80) let an SM
+// hold 3 of its blocks (__launch_bounds__ holds ptxas to that; to 64 it spills), and its
+// grid is whole waves of them. The backward's sums load three tensors a row, so they have
+// three times the bytes in flight already; unrolled they took 166 registers, one block
+// an SM, and no more loads in flight.
+constexpr int kRowsInFlight = 4;
+constexpr int kStatsBlocksPerSm = 3;
+
 template <int V>
-__global__ void bn16_stats_nhwc_kernel(const void* x, int tx, RowSlices rs, float3* part) {
+__global__ void __launch_bounds__(kBnThreads, kStatsBlocksPerSm)
+    bn16_stats_nhwc_kernel(const void* x, int tx, RowSlices rs, float3* part) {
   __shared__ float3 sh[kBnThreads][V];
   const int col = int(threadIdx.x) % rs.w, lane = int(threadIdx.x) / rs.w;
   const int64_t g = int64_t(blockIdx.x) * rs.w + col;  // this thread's channel vector
@@ -318,15 +330,20 @@ __global__ void bn16_stats_nhwc_kernel(const void* x, int tx, RowSlices rs, floa
   float shift[V], s1[V] = {}, s2[V] = {}, cnt = 0.f;
   if (live) ldv<V>(x, tx, g * V, shift);
   if (live)
-    for (int64_t r = r0 + lane; r < r1; r += rs.lanes) {
-      float v[V];
-      ldv<V>(x, tx, r * rs.c + g * V, v);
-      for (int e = 0; e < V; ++e) {
-        const float d = v[e] - shift[e];
-        s1[e] += d;
-        s2[e] += d * d;
+    for (int64_t r = r0 + lane; r < r1; r += kRowsInFlight * rs.lanes) {
+      RawVec<V> raw[kRowsInFlight];
+      for (int u = 0; u < kRowsInFlight; ++u)
+        if (r + u * rs.lanes < r1) raw[u] = ldv_raw<V>(x, tx, (r + u * rs.lanes) * rs.c + g * V);
+      for (int u = 0; u < kRowsInFlight && r + u * rs.lanes < r1; ++u) {
+        float v[V];
+        ldv_cvt<V>(raw[u], tx, v);
+        for (int e = 0; e < V; ++e) {
+          const float d = v[e] - shift[e];
+          s1[e] += d;
+          s2[e] += d * d;
+        }
+        cnt += 1.f;
       }
-      cnt += 1.f;
     }
   for (int e = 0; e < V; ++e) {
     const float mean = cnt > 0.f ? s1[e] / cnt : 0.f;
@@ -447,7 +464,8 @@ struct Partials {
   int64_t s = 0;
 };
 template <class Launch>
-Partials channel_partials(const Tensor& x, std::initializer_list<const void*> ps, int64_t floats, Launch&& launch) {
+Partials channel_partials(const Tensor& x, std::initializer_list<const void*> ps, int64_t floats, int nhwc_per_sm,
+                          Launch&& launch) {
   const int64_t c = x.size(1);
   Partials p;
   with_vectors(x, ps, [&](auto v) {
@@ -458,7 +476,7 @@ Partials channel_partials(const Tensor& x, std::initializer_list<const void*> ps
       launch(v, grid, geometry, p.part.data<float>());
     };
     if (is_nhwc(x)) {
-      const RowSlices rs = row_slices(x, V);
+      const RowSlices rs = row_slices(x, V, nhwc_per_sm);
       run(rs, rs.s, dim3(unsigned((c / V + rs.w - 1) / rs.w), unsigned(rs.s)));
     } else {
       const Slices sl = slices_for(x);
@@ -494,13 +512,14 @@ void bn16_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Te
   check_slice_size(x, "batch_norm");
   if (!x.numel()) return;
   const int64_t c = x.size(1);
-  const Partials p = channel_partials(x, {x.raw_any()}, 3, [&](auto v, dim3 grid, const auto& g, float* part) {
-    constexpr int V = decltype(v)::value;
-    auto* p3 = reinterpret_cast<float3*>(part);
-    if constexpr (is_rows<decltype(g)>)
-      bn16_stats_nhwc_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
-    else bn16_stats_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
-  });
+  const Partials p =
+      channel_partials(x, {x.raw_any()}, 3, kStatsBlocksPerSm, [&](auto v, dim3 grid, const auto& g, float* part) {
+        constexpr int V = decltype(v)::value;
+        auto* p3 = reinterpret_cast<float3*>(part);
+        if constexpr (is_rows<decltype(g)>)
+          bn16_stats_nhwc_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
+        else bn16_stats_kernel<V><<<grid, kBnThreads, 0, stream()>>>(x.raw_any(), dt_code(x, "batch_norm"), g, p3);
+      });
   Tensor coef = Tensor::empty({3, c}, DType::f32, x.device());
   bn16_stats_final_kernel<<<final_blocks(c), 32 * kFinalWarps, 0, stream()>>>(
       reinterpret_cast<float3*>(p.part.data<float>()), p.s, c, gamma.data<float>(), beta.data<float>(),
@@ -531,7 +550,7 @@ void bn16_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const T
   check_slice_size(x, op);
   if (!x.numel()) return;
   Tensor coef = Tensor::empty({4, c}, DType::f32, x.device());
-  const Partials p = channel_partials(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y)}, 2,
+  const Partials p = channel_partials(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y)}, 2, 4,
                                       [&](auto v, dim3 grid, const auto& g, float* part) {
     constexpr int V = decltype(v)::value;
     auto* p2 = reinterpret_cast<float2*>(part);

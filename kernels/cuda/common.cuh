@@ -115,6 +115,50 @@ __device__ __forceinline__ void stv(void* p, int dt, int64_t i, const float (&v)
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
+// ldv in two halves: ldv_raw issues the load(s) of a vector and ldv_cvt converts them.
+// A loop that loads several vectors with ldv_raw before it converts any has that many
+// loads in flight per thread; with ldv, each load's conversion (behind a branch on the
+// dtype) waits for it before the next load is issued. ldv_cvt(ldv_raw(...)) is ldv.
+template <int V>
+struct RawVec {
+  uint4 a, b;  // V = 8: a 16-bit vector in a, an f32 one in a and b; V = 1: the value in a.x
+};
+template <int V>
+__device__ __forceinline__ RawVec<V> ldv_raw(const void* p, int dt, int64_t i) {
+  RawVec<V> r;
+  if constexpr (V == 1) {
+    r.a.x = __float_as_uint(ld(p, dt, i));
+  } else {
+    static_assert(V == 8, "vectors of 8");
+    if (dt == kF32) {
+      const uint4* q = reinterpret_cast<const uint4*>(static_cast<const float*>(p) + i);
+      r.a = q[0], r.b = q[1];
+    } else {
+      r.a = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+    }
+  }
+  return r;
+}
+template <int V>
+__device__ __forceinline__ void ldv_cvt(const RawVec<V>& r, int dt, float (&o)[V]) {
+  if constexpr (V == 1) {
+    o[0] = __uint_as_float(r.a.x);
+  } else {
+    if (dt == kF32) {
+      const uint32_t w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+      for (int e = 0; e < 8; ++e) o[e] = __uint_as_float(w[e]);
+      return;
+    }
+    const uint32_t w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+    for (int k = 0; k < 4; ++k) {
+      float2 f;
+      if (dt == kBf16) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+      else f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+      o[2 * k] = f.x, o[2 * k + 1] = f.y;
+    }
+  }
+}
+
 // Every pointer given (null ones skipped) 16-byte aligned.
 inline bool aligned16(std::initializer_list<const void*> ps) {
   for (const void* p : ps)
