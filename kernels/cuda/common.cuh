@@ -69,28 +69,6 @@ __device__ __forceinline__ void st(void* p, int dt, int64_t i, float v) {
 // a kernel templated on V runs its aligned bulk with V = 8 and the rest with V = 1
 // (for_vectors); the arithmetic per element is the same either way.
 template <int V>
-__device__ __forceinline__ void ldv(const void* p, int dt, int64_t i, float (&o)[V]) {
-  if constexpr (V == 1) {
-    o[0] = ld(p, dt, i);
-  } else {
-    static_assert(V == 8, "vectors of 8");
-    if (dt == kF32) {
-      const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
-      const float4 a = q[0], b = q[1];
-      o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
-      return;
-    }
-    const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-    for (int k = 0; k < 4; ++k) {
-      float2 f;
-      if (dt == kBf16) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-      else f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
-      o[2 * k] = f.x, o[2 * k + 1] = f.y;
-    }
-  }
-}
-template <int V>
 __device__ __forceinline__ void stv(void* p, int dt, int64_t i, const float (&v)[V]) {
   if constexpr (V == 1) {
     st(p, dt, i, v[0]);
@@ -115,10 +93,10 @@ __device__ __forceinline__ void stv(void* p, int dt, int64_t i, const float (&v)
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
-// ldv in two halves: ldv_raw issues the load(s) of a vector and ldv_cvt converts them.
-// A loop that loads several vectors with ldv_raw before it converts any has that many
-// loads in flight per thread; with ldv, each load's conversion (behind a branch on the
-// dtype) waits for it before the next load is issued. ldv_cvt(ldv_raw(...)) is ldv.
+// ldv's two halves: ldv_raw issues the load(s) of a vector and ldv_cvt converts them. A
+// loop that loads several vectors with ldv_raw before it converts any has that many loads
+// in flight per thread; with ldv, each load's conversion (behind a branch on the dtype)
+// waits for it before the next load is issued.
 template <int V>
 struct RawVec {
   uint4 a, b;  // V = 8: a 16-bit vector in a, an f32 one in a and b; V = 1: the value in a.x
@@ -157,6 +135,11 @@ __device__ __forceinline__ void ldv_cvt(const RawVec<V>& r, int dt, float (&o)[V
       o[2 * k] = f.x, o[2 * k + 1] = f.y;
     }
   }
+}
+
+template <int V>
+__device__ __forceinline__ void ldv(const void* p, int dt, int64_t i, float (&o)[V]) {
+  ldv_cvt<V>(ldv_raw<V>(p, dt, i), dt, o);
 }
 
 // Every pointer given (null ones skipped) 16-byte aligned.
