@@ -3,7 +3,7 @@
 // outputs whose windows hold it (no atomics: the ref's order, any dtype); average
 // pooling (count_include_pad as ops.h says) and its backward as a gather; global
 // average pooling. One thread per output (forward) or input (backward) element, or per
-// 8 channels of one for NHWC max pooling (maxpool_fwd_nhwc8_kernel). f32, or
+// 8 channels of one for NHWC max pooling (maxpool_fwd_kernel<I, 8>). f32, or
 // 16-bit x and y (dy and dx) computed in f32 (Note [16-bit CUDA kernels]); NCHW, or NHWC
 // as the convolutions around them hand it (Note [Channels-last activations on CUDA]:
 // ResNet's stem pool and head would otherwise reorder 100M-value activations, and cast
@@ -46,113 +46,102 @@ __device__ __forceinline__ void covering(int64_t v, int64_t pad, int64_t k, int6
   last = min((v + pad) / stride, outs - 1);
 }
 
+// Max pooling: a thread per output (forward) or input (backward) value, or, with V = 8, per
+// 8 channels of one (NHWC with C a multiple of 8 and every operand 16-byte aligned: a
+// 16-bit network's stem pool, 64 channels), so that the index arithmetic is done once
+// per 8 values and values and indices move in 16- and 32-byte accesses (Note [Vector
+// loads]); per channel the same comparisons and sums in the same order either way.
+//
+// Vector t of an NHWC tensor of H x W pixels and cv vectors a pixel -> (n, y, x, vector).
 template <class I>
+__device__ __forceinline__ void pixel_vector(int64_t t, int64_t cv, int64_t H, int64_t W, int64_t& n, int64_t& y,
+                                             int64_t& x, int64_t& v) {
+  I r = I(t);
+  v = int64_t(r % I(cv)), r /= I(cv);
+  x = int64_t(r % I(W)), r /= I(W);
+  y = int64_t(r % I(H)), n = int64_t(r / I(H));
+}
+// Thread t's (n, first channel, y, x) in a tensor of H x W pixels.
+template <class I, int V>
+__device__ __forceinline__ void thread_coords(const PoolGeom& g, int64_t t, int64_t H, int64_t W, int64_t& n,
+                                              int64_t& ch, int64_t& y, int64_t& x) {
+  if constexpr (V == 1) {
+    coords<I>(g, t, H, W, n, ch, y, x);
+  } else {
+    int64_t v;
+    pixel_vector<I>(t, g.c / V, H, W, n, y, x, v);
+    ch = v * V;
+  }
+}
+template <int V>
+__device__ __forceinline__ void ld_idx(const int32_t* idx, int64_t i, int32_t (&k)[V]) {
+  if constexpr (V == 1) {
+    k[0] = idx[i];
+  } else {
+    const int4* q = reinterpret_cast<const int4*>(idx + i);
+    const int4 a = q[0], b = q[1];
+    k[0] = a.x, k[1] = a.y, k[2] = a.z, k[3] = a.w, k[4] = b.x, k[5] = b.y, k[6] = b.z, k[7] = b.w;
+  }
+}
+template <int V>
+__device__ __forceinline__ void st_idx(int32_t* idx, int64_t i, const int32_t (&k)[V]) {
+  if constexpr (V == 1) {
+    idx[i] = k[0];
+  } else {
+    int4* q = reinterpret_cast<int4*>(idx + i);
+    q[0] = make_int4(k[0], k[1], k[2], k[3]);
+    q[1] = make_int4(k[4], k[5], k[6], k[7]);
+  }
+}
+
+template <class I, int V>
 __global__ void maxpool_fwd_kernel(const void* x, int tx, void* y, int ty, int32_t* idx, PoolGeom g) {
-  EG_CUDA_LOOP(i, g.n * g.c * g.oh * g.ow) {
+  EG_CUDA_LOOP(t, g.n * g.c * g.oh * g.ow / V) {  // output values t V ... t V + V - 1
     int64_t n, ch, oy, ox;
-    coords<I>(g, i, g.oh, g.ow, n, ch, oy, ox);
-    float best = -INFINITY;
-    int32_t arg = -1;
+    thread_coords<I, V>(g, t, g.oh, g.ow, n, ch, oy, ox);
+    float best[V];
+    int32_t arg[V];
+    for (int e = 0; e < V; ++e) best[e] = -INFINITY, arg[e] = -1;
     for (int64_t ky = 0; ky < g.kh; ++ky) {
       const int64_t yy = oy * g.sh - g.ph + ky;
       if (yy < 0 || yy >= g.h) continue;
       for (int64_t kx = 0; kx < g.kw; ++kx) {
         const int64_t xx = ox * g.sw - g.pw + kx;
         if (xx < 0 || xx >= g.w) continue;
-        const float v = ld(x, tx, at(g, n, ch, yy, xx, g.h, g.w));
-        if (v > best || arg < 0) best = v, arg = int32_t(yy * g.w + xx);
+        float v[V];
+        ldv<V>(x, tx, at(g, n, ch, yy, xx, g.h, g.w), v);
+        const int32_t here = int32_t(yy * g.w + xx);
+        for (int e = 0; e < V; ++e)
+          if (v[e] > best[e] || arg[e] < 0) best[e] = v[e], arg[e] = here;
       }
     }
-    st(y, ty, i, best);
-    idx[i] = arg;
+    stv<V>(y, ty, t * V, best);
+    st_idx<V>(idx, t * V, arg);
   }
 }
-template <class I>
+template <class I, int V>
 __global__ void maxpool_bwd_kernel(const void* dy, int tdy, const int32_t* idx, void* dx, int tdx, PoolGeom g) {
-  EG_CUDA_LOOP(i, g.n * g.c * g.h * g.w) {
+  EG_CUDA_LOOP(t, g.n * g.c * g.h * g.w / V) {  // input values t V ... t V + V - 1
     int64_t n, ch, yy, xx, oy0, oy1, ox0, ox1;
-    coords<I>(g, i, g.h, g.w, n, ch, yy, xx);
+    thread_coords<I, V>(g, t, g.h, g.w, n, ch, yy, xx);
     covering(yy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
     covering(xx, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
     const int32_t me = int32_t(yy * g.w + xx);
-    float s = 0.f;
+    float s[V] = {};
     for (int64_t oy = oy0; oy <= oy1; ++oy)
       for (int64_t ox = ox0; ox <= ox1; ++ox) {
         const int64_t o = at(g, n, ch, oy, ox, g.oh, g.ow);
-        if (idx[o] == me) s += ld(dy, tdy, o);
-      }
-    st(dx, tdx, i, s);
-  }
-}
-// Max pooling over NHWC with C a multiple of 8 and every operand 16-byte aligned (a
-// 16-bit network's stem pool: 64 channels): a thread per (pixel, vector of 8 channels),
-// so the index arithmetic is done once per 8 values and values and indices move in 16-
-// and 32-byte accesses (Note [Vector loads]). The comparisons and the sums per channel
-// are the kernels' above, in the same order: the results are theirs bit for bit. (The
-// scalar kernels, a thread per value with three divisions and 2-byte accesses each,
-// took 0.8 and 2.6 ms of a ResNet-50 bf16 step at batch 128 on an H100.)
-template <class I>
-__global__ void maxpool_fwd_nhwc8_kernel(const void* x, int tx, void* y, int ty, int32_t* idx, PoolGeom g) {
-  const I cv = I(g.c / 8), ow = I(g.ow), oh = I(g.oh);
-  EG_CUDA_LOOP(t, g.n * g.oh * g.ow * (g.c / 8)) {  // t: (n, oy, ox, vector) in NHWC order
-    I r = I(t);
-    const int64_t v = int64_t(r % cv);
-    r /= cv;
-    const int64_t ox = int64_t(r % ow);
-    r /= ow;
-    const int64_t oy = int64_t(r % oh), n = int64_t(r / oh);
-    float best[8];
-    int32_t arg[8];
-    for (int e = 0; e < 8; ++e) best[e] = -INFINITY, arg[e] = -1;
-    for (int64_t ky = 0; ky < g.kh; ++ky) {
-      const int64_t yy = oy * g.sh - g.ph + ky;
-      if (yy < 0 || yy >= g.h) continue;
-      for (int64_t kx = 0; kx < g.kw; ++kx) {
-        const int64_t xx = ox * g.sw - g.pw + kx;
-        if (xx < 0 || xx >= g.w) continue;
-        float val[8];
-        ldv<8>(x, tx, ((n * g.h + yy) * g.w + xx) * g.c + v * 8, val);
-        const int32_t here = int32_t(yy * g.w + xx);
-        for (int e = 0; e < 8; ++e)
-          if (val[e] > best[e] || arg[e] < 0) best[e] = val[e], arg[e] = here;
-      }
-    }
-    stv<8>(y, ty, t * 8, best);
-    int4* out = reinterpret_cast<int4*>(idx + t * 8);
-    out[0] = make_int4(arg[0], arg[1], arg[2], arg[3]);
-    out[1] = make_int4(arg[4], arg[5], arg[6], arg[7]);
-  }
-}
-template <class I>
-__global__ void maxpool_bwd_nhwc8_kernel(const void* dy, int tdy, const int32_t* idx, void* dx, int tdx, PoolGeom g) {
-  const I cv = I(g.c / 8), w = I(g.w), h = I(g.h);
-  EG_CUDA_LOOP(t, g.n * g.h * g.w * (g.c / 8)) {  // t: (n, y, x, vector) of the input
-    I r = I(t);
-    const int64_t v = int64_t(r % cv);
-    r /= cv;
-    const int64_t xx = int64_t(r % w);
-    r /= w;
-    const int64_t yy = int64_t(r % h), n = int64_t(r / h);
-    int64_t oy0, oy1, ox0, ox1;
-    covering(yy, g.ph, g.kh, g.sh, g.oh, oy0, oy1);
-    covering(xx, g.pw, g.kw, g.sw, g.ow, ox0, ox1);
-    const int32_t me = int32_t(yy * g.w + xx);
-    float s[8] = {};
-    for (int64_t oy = oy0; oy <= oy1; ++oy)
-      for (int64_t ox = ox0; ox <= ox1; ++ox) {
-        const int64_t o = ((n * g.oh + oy) * g.ow + ox) * g.c + v * 8;
-        const int4* in = reinterpret_cast<const int4*>(idx + o);
-        const int4 a = in[0], b = in[1];
-        const int32_t k[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        int32_t k[V];
+        ld_idx<V>(idx, o, k);
         bool mine = false;
-        for (int e = 0; e < 8; ++e) mine |= k[e] == me;
-        if (!mine) continue;  // no channel of the vector took its maximum here: dy unread
-        float d[8];
-        ldv<8>(dy, tdy, o, d);
-        for (int e = 0; e < 8; ++e)
+        for (int e = 0; e < V; ++e) mine |= k[e] == me;
+        if (!mine) continue;  // no channel took its maximum here: dy unread
+        float d[V];
+        ldv<V>(dy, tdy, o, d);
+        for (int e = 0; e < V; ++e)
           if (k[e] == me) s[e] += d[e];
       }
-    stv<8>(dx, tdx, t * 8, s);
+    stv<V>(dx, tdx, t * V, s);
   }
 }
 __device__ __forceinline__ float avg_divisor(const PoolGeom& g, int64_t oy, int64_t ox) {
@@ -237,9 +226,12 @@ bool fits_32(const Tensor& a, const Tensor& b) { return std::max(a.numel(), b.nu
 // 16-bit data computes in the layout it comes in (a 16-bit network's activations are
 // NHWC), f32 data NCHW.
 Format layout_for(const Tensor& t) { return compute_layout(t, t.dtype() != DType::f32); }
-// Whether max pooling takes the NHWC kernels of 8 channels a thread.
-bool vectors_of_8(const PoolGeom& g, std::initializer_list<const void*> ps) {
-  return g.nhwc && g.c % 8 == 0 && aligned16(ps);
+// f(std::integral_constant<int, V>) with V = 8 where max pooling can take 8 channels a
+// thread (NHWC, C a multiple of 8, every operand 16-byte aligned), else 1.
+template <class F>
+void with_max_vectors(const PoolGeom& g, std::initializer_list<const void*> ps, F&& f) {
+  if (g.nhwc && g.c % 8 == 0 && aligned16(ps)) f(std::integral_constant<int, 8>{});
+  else f(std::integral_constant<int, 1>{});
 }
 }  // namespace
 
@@ -254,16 +246,17 @@ void pool2d_fwd(const Tensor& x_in, Tensor& y, Tensor& indices, const ops::Pool2
   const int64_t n = y.numel();
   if (!n) return;
   const bool small = fits_32(x, y);
-  const auto max_k = small ? maxpool_fwd_kernel<uint32_t> : maxpool_fwd_kernel<int64_t>;
-  const auto avg_k = small ? avgpool_fwd_kernel<uint32_t> : avgpool_fwd_kernel<int64_t>;
-  if (p.kind == ops::PoolKind::max && vectors_of_8(g, {x.raw_any(), y.raw_any(), indices.raw_any()})) {
-    const auto k = small ? maxpool_fwd_nhwc8_kernel<uint32_t> : maxpool_fwd_nhwc8_kernel<int64_t>;
-    k<<<blocks_for(n / 8), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op),
-                                                    indices.data_any<int32_t>(), g);
-  } else if (p.kind == ops::PoolKind::max)
-    max_k<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op),
-                                                    indices.data_any<int32_t>(), g);
-  else avg_k<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), g);
+  if (p.kind == ops::PoolKind::max) {
+    with_max_vectors(g, {x.raw_any(), y.raw_any(), indices.raw_any()}, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      const auto k = small ? maxpool_fwd_kernel<uint32_t, V> : maxpool_fwd_kernel<int64_t, V>;
+      k<<<blocks_for(n / V), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op),
+                                                      indices.data_any<int32_t>(), g);
+    });
+  } else {
+    const auto k = small ? avgpool_fwd_kernel<uint32_t> : avgpool_fwd_kernel<int64_t>;
+    k<<<blocks_for(n), kThreads, 0, stream()>>>(x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), g);
+  }
   cuda::after_launch("pool2d_fwd");
 }
 
@@ -276,18 +269,18 @@ void pool2d_bwd(const Tensor& dy_in, const Tensor& indices, Tensor& dx, const op
   const PoolGeom g = geom(dx.shape(), dy.shape(), p, f == Format::nhwc);
   if (!dx.numel()) return;
   const bool small = fits_32(dx, dy);
-  const auto max_k = small ? maxpool_bwd_kernel<uint32_t> : maxpool_bwd_kernel<int64_t>;
-  const auto avg_k = small ? avgpool_bwd_kernel<uint32_t> : avgpool_bwd_kernel<int64_t>;
-  if (p.kind == ops::PoolKind::max && vectors_of_8(g, {dy.raw_any(), dx.raw_any(), indices.raw_any()})) {
-    const auto k = small ? maxpool_bwd_nhwc8_kernel<uint32_t> : maxpool_bwd_nhwc8_kernel<int64_t>;
-    k<<<blocks_for(dx.numel() / 8), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), indices.data_any<int32_t>(),
-                                                             dx.raw_any(), dt_code(dx, op), g);
-  } else if (p.kind == ops::PoolKind::max)
-    max_k<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), indices.data_any<int32_t>(),
-                                                             dx.raw_any(), dt_code(dx, op), g);
-  else
-    avg_k<<<blocks_for(dx.numel()), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), dx.raw_any(),
-                                                             dt_code(dx, op), g);
+  const int64_t n = dx.numel();
+  if (p.kind == ops::PoolKind::max) {
+    with_max_vectors(g, {dy.raw_any(), dx.raw_any(), indices.raw_any()}, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      const auto k = small ? maxpool_bwd_kernel<uint32_t, V> : maxpool_bwd_kernel<int64_t, V>;
+      k<<<blocks_for(n / V), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), indices.data_any<int32_t>(),
+                                                      dx.raw_any(), dt_code(dx, op), g);
+    });
+  } else {
+    const auto k = small ? avgpool_bwd_kernel<uint32_t> : avgpool_bwd_kernel<int64_t>;
+    k<<<blocks_for(n), kThreads, 0, stream()>>>(dy.raw_any(), dt_code(dy, op), dx.raw_any(), dt_code(dx, op), g);
+  }
   cuda::after_launch("pool2d_bwd");
 }
 
