@@ -31,18 +31,23 @@ DeviceGraph::DeviceGraph(Device device) : device_(device), impl_(std::make_uniqu
 }
 
 DeviceGraph::~DeviceGraph() {
+  // A destructor cannot throw (it may run while an error unwinds, a sticky device error
+  // among them): CUDA's results are left to the next check, the pool's release is tried.
+  try {
 #ifdef EG_WITH_CUDA
-  if (impl_->exec) {
-    // Replays still queued read the pool's blocks: they finish before the blocks are the
-    // shared cache's (a destructor cannot throw: a failed sync is left to the next check).
-    count_host_sync();
-    cuda::set_device(device_.index);
-    (void)cudaStreamSynchronize(cuda::current_stream(device_.index));
-    (void)cudaGraphExecDestroy(impl_->exec);
-    (void)cudaGetLastError();
-  }
+    if (impl_->exec) {
+      // Replays still queued read the pool's blocks: they finish before the blocks are the
+      // shared cache's.
+      count_host_sync();
+      (void)cudaSetDevice(device_.index);
+      (void)cudaStreamSynchronize(cuda::current_stream(device_.index));
+      (void)cudaGraphExecDestroy(impl_->exec);
+      (void)cudaGetLastError();
+    }
 #endif
-  if (impl_->alloc) impl_->alloc->release_pool(impl_->pool);
+    if (impl_->alloc) impl_->alloc->release_pool(impl_->pool);
+  } catch (...) {
+  }
 }
 
 bool DeviceGraph::captured() const {
@@ -62,6 +67,10 @@ void DeviceGraph::capture(const std::function<void()>& body) {
 #ifdef EG_WITH_CUDA
   cuda::set_device(device_.index);
   const cudaStream_t stream = cuda::current_stream(device_.index);
+  // The thread's library handles exist before the capture: making one (cublasCreate,
+  // cudnnCreate, the cuBLAS workspace's cudaMalloc) is no call a capture allows.
+  (void)cuda::cublas_handle();
+  (void)cuda::cudnn_handle();
   // Kernels the capture's tensors' blocks last served run before the capture's own.
   impl_->alloc->begin_pool(impl_->pool);
   cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);

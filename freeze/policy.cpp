@@ -262,6 +262,7 @@ class EgeriaPolicy : public FreezePolicy {
     ctl_->set_snapshot(snapshot_);
     ctl_->restore_calibration(snapshot_, std::exchange(restored_calibration_, {}));
   }
+  void quiesce() override { ctl_->drain(); }
   json stats() const override {
     json j = {{"evaluations_completed", ctl_->completed()},
               {"evaluations_dropped", ctl_->dropped()},

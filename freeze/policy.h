@@ -135,6 +135,9 @@ class FreezePolicy {
   virtual void load_state_tensors(const std::map<std::string, Tensor>&) {}
   // Figures for summary.json (evaluations_dropped, reference seconds, ...).
   virtual nlohmann::json stats() const { return nlohmann::json::object(); }
+  // Returns once nothing of the policy runs beside training (Egeria: its reference's
+  // readings in flight are done; their results wait for the next step as before).
+  virtual void quiesce() {}
 };
 
 // `num_modules` is the model's number of layer modules; the policy counts in units of

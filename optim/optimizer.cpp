@@ -158,6 +158,27 @@ void SGD::step() {
            on_device, skip_if_);
 }
 
+std::vector<size_t> Optimizer::active_members() const {
+  std::vector<size_t> m;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (active(params_[i])) m.push_back(i);
+  return m;
+}
+
+void Optimizer::check_one_launch(const char* who) const {
+  EG_CHECK(uniform(active_members()), who,
+           ": a captured step must be one multi-tensor launch, and these parameters are on several devices or of "
+           "several dtypes (--cuda-graphs off trains them)");
+}
+
+bool SGD::ready_to_capture() const {
+  check_one_launch("SGD");
+  if (options.momentum == 0) return true;
+  for (size_t i : active_members())
+    if (!momentum_[i].defined()) return false;
+  return true;
+}
+
 void SGD::check_replayable() const {
   EG_CHECK(!last_host_lr_,
            "SGD: a step to replay must be a multi-tensor one past every momentum buffer's first "
@@ -236,6 +257,14 @@ void AdamW::step() {
   const ops::AdamWParams ap{0, options.beta1, options.beta2, options.eps, options.weight_decay, 0};
   ops::run(ops::adamw_step_multi, ops::pick_backend(ops::adamw_step_multi.has(ops::Backend::cpu), ps[0]), lr, ps, gs,
            ms, vs, counts, ap, skip_if_);
+}
+
+bool AdamW::ready_to_capture() const {
+  check_one_launch("AdamW");
+  // A parameter's first multi-tensor step moves its count to the device from the host.
+  for (size_t i : active_members())
+    if (!step_dev_[i].defined() || step_dev_[i].device() != params_[i].device()) return false;
+  return true;
 }
 
 void AdamW::check_replayable() const {

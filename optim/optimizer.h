@@ -69,6 +69,12 @@ class Optimizer {
   // Throws, naming why, when the last step() launched a value a replay would repeat (a
   // per-parameter path's learning rate or bias correction; a momentum buffer's first step).
   virtual void check_replayable() const {}
+  // Before a capture (Note [Graphed steps]): whether the next step() would launch only
+  // what a replay repeats rightly. False while a momentum buffer has still to take its
+  // first step (host-launched, and reading loss scaling's flag on the host: a capture
+  // forbids both), which an overflowing fp16 step puts off; throws, naming why, where no
+  // step of these parameters ever would (several devices or dtypes).
+  virtual bool ready_to_capture() const { return true; }
   // Optimizer state as named tensors ("3.momentum"), for checkpoints.
   virtual std::map<std::string, Tensor> state_dict() const = 0;
   virtual void load_state_dict(const std::map<std::string, Tensor>& sd) = 0;
@@ -81,6 +87,10 @@ class Optimizer {
   // Whether the members (indices into params_) share one device and dtype and no two
   // start at one address, as one multi-tensor call needs.
   bool uniform(const std::vector<size_t>& members) const;
+  // The parameters a step() updates now (indices into params_).
+  std::vector<size_t> active_members() const;
+  // Throws `who`'s message where the active parameters cannot take one multi-tensor step.
+  void check_one_launch(const char* who) const;
   std::vector<Tensor> params_;
   double lr_;
   GradBuckets buckets_;
@@ -102,6 +112,7 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, double lr, SgdOptions o = {});
   void step() override;
   void check_replayable() const override;
+  bool ready_to_capture() const override;
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& sd) override;
   SgdOptions options;
@@ -120,6 +131,7 @@ class AdamW : public Optimizer {
   AdamW(std::vector<Tensor> params, double lr, AdamWOptions o = {});
   void step() override;
   void check_replayable() const override;
+  bool ready_to_capture() const override;
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& sd) override;
   AdamWOptions options;

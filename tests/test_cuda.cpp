@@ -647,7 +647,7 @@ TEST(Cuda, AGraphedStepTrainsTheWeightsOfTheEagerStep) {
           Tensor logits = m->forward_frozen(x, x2, 0);
           return fn::cross_entropy(tfm ? fn::reshape(logits, {samples, logits.size(2)}) : logits, y);
         };
-        train::GraphedStep gs(dp, *opt, &g, {2, 1.0});
+        train::GraphedStep gs(dp, *opt, &g, {2, 1.0, {}});
         for (int64_t i = 0; i < 7; ++i) {
           opt->set_lr((tfm ? 1e-3 : 0.05) / double(1 + i));
           dist::StepResult r;
@@ -697,6 +697,62 @@ TEST(Cuda, AGraphedStepTrainsTheWeightsOfTheEagerStep) {
             << what << ": " << k;
       }
     }
+  set_training_device(prev);
+}
+
+// fp16 with a loss scale far too large: the first steps overflow and are skipped, so the
+// warm-up makes no SGD momentum buffer (their first step is host-launched and reads the
+// overflow flag on the host, which a capture forbids). The graphed step warms up on
+// (Optimizer::ready_to_capture), captures a later step, and trains the eager weights.
+TEST(Cuda, AGraphedStepWarmsUpOnThroughOverflowingSteps) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const Device prev = set_training_device(dev);
+  auto local = dist::make_local();
+  std::vector<float> weights[2];
+  int overflows[2] = {};
+  for (int graphed = 0; graphed < 2; ++graphed) {
+    models::ModelConfig mc;
+    mc.name = "resnet20";
+    mc.image_size = 32;
+    mc.small_input = true;
+    mc.num_classes = 10;
+    Generator g(3);
+    auto m = models::build_model(mc, g);
+    m->to(dev);
+    optim::SGD opt(m->parameters(), 0.05, optim::SgdOptions{0.9, 0, 5e-4, false});
+    dist::Strategy dp(*local, "cuda:0", {}, optim::LossScaleOptions{true, double(int64_t(1) << 30), 1000});
+    Generator data(5);
+    const Tensor x = Tensor::randn({8, 3, 32, 32}, data).to(dev);
+    const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8}, dev);
+    auto forward = [&] {
+      autograd::Autocast ac(DType::f16);
+      return fn::cross_entropy(m->forward_frozen(x, Tensor(), 0), y);
+    };
+    train::GraphedStep gs(dp, opt, &g, {2, 1.0, {}});
+    for (int64_t i = 0; i < 16; ++i) {
+      dist::StepResult r;
+      if (graphed) {
+        r = gs.run(forward, 8);
+      } else {
+        g.mark_step();
+        r = dp.step(forward(), 8, opt, i, 1.0);
+      }
+      if (!std::isfinite(r.grad_norm_later.value())) ++overflows[graphed];
+    }
+    if (graphed) {
+      EXPECT_EQ(gs.captures(), 1);
+      EXPECT_GT(gs.replays(), 1) << "captured after the overflowing steps";
+    }
+    for (auto& p : m->parameters())
+      for (float v : p.to(Device::cpu()).to(DType::f32).to_vector<float>()) weights[graphed].push_back(v);
+  }
+  EXPECT_GE(overflows[0], 2) << "the scale overflows through the 2-step warm-up";
+  EXPECT_EQ(overflows[1], overflows[0]);
+  ASSERT_EQ(weights[0].size(), weights[1].size());
+  float worst = 0;
+  for (size_t i = 0; i < weights[0].size(); ++i) worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
+  EXPECT_LE(worst, 1e-4f);
   set_training_device(prev);
 }
 

@@ -129,6 +129,40 @@ TEST(LossScale, TheFlagSkipsTheStepWhereTheGradientsAreWithoutAHostRead) {
   }
 }
 
+// A CUDA graph captures a step only once the optimizer would launch nothing from the
+// host (Note [Graphed steps]): SGD's momentum buffers take their first step on the host,
+// reading the overflow flag there, so an overflowing first step keeps the warm-up going;
+// AdamW's counts move to the device at its first step; parameters of two dtypes can never
+// take one launch, and say so.
+TEST(LossScale, AnOverflowingFirstStepPutsOffTheCapture) {
+  for (int adamw = 0; adamw < 2; ++adamw) {
+    std::vector<Tensor> params = {Tensor::full({3}, 1.0).set_requires_grad(true),
+                                  Tensor::full({5}, 2.0).set_requires_grad(true)};
+    std::unique_ptr<optim::Optimizer> opt;
+    if (adamw) opt = std::make_unique<optim::AdamW>(params, 0.1);
+    else opt = std::make_unique<optim::SGD>(params, 0.1, optim::SgdOptions{0.9, 0, 0, false});
+    optim::LossScaler s({true, 1024, 100});
+    auto step_with = [&](float g) {
+      opt->zero_grad();
+      for (auto& p : params) p.grad().copy_(Tensor::full(p.shape(), double(g) * 1024));
+      const Tensor found = s.unscale_on_device(opt->grad_buckets());
+      opt->step_unless(found);
+      s.update(found);
+    };
+    opt->zero_grad();
+    EXPECT_FALSE(opt->ready_to_capture()) << "before any step (adamw " << adamw << ")";
+    step_with(INFINITY);
+    EXPECT_EQ(opt->ready_to_capture(), bool(adamw)) << "after an overflowing first step (adamw " << adamw << ")";
+    step_with(0.5f);
+    EXPECT_TRUE(opt->ready_to_capture()) << "after a clean step (adamw " << adamw << ")";
+  }
+  std::vector<Tensor> mixed = {Tensor::full({3}, 1.0).set_requires_grad(true),
+                               Tensor::full({3}, 1.0, DType::bf16).set_requires_grad(true)};
+  optim::SGD sgd(mixed, 0.1);
+  sgd.zero_grad();
+  EXPECT_NE(eg::testing::error_of([&] { (void)sgd.ready_to_capture(); }).find("several dtypes"), std::string::npos);
+}
+
 // A power-of-two scale that never overflows changes no bit: every gradient is exactly S
 // times the unscaled one, and dividing by S is exact.
 TEST(LossScale, APowerOfTwoScaleWithoutOverflowTrainsTheSameWeights) {

@@ -85,6 +85,11 @@ class FreezeRun {
   bool reads_this_step() const { return capture_.layer >= 0; }
   // A replayed step ran the forward without this object seeing it (Note [Graphed steps]).
   void note_replayed_forward() { ++steps_; }
+  // Before a CUDA graph's capture: the policy's work beside training (Egeria's reference,
+  // which may queue GPU work from its own thread) is over.
+  void quiesce() {
+    if (policy_) policy_->quiesce();
+  }
   // The next batch's ids, for the cache to gather ahead.
   void prefetch(const std::vector<int64_t>& next_ids);
 

@@ -53,10 +53,11 @@ dist::StepResult GraphedStep::run(const std::function<Tensor()>& forward, int64_
     d = outputs_;
     replayed_last_ = true;
     ++replayed_steps_;
-  } else if (eager_ < o_.warmup) {
+  } else if (eager_ < o_.warmup || !opt_.ready_to_capture()) {
     ++eager_;
     d = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip);
   } else {
+    if (o_.before_capture) o_.before_capture();
     graph_ = std::make_unique<DeviceGraph>(dev);
     const uint64_t before = gen_ ? gen_->offset() : 0;
     try {
@@ -64,13 +65,15 @@ dist::StepResult GraphedStep::run(const std::function<Tensor()>& forward, int64_
         outputs_ = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip);
         if (outputs_.loss.defined()) outputs_.loss = outputs_.loss.detach();  // its graph freed, its storage kept
       });
+      opt_.check_replayable();
     } catch (const Error& e) {
       // The captured host code ran (counters moved) for a step that never ran: no way on.
+      outputs_ = {};
+      graph_.reset();
       EG_THROW(e.what(),
                "; the run stops (its files are as the last checkpoint left them): --cuda-graphs off "
                "trains this step eagerly");
     }
-    opt_.check_replayable();
     drawn_ = gen_ ? gen_->offset() - before : 0;
     samples_ = samples;
     ++captures_;

@@ -16,7 +16,9 @@ namespace eg::train {
 // caller keeps (the same tensors every step), backward, loss scaling's unscale, skip and
 // update, clipping and the optimizer (Strategy::step_on_device). A GraphedStep runs it eagerly for
 // `warmup` steps (cuDNN's plans, the allocators' blocks, the optimizer's state and a
-// frozen prefix's autocast weights are made then), captures the next one into a
+// frozen prefix's autocast weights are made then), and on while the optimizer would
+// still launch host values (an fp16 overflow skips the step that makes SGD's momentum
+// buffers: Optimizer::ready_to_capture), captures the next one into a
 // DeviceGraph (Note [Device graphs] in core/device_graph.h) and replays that graph for
 // every step after, the capture's own step included. Around a replay the host does what
 // the captured host code did once: before it, the model's generator marks the step and
@@ -31,8 +33,11 @@ namespace eg::train {
 class GraphedStep {
  public:
   struct Options {
-    int warmup = 3;  // eager steps before the capture
+    int warmup = 3;  // eager steps before the capture (more while the optimizer is not ready_to_capture)
     double grad_clip = 0;  // > 0: the gradients' global norm clipped to it
+    // Called before a capture: other threads' GPU work (the plasticity reference's) waits
+    // until it is over, which a capture on another thread might otherwise not survive.
+    std::function<void()> before_capture;
   };
   // `gen`: the generator the model's dropout draws from (nullptr: none).
   GraphedStep(dist::Strategy& strategy, optim::Optimizer& opt, Generator* gen, Options o);

@@ -108,7 +108,8 @@ void build_run(Run& r, bool resuming) {
              "(translation); CUDA graphs capture image models' steps for now");
     EG_CHECK(!c.freezing.cache,
              "--cuda-graphs on: --freeze-cache on keeps the batch on the host; use one or the other");
-    r.graphed = std::make_unique<GraphedStep>(r.dp, *r.opt, &r.task.generator(), GraphedStep::Options{3, c.grad_clip});
+    GraphedStep::Options go{3, c.grad_clip, [&r] { r.freezing->quiesce(); }};
+    r.graphed = std::make_unique<GraphedStep>(r.dp, *r.opt, &r.task.generator(), go);
   }
 }
 
