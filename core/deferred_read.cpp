@@ -91,8 +91,12 @@ DeferredScalar DeferredScalar::of(const Tensor& t) {
   const cudaStream_t stream = cuda::current_stream(t.device().index);
   s.slot = pool().take();
   s.dtype = t.dtype();
-  EG_CUDA_CHECK(cudaMemcpyAsync(s.slot.host, t.raw(), dtype_size(t.dtype()), cudaMemcpyDeviceToHost, stream));
-  EG_CUDA_CHECK(cudaEventRecord(s.slot.landed, stream));
+  cudaError_t e = cudaMemcpyAsync(s.slot.host, t.raw(), dtype_size(t.dtype()), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(s.slot.landed, stream);
+  if (e != cudaSuccess) {  // a copy may be queued with no event behind it: it lands before the slot goes back
+    (void)cudaStreamSynchronize(stream);
+    EG_CUDA_CHECK(e);
+  }
   s.landed = false;
 #endif
   return d;
@@ -158,8 +162,9 @@ struct HostCopy::State {
   ~State() {
     if (!landed) return;
     // The copy may still write the pinned block: it goes back to the cache after it.
-    cudaEventSynchronize(landed);
-    cudaEventDestroy(landed);
+    (void)cudaEventSynchronize(landed);
+    (void)cudaEventDestroy(landed);
+    (void)cudaGetLastError();  // no error of these is the next check's
   }
 #endif
 };
@@ -184,8 +189,8 @@ HostCopy HostCopy::of(const Tensor& t) {
   cudaError_t e = cudaMemcpyAsync(c.state_->host.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream);
   if (e == cudaSuccess) e = cudaEventRecord(landed, stream);
   if (e != cudaSuccess) {  // a copy may be queued with no event behind it: wait before the block goes back
-    cudaStreamSynchronize(stream);
-    cudaEventDestroy(landed);
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaEventDestroy(landed);
     EG_CUDA_CHECK(e);
   }
   c.state_->landed = landed;

@@ -1,5 +1,6 @@
 #include "core/staged_upload.h"
 
+#include <algorithm>
 #include <cstring>
 
 #ifdef EG_WITH_CUDA
@@ -21,7 +22,9 @@ struct StagedUpload::Slots {
   struct Slot {
     void* pinned = nullptr;
     size_t capacity = 0;
-    Tensor dev;  // the device copy, reused while the staged tensors keep its dtype and shape
+    // The device copy: a view of `block`, which is reused while the staged tensors keep
+    // its dtype and fit (translation's batches change shape nearly every step).
+    Tensor block, dev;
     cudaEvent_t copied = nullptr, consumed = nullptr;
     bool copy_issued = false, consumer_issued = false;
   };
@@ -47,6 +50,7 @@ struct StagedUpload::Slots {
     }
     (void)cudaEventDestroy(compute_mark);
     (void)cudaStreamDestroy(copy);
+    (void)cudaGetLastError();  // no error of these is the next check's
   }
 };
 #else
@@ -92,23 +96,30 @@ void StagedUpload::stage(const Tensor& host) {
       EG_CUDA_CHECK(q);
     }
   }
+  // Buffers grow by half at least: batches that grow now and then (translation's) make a
+  // few reallocations, not one each (cudaFreeHost may wait for the device).
   const size_t bytes = src.nbytes();
   if (bytes > s.capacity) {
+    const size_t cap = std::max(bytes, s.capacity + s.capacity / 2);
     if (s.pinned) EG_CUDA_CHECK(cudaFreeHost(s.pinned));
     s.pinned = nullptr, s.capacity = 0;
-    EG_CUDA_CHECK(cudaHostAlloc(&s.pinned, bytes, cudaHostAllocDefault));
-    s.capacity = bytes;
+    EG_CUDA_CHECK(cudaHostAlloc(&s.pinned, cap, cudaHostAllocDefault));
+    s.capacity = cap;
   }
   if (bytes) std::memcpy(s.pinned, src.raw(), bytes);
-  if (!s.dev.defined() || s.dev.dtype() != src.dtype() || s.dev.shape() != src.shape()) {
+  const int64_t n = src.numel();
+  if (!s.block.defined() || s.block.dtype() != src.dtype() || s.block.numel() < n) {
     // A new block, possibly one the compute stream's queued kernels still use until they
     // run (the allocator is stream-ordered on it): the copy waits for them.
-    s.dev = Tensor::empty(src.shape(), src.dtype(), device_);
+    const bool grow = s.block.defined() && s.block.dtype() == src.dtype();
+    s.dev = Tensor();
+    s.block = Tensor::empty({grow ? std::max(n, s.block.numel() + s.block.numel() / 2) : n}, src.dtype(), device_);
     EG_CUDA_CHECK(cudaEventRecord(ss.compute_mark, cuda::current_stream(device_.index)));
     EG_CUDA_CHECK(cudaStreamWaitEvent(ss.copy, ss.compute_mark, 0));
   } else if (s.consumer_issued) {
     EG_CUDA_CHECK(cudaStreamWaitEvent(ss.copy, s.consumed, 0));  // its last consumer has read it
   }
+  s.dev = s.block.slice(0, n).reshape(src.shape());
   if (bytes) EG_CUDA_CHECK(cudaMemcpyAsync(s.dev.raw(), s.pinned, bytes, cudaMemcpyHostToDevice, ss.copy));
   EG_CUDA_CHECK(cudaEventRecord(s.copied, ss.copy));
   s.copy_issued = true;
@@ -132,11 +143,23 @@ Tensor StagedUpload::take(const std::function<Tensor(const Tensor&)>& consume) {
   cuda::set_device(device_.index);
   cudaStream_t compute = cuda::current_stream(device_.index);
   EG_CUDA_CHECK(cudaStreamWaitEvent(compute, s.copied, 0));
-  Tensor out = consume(s.dev);
+  // The next copy into this buffer waits for what the consumer queued on it, even for a
+  // consumer that throws halfway.
+  auto consumed = [&] {
+    s.consumer_issued = cudaEventRecord(s.consumed, compute) == cudaSuccess;
+    return s.consumer_issued;
+  };
+  Tensor out;
+  try {
+    out = consume(s.dev);
+  } catch (...) {
+    (void)consumed();
+    throw;
+  }
   EG_CHECK(!out.defined() || out.raw_any() != s.dev.raw_any(),
            "internal: a StagedUpload consumer returned the staging buffer itself");
-  EG_CUDA_CHECK(cudaEventRecord(s.consumed, compute));
-  s.consumer_issued = true;
+  EG_CHECK(consumed(), "recording a staged upload's consumer on cuda:", device_.index,
+           " failed: ", cudaGetErrorString(cudaGetLastError()));
   return out;
 #else
   return Tensor();

@@ -14,7 +14,9 @@ namespace eg {
 // moves a host tensor in two halves instead:
 // - stage(host), as soon as the batch is known (while the GPU still runs the step
 //   before): the bytes go into a pinned buffer, and a copy stream of its own moves them
-//   into a device buffer, both kept per slot and reused;
+//   into a device buffer, both kept per slot and reused (grown by half at least when a
+//   batch does not fit: translation's batches change shape nearly every step, and a
+//   new device block makes the copy wait for the compute stream);
 // - take(consume), where the step needs it: the compute stream waits for that copy (an
 //   event, not the host), and `consume` turns the device buffer into the step's own
 //   tensor (a clone, or ops::image_normalize of pixels) with kernels on the compute

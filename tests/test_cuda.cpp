@@ -20,6 +20,7 @@
 #include "core/deferred_read.h"
 #include "core/device_graph.h"
 #include "core/rng.h"
+#include "core/staged_upload.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "dist/grad_sync.h"
@@ -131,6 +132,41 @@ TEST(Cuda, ADeferredScalarLandsBehindItsKernels) {
     EXPECT_TRUE(d.landed());
     EXPECT_EQ(h.value(), 0.5 + round);
     EXPECT_LE(host_syncs() - s0, 1);
+  }
+  set_training_device(prev);
+}
+
+// Staged batches of changing shapes (translation's) land whole through the slots' reused
+// and grown device blocks (Note [Staged uploads]): each batch taken is its host batch,
+// behind queued work and past a batch dropped untaken, as an untrained one is.
+TEST(Cuda, AStagedUploadMovesBatchesOfChangingShapes) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const Device prev = set_training_device(dev);
+  StagedUpload up(dev);
+  const std::vector<Shape> shapes = {{4, 6}, {3, 9}, {8, 7}, {2, 3}, {8, 9}, {1, 1}, {5, 7}, {9, 9}};
+  std::vector<std::vector<int64_t>> want;
+  std::vector<Shape> want_shapes;
+  std::vector<Tensor> got;
+  Generator g(1);
+  Tensor busy = Tensor::randn({1 << 22}, g).to(dev);
+  int64_t next = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::vector<int64_t> v(size_t(shape_numel(shapes[i])));
+    for (auto& e : v) e = next++;
+    for (int k = 0; k < 20; ++k) ops::call(ops::scale, busy, busy, 1.0);  // the step before, still running
+    up.stage(Tensor::from_vector(v, shapes[i]));
+    if (i == 3) {
+      (void)up.take([](const Tensor&) { return Tensor(); });
+      continue;
+    }
+    got.push_back(up.take([](const Tensor& t) { return t.clone(); }));
+    want.push_back(v);
+    want_shapes.push_back(shapes[i]);
+  }
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].shape(), want_shapes[k]) << "batch " << k;
+    EXPECT_EQ(got[k].to(Device::cpu()).to_vector<int64_t>(), want[k]) << "batch " << k;
   }
   set_training_device(prev);
 }

@@ -161,10 +161,12 @@ bool graphed_step(Run& r, dist::StepResult& s) {
 // ---- one training step: the task's forward through the freezing state, the strategy's
 // backward and optimizer step, the freezing policy, the logs. False once
 // --stop-after-steps has ended this invocation.
-bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch) {
+// `batch_syncs`: the host syncs of getting its batch (next_batch: a staged upload waiting
+// for its buffer), which are the step's too.
+bool train_step(Run& r, Clock::time_point epoch_start, int64_t& steps_this_epoch, int64_t batch_syncs) {
   LoopState& st = r.state;
   const auto t0 = Clock::now();
-  const int64_t syncs0 = host_syncs();
+  const int64_t syncs0 = host_syncs() - batch_syncs;
   const double lr = r.sched->lr_at(st.step);
   r.opt->set_lr(lr);
   r.freezing->start_step(st.step);
@@ -218,8 +220,12 @@ bool train_epoch(Run& r) {
   r.task.start_epoch(r.state.epoch, r.state.batch);
   const auto t_epoch = Clock::now();
   int64_t steps_here = 0;
-  while (r.task.next_batch())
-    if (!train_step(r, t_epoch, steps_here)) return false;
+  // On a GPU what next_batch() counts is a staged upload's wait. On the CPU it stages
+  // nothing, and what it counts (the batch's host tensors made "on the training device")
+  // would be no copy in a GPU run: not the step's.
+  const bool batch_syncs = !host_is_training_device();
+  for (int64_t syncs = host_syncs(); r.task.next_batch(); syncs = host_syncs())
+    if (!train_step(r, t_epoch, steps_here, batch_syncs ? host_syncs() - syncs : 0)) return false;
   if (r.lead() && ::isatty(STDOUT_FILENO)) std::printf("\n");
   return true;
 }

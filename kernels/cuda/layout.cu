@@ -5,6 +5,7 @@
 // reorder behind Tensor::to_format (Note [Channels-last activations on CUDA]): 32 x 32
 // tiles through shared memory, so that reads and writes both coalesce.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda_context.h"
 #include "kernels/cuda/cuda.h"
@@ -13,12 +14,17 @@ namespace eg::cudak {
 
 // ---- kernels
 namespace {
-template <class T>
-__global__ void swap12_kernel(const T* x, T* y, int64_t A, int64_t B, int64_t C, int64_t D) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= A * B * C * D) return;
-  int64_t d = i % D, b = (i / D) % B, c = (i / (D * B)) % C, a = i / (D * B * C);  // y index [a, c, b, d]
-  y[i] = x[((a * B + b) * C + c) * D + d];
+// The index arithmetic in I: uint32_t where the tensor has fewer than 2^31 elements (a
+// 64-bit division is several times the instructions of a 32-bit one, and these kernels
+// do two to four per element and little else).
+template <class I, class T>
+__global__ void swap12_kernel(const T* x, T* y, int64_t A64, int64_t B64, int64_t C64, int64_t D64) {
+  const I A = I(A64), B = I(B64), C = I(C64), D = I(D64);
+  const int64_t i64 = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i64 >= A64 * B64 * C64 * D64) return;
+  const I i = I(i64);
+  const I d = i % D, b = (i / D) % B, c = (i / (D * B)) % C, a = i / (D * B * C);  // y index [a, c, b, d]
+  y[i64] = x[((int64_t(a) * B64 + b) * C64 + c) * D64 + d];
 }
 // src [N, R, K] -> dst [N, K, R], a 32 x 32 tile per block (32 x 8 threads), z over N.
 template <class T>
@@ -44,20 +50,24 @@ __global__ void transpose_tiles_kernel(const T* src, T* dst, int64_t N, int64_t 
 // tiles would be mostly idle and many (a ResNet-50 weight: tens of thousands of blocks,
 // ~35 us a call on an H100), so one thread per output element, writes coalesced, reads
 // strided by K within the L2.
-template <class T>
-__global__ void transpose_small_kernel(const T* src, T* dst, int64_t N, int64_t R, int64_t K) {
-  const int64_t total = N * R * K;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(blockDim.x) * gridDim.x) {
-    const int64_t n = i / (R * K), rem = i - n * R * K, k = rem / R, r = rem - k * R;  // dst [n, k, r]
-    dst[i] = src[(n * R + r) * K + k];
+template <class I, class T>
+__global__ void transpose_small_kernel(const T* src, T* dst, int64_t N, int64_t R64, int64_t K64) {
+  const int64_t total = N * R64 * K64;
+  const I R = I(R64), RK = I(R64 * K64);
+  for (int64_t i64 = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i64 < total;
+       i64 += int64_t(blockDim.x) * gridDim.x) {
+    const I i = I(i64), n = i / RK, rem = i - n * RK, k = rem / R, r = rem - k * R;  // dst [n, k, r]
+    dst[i64] = src[(int64_t(n) * R64 + r) * K64 + k];
   }
 }
+bool fits_32(int64_t elements) { return elements < (int64_t(1) << 31); }
 template <class T>
 void transpose_tiles(const void* src, void* dst, int64_t n, int64_t r, int64_t k) {
   if (r < 32 || k < 32) {
     const int64_t blocks = std::min<int64_t>((n * r * k + 255) / 256, 65535 * 16);
-    transpose_small_kernel<<<unsigned(blocks), 256, 0, cuda::current_stream()>>>(static_cast<const T*>(src),
-                                                                                 static_cast<T*>(dst), n, r, k);
+    const auto kernel = fits_32(n * r * k) ? transpose_small_kernel<uint32_t, T> : transpose_small_kernel<int64_t, T>;
+    kernel<<<unsigned(blocks), 256, 0, cuda::current_stream()>>>(static_cast<const T*>(src), static_cast<T*>(dst), n, r,
+                                                                 k);
     return;
   }
   const dim3 grid(unsigned((k + 31) / 32), unsigned((r + 31) / 32), unsigned(std::min<int64_t>(n, 65535)));
@@ -76,13 +86,14 @@ void swap12(const Tensor& x, Tensor& y) {
   if (n == 0) return;
   const int threads = 256;
   const unsigned grid = unsigned((n + threads - 1) / threads);
-  if (e == 4)
-    swap12_kernel<<<grid, threads, 0, cuda::current_stream()>>>(
-        static_cast<const float*>(x.raw()), static_cast<float*>(y.raw()), x.size(0), x.size(1), x.size(2), x.size(3));
-  else
-    swap12_kernel<<<grid, threads, 0, cuda::current_stream()>>>(static_cast<const uint16_t*>(x.raw()),
-                                                                static_cast<uint16_t*>(y.raw()), x.size(0), x.size(1),
-                                                                x.size(2), x.size(3));
+  auto launch = [&](auto* elem) {
+    using T = std::remove_pointer_t<decltype(elem)>;
+    const auto kernel = fits_32(n) ? swap12_kernel<uint32_t, T> : swap12_kernel<int64_t, T>;
+    kernel<<<grid, threads, 0, cuda::current_stream()>>>(static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()),
+                                                         x.size(0), x.size(1), x.size(2), x.size(3));
+  };
+  if (e == 4) launch(static_cast<float*>(nullptr));
+  else launch(static_cast<uint16_t*>(nullptr));
   cuda::after_launch("swap12");
 }
 
