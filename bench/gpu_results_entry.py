@@ -10,6 +10,7 @@ f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
 (transformer-small against PyTorch AMP), r50-fp16.json and tfm-fp16.json (both in fp16
 against PyTorch's float16 autocast with a GradScaler), graphs.jsonl (`egeria bench step` lines,
+--cuda-graphs off and on alternating), tgraphs-<off|on>-<rep>/summary.json (translation training,
 --cuda-graphs off and on alternating), gpuref-<inline|side>-<rep>/summary.json (training runs with
 Egeria's reference on the GPU, inline and on its side stream), and tools/gpu-check's outputs where they ran
 (gpu-check-tests/tests.log, gpu-check-bench/compare_pytorch_cuda.json). A figure that was not measured, or that the
@@ -79,6 +80,31 @@ def graph_figures(path):
         out[f"{model}_f32_eager_img_s"] = med(runs["off"])
         out[f"{model}_cuda_graphs_ratio_by_pair"] = [on / off for off, on in pairs]
     return out or None
+
+
+def translation_graph_figures(results):
+    """From tgraphs-<off|on>-<rep>/summary.json (translation training, --cuda-graphs off and
+    on alternating): the median target tokens a second each way, on/off of each pair, and
+    the graphed runs' captures and replayed steps; or None."""
+    runs = {"off": [], "on": []}
+    for rep in range(1, 10):
+        for g in ("off", "on"):
+            sj = load(os.path.join(results, f"tgraphs-{g}-{rep}", "summary.json"))
+            if sj:
+                runs[g].append(sj)
+    pairs = list(zip(runs["off"], runs["on"]))
+    if not pairs:
+        return None
+    med = lambda v: sorted(v)[len(v) // 2]
+    return {
+        "transformer_small_bf16_training_tok_s": med([s["tokens_per_second"] for s in runs["off"]]),
+        "transformer_small_bf16_training_cuda_graphs_tok_s": med([s["tokens_per_second"] for s in runs["on"]]),
+        "transformer_small_cuda_graphs_ratio_by_pair": [on["tokens_per_second"] / off["tokens_per_second"]
+                                                        for off, on in pairs],
+        "transformer_small_cuda_graph_captures": [s.get("cuda_graph_captures") for s in runs["on"]],
+        "transformer_small_cuda_graph_replayed_steps": [s.get("cuda_graph_replayed_steps") for s in runs["on"]],
+        "transformer_small_cuda_graphs_host_syncs_per_step": [s.get("host_syncs_per_step") for s in runs["on"]],
+    }
 
 
 def gpu_reference_figures(results, batch=128):
@@ -199,6 +225,9 @@ def main():
     graphs = graph_figures(os.path.join(a.results, "graphs.jsonl"))
     if graphs:  # CUDA graphs on against off, egeria's own step (no PyTorch beside it)
         e.update(graphs)
+    tgraphs = translation_graph_figures(a.results)
+    if tgraphs:  # translation training with a graph per batch shape, against eager
+        e.update(tgraphs)
     gpuref = gpu_reference_figures(a.results)
     if gpuref:  # Egeria's reference on the training GPU: inline against on its side stream
         e.update(gpuref)

@@ -86,8 +86,13 @@ struct TranslationBatch {
 
 struct BatcherOptions {
   int64_t batch_size = 64;  // sentences per batch, when max_tokens is 0
-  int64_t max_tokens = 0;  // > 0: as many pairs as fit B * (longest side + 1) <= max_tokens
+  int64_t max_tokens = 0;  // > 0: as many pairs as fit B * (longest side + 1, padded) <= max_tokens
   int64_t pool_batches = 100;  // length-sorting window, in batches
+  // Source and target lengths padded up to a multiple of this (fairseq's
+  // --required-seq-len-multiple): a few batch shapes instead of one per length, which
+  // CUDA graphs capture one by one. Padding is masked, so it changes only rounding and
+  // dropout's draws. max_tokens counts the padded lengths (as many pairs of a length as fit).
+  int64_t pad_to_multiple = 1;
   bool shuffle = true;  // false: corpus order, sorted by length (evaluation)
   uint64_t seed = 0;
   SpecialIds ids;

@@ -688,7 +688,7 @@ TEST(Cuda, AGraphedStepTrainsTheWeightsOfTheEagerStep) {
           opt->set_lr((tfm ? 1e-3 : 0.05) / double(1 + i));
           dist::StepResult r;
           if (graphed) {
-            r = gs.run(forward, samples);
+            r = gs.run({}, forward, samples);
           } else {
             g.mark_step();
             r = dp.step(forward(), samples, *opt, i, 1.0);
@@ -736,6 +736,79 @@ TEST(Cuda, AGraphedStepTrainsTheWeightsOfTheEagerStep) {
   set_training_device(prev);
 }
 
+// Note [Graphed steps]: batches of three shapes (translation's padded lengths), a graph
+// per shape and at most 2 held: the steps of a shape replay its graph from inputs written
+// in place (train::GraphInput), a third shape runs eagerly until it has run more often
+// than the least-used graph, which it replaces, and the run trains the weights of the
+// eager one (AdamW, dropout; losses within the order of atomic adds).
+TEST(Cuda, AGraphedStepKeepsAGraphPerBatchShape) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const Device prev = set_training_device(dev);
+  auto local = dist::make_local();
+  // Steps' shapes: [B, S, T] of 4 sentences.
+  const std::vector<std::vector<int64_t>> shapes = {{4, 8, 8}, {4, 16, 8}, {4, 16, 16}};
+  const int order[] = {0, 0, 0, 0, 1, 0, 1, 0, 1, 2, 2, 2, 2, 2, 2, 0, 2, 1, 0, 2};
+  std::vector<float> weights[2], losses[2];
+  int64_t captures = 0, replayed = 0, held = 0;
+  for (int graphed = 0; graphed < 2; ++graphed) {
+    models::ModelConfig mc;
+    mc.name = "transformer-tiny";
+    Generator g(3);
+    auto m = models::build_model(mc, g);
+    m->to(dev);
+    optim::AdamW opt(m->parameters(), 1e-3);
+    dist::Strategy dp(*local, "cuda:0", {});
+    train::GraphInput in[3];
+    Tensor t[3];
+    Generator data(5);
+    auto forward = [&] {
+      Tensor logits = m->forward_frozen(t[0], t[1], 0);
+      const int64_t n = t[2].numel();
+      return fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), t[2].reshape({n}), 0.1, 0);
+    };
+    train::GraphedStep gs(dp, opt, &g, {2, 1.0, {}, 2});
+    for (int64_t i = 0; i < int64_t(std::size(order)); ++i) {
+      const std::vector<int64_t>& sh = shapes[size_t(order[i])];
+      for (int k = 0; k < 3; ++k) {  // ids, the rows' last quarter padding (0)
+        const int64_t len = sh[k == 0 ? 1 : 2];
+        std::vector<int64_t> v(size_t(sh[0] * len));
+        for (size_t j = 0; j < v.size(); ++j)
+          v[j] = int64_t(j % size_t(len)) >= len * 3 / 4 ? 0 : 4 + int64_t(data.next_u32() % uint32_t(mc.vocab - 4));
+        t[k] = in[k].place({sh[0], len}, DType::s64, dev, 4 * 16);
+        t[k].copy_(Tensor::from_vector(v, {sh[0], len}));
+      }
+      opt.set_lr(1e-3 * double(1 + i % 3));
+      const int64_t samples = sh[0] * sh[2] * 3 / 4;
+      dist::StepResult r;
+      if (graphed) {
+        r = gs.run(sh, forward, samples);
+      } else {
+        g.mark_step();
+        r = dp.step(forward(), samples, opt, i, 1.0);
+      }
+      losses[graphed].push_back(float(r.loss_later.value()));
+    }
+    if (graphed) captures = gs.captures(), replayed = gs.replayed_steps(), held = gs.graphs();
+    for (auto& p : m->parameters())
+      for (float v : p.to(Device::cpu()).to_vector<float>()) weights[graphed].push_back(v);
+  }
+  // Shape 0: 2 eager steps (the warm-up), captured at its 3rd; shape 1: eager, captured at
+  // its 2nd; shape 2: eager until its 4th step (more than shape 1's 3), captured in place
+  // of shape 1's graph; shape 1's last step eager: 3 captures, 4 eager steps, 10 replays.
+  EXPECT_EQ(captures, 3);
+  EXPECT_EQ(held, 2);
+  EXPECT_EQ(replayed, 10);
+  ASSERT_EQ(losses[0].size(), losses[1].size());
+  for (size_t i = 0; i < losses[0].size(); ++i)
+    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4 * std::abs(losses[0][i])) << "step " << i;
+  ASSERT_EQ(weights[0].size(), weights[1].size());
+  float worst = 0;
+  for (size_t i = 0; i < weights[0].size(); ++i) worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
+  EXPECT_LE(worst, 1e-4f);
+  set_training_device(prev);
+}
+
 // fp16 with a loss scale far too large: the first steps overflow and are skipped, so the
 // warm-up makes no SGD momentum buffer (their first step is host-launched and reads the
 // overflow flag on the host, which a capture forbids). The graphed step warms up on
@@ -769,7 +842,7 @@ TEST(Cuda, AGraphedStepWarmsUpOnThroughOverflowingSteps) {
     for (int64_t i = 0; i < 16; ++i) {
       dist::StepResult r;
       if (graphed) {
-        r = gs.run(forward, 8);
+        r = gs.run({}, forward, 8);
       } else {
         g.mark_step();
         r = dp.step(forward(), 8, opt, i, 1.0);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "dist/strategy.h"
 #include "kernels/ops.h"
 #include "models/model.h"
+#include "models/transformer.h"
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
 #include "train/graphed_step.h"
@@ -98,6 +100,50 @@ TEST(HostSyncs, CudaGraphsAreRefusedOnTheCpu) {
   optim::SGD opt({w}, 0.1);
   const std::string e2 = testing::error_of([&] { train::GraphedStep gs(dp, opt, nullptr, {}); });
   EXPECT_NE(e2.find("--cuda-graphs on runs on a GPU"), std::string::npos) << e2;
+}
+
+// Note [Graphed steps]: which steps a graphed step runs eagerly, captures or replays. One
+// shape: the warm-up, then a capture, then replays. A new shape: its first step eager,
+// its second captured. At the limit, a new shape is captured only once it has run more
+// often than the least-used graph, which it replaces; until then its steps are eager. An
+// optimizer not ready to capture keeps steps eager; reset() starts the warm-up anew.
+TEST(HostSyncs, GraphPolicyCapturesTheMostFrequentShapesUpToItsLimit) {
+  using A = train::GraphPolicy::Action;
+  const train::GraphKey a = {8, 16, 16}, b = {8, 24, 16}, c = {8, 32, 32}, d = {3, 8, 8};
+  train::GraphPolicy p(3, 2);
+  std::optional<train::GraphKey> evict;
+  auto next = [&](const train::GraphKey& k, bool ready = true) { return p.next(k, ready, &evict); };
+  EXPECT_EQ(next(a), A::eager);
+  EXPECT_EQ(next(a), A::eager);
+  EXPECT_EQ(next(a), A::eager);
+  EXPECT_EQ(next(a, false), A::eager) << "warmed up, but the optimizer is not ready";
+  EXPECT_EQ(next(a), A::capture);
+  EXPECT_FALSE(evict);
+  EXPECT_EQ(next(a), A::replay);
+  EXPECT_EQ(next(b), A::eager) << "a shape's first step";
+  EXPECT_EQ(next(b), A::capture);
+  EXPECT_EQ(next(b), A::replay);
+  EXPECT_EQ(p.graphs(), 2);
+  // a: 6 steps, b: 3. c runs eagerly until it has run more often than b, then replaces it.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(next(c), A::eager) << i;
+    EXPECT_FALSE(evict);
+  }
+  EXPECT_EQ(next(c), A::capture);
+  ASSERT_TRUE(evict);
+  EXPECT_EQ(*evict, b);
+  EXPECT_EQ(next(c), A::replay);
+  EXPECT_EQ(next(a), A::replay);
+  EXPECT_EQ(next(b), A::eager) << "dropped, and seen 4 times against c's 5";
+  EXPECT_EQ(next(d), A::eager);
+  EXPECT_EQ(p.graphs(), 2);
+  p.reset();
+  EXPECT_EQ(p.graphs(), 0);
+  EXPECT_EQ(next(a), A::eager) << "warm-up anew";
+  EXPECT_EQ(next(a), A::eager);
+  EXPECT_EQ(next(a), A::eager);
+  EXPECT_EQ(next(a), A::capture);
+  EXPECT_THROW(train::GraphPolicy(3, 0), Error);
 }
 
 // Two steady-state steps (`step(i)` runs step i) record the same ops with the same
@@ -203,6 +249,102 @@ TEST(HostSyncs, TransformerStepsWithDropoutAndAdamWRunTheSameOps) {
     }
     EXPECT_NE(seen[0], seen[1]) << "unmarked steps draw from counters further on";
   }
+}
+
+// Translation batches of one padded shape (--pad-to-multiple) differ in their ids and
+// where their padding starts, which a graph of that shape must not depend on: written in
+// place into the task's graph inputs (train::GraphInput), each step runs the same ops with
+// the same arguments (the padding masks and the loss's ignored targets made from the ids
+// on the device), allocates nothing new and makes no host sync.
+TEST(HostSyncs, PaddedTranslationBatchesOfOneShapeRunTheSameOps) {
+  auto local = dist::make_local();
+  models::TransformerConfig tc = models::transformer_preset("transformer-tiny", 40);
+  Generator g(3);
+  models::Transformer m(tc, g);
+  optim::AdamW opt(m.parameters(), 1e-3);
+  dist::Strategy dp(*local, "cpu", {});
+  // Two batches of [3, 8] sources and targets: real tokens, then eos, then padding (0).
+  auto batch = [&](uint64_t seed, std::vector<int64_t> lens, int64_t width) {
+    Generator r(seed);
+    std::vector<int64_t> v(size_t(3 * width), tc.pad_id);
+    for (size_t row = 0; row < 3; ++row) {
+      for (int64_t k = 0; k + 1 < lens[row]; ++k) v[row * size_t(width) + size_t(k)] = 4 + int64_t(r.next_u32() % 36);
+      v[row * size_t(width) + size_t(lens[row] - 1)] = tc.eos_id;
+    }
+    return Tensor::from_vector(v, {3, width});
+  };
+  const Tensor batches[2][3] = {{batch(1, {8, 3, 5}, 8), batch(2, {6, 8, 2}, 8), batch(3, {6, 8, 2}, 8)},
+                                {batch(4, {2, 2, 7}, 8), batch(5, {8, 4, 4}, 8), batch(6, {8, 4, 4}, 8)}};
+  train::GraphInput in[3];
+  expect_replayable_steps("padded translation batches", [&](int64_t i) {
+    g.mark_step();
+    Tensor t[3];
+    for (int k = 0; k < 3; ++k) {
+      t[k] = in[k].place({3, 8}, DType::s64, Device::cpu(), 3 * 16);
+      t[k].copy_(batches[i % 2][k]);
+    }
+    Tensor loss;
+    {
+      Tensor logits = m.forward(t[0], t[1]);
+      loss = fn::cross_entropy(fn::reshape(logits, {24, logits.size(2)}), t[2].reshape({24}), 0.1, tc.pad_id);
+    }
+    const dist::StepResult r = dp.step(loss, 12, opt, i, 0);
+    ASSERT_TRUE(r.deferred);
+    ASSERT_TRUE(std::isfinite(r.loss_later.lagged_value()));
+  });
+  EXPECT_EQ(in[0].moves(), 0) << "made once, big enough";
+  (void)in[0].place({3, 17}, DType::s64, Device::cpu());
+  EXPECT_EQ(in[0].moves(), 1) << "a bigger batch moves the buffer (and drops the graphs reading it)";
+}
+
+// --pad-to-multiple changes only rounding: padded positions are masked out of attention
+// and their targets out of the loss, so a Transformer (no dropout, whose draws follow the
+// shape) trains on batches padded from 5 and 6 to 8 tokens as on the batches themselves.
+// With SGD: AdamW would blow up gradients that are 0 but for rounding (the attention key
+// biases': a softmax ignores what it adds to all of a row's scores) to whole steps.
+TEST(HostSyncs, PaddingTranslationBatchesChangesOnlyRounding) {
+  auto local = dist::make_local();
+  models::TransformerConfig tc = models::transformer_preset("transformer-tiny", 40);
+  tc.dropout = 0;
+  Generator data(7);
+  std::vector<int64_t> src(4 * 5), tin(4 * 6), tout(4 * 6);
+  for (auto* v : {&src, &tin, &tout})
+    for (auto& t : *v) t = 4 + int64_t(data.next_u32() % 36);
+  for (int64_t r = 0; r < 4; ++r) {  // ragged rows: eos, then padding
+    src[size_t(r * 5 + 4 - r)] = tc.eos_id;
+    for (int64_t k = 5 - r; k < 5; ++k) src[size_t(r * 5 + k)] = tc.pad_id;
+    tin[size_t(r * 6)] = tc.bos_id;
+    for (int64_t k = 6 - r; k < 6; ++k) tin[size_t(r * 6 + k)] = tout[size_t(r * 6 + k)] = tc.pad_id;
+  }
+  auto pad = [&](const std::vector<int64_t>& v, int64_t n, int64_t to) {
+    std::vector<int64_t> p(size_t(4 * to), tc.pad_id);
+    for (int64_t r = 0; r < 4; ++r) std::copy_n(v.begin() + r * n, n, p.begin() + r * to);
+    return Tensor::from_vector(p, {4, to});
+  };
+  std::vector<double> losses[2];
+  std::vector<float> weights[2];
+  for (int padded = 0; padded < 2; ++padded) {
+    Generator g(3);
+    models::Transformer m(tc, g);
+    optim::SGD opt(m.parameters(), 0.1, {0.9, 0, 0, false});
+    dist::Strategy dp(*local, "cpu", {});
+    const int64_t S = padded ? 8 : 5, T = padded ? 8 : 6;
+    const Tensor x = pad(src, 5, S), y_in = pad(tin, 6, T), y_out = pad(tout, 6, T);
+    for (int64_t i = 0; i < 4; ++i) {
+      Tensor logits = m.forward(x, y_in);
+      Tensor loss =
+          fn::cross_entropy(fn::reshape(logits, {4 * T, logits.size(2)}), y_out.reshape({4 * T}), 0.1, tc.pad_id);
+      losses[padded].push_back(dp.step(loss, 18, opt, i, 0).loss_later.value());
+    }
+    for (auto& p : m.parameters())
+      for (float v : p.to_vector<float>()) weights[padded].push_back(v);
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * losses[0][i]) << i;
+  ASSERT_EQ(weights[0].size(), weights[1].size());
+  float worst = 0;
+  for (size_t i = 0; i < weights[0].size(); ++i) worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
+  EXPECT_LE(worst, 1e-5f);
+  EXPECT_GT(losses[0].front() - losses[0].back(), 0.01) << "it trains";
 }
 
 // Note [Deferred reads] on the CPU: the value is read when the DeferredScalar is made (no

@@ -257,3 +257,55 @@ TEST(TextBatcher, RanksTakeInterleavedSharesOfTheOneProcessPlan) {
   while (last.next(tb)) empty += tb.ids.empty();
   EXPECT_EQ(empty, 1) << "rank 2's share of the 1-pair batch";
 }
+
+// pad_to_multiple (--pad-to-multiple): the same batches, each side's length rounded up to
+// a multiple, the extra positions pad; the unpadded prefix and the token counts unchanged,
+// so an epoch takes a few shapes. A token budget counts the padded lengths. A multiple
+// below 1 is refused.
+TEST(TextBatcher, PaddingToAMultipleKeepsTheBatchesAndFewShapes) {
+  std::string d = tmpdir("pad_multiple");
+  auto pairs = toy_pairs(400, 4);
+  auto tok = data::Tokenizer::train(pairs, d + "/spm.model", 60);
+  auto tp = std::make_shared<data::TokenizedPairs>(data::tokenize_pairs(pairs, tok, 16, true));
+  data::BatcherOptions o;
+  o.batch_size = 8;
+  o.seed = 3;
+  data::BatcherOptions p = o;
+  p.pad_to_multiple = 8;
+  data::TranslationBatcher plain(tp, o), padded(tp, p);
+  ASSERT_EQ(plain.epoch_plan(0), padded.epoch_plan(0));
+  plain.start_epoch(0), padded.start_epoch(0);
+  data::TranslationBatch a, b;
+  std::set<std::vector<int64_t>> shapes, padded_shapes;
+  while (plain.next(a)) {
+    ASSERT_TRUE(padded.next(b));
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_EQ(a.src_tokens, b.src_tokens);
+    EXPECT_EQ(a.tgt_tokens, b.tgt_tokens);
+    shapes.insert({a.src.size(0), a.src.size(1), a.tgt_in.size(1)});
+    padded_shapes.insert({b.src.size(0), b.src.size(1), b.tgt_in.size(1)});
+    for (auto [x, y] : {std::pair{&a.src, &b.src}, {&a.tgt_in, &b.tgt_in}, {&a.tgt_out, &b.tgt_out}}) {
+      const int64_t rows = x->size(0), n = x->size(1), m = y->size(1);
+      ASSERT_EQ(y->size(0), rows);
+      EXPECT_EQ(m % 8, 0);
+      EXPECT_GE(m, n);
+      EXPECT_LT(m - n, 8);
+      const auto xv = x->to_vector<int64_t>(), yv = y->to_vector<int64_t>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < m; ++k)
+          EXPECT_EQ(yv[size_t(r * m + k)], k < n ? xv[size_t(r * n + k)] : int64_t(0)) << r << "," << k;
+    }
+  }
+  EXPECT_FALSE(padded.next(b));
+  EXPECT_LT(padded_shapes.size(), shapes.size());
+  EXPECT_LE(padded_shapes.size(), 2u * 2u * 2u) << "lengths up to 16 in two multiples of 8; batches of 8 and the last";
+  // A token budget counts the padded lengths: B * (longest side + 1, padded) <= max_tokens.
+  p.max_tokens = 96;
+  for (auto& batch : data::TranslationBatcher(tp, p).epoch_plan(1)) {
+    size_t longest = 0;
+    for (int64_t i : batch) longest = std::max({longest, tp->src[size_t(i)].size(), tp->tgt[size_t(i)].size()});
+    EXPECT_LE(int64_t(batch.size()) * ((int64_t(longest) + 8) / 8 * 8), 96);
+  }
+  p.pad_to_multiple = 0;
+  EXPECT_THROW(data::TranslationBatcher(tp, p), Error);
+}

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/node.h"
+#include "core/device.h"
 #include "dist/communicator.h"
 #include "freeze/plasticity.h"
 #include "models/transformer.h"
@@ -259,6 +260,9 @@ TEST(Translate, BadInputIsNamed) {
   auto img = train::TrainConfig();
   img.dataset = "en-es";
   expect_error(img, "train it with --model transformer-tiny");
+  img = train::TrainConfig();
+  img.pad_to_multiple = 8;
+  expect_error(img, "--pad-to-multiple applies to translation");
   std::ofstream(d + "/train.tsv") << "one\ttwo\nbroken line\n";
   expect_error(toy_run(d, d + "/out"), "train.tsv:2: expected 'source<TAB>target'");
 }
@@ -336,6 +340,77 @@ TEST(Translate, EvalEveryLogsTheValidationLossBetweenSteps) {
       if (v["step"] == e["step"]) {
         EXPECT_DOUBLE_EQ(v["valid_loss"].get<double>(), e["valid_loss"].get<double>());
       }
+}
+
+// --pad-to-multiple 8: the batches' lengths padded up to 8 (a graph per shape under
+// --cuda-graphs on) train as the unpadded batches (no dropout, whose draws follow the
+// shape): the same losses but for rounding; config.json records the multiple, and one
+// that would pad past the model's positions is refused naming both.
+TEST(Translate, PaddingToAMultipleTrainsAsWithout) {
+  std::string data = tmpdir("pad_data");
+  write_toy_corpus(data);
+  auto arch = tiny_arch();
+  arch.dropout = 0;
+  std::vector<nlohmann::json> steps[2];
+  for (int padded = 0; padded < 2; ++padded) {
+    auto c = toy_run(data, tmpdir(padded ? "pad_8" : "pad_1"));
+    c.epochs = 2;
+    c.pad_to_multiple = padded ? 8 : 1;
+    ASSERT_TRUE(train::run_translation(c, &arch).completed);
+    steps[padded] = records(c.out + "/metrics.jsonl", "step");
+    EXPECT_EQ(nlohmann::json::parse(slurp(c.out + "/config.json"))["pad_to_multiple"], c.pad_to_multiple);
+  }
+  ASSERT_EQ(steps[0].size(), steps[1].size());
+  ASSERT_GT(steps[0].size(), 20u);
+  for (size_t i = 0; i < steps[0].size(); ++i) {
+    const double a = steps[0][i]["loss"].get<double>(), b = steps[1][i]["loss"].get<double>();
+    EXPECT_NEAR(b, a, 1e-4 * a) << "step " << i + 1;
+  }
+  auto c = toy_run(data, tmpdir("pad_too_far"));
+  c.max_len = 60;
+  c.pad_to_multiple = 48;  // 60 tokens padded to 96, past tiny_arch's 64 positions
+  try {
+    train::run_translation(c, &arch);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--pad-to-multiple 48 pads --max-len 60 sentences to 96 tokens"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// --cuda-graphs on for translation (Note [Graphed steps] in train/graphed_step.h): with
+// --pad-to-multiple 8, a graph per batch shape; the run trains as without graphs (the same
+// losses within the order of atomic adds), most steps replay a graph, and a steady-state
+// step makes no host sync.
+TEST(Cuda, ATranslationRunWithCudaGraphsTrainsAsWithout) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU present";
+  std::string data = tmpdir("graphs_data");
+  write_toy_corpus(data);
+  const auto arch = tiny_arch();  // dropout 0.1: its masks drawn from counters moved past each replay
+  std::vector<nlohmann::json> steps[2];
+  nlohmann::json sj[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    auto c = toy_run(data, tmpdir(graphs ? "graphs_on" : "graphs_off"));
+    c.device = "cuda:0";
+    c.threads = 1;
+    c.epochs = 4;
+    c.pad_to_multiple = 8;
+    c.cuda_graphs = graphs == 1;
+    ASSERT_TRUE(train::run_translation(c, &arch).completed);
+    steps[graphs] = records(c.out + "/metrics.jsonl", "step");
+    sj[graphs] = nlohmann::json::parse(slurp(c.out + "/summary.json"));
+  }
+  ASSERT_EQ(steps[0].size(), steps[1].size());
+  for (size_t i = 0; i < steps[0].size(); ++i) {
+    const double a = steps[0][i]["loss"].get<double>(), b = steps[1][i]["loss"].get<double>();
+    EXPECT_NEAR(b, a, 1e-3 * a) << "step " << i + 1;
+  }
+  const int64_t total = int64_t(steps[0].size());
+  EXPECT_GE(sj[1].at("cuda_graph_captures").get<int64_t>(), 1) << sj[1].dump();
+  EXPECT_GE(sj[1].at("cuda_graph_replayed_steps").get<int64_t>(), total / 2) << sj[1].dump() << " of " << total;
+  EXPECT_LE(sj[1].at("cuda_graphs_held").get<int64_t>(), 8);
+  EXPECT_EQ(sj[1].at("host_syncs_per_step"), 0) << sj[1].dump();
 }
 
 // transformer-small: the base model's 6+6 layers at half the width; `egeria bench step`

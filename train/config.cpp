@@ -92,6 +92,8 @@ void validate(const TrainConfig& c) {
     EG_CHECK(c.val_fraction == 0, "--val-fraction holds out training images; translation has its own validation split ",
              "(valid.tsv), on which it chooses its best epoch");
   } else {
+    EG_CHECK(c.pad_to_multiple == 1, "--pad-to-multiple applies to translation (--model transformer-*); ", c.model,
+             " takes batches of one image shape");
     EG_CHECK(!dataset_is(c, data::DataKind::sentence_pairs), "--dataset ", c.dataset,
              " is sentence pairs: train it with --model transformer-tiny, transformer-small or transformer-base, not ",
              c.model);

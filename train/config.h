@@ -47,8 +47,10 @@ struct TrainConfig {
   // with loss scaling.
   DType precision = DType::f32;
   // The training step captured as a CUDA graph after a warm-up and replayed (Note
-  // [Graphed steps] in train/graphed_step.h): one GPU, one process, image models.
+  // [Graphed steps] in train/graphed_step.h): one GPU, one process; a graph per batch
+  // shape, at most cuda_graph_limit of them (the most used shapes').
   bool cuda_graphs = false;
+  int64_t cuda_graph_limit = 8;
   bool resume = false;
   int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only
   int64_t keep_checkpoints = 1;  // the newest N checkpoints are kept (checkpoint-<step>)
@@ -88,8 +90,9 @@ struct TrainConfig {
   // egeria), its units, egeria's tracker and reference model, the activation cache
   freeze::FreezeOptions freezing;
   // ---- translation (Transformers): shared SentencePiece vocabulary, tokens per side
-  // (longer training pairs are dropped), and batching by a token budget when > 0.
-  int64_t vocab_size = 8000, max_len = 128, max_tokens = 0;
+  // (longer training pairs are dropped), batching by a token budget when > 0, and
+  // training batches' lengths padded up to a multiple (data::BatcherOptions).
+  int64_t vocab_size = 8000, max_len = 128, max_tokens = 0, pad_to_multiple = 1;
 };
 
 // Note [Model-dependent defaults]

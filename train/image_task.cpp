@@ -267,14 +267,15 @@ void ImageTask::load_state(const nlohmann::json& state) {
   left_out_here_ = 0;
 }
 
-std::vector<int64_t> ImageTask::stage_graph_batch(int64_t* samples) {
-  *samples = batch_.ids.empty() ? 0 : batch_.y.numel();
-  if (!*samples) return {};
+Task::GraphBatch ImageTask::stage_graph_batch() {
+  GraphBatch g;
+  if (batch_.ids.empty()) return g;
   EG_CHECK(staged_, "internal: --cuda-graphs on without staged batches");
   const Shape xs = batch_.x.shape(), ys = batch_.y.shape();
-  if (!graph_x_.defined() || graph_x_.shape() != xs) graph_x_ = Tensor::empty(xs, DType::f32, dev_);
-  if (!graph_y_.defined() || graph_y_.shape() != ys) graph_y_ = Tensor::empty(ys, batch_.y.dtype(), dev_);
-  // Written in place: the graph reads these tensors' storage (Note [Graphed steps]).
+  const int64_t per_image = batch_.x.numel() / std::max<int64_t>(1, xs[0]);
+  graph_x_ = x_in_.place(xs, DType::f32, dev_, c_.batch_size * per_image);
+  graph_y_ = y_in_.place(ys, batch_.y.dtype(), dev_, c_.batch_size * (batch_.y.numel() / std::max<int64_t>(1, xs[0])));
+  // Written in place: the graph of this shape reads these tensors' storage.
   (void)x_up_->take([&](const Tensor& d) {
     if (d.dtype() == DType::u8) ops::call(ops::image_normalize, d, scale_, zero_, graph_x_);
     else graph_x_.copy_(d);
@@ -284,9 +285,11 @@ std::vector<int64_t> ImageTask::stage_graph_batch(int64_t* samples) {
     graph_y_.copy_(d);
     return Tensor();
   });
-  std::vector<int64_t> key = xs;
-  key.insert(key.end(), ys.begin(), ys.end());
-  return key;
+  g.shape = xs;
+  g.shape.insert(g.shape.end(), ys.begin(), ys.end());
+  g.samples = batch_.y.numel();
+  g.moves = x_in_.moves() + y_in_.moves();
+  return g;
 }
 
 Tensor ImageTask::host_images() const {

@@ -13,6 +13,7 @@
 #include "core/staged_upload.h"
 #include "data/image_folder.h"
 #include "data/loader.h"
+#include "train/graphed_step.h"
 #include "train/task.h"
 
 namespace eg::train {
@@ -65,7 +66,7 @@ class ImageTask : public Task {
   bool next_batch() override;
   StepOutput training_step(FreezeRun& fr) override;
   bool graphable() const override { return true; }
-  std::vector<int64_t> stage_graph_batch(int64_t* samples) override;
+  GraphBatch stage_graph_batch() override;
   StepOutput graph_forward(FreezeRun& fr) override;
   std::vector<Split> epoch_splits() const override;
   Metrics evaluate(Split s) override;
@@ -98,7 +99,10 @@ class ImageTask : public Task {
   // pixels, normalised there with scale_ and zero_ (on the device).
   bool staged_ = false;
   std::unique_ptr<StagedUpload> x_up_, y_up_;
-  // --cuda-graphs on: the batch the graph reads (images, labels), rewritten every step.
+  // --cuda-graphs on: the batch the graphs read (images, labels), rewritten every step at
+  // the front of buffers made for --batch-size samples (a short batch has a graph of its
+  // own at the same addresses: Note [Graphed steps] in train/graphed_step.h).
+  GraphInput x_in_, y_in_;
   Tensor graph_x_, graph_y_;
   Tensor scale_, zero_, host_scale_, host_zero_;
   // --skip-bad-images: training samples left out, over the run (every rank's, as of the

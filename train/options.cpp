@@ -66,10 +66,15 @@ std::vector<Option> make_options() {
                      &TrainConfig::precision,
                      Names<DType>{{"f32", DType::f32}, {"bf16", DType::bf16}, {"fp16", DType::f16}}));
   t.push_back(choice("--cuda-graphs", "cuda_graphs", G::run, Free,
-                     "on: capture the training step as a CUDA graph after a warm-up and replay it (recaptured "
-                     "after a freeze, an unfreeze or a new batch shape; a step taking a plasticity reading runs "
-                     "eagerly); one GPU, one process, image models, no --freeze-cache",
+                     "on: capture the training step as a CUDA graph after a warm-up and replay it, a graph per "
+                     "batch shape (all captured anew after a freeze or an unfreeze; a step taking a plasticity "
+                     "reading runs eagerly); one GPU, one process, no --freeze-cache",
                      &TrainConfig::cuda_graphs, kOnOff));
+  t.push_back(number("--cuda-graph-limit", "cuda_graph_limit", G::run, Free,
+                     "--cuda-graphs on keeps at most N graphs, those of the most frequent batch shapes (each holds "
+                     "its step's activations on the GPU); steps of other shapes run eagerly. Translation batches "
+                     "take few shapes with --pad-to-multiple",
+                     &TrainConfig::cuda_graph_limit, Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",
                           &TrainConfig::resume));
   t.push_back(number("--checkpoint-every", "checkpoint_every", G::run, Free,
@@ -323,6 +328,13 @@ std::vector<Option> make_options() {
   t.push_back(number("--max-tokens", "max_tokens", G::translation, F,
                      "batch by this many tokens instead of --batch-size (0: by sentences)", &TrainConfig::max_tokens,
                      Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
+  t.push_back(number(
+      "--pad-to-multiple", "pad_to_multiple", G::translation, F,
+      "pad training batches' source and target lengths up to a multiple of N (fairseq's "
+      "--required-seq-len-multiple): a few batch shapes, each captured once under --cuda-graphs on, "
+      "and tensor-core-friendly lengths; --max-tokens counts the padded lengths. Padding is masked: only "
+      "rounding and dropout's draws change",
+      &TrainConfig::pad_to_multiple, Rule<int64_t>{[](int64_t v) { return v >= 1 && v <= 1024; }, "in [1, 1024]"}));
   return t;
 }
 

@@ -139,21 +139,21 @@ void evaluate_between_steps(Run& r) {
   r.log(j);
 }
 
-// ---- --cuda-graphs on: the step through the captured graph (Note [Graphed steps] in
-// train/graphed_step.h), captured anew when the frozen prefix or the batch's shape has
-// changed; a step taking a plasticity reading runs eagerly (the host reads its captures).
-// False for a step with no samples of this rank's, which takes the plain path.
+// ---- --cuda-graphs on: the step through the batch shape's captured graph (Note [Graphed
+// steps] in train/graphed_step.h); every graph is dropped when the frozen prefix changes
+// or the task's graph inputs move. A step taking a plasticity reading runs eagerly (the
+// host reads its captures). False for a step with no samples of this rank's, which takes
+// the plain path.
 bool graphed_step(Run& r, dist::StepResult& s) {
-  int64_t samples = 0;
-  std::vector<int64_t> key = r.task.stage_graph_batch(&samples);
-  if (samples == 0) return false;
-  key.push_back(r.freezing->frozen_layers());
-  if (key != r.graph_key) r.graphed->reset(), r.graph_key = key;
+  const Task::GraphBatch b = r.task.stage_graph_batch();
+  if (b.samples == 0) return false;
+  const std::vector<int64_t> valid_for = {r.freezing->frozen_layers(), b.moves};
+  if (valid_for != r.graphs_valid_for) r.graphed->reset(), r.graphs_valid_for = valid_for;
   auto forward = [&] {
     autograd::Autocast ac(r.c.precision);
     return r.task.graph_forward(*r.freezing).loss;
   };
-  s = r.graphed->run(forward, samples, r.freezing->reads_this_step());
+  s = r.graphed->run(b.shape, forward, b.samples, r.freezing->reads_this_step());
   if (r.graphed->replayed_last()) r.freezing->note_replayed_forward();
   return true;
 }
@@ -300,6 +300,7 @@ json summary_json(const Run& r, const SplitMetrics& last) {
   if (r.graphed) {  // Note [Graphed steps]: graphs captured, and the steps that replayed one
     sj["cuda_graph_captures"] = r.graphed->captures();
     sj["cuda_graph_replayed_steps"] = r.graphed->replayed_steps();
+    sj["cuda_graphs_held"] = r.graphed->graphs();
   }
   // Note [Host syncs]: this invocation's steady state (its most common count) and worst step.
   const auto mode = std::max_element(r.steps_by_host_syncs.begin(), r.steps_by_host_syncs.end(),

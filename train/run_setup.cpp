@@ -103,12 +103,10 @@ void build_run(Run& r, bool resuming) {
   r.freezing = std::make_unique<FreezeRun>(c, *r.model, pc, c.out, r.dp);
   r.task.attach(*r.freezing);
   if (c.cuda_graphs) {  // Note [Graphed steps]; GraphedStep itself refuses several ranks
-    EG_CHECK(r.task.graphable(),
-             "--cuda-graphs on: this task's batches change shape from step to step "
-             "(translation); CUDA graphs capture image models' steps for now");
+    EG_CHECK(r.task.graphable(), "--cuda-graphs on: this task's step is not captured as a CUDA graph");
     EG_CHECK(!c.freezing.cache,
              "--cuda-graphs on: --freeze-cache on keeps the batch on the host; use one or the other");
-    GraphedStep::Options go{3, c.grad_clip, [&r] { r.freezing->quiesce(); }};
+    GraphedStep::Options go{3, c.grad_clip, [&r] { r.freezing->quiesce(); }, c.cuda_graph_limit};
     r.graphed = std::make_unique<GraphedStep>(r.dp, *r.opt, &r.task.generator(), go);
   }
 }

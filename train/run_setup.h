@@ -59,10 +59,10 @@ struct Run {
     int64_t count = 0;  // its samples (target tokens) of every rank
   };
   std::optional<PendingLoss> pending;
-  // --cuda-graphs on: the captured step, and what it was captured for (the frozen layer
-  // prefix, the batch's shape).
+  // --cuda-graphs on: the captured steps (a graph per batch shape), and what they were
+  // captured with (the frozen layer prefix, the task's graph inputs' moves).
   std::unique_ptr<GraphedStep> graphed;
-  std::vector<int64_t> graph_key;
+  std::vector<int64_t> graphs_valid_for;
   double last_loss = NAN, last_grad_norm = NAN;  // the newest settled step's (log and progress lines)
   double last_loss_scale = 0;
   bool last_overflow = false;

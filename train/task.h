@@ -78,15 +78,19 @@ class Task {
   virtual StepOutput training_step(FreezeRun& freezing) = 0;
   // --cuda-graphs on (Note [Graphed steps] in train/graphed_step.h): a task whose step a
   // CUDA graph can capture splits training_step in two. stage_graph_batch() moves the
-  // loaded batch into tensors the task keeps (the same storage for every batch of one
-  // shape: what a graph reads), outside the graph; it returns the batch's shape (a graph
-  // serves batches of one shape) and sets `samples` (0: this rank's share is empty, and
-  // the step is training_step's). graph_forward() is the rest of training_step, from those
+  // loaded batch into tensors the task keeps, outside the graph (GraphInput: batches of
+  // every shape at the addresses the graphs read); it returns the batch's shape (a graph
+  // serves batches of one shape), its sample count (0: this rank's share is empty, and the
+  // step is training_step's) and how often those tensors have moved (every graph made
+  // before a move is dropped). graph_forward() is the rest of training_step, from those
   // tensors; it runs inside a capture, so it makes no host sync.
+  struct GraphBatch {
+    std::vector<int64_t> shape;
+    int64_t samples = 0;
+    int64_t moves = 0;
+  };
   virtual bool graphable() const { return false; }
-  virtual std::vector<int64_t> stage_graph_batch(int64_t* /*samples*/) {
-    EG_THROW("internal: this task's step is not captured as a CUDA graph");
-  }
+  virtual GraphBatch stage_graph_batch() { EG_THROW("internal: this task's step is not captured as a CUDA graph"); }
   virtual StepOutput graph_forward(FreezeRun& /*freezing*/) {
     EG_THROW("internal: this task's step is not captured as a CUDA graph");
   }

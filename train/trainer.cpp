@@ -206,7 +206,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   // --cuda-graphs on: two warm-up steps eager, the third captured and replayed, every
   // timed step a replay (Note [Graphed steps]).
   std::unique_ptr<GraphedStep> graphed;
-  if (o.cuda_graphs) graphed = std::make_unique<GraphedStep>(dp, opt, &g, GraphedStep::Options{warmup - 1, 0.0, {}});
+  if (o.cuda_graphs) graphed = std::make_unique<GraphedStep>(dp, opt, &g, GraphedStep::Options{warmup - 1, 0.0, {}, 1});
   for (int i = 0; i < warmup + o.iterations; ++i) {
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
@@ -215,7 +215,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     Tensor loss;
     dist::StepResult s;
     if (graphed) {
-      s = graphed->run(forward, samples);
+      s = graphed->run({}, forward, samples);  // one batch shape
     } else {
       g.mark_step();  // the model's dropout, as the training loop's step (train/run.cpp)
       loss = forward();

@@ -20,6 +20,11 @@ constexpr int64_t kEvalBatch = 64;
 // the length because models::Transformer::greedy_decode recomputes the whole prefix per token.
 int64_t decode_limit(int64_t src_len) { return src_len + src_len / 5 + 10; }
 
+// The longest training batch's length: --max-len tokens (eos or bos included), padded.
+int64_t padded_len(const TrainConfig& c) {
+  return (c.max_len + c.pad_to_multiple - 1) / c.pad_to_multiple * c.pad_to_multiple;
+}
+
 std::vector<data::SentencePair> read_split(const std::string& dir, const std::string& name, int64_t limit) {
   const std::string p = dir + "/" + name + ".tsv";
   EG_CHECK(file_exists(p), "cannot open '", p, "': no such file. Run `tools/get-data datasets` for the English-",
@@ -139,11 +144,16 @@ void TranslationTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   mc_.pad_id = sp.pad, mc_.bos_id = sp.bos, mc_.eos_id = sp.eos;
   EG_CHECK(c.max_len <= mc_.max_len, "--max-len ", c.max_len, " exceeds the ", mc_.max_len, " positions of model ",
            c.model);
+  EG_CHECK(padded_len(c) <= mc_.max_len, "--pad-to-multiple ", c.pad_to_multiple, " pads --max-len ", c.max_len,
+           " sentences to ", padded_len(c), " tokens, more than the ", mc_.max_len, " positions of model ", c.model);
   // Dropout draws from the generator the model was built with (not the default one), so
   // that generator lives as long as the model and its state is in every checkpoint.
   gen_ = Generator(c.seed);
   model_ = std::make_shared<models::Transformer>(mc_, gen_);
   model_->to(dev_);
+  // The most ids a training batch holds: its sentences (--batch-size, or as many as
+  // --max-tokens allows pairs of 2 tokens) times the padded longest length.
+  graph_reserve_ = (c.max_tokens > 0 ? std::max<int64_t>(1, c.max_tokens / 2) : c.batch_size) * padded_len(c);
   src_up_ = std::make_unique<StagedUpload>(dev_);
   tgt_in_up_ = std::make_unique<StagedUpload>(dev_);
   tgt_out_up_ = std::make_unique<StagedUpload>(dev_);
@@ -151,6 +161,7 @@ void TranslationTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   data::BatcherOptions bo;
   bo.batch_size = c.batch_size;
   bo.max_tokens = c.max_tokens;
+  bo.pad_to_multiple = c.pad_to_multiple;
   bo.seed = c.seed;
   bo.ids = sp;
   bo.shard_rank = comm.rank(), bo.shards = comm.size();
@@ -194,19 +205,48 @@ bool TranslationTask::next_batch() {
 }
 
 StepOutput TranslationTask::training_step(FreezeRun& fr) {
-  StepOutput out;
-  if (batch_.ids.empty()) return out;  // this rank's share of a short batch is empty
+  if (batch_.ids.empty()) return {};  // this rank's share of a short batch is empty
   // The step's own tensors: clones of the device copies (the staging buffers are reused),
   // on the CPU the batch itself.
   auto own = [](const Tensor& t) { return t.is_cuda() ? t.clone() : t; };
-  const Tensor src = batch_.src, tgt_out = tgt_out_up_->take(own);
-  Tensor logits =
-      fr.forward({src_up_->take(own), tgt_in_up_->take(own), [src] { return src; }, batch_.tgt_in}, batch_.ids, dev_);
+  const Tensor src = src_up_->take(own), tgt_in = tgt_in_up_->take(own);
+  return step_from(fr, src, tgt_in, tgt_out_up_->take(own));
+}
+
+StepOutput TranslationTask::step_from(FreezeRun& fr, const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out) {
+  StepOutput out;
+  const Tensor host_src = batch_.src;
+  Tensor logits = fr.forward({src, tgt_in, [host_src] { return host_src; }, batch_.tgt_in}, batch_.ids, dev_);
   const int64_t n = tgt_out.numel();
   out.loss =
       fn::cross_entropy(fn::reshape(logits, {n, logits.size(2)}), tgt_out.reshape({n}), c_.label_smoothing, mc_.pad_id);
   out.samples = batch_.tgt_tokens;  // target tokens, as fairseq's wps
   return out;
+}
+
+Task::GraphBatch TranslationTask::stage_graph_batch() {
+  GraphBatch g;
+  if (batch_.ids.empty()) return g;
+  // Written in place: the graph of this shape reads these tensors' storage.
+  auto place = [&](GraphInput& in, StagedUpload& up, const Tensor& host) {
+    Tensor view = in.place(host.shape(), DType::s64, dev_, graph_reserve_);
+    (void)up.take([&](const Tensor& d) {
+      view.copy_(d);
+      return Tensor();
+    });
+    return view;
+  };
+  graph_src_ = place(src_in_, *src_up_, batch_.src);
+  graph_tgt_in_ = place(tgt_in_in_, *tgt_in_up_, batch_.tgt_in);
+  graph_tgt_out_ = place(tgt_out_in_, *tgt_out_up_, batch_.tgt_out);
+  g.shape = {batch_.src.size(0), batch_.src.size(1), batch_.tgt_in.size(1)};
+  g.samples = batch_.tgt_tokens;
+  g.moves = src_in_.moves() + tgt_in_in_.moves() + tgt_out_in_.moves();
+  return g;
+}
+
+StepOutput TranslationTask::graph_forward(FreezeRun& fr) {
+  return step_from(fr, graph_src_, graph_tgt_in_, graph_tgt_out_);
 }
 
 Metrics TranslationTask::evaluate(Split s) {

@@ -12,6 +12,7 @@
 #include "core/staged_upload.h"
 #include "data/text.h"
 #include "models/transformer.h"
+#include "train/graphed_step.h"
 #include "train/task.h"
 
 namespace eg::train {
@@ -51,6 +52,9 @@ class TranslationTask : public Task {
   void start_epoch(int64_t epoch, int64_t first_batch) override { batcher_->start_epoch(epoch, first_batch); }
   bool next_batch() override;
   StepOutput training_step(FreezeRun& fr) override;
+  bool graphable() const override { return true; }
+  GraphBatch stage_graph_batch() override;
+  StepOutput graph_forward(FreezeRun& fr) override;
   std::vector<Split> epoch_splits() const override { return {Split::valid}; }
   Metrics evaluate(Split s) override;
   Metrics evaluate_loss(Split s) override;  // no BLEU: no decoding
@@ -77,6 +81,13 @@ class TranslationTask : public Task {
   // waits for none of the copies (a batch of another shape than the last is copied after
   // the kernels queued before it, on the device; ids are a few kilobytes).
   std::unique_ptr<StagedUpload> src_up_, tgt_in_up_, tgt_out_up_;
+  // --cuda-graphs on: the batch's ids where the graphs read them, a graph per batch shape
+  // (Note [Graphed steps] in train/graphed_step.h), each buffer made at once as big as
+  // the largest batch can be (graph_reserve_ ids), so that it never moves.
+  GraphInput src_in_, tgt_in_in_, tgt_out_in_;
+  Tensor graph_src_, graph_tgt_in_, graph_tgt_out_;
+  int64_t graph_reserve_ = 0;
+  StepOutput step_from(FreezeRun& fr, const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out);
 };
 
 // Teacher-forced loss per target token and (with `bleu`) BLEU of greedy translations of a
