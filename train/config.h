@@ -48,9 +48,10 @@ struct TrainConfig {
   DType precision = DType::f32;
   // The training step captured as a CUDA graph after a warm-up and replayed (Note
   // [Graphed steps] in train/graphed_step.h): one GPU, one process; a graph per batch
-  // shape, at most cuda_graph_limit of them (the most used shapes').
+  // shape, at most cuda_graph_limit of them (the most used shapes'; 0: the task's
+  // default, Task::default_graph_limit).
   bool cuda_graphs = false;
-  int64_t cuda_graph_limit = 8;
+  int64_t cuda_graph_limit = 0;
   bool resume = false;
   int64_t checkpoint_every = 0;  // steps; 0: at the end of every epoch only
   int64_t keep_checkpoints = 1;  // the newest N checkpoints are kept (checkpoint-<step>)

@@ -72,9 +72,10 @@ std::vector<Option> make_options() {
                      &TrainConfig::cuda_graphs, kOnOff));
   t.push_back(number("--cuda-graph-limit", "cuda_graph_limit", G::run, Free,
                      "--cuda-graphs on keeps at most N graphs, those of the most frequent batch shapes (each holds "
-                     "its step's activations on the GPU); steps of other shapes run eagerly. Translation batches "
-                     "take few shapes with --pad-to-multiple",
-                     &TrainConfig::cuda_graph_limit, Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
+                     "its step's activations on the GPU); steps of other shapes run eagerly. 0: 8 for translation "
+                     "(few shapes with --pad-to-multiple), 1 for image models (an epoch's short last batch runs "
+                     "eagerly)",
+                     &TrainConfig::cuda_graph_limit, Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   t.push_back(flag_switch("--resume", "resume", G::run, Free, "continue from DIR/checkpoint.safetensors",
                           &TrainConfig::resume));
   t.push_back(number("--checkpoint-every", "checkpoint_every", G::run, Free,

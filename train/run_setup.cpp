@@ -106,7 +106,8 @@ void build_run(Run& r, bool resuming) {
     EG_CHECK(r.task.graphable(), "--cuda-graphs on: this task's step is not captured as a CUDA graph");
     EG_CHECK(!c.freezing.cache,
              "--cuda-graphs on: --freeze-cache on keeps the batch on the host; use one or the other");
-    GraphedStep::Options go{3, c.grad_clip, [&r] { r.freezing->quiesce(); }, c.cuda_graph_limit};
+    const int64_t limit = c.cuda_graph_limit > 0 ? c.cuda_graph_limit : r.task.default_graph_limit();
+    GraphedStep::Options go{3, c.grad_clip, [&r] { r.freezing->quiesce(); }, limit};
     r.graphed = std::make_unique<GraphedStep>(r.dp, *r.opt, &r.task.generator(), go);
   }
 }

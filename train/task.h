@@ -90,6 +90,10 @@ class Task {
     int64_t moves = 0;
   };
   virtual bool graphable() const { return false; }
+  // Graphs held at once unless --cuda-graph-limit says: one for a task whose batches take
+  // one shape but for a few (an epoch's short last one, whose steps then run eagerly
+  // rather than hold a second step's activations on the GPU).
+  virtual int64_t default_graph_limit() const { return 1; }
   virtual GraphBatch stage_graph_batch() { EG_THROW("internal: this task's step is not captured as a CUDA graph"); }
   virtual StepOutput graph_forward(FreezeRun& /*freezing*/) {
     EG_THROW("internal: this task's step is not captured as a CUDA graph");

@@ -53,6 +53,7 @@ class TranslationTask : public Task {
   bool next_batch() override;
   StepOutput training_step(FreezeRun& fr) override;
   bool graphable() const override { return true; }
+  int64_t default_graph_limit() const override { return 8; }  // a shape per pair of padded lengths
   GraphBatch stage_graph_batch() override;
   StepOutput graph_forward(FreezeRun& fr) override;
   std::vector<Split> epoch_splits() const override { return {Split::valid}; }
