@@ -71,6 +71,10 @@ void DeviceGraph::capture(const std::function<void()>& body) {
   // cudnnCreate, the cuBLAS workspace's cudaMalloc) is no call a capture allows.
   (void)cuda::cublas_handle();
   (void)cuda::cudnn_handle();
+  // Nothing goes back to the system while a pool fills (Note [Private pools]), so the
+  // shared cache's idle blocks go now: blocks of other batch shapes' eager steps would
+  // otherwise leave the capture's new ones no room.
+  impl_->alloc->empty_cache();
   // Kernels the capture's tensors' blocks last served run before the capture's own.
   impl_->alloc->begin_pool(impl_->pool);
   cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);

@@ -4,17 +4,22 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "autograd/node.h"
 #include "core/device.h"
 #include "dist/communicator.h"
+#include "dist/strategy.h"
 #include "freeze/plasticity.h"
+#include "kernels/ops.h"
 #include "models/transformer.h"
 #include "quant/reference.h"
 #include "tests/test_util.h"
+#include "train/freezing.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
+#include "train/translation_task.h"
 
 using namespace eg;
 
@@ -377,6 +382,54 @@ TEST(Translate, PaddingToAMultipleTrainsAsWithout) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The task's side of --cuda-graphs on, run on the CPU: stage_graph_batch() writes a batch
+// into the graph inputs (no move: made once for the largest batch) and returns its shape
+// and target tokens; graph_forward() then gives training_step()'s loss on the same batch
+// bit for bit (no dropout); and two batches of one padded shape run the same ops.
+TEST(Translate, TheGraphedForwardOfABatchIsItsEagerForward) {
+  std::string data = tmpdir("graph_fwd_data");
+  write_toy_corpus(data);
+  auto arch = tiny_arch();
+  arch.dropout = 0;
+  auto c = toy_run(data, tmpdir("graph_fwd"));
+  c.pad_to_multiple = 8;
+  auto local = dist::make_local();
+  train::TranslationTask task(arch);
+  task.setup(c, *local);
+  dist::Strategy dp(*local, "cpu", {});
+  freeze::PolicyConfig pc = train::policy_config(c);
+  task.configure_freezing(pc);
+  train::FreezeRun fr(c, task.model(), pc, c.out, dp);
+  autograd::NoGradGuard ng;
+  std::map<std::vector<int64_t>, std::vector<ops::OpRecord>> ops_of_shape;
+  int same_shape = 0;
+  for (int64_t k = 0; k < 8; ++k) {
+    fr.start_step(k);
+    task.start_epoch(0, k);
+    ASSERT_TRUE(task.next_batch());
+    const train::StepOutput eager = task.training_step(fr);
+    task.start_epoch(0, k);
+    ASSERT_TRUE(task.next_batch());
+    const train::Task::GraphBatch b = task.stage_graph_batch();
+    ASSERT_EQ(b.shape.size(), 3u);
+    EXPECT_EQ(b.shape[1] % 8, 0);
+    EXPECT_EQ(b.shape[2] % 8, 0);
+    EXPECT_EQ(b.samples, eager.samples);
+    EXPECT_EQ(b.moves, 0);
+    ops::OpRecorder rec;
+    const train::StepOutput graphed = task.graph_forward(fr);
+    const std::vector<ops::OpRecord> ran = rec.records();
+    EXPECT_EQ(graphed.samples, eager.samples);
+    EXPECT_EQ(graphed.loss.item(), eager.loss.item()) << "batch " << k;
+    auto [it, fresh] = ops_of_shape.emplace(b.shape, ran);
+    if (!fresh) {
+      ++same_shape;
+      EXPECT_EQ(it->second, ran) << "batch " << k << ": another batch of its shape ran other ops";
+    }
+  }
+  EXPECT_GT(same_shape, 0) << "8 batches of the toy corpus in few padded shapes";
 }
 
 // --cuda-graphs on for translation (Note [Graphed steps] in train/graphed_step.h): with

@@ -38,7 +38,8 @@ GraphPolicy::Action GraphPolicy::next(const GraphKey& key, bool ready, std::opti
       const int64_t a = seen_.at(it->first), b = seen_.at(least->first);
       if (a < b || (a == b && it->second < least->second)) least = it;
     }
-    if (seen <= seen_.at(least->first)) return Action::eager;
+    // Twice as often: two shapes about as frequent do not take turns (each turn a capture).
+    if (seen <= 2 * seen_.at(least->first)) return Action::eager;
     *evict = least->first;
     captured_.erase(least);
   }
@@ -81,8 +82,13 @@ void GraphedStep::reset() {
 }
 
 dist::DeviceStep GraphedStep::capture(Graph& g, const std::function<Tensor()>& forward, int64_t samples) {
-  if (o_.before_capture) o_.before_capture();
-  g.graph = std::make_unique<DeviceGraph>(strategy_.device());
+  try {
+    if (o_.before_capture) o_.before_capture();
+    g.graph = std::make_unique<DeviceGraph>(strategy_.device());
+  } catch (...) {
+    reset();  // no graph half made: the policy's record of this one goes too
+    throw;
+  }
   const uint64_t before = gen_ ? gen_->offset() : 0;
   try {
     g.graph->capture([&] {

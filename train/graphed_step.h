@@ -38,9 +38,10 @@ namespace eg::train {
 // a graph per shape, as torch.compile's CUDA graphs do, up to `limit` of them (each holds
 // its step's activations in its private pool). A shape's first step runs eagerly (its
 // blocks and plans made outside a capture), its second is captured. With `limit` graphs
-// held, a new shape is captured only once it has been seen more often than the least-used
-// graph's, which is dropped: the graphs settle on the most frequent shapes, and the
-// others' steps run eagerly (GraphPolicy). The sample count is the step's own: one
+// held, a new shape is captured only once it has been seen more than twice as often as
+// the least-used graph's, which is dropped: the graphs settle on the most frequent shapes
+// without two about as frequent taking turns, and the others' steps run eagerly
+// (GraphPolicy). The sample count is the step's own: one
 // process's captured step is the same for any count > 0 (it only decides that the
 // optimizer steps). A step that runs other work (a freeze, an unfreeze: another frozen
 // prefix) needs other graphs: reset() drops them all and the next steps warm up anew.
