@@ -257,14 +257,11 @@ TEST(HostSyncs, TransformerStepsWithDropoutAndAdamWRunTheSameOps) {
 // where their padding starts, which a graph of that shape must not depend on: written in
 // place into the task's graph inputs (train::GraphInput), each step runs the same ops with
 // the same arguments (the padding masks and the loss's ignored targets made from the ids
-// on the device), allocates nothing new and makes no host sync.
+// on the device), allocates nothing new and makes no host sync; in f32 and bf16, with and
+// without a frozen prefix.
 TEST(HostSyncs, PaddedTranslationBatchesOfOneShapeRunTheSameOps) {
   auto local = dist::make_local();
   models::TransformerConfig tc = models::transformer_preset("transformer-tiny", 40);
-  Generator g(3);
-  models::Transformer m(tc, g);
-  optim::AdamW opt(m.parameters(), 1e-3);
-  dist::Strategy dp(*local, "cpu", {});
   // Two batches of [3, 8] sources and targets: real tokens, then eos, then padding (0).
   auto batch = [&](uint64_t seed, std::vector<int64_t> lens, int64_t width) {
     Generator r(seed);
@@ -277,26 +274,38 @@ TEST(HostSyncs, PaddedTranslationBatchesOfOneShapeRunTheSameOps) {
   };
   const Tensor batches[2][3] = {{batch(1, {8, 3, 5}, 8), batch(2, {6, 8, 2}, 8), batch(3, {6, 8, 2}, 8)},
                                 {batch(4, {2, 2, 7}, 8), batch(5, {8, 4, 4}, 8), batch(6, {8, 4, 4}, 8)}};
-  train::GraphInput in[3];
-  expect_replayable_steps("padded translation batches", [&](int64_t i) {
-    g.mark_step();
-    Tensor t[3];
-    for (int k = 0; k < 3; ++k) {
-      t[k] = in[k].place({3, 8}, DType::s64, Device::cpu(), 3 * 16);
-      t[k].copy_(batches[i % 2][k]);
+  // f32 and bf16; the whole model trained, and with its first 2 layer modules frozen (the
+  // prefix under no-grad, as a frozen step runs it).
+  for (DType precision : {DType::f32, DType::bf16})
+    for (int64_t frozen : {0, 2}) {
+      Generator g(3);
+      models::Transformer m(tc, g);
+      optim::AdamW opt(m.parameters(), 1e-3);
+      dist::Strategy dp(*local, "cpu", {});
+      train::GraphInput in[3];
+      const std::string what =
+          std::string("padded translation batches, ") + dtype_name(precision) + ", frozen " + std::to_string(frozen);
+      expect_replayable_steps(what, [&](int64_t i) {
+        g.mark_step();
+        Tensor t[3];
+        for (int k = 0; k < 3; ++k) {
+          t[k] = in[k].place({3, 8}, DType::s64, Device::cpu(), 3 * 16);
+          t[k].copy_(batches[i % 2][k]);
+        }
+        Tensor loss;
+        {
+          autograd::Autocast ac(precision);
+          Tensor logits = m.forward_frozen(t[0], t[1], frozen);
+          loss = fn::cross_entropy(fn::reshape(logits, {24, logits.size(2)}), t[2].reshape({24}), 0.1, tc.pad_id);
+        }
+        const dist::StepResult r = dp.step(loss, 12, opt, i, 0);
+        ASSERT_TRUE(r.deferred);
+        ASSERT_TRUE(std::isfinite(r.loss_later.lagged_value()));
+      });
+      EXPECT_EQ(in[0].moves(), 0) << what << ": made once, big enough";
+      (void)in[0].place({3, 17}, DType::s64, Device::cpu());
+      EXPECT_EQ(in[0].moves(), 1) << "a bigger batch moves the buffer (and drops the graphs reading it)";
     }
-    Tensor loss;
-    {
-      Tensor logits = m.forward(t[0], t[1]);
-      loss = fn::cross_entropy(fn::reshape(logits, {24, logits.size(2)}), t[2].reshape({24}), 0.1, tc.pad_id);
-    }
-    const dist::StepResult r = dp.step(loss, 12, opt, i, 0);
-    ASSERT_TRUE(r.deferred);
-    ASSERT_TRUE(std::isfinite(r.loss_later.lagged_value()));
-  });
-  EXPECT_EQ(in[0].moves(), 0) << "made once, big enough";
-  (void)in[0].place({3, 17}, DType::s64, Device::cpu());
-  EXPECT_EQ(in[0].moves(), 1) << "a bigger batch moves the buffer (and drops the graphs reading it)";
 }
 
 // --pad-to-multiple changes only rounding: padded positions are masked out of attention
