@@ -723,7 +723,13 @@ TEST(Cuda, AGraphedStepTrainsTheWeightsOfTheEagerStep) {
       ASSERT_EQ(weights[0].size(), weights[1].size());
       float worst = 0;
       for (size_t i = 0; i < weights[0].size(); ++i) worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
-      EXPECT_LE(worst, 1e-4f) << what;
+      // AdamW takes a step of about lr wherever a gradient is 0 but for rounding (the
+      // attention key biases': a softmax ignores what is added to a whole row of scores), and
+      // the clipping norm's atomic sums differ in their last bits from run to run: its
+      // weights are compared within twice the steps' learning rates (the losses and norms
+      // above stay tight); SGD's within rounding.
+      const float adamw_noise = 2 * 1e-3f * 2.6f;
+      EXPECT_LE(worst, tfm ? adamw_noise : 1e-4f) << what;
       EXPECT_EQ(offsets[0], offsets[1]) << what << ": the generator moves past what each replay drew";
       ASSERT_EQ(state[0].size(), state[1].size()) << what;
       for (auto& [k, t] : state[0]) {
@@ -806,7 +812,10 @@ TEST(Cuda, AGraphedStepKeepsAGraphPerBatchShape) {
   ASSERT_EQ(weights[0].size(), weights[1].size());
   float worst = 0;
   for (size_t i = 0; i < weights[0].size(); ++i) worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
-  EXPECT_LE(worst, 1e-4f);
+  // AdamW steps by about lr where a gradient is 0 but for rounding (the attention key
+  // biases'; see AGraphedStepTrainsTheWeightsOfTheEagerStep): within twice the 21 steps'
+  // learning rates (2e-3 on average).
+  EXPECT_LE(worst, 2 * 21 * 2e-3f);
   set_training_device(prev);
 }
 
@@ -831,7 +840,7 @@ TEST(Cuda, AGraphedStepWarmsUpOnThroughOverflowingSteps) {
     auto m = models::build_model(mc, g);
     m->to(dev);
     optim::SGD opt(m->parameters(), 0.05, optim::SgdOptions{0.9, 0, 5e-4, false});
-    dist::Strategy dp(*local, "cuda:0", {}, optim::LossScaleOptions{true, double(int64_t(1) << 30), 1000});
+    dist::Strategy dp(*local, "cuda:0", {}, optim::LossScaleOptions{true, double(int64_t(1) << 24), 1000});
     Generator data(5);
     const Tensor x = Tensor::randn({8, 3, 32, 32}, data).to(dev);
     const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8}, dev);
