@@ -151,9 +151,9 @@ void TranslationTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   gen_ = Generator(c.seed);
   model_ = std::make_shared<models::Transformer>(mc_, gen_);
   model_->to(dev_);
-  // The most ids a training batch holds: its sentences (--batch-size, or as many as
-  // --max-tokens allows pairs of 2 tokens) times the padded longest length.
-  graph_reserve_ = (c.max_tokens > 0 ? std::max<int64_t>(1, c.max_tokens / 2) : c.batch_size) * padded_len(c);
+  // The most ids a training batch holds: --batch-size sentences of the padded longest
+  // length, or --max-tokens (which counts padded lengths), or one pair longer than that.
+  graph_reserve_ = c.max_tokens > 0 ? std::max(c.max_tokens, padded_len(c)) : c.batch_size * padded_len(c);
   src_up_ = std::make_unique<StagedUpload>(dev_);
   tgt_in_up_ = std::make_unique<StagedUpload>(dev_);
   tgt_out_up_ = std::make_unique<StagedUpload>(dev_);
