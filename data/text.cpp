@@ -229,8 +229,6 @@ TranslationBatcher::TranslationBatcher(std::shared_ptr<const TokenizedPairs> dat
 std::vector<std::vector<int64_t>> TranslationBatcher::epoch_plan(int64_t epoch) const {
   const TokenizedPairs& d = *data_;
   auto len = [&](int64_t i) { return int64_t(std::max(d.src[size_t(i)].size(), d.tgt[size_t(i)].size())) + 1; };
-  const int64_t m = opt_.pad_to_multiple;
-  auto padded = [m](int64_t l) { return (l + m - 1) / m * m; };  // a batch's length, as make_batch pads it
   std::vector<int64_t> order(size_t(d.size()));
   std::iota(order.begin(), order.end(), 0);
   const uint64_t key = opt_.seed * 0x2545F4914F6CDD1Dull + uint64_t(epoch);
@@ -253,7 +251,7 @@ std::vector<std::vector<int64_t>> TranslationBatcher::epoch_plan(int64_t epoch) 
     std::vector<int64_t> cur;
     int64_t longest = 0;
     for (auto it = b; it != e; ++it) {
-      const int64_t l = padded(std::max(longest, len(*it)));
+      const int64_t l = padded_length(std::max(longest, len(*it)), opt_.pad_to_multiple);  // as make_batch pads
       const bool full = max_tokens > 0 ? int64_t(cur.size() + 1) * l > max_tokens : int64_t(cur.size()) == batch_size;
       if (full && !cur.empty()) {
         plan.push_back(std::move(cur));
@@ -300,8 +298,8 @@ TranslationBatch TranslationBatcher::make_batch(const std::vector<int64_t>& ids,
     s_len = std::max(s_len, d.src[size_t(i)].size());
     t_len = std::max(t_len, d.tgt[size_t(i)].size());
   }
-  const int64_t m = opt_.pad_to_multiple;
-  const int64_t S = (int64_t(s_len) + m) / m * m, T = (int64_t(t_len) + m) / m * m;  // + 1 for eos/bos, rounded up
+  const int64_t m = opt_.pad_to_multiple;  // + 1: eos or bos
+  const int64_t S = padded_length(int64_t(s_len) + 1, m), T = padded_length(int64_t(t_len) + 1, m);
   const SpecialIds& sp = opt_.ids;
   std::vector<int64_t> src(size_t(n * S), sp.pad), tin(size_t(n * T), sp.pad), tout(size_t(n * T), sp.pad);
   TranslationBatch b;

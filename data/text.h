@@ -84,6 +84,10 @@ struct TranslationBatch {
   int64_t src_tokens = 0, tgt_tokens = 0;  // non-pad positions of src and tgt_out
 };
 
+// A batch side of `tokens` positions padded up to a multiple of `multiple`
+// (BatcherOptions::pad_to_multiple).
+inline int64_t padded_length(int64_t tokens, int64_t multiple) { return (tokens + multiple - 1) / multiple * multiple; }
+
 struct BatcherOptions {
   int64_t batch_size = 64;  // sentences per batch, when max_tokens is 0
   int64_t max_tokens = 0;  // > 0: as many pairs as fit B * (longest side + 1, padded) <= max_tokens

@@ -45,6 +45,16 @@ std::vector<data::SentencePair> toy_pairs(int n, uint64_t seed) {
   }
   return v;
 }
+// Every batch of a plan holds B * (its longest side + 1, padded to `multiple`) <= `budget`
+// tokens.
+void expect_within_budget(const data::TokenizedPairs& tp, const std::vector<std::vector<int64_t>>& plan, int64_t budget,
+                          int64_t multiple) {
+  for (auto& batch : plan) {
+    size_t longest = 0;
+    for (int64_t i : batch) longest = std::max({longest, tp.src[size_t(i)].size(), tp.tgt[size_t(i)].size()});
+    EXPECT_LE(int64_t(batch.size()) * data::padded_length(int64_t(longest) + 1, multiple), budget);
+  }
+}
 }  // namespace
 
 TEST(TextTsv, ReadsPairsAndNamesFileAndLine) {
@@ -196,11 +206,7 @@ TEST(TextBatcher, BatchesArePaddedAndOrderIsAPureFunctionOfSeedAndEpoch) {
 
   // A token budget bounds B * (longest side + 1).
   o.max_tokens = 96;
-  for (auto& batch : data::TranslationBatcher(tp, o).epoch_plan(3)) {
-    size_t longest = 0;
-    for (int64_t i : batch) longest = std::max({longest, tp->src[size_t(i)].size(), tp->tgt[size_t(i)].size()});
-    EXPECT_LE(int64_t(batch.size() * (longest + 1)), 96);
-  }
+  expect_within_budget(*tp, data::TranslationBatcher(tp, o).epoch_plan(3), 96, 1);
 }
 
 // Data-parallel shares: with --batch-size B on each of 3 ranks, the epoch is planned in
@@ -301,11 +307,7 @@ TEST(TextBatcher, PaddingToAMultipleKeepsTheBatchesAndFewShapes) {
   EXPECT_LE(padded_shapes.size(), 2u * 2u * 2u) << "lengths up to 16 in two multiples of 8; batches of 8 and the last";
   // A token budget counts the padded lengths: B * (longest side + 1, padded) <= max_tokens.
   p.max_tokens = 96;
-  for (auto& batch : data::TranslationBatcher(tp, p).epoch_plan(1)) {
-    size_t longest = 0;
-    for (int64_t i : batch) longest = std::max({longest, tp->src[size_t(i)].size(), tp->tgt[size_t(i)].size()});
-    EXPECT_LE(int64_t(batch.size()) * ((int64_t(longest) + 8) / 8 * 8), 96);
-  }
+  expect_within_budget(*tp, data::TranslationBatcher(tp, p).epoch_plan(1), 96, 8);
   p.pad_to_multiple = 0;
   EXPECT_THROW(data::TranslationBatcher(tp, p), Error);
 }

@@ -272,9 +272,10 @@ Task::GraphBatch ImageTask::stage_graph_batch() {
   if (batch_.ids.empty()) return g;
   EG_CHECK(staged_, "internal: --cuda-graphs on without staged batches");
   const Shape xs = batch_.x.shape(), ys = batch_.y.shape();
-  const int64_t per_image = batch_.x.numel() / std::max<int64_t>(1, xs[0]);
-  graph_x_ = x_in_.place(xs, DType::f32, dev_, c_.batch_size * per_image);
-  graph_y_ = y_in_.place(ys, batch_.y.dtype(), dev_, c_.batch_size * (batch_.y.numel() / std::max<int64_t>(1, xs[0])));
+  // Made for --batch-size samples at once: a short batch fits at the same addresses.
+  const int64_t rows = std::max<int64_t>(1, xs[0]);
+  graph_x_ = x_in_.place(xs, DType::f32, dev_, c_.batch_size * (batch_.x.numel() / rows));
+  graph_y_ = y_in_.place(ys, batch_.y.dtype(), dev_, c_.batch_size * (batch_.y.numel() / rows));
   // Written in place: the graph of this shape reads these tensors' storage.
   (void)x_up_->take([&](const Tensor& d) {
     if (d.dtype() == DType::u8) ops::call(ops::image_normalize, d, scale_, zero_, graph_x_);

@@ -21,9 +21,7 @@ constexpr int64_t kEvalBatch = 64;
 int64_t decode_limit(int64_t src_len) { return src_len + src_len / 5 + 10; }
 
 // The longest training batch's length: --max-len tokens (eos or bos included), padded.
-int64_t padded_len(const TrainConfig& c) {
-  return (c.max_len + c.pad_to_multiple - 1) / c.pad_to_multiple * c.pad_to_multiple;
-}
+int64_t padded_len(const TrainConfig& c) { return data::padded_length(c.max_len, c.pad_to_multiple); }
 
 std::vector<data::SentencePair> read_split(const std::string& dir, const std::string& name, int64_t limit) {
   const std::string p = dir + "/" + name + ".tsv";
