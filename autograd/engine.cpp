@@ -2,9 +2,11 @@
 // queue ordered by sequence number (latest first), with per-node gradient buffers.
 // Both passes use explicit stacks; nothing recurses.
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <queue>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -36,6 +38,10 @@ Tensor unit_gradient(const Tensor& root) {
   return one.reshape(root.shape()).clone();
 }
 thread_local bool g_grad_enabled = true;
+thread_local bool g_destinations = [] {
+  const char* e = std::getenv("EG_GRAD_DESTINATIONS");
+  return !(e && std::string(e) == "0");
+}();
 thread_local GradReadyHook g_grad_ready;
 uint64_t next_sequence_nr() {
   static std::atomic<uint64_t> n{0};
@@ -52,6 +58,8 @@ Tensor add_grads(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
+bool gradient_destinations() { return g_destinations; }
+void set_gradient_destinations(bool on) { g_destinations = on; }
 GradReadyScope::GradReadyScope(GradReadyHook hook) : prev_(std::exchange(g_grad_ready, std::move(hook))) {}
 GradReadyScope::~GradReadyScope() { g_grad_ready = std::move(prev_); }
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
@@ -144,8 +152,34 @@ std::shared_ptr<FunctionNode> record_function(const char* name, const Tensors& i
   return n;
 }
 
+namespace {
+// Sets n.destinations (Note [Gradient destinations]): for each input, the term of its
+// gradient the engine already holds, if nothing else can see it change: a buffered
+// gradient referenced by the buffer alone (no other buffer, no view, no caller), or a
+// leaf's .grad, which AccumulateGrad would add into in place anyway.
+void offer_destinations(Node& n, std::unordered_map<Node*, Tensors>& buffers) {
+  n.destinations.assign(n.next.size(), Tensor());
+  for (size_t i = 0; i < n.next.size(); ++i) {
+    const Edge& e = n.next[i];
+    if (!e.fn) continue;
+    if (auto* a = dynamic_cast<AccumulateGrad*>(e.fn.get())) {
+      if (auto v = a->var.lock(); v && v->grad) n.destinations[i] = Tensor(v->grad);
+      continue;
+    }
+    auto it = buffers.find(e.fn.get());
+    if (it == buffers.end() || e.input_nr >= it->second.size()) continue;
+    bool twice = false;  // one term offered to two of n's inputs would be added to twice
+    for (size_t j = 0; j < i; ++j) twice |= n.next[j].fn == e.fn && n.next[j].input_nr == e.input_nr;
+    if (twice) continue;
+    const Tensor& b = it->second[e.input_nr];
+    if (b.defined() && b.impl_ptr().use_count() == 1 && b.impl().storage.use_count() == 1) n.destinations[i] = b;
+  }
+}
+}  // namespace
+
 void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
   NoGradGuard no_grad;  // the backward itself records nothing
+  const bool destinations = g_destinations;
   std::unordered_map<Node*, int> deps;
   std::unordered_map<Node*, Tensors> buffers;
   std::vector<Node*> stack;
@@ -209,7 +243,10 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
     Tensors in = std::move(buffers[n]);
     buffers.erase(n);
     in.resize(n->num_outputs);
+    if (destinations) offer_destinations(*n, buffers);
     Tensors out = n->apply(std::move(in));
+    Tensors dest = std::move(n->destinations);
+    n->destinations.clear();
     if (!retain_graph) n->release();
     if (hook)
       if (auto* a = dynamic_cast<AccumulateGrad*>(n))
@@ -217,7 +254,8 @@ void backward(const Tensors& roots, const Tensors& grads, bool retain_graph) {
     for (size_t i = 0; i < n->next.size(); ++i) {
       Edge& e = n->next[i];
       if (!e.fn) continue;
-      if (i < out.size() && out[i].defined()) seed(e.fn.get(), e.input_nr, out[i]);
+      const bool added = i < dest.size() && i < out.size() && dest[i].defined() && out[i].is_same(dest[i]);
+      if (i < out.size() && out[i].defined() && !added) seed(e.fn.get(), e.input_nr, out[i]);
       if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
     }
   }

@@ -13,6 +13,39 @@ using autograd::Tensors;
 
 namespace {
 
+// Input i's destination (Note [Gradient destinations] in autograd/node.h) when it is a
+// gradient of this shape, dtype and device; else undefined.
+Tensor destination_for(const Node& n, size_t i, const Shape& shape, DType dt, Device d) {
+  const Tensor& t = n.destination(i);
+  return t.defined() && t.shape() == shape && t.dtype() == dt && t.device() == d ? t : Tensor();
+}
+
+// Both convolutions' backward: x and w as the forward ran them, wt the weight
+// gradient's dtype. Gradients are added into their destinations where there are any:
+// the input's (a residual block's input, its shortcut's term already there) and the
+// weight's and bias's (.grad in an optimizer bucket) together.
+Tensors conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, DType wt, const ops::Conv2dParams& p,
+                        bool has_bias, const Node& n) {
+  Tensor dx, dw, db;
+  if (n.needs_input_grad(0)) {
+    dx = destination_for(n, 0, x.shape(), x.dtype(), x.device());
+    const bool into = dx.defined();
+    if (!into) dx = empty_like(x);
+    ops::call(ops::conv2d_bwd_data, dy, w, dx, p, into);
+  }
+  // See Note [Frozen layers skip weight gradients] in layers/module.h.
+  const bool want_w = n.needs_input_grad(1), want_b = has_bias && n.needs_input_grad(2);
+  if (!want_w && !want_b) return Tensors{dx, dw, db};
+  const Shape bs{w.size(0)};
+  if (want_w) dw = destination_for(n, 1, w.shape(), wt, w.device());
+  if (want_b) db = destination_for(n, 2, bs, wt, w.device());
+  const bool into = (!want_w || dw.defined()) && (!want_b || db.defined());  // one flag for both
+  if (want_w && !into) dw = Tensor::empty(w.shape(), wt, w.device());
+  if (want_b && !into) db = Tensor::empty(bs, wt, w.device());
+  ops::call(ops::conv2d_bwd_weight, dy, x, dw, db, p, into);
+  return Tensors{dx, dw, db};
+}
+
 // Under autocast (Note [Autocast]): x and the weight's cached copy in the scope's dtype,
 // the output in it too, dw and db in the parameters' dtype.
 Tensor conv2d_autocast(const Tensor& x_in, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p, DType low) {
@@ -22,15 +55,7 @@ Tensor conv2d_autocast(const Tensor& x_in, const Tensor& w, const Tensor& bias, 
   autograd::record_function(
       "Conv2dBackward", {x, w, bias}, {&y}, {x, wl},
       [p, has_bias = bias.defined(), wt = w.dtype()](const Tensors& g, const Tensors& s, const Node& n) {
-    Tensor dx, dw, db;
-    if (n.needs_input_grad(0)) {
-      dx = empty_like(s[0]);
-      ops::call(ops::conv2d_bwd_data, g[0], s[1], dx, p);
-    }
-    if (n.needs_input_grad(1)) dw = Tensor::empty(s[1].shape(), wt, s[1].device());
-    if (has_bias && n.needs_input_grad(2)) db = Tensor::empty({s[1].size(0)}, wt, s[1].device());
-    if (dw.defined() || db.defined()) ops::call(ops::conv2d_bwd_weight, g[0], s[0], dw, db, p);
-    return Tensors{dx, dw, db};
+    return conv2d_backward(g[0], s[0], s[1], wt, p, has_bias, n);
       });
   return y;
 }
@@ -62,16 +87,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& bias, const ops
   ops::call(ops::conv2d_fwd, x, w, bias, y, p);
   autograd::record_function("Conv2dBackward", {x, w, bias}, {&y}, {x, w},
                             [p, has_bias = bias.defined()](const Tensors& g, const Tensors& s, const Node& n) {
-    Tensor dx, dw, db;
-    if (n.needs_input_grad(0)) {
-      dx = empty_like(s[0]);
-      ops::call(ops::conv2d_bwd_data, g[0], s[1], dx, p);
-    }
-    // See Note [Frozen layers skip weight gradients] in layers/module.h.
-    if (n.needs_input_grad(1)) dw = empty_like(s[1]);
-    if (has_bias && n.needs_input_grad(2)) db = empty_as(s[1], {s[1].size(0)});
-    if (dw.defined() || db.defined()) ops::call(ops::conv2d_bwd_weight, g[0], s[0], dw, db, p);
-    return Tensors{dx, dw, db};
+    return conv2d_backward(g[0], s[0], s[1], s[1].dtype(), p, has_bias, n);
   });
   return y;
 }
@@ -135,13 +151,18 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
                             [training](const Tensors& g, const Tensors& s, const Node& n) {
     Tensor dx, dg, db, dr;
     if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-    if (n.needs_input_grad(1)) dg = empty_like(s[1]);
-    if (n.needs_input_grad(2)) db = empty_like(s[1]);
+    // gamma's and beta's gradients added into their destinations (.grad) when both have one.
+    const bool want_g = n.needs_input_grad(1), want_b = n.needs_input_grad(2);
+    if (want_g) dg = destination_for(n, 1, s[1].shape(), s[1].dtype(), s[1].device());
+    if (want_b) db = destination_for(n, 2, s[1].shape(), s[1].dtype(), s[1].device());
+    const bool into = (want_g || want_b) && (!want_g || dg.defined()) && (!want_b || db.defined());
+    if (want_g && !into) dg = empty_like(s[1]);
+    if (want_b && !into) db = empty_like(s[1]);
     // The residual's gradient: dy itself without the ReLU,
     // the masked dy (written by the kernel) with it.
     const bool res = n.needs_input_grad(3);  // false without a residual
     if (res && s[4].defined()) dr = empty_like(g[0]);
-    ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training, s[4], dr);
+    ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training, s[4], dr, into);
     if (res && !s[4].defined()) dr = g[0];
     return res ? Tensors{dx, dg, db, dr} : Tensors{dx, dg, db};
   });

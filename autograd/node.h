@@ -41,7 +41,14 @@ struct Node {
   virtual void release() {}
 
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].fn != nullptr; }
+  // Where input i's gradient may be added as it is computed (undefined: nowhere); set by
+  // the engine while apply() runs. See Note [Gradient destinations].
+  const Tensor& destination(size_t i) const {
+    static const Tensor none;
+    return i < destinations.size() ? destinations[i] : none;
+  }
   std::vector<Edge> next;
+  std::vector<Tensor> destinations;
   uint32_t num_outputs = 1;
   uint64_t sequence_nr = 0;  // creation order; later nodes run first when several are ready
 };
@@ -78,6 +85,22 @@ struct FunctionNode final : Node {
   Backward backward_;
   bool released_ = false;
 };
+
+// Note [Gradient destinations]
+// A gradient with two terms is summed in a pass of its own: a residual block's input
+// (the shortcut's term and the first convolution's), a parameter's .grad (which lives in
+// an optimizer bucket, and takes an axpy). When a node runs and the engine already holds
+// one term of an input's gradient, it offers that term to the node as the input's
+// destination(i): a buffered gradient that nothing but the engine references, or the
+// leaf's .grad. A backward that can add its result into it as it computes it (cuDNN's
+// beta = 1, MXNet's kAddTo) does, and returns the destination itself; the engine then has
+// nothing left to add. A backward that does not returns a gradient of its own, summed
+// as before. The sum's terms come in the same order either way, so where a kernel computes
+// and then adds (ref, cpu) the bits are the separate add's. On by default;
+// EG_GRAD_DESTINATIONS=0 (or set_gradient_destinations(false), on this thread) turns it
+// off, to compare.
+bool gradient_destinations();
+void set_gradient_destinations(bool on);
 
 // Grad mode (thread-local). NoGradGuard disables recording for its scope.
 bool grad_enabled();

@@ -56,9 +56,9 @@ void bm_egeria(benchmark::State& st, const Layer& l) {
     Tensor y = Tensor::empty(ops::conv2d_out_shape(x.shape(), w.shape(), p));
     ops::call(ops::conv2d_fwd, x, w, none, y, p);
     Tensor dx = Tensor::empty(x.shape());
-    ops::call(ops::conv2d_bwd_data, dy, w, dx, p);
+    ops::call(ops::conv2d_bwd_data, dy, w, dx, p, false);
     Tensor dw = Tensor::empty(w.shape()), db;
-    ops::call(ops::conv2d_bwd_weight, dy, x, dw, db, p);
+    ops::call(ops::conv2d_bwd_weight, dy, x, dw, db, p, false);
     benchmark::DoNotOptimize(y.raw());
   }
   set_counters(st, l);

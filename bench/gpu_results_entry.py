@@ -10,7 +10,8 @@ f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
 (transformer-small against PyTorch AMP), r50-fp16.json and tfm-fp16.json (both in fp16
 against PyTorch's float16 autocast with a GradScaler), graphs.jsonl (`egeria bench step` lines,
---cuda-graphs off and on alternating), tgraphs-<off|on>-<rep>/summary.json (translation training,
+--cuda-graphs off and on alternating), dest-<on|off>.jsonl (the same for ResNet-50 bf16, gradients added where
+they live against EG_GRAD_DESTINATIONS=0), tgraphs-<off|on>-<rep>/summary.json (translation training,
 --cuda-graphs off and on alternating), gpuref-<inline|side>-<rep>/summary.json (training runs with
 Egeria's reference on the GPU, inline and on its side stream), and tools/gpu-check's outputs where they ran
 (gpu-check-tests/tests.log, gpu-check-bench/compare_pytorch_cuda.json). A figure that was not measured, or that the
@@ -80,6 +81,28 @@ def graph_figures(path):
         out[f"{model}_f32_eager_img_s"] = med(runs["off"])
         out[f"{model}_cuda_graphs_ratio_by_pair"] = [on / off for off, on in pairs]
     return out or None
+
+
+def destination_figures(results):
+    """From dest-<on|off>.jsonl (`egeria bench step` ResNet-50 bf16 lines, gradients added
+    where they live against EG_GRAD_DESTINATIONS=0, alternating): the median images a
+    second each way and the on/off ratio of each pair, or None."""
+    runs = {}
+    for d in ("off", "on"):
+        try:
+            with open(os.path.join(results, f"dest-{d}.jsonl")) as f:
+                runs[d] = [json.loads(l)["images_per_second"] for l in f if l.strip()]
+        except (OSError, ValueError, KeyError):
+            return None
+    pairs = list(zip(runs["off"], runs["on"]))
+    if not pairs:
+        return None
+    med = lambda v: sorted(v)[len(v) // 2]
+    return {
+        "resnet50_bf16_grad_destinations_img_s": med(runs["on"]),
+        "resnet50_bf16_no_grad_destinations_img_s": med(runs["off"]),
+        "resnet50_grad_destinations_ratio_by_pair": [on / off for off, on in pairs],
+    }
 
 
 def translation_graph_figures(results):
@@ -225,6 +248,9 @@ def main():
     graphs = graph_figures(os.path.join(a.results, "graphs.jsonl"))
     if graphs:  # CUDA graphs on against off, egeria's own step (no PyTorch beside it)
         e.update(graphs)
+    dest = destination_figures(a.results)
+    if dest:  # gradients added where they live against added separately, egeria's own step
+        e.update(dest)
     tgraphs = translation_graph_figures(a.results)
     if tgraphs:  # translation training with a graph per batch shape, against eager
         e.update(tgraphs)

@@ -81,9 +81,14 @@ struct AdamWParams {
 // Convolution. bias / db may be undefined. bf16 (Note [bf16 kernels]): x, w and dy bf16
 // together; y and dx bf16 or f32; dw f32 (the f32 gradient autocast keeps) or bf16; bias
 // and db f32.
+// accumulate: the backward adds its result into dx (dw and db) instead of overwriting
+// them, for a gradient summed where it lives (Note [Gradient destinations] in
+// autograd/node.h). ref and cpu compute the result and add it (the bits of a separate
+// add); cuda has cuDNN blend it in (beta = 1: one rounding of the sum instead of two).
 using Conv2dFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p);
-using Conv2dBwdData = void(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p);
-using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p);
+using Conv2dBwdData = void(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p, bool accumulate);
+using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p,
+                             bool accumulate);
 
 // Batch norm over (N, H, W) per channel C of x [N, C, H, W]. Training forward writes
 // save_mean and save_invstd [C] (biased variance) and, when running_mean/var are
@@ -101,10 +106,12 @@ using BatchNormFwdInfer = void(const Tensor& x, const Tensor& gamma, const Tenso
 // statistics' gradient). training=false: mean/invstd are constants (from running stats).
 // relu_y: the output of a forward with relu (undefined otherwise): the gradient flows
 // back only where relu_y > 0. dresidual (undefined: not wanted): the gradient of the
-// forward's residual, i.e. dy where relu_y > 0 (dy itself without relu).
+// forward's residual, i.e. dy where relu_y > 0 (dy itself without relu). accumulate:
+// dgamma and dbeta are added into (a parameter's .grad where it lives, as the
+// convolutions' accumulate; dx and dresidual are written).
 using BatchNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                          const Tensor& relu_y, Tensor& dresidual);
+                          const Tensor& relu_y, Tensor& dresidual, bool accumulate);
 
 // Activations, elementwise. Backward reads the forward input x.
 using ActFwd = void(Act act, const Tensor& x, Tensor& y);

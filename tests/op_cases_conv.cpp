@@ -17,6 +17,7 @@ struct ConvSpec {
   bool bias = false;
   bool big = false;
   bool want_dw = true;  // false: dw undefined (frozen weight), db still computed when biased
+  bool accumulate = false;  // the backward adds into gradients already holding values
 };
 
 ops::Conv2dParams params(int64_t stride, int64_t pad, int64_t dil = 1, int64_t groups = 1) {
@@ -43,16 +44,24 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
     ops::run(ops::conv2d_fwd, b, in[0], in[1], in[2], y, p);
     return Tensors{y};
   };
-  c.backward = [p = s.p, want_dw = s.want_dw](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
-    Tensor dx = empty_like(in[0]), dw, db;
-    ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p);
-    if (want_dw) dw = empty_on(in[1], in[1].shape(), param_dtype(in[1].dtype()));
-    if (in[2].defined()) db = empty_like(in[2]);
-    ops::run(ops::conv2d_bwd_weight, b, dout[0], in[0], dw, db, p);
+  c.backward = [p = s.p, want_dw = s.want_dw, acc = s.accumulate](ops::Backend b, const Tensors& in, const Tensors&,
+                                                                   const Tensors& dout) {
+    // Accumulating, each gradient starts from values of its own (in its tensor's layout,
+    // where the backend writes that layout).
+    auto start = [acc, b](const Tensor& like, DType dt, uint64_t seed) {
+      if (!acc) return empty_on(like, like.shape(), dt);
+      const Tensor t = randn(like.shape(), dt, seed, 0.5).to(like.device());
+      return like.is_blocked() && b != ops::Backend::ref ? t.to_format(like.format()) : t;
+    };
+    Tensor dx = start(in[0], in[0].dtype(), 41), dw, db;
+    ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p, acc);
+    if (want_dw) dw = start(in[1], param_dtype(in[1].dtype()), 42);
+    if (in[2].defined()) db = start(in[2], in[2].dtype(), 43);
+    ops::run(ops::conv2d_bwd_weight, b, dout[0], in[0], dw, db, p, acc);
     return Tensors{dx, dw, db};
   };
   c.uses = {uses(ops::conv2d_fwd), uses(ops::conv2d_bwd_data), uses(ops::conv2d_bwd_weight)};
-  c.gradcheck = !s.big;
+  c.gradcheck = !s.big && !s.accumulate;
   c.bench = s.big;
   c.bench_backward = true;
   if (s.big) {
@@ -89,6 +98,14 @@ RegisterCases reg([](std::vector<OpCase>& v) {
     add_conv_and_bf16(v, {"rect_2x3", {2, 2, 5, 7}, {3, 2, 2, 3}, p, true});
   }
   add_conv_and_bf16(v, {"frozen_weight_bias_grad", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, false});
+  // Gradients added into where they live (Note [Gradient destinations]): a biased conv
+  // (dx, dw and db), one that runs NHWC on CUDA (cuDNN's blend into an NHWC dx; and into
+  // a plain dx, which is computed and added), a blocked dx on the CPU.
+  add_conv_and_bf16(v, {"3x3_pad1_bias_accumulate", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, true, true});
+  add_conv_and_bf16(v, {"3x3_stride2_accumulate", {2, 8, 7, 7}, {8, 8, 3, 3}, params(2, 1), false, false, true, true});
+  add_nhwc_twin(v, {0}, true);
+  add_conv(v, {"c16_nchw16c_accumulate", {2, 16, 5, 6}, {32, 16, 3, 3}, params(1, 1), false, false, true, true});
+  block_inputs(v.back(), {0}, true);
   // ResNet-56 (CIFAR, batch 128): the three stages' 3x3 convs and a stage transition.
   // Blocked activations in and out (Note [Blocked activations]); a 24-channel output
   // stays plain; a plain dy into a blocked x.

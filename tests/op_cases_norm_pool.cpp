@@ -27,11 +27,17 @@ constexpr double kMomentum = 0.1, kEps = 1e-5;
 
 // Training mode. Outputs: y, saved mean, saved invstd, updated running mean and
 // variance (the running statistics are cloned first, so each call starts alike).
+// A parameter gradient's tensor: empty, or (accumulating) holding values of its own.
+Tensor param_start(const Tensor& like, bool accumulate, uint64_t seed) {
+  return accumulate ? randn(like.shape(), like.dtype(), seed, 0.5).to(like.device()) : empty_like(like);
+}
+
 // want: which of dx, dgamma, dbeta the backward asks for.
 // relu: the fused max(bn(x), 0), whose backward takes y for the mask.
 // residual: a sixth input r, y = [relu](bn(x) + r); the backward also gives dr.
+// accumulate: dgamma and dbeta added into values already there (a parameter's .grad).
 void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool want_dx = true,
-                  bool want_affine = true, bool relu = false, bool residual = false) {
+                  bool want_affine = true, bool relu = false, bool residual = false, bool accumulate = false) {
   OpCase c;
   c.name = "batchnorm/train_" + variant;
   c.make_inputs = [s, residual](DType dt) {
@@ -48,18 +54,18 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
              residual ? in[5] : Tensor());
     return Tensors{y, mean, invstd, rm, rv};
   };
-  c.backward = [want_dx, want_affine, relu, residual](ops::Backend b, const Tensors& in, const Tensors& out,
-                                                      const Tensors& dout) {
+  c.backward = [want_dx, want_affine, relu, residual, accumulate](ops::Backend b, const Tensors& in,
+                                                                  const Tensors& out, const Tensors& dout) {
     Tensor dx, dg, db, dr;
     if (want_dx) dx = empty_like(in[0]);
-    if (want_affine) dg = empty_like(in[1]), db = empty_like(in[2]);
+    if (want_affine) dg = param_start(in[1], accumulate, 47), db = param_start(in[2], accumulate, 48);
     if (residual) dr = empty_like(in[0]);
     ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true, relu ? out[0] : Tensor(),
-             dr);
+             dr, accumulate);
     return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_train), uses(ops::batchnorm_bwd)};
-  c.gradcheck = !big;
+  c.gradcheck = !big && !accumulate;
   c.bench = big;
   c.bench_backward = true;
   // Minimal traffic: forward reads x (and r), writes y; backward reads dy, x (and y),
@@ -74,7 +80,7 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
 
 // Inference mode: running statistics are constants, in both directions.
 void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool relu = false,
-                  bool residual = false) {
+                  bool residual = false, bool accumulate = false) {
   OpCase c;
   c.name = "batchnorm/infer_" + variant;
   c.make_inputs = [s, residual](DType dt) {
@@ -88,19 +94,19 @@ void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, b
              residual ? in[5] : Tensor());
     return Tensors{y};
   };
-  c.backward = [relu, residual](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+  c.backward = [relu, residual, accumulate](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
     // invstd from the running variance, as autograd computes it (on the host).
     Tensor var = in[4].to(Device::cpu()).to(DType::f64).clone();
     for (int64_t i = 0; i < var.numel(); ++i) var.data<double>()[i] = 1.0 / std::sqrt(var.data<double>()[i] + kEps);
     Tensor invstd = var.to(in[4].dtype()).to(in[0].device());
-    Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]), dr;
+    Tensor dx = empty_like(in[0]), dg = param_start(in[1], accumulate, 47), db = param_start(in[2], accumulate, 48), dr;
     if (residual) dr = empty_like(in[0]);
     ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false, relu ? out[0] : Tensor(),
-             dr);
+             dr, accumulate);
     return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_infer), uses(ops::batchnorm_bwd)};
-  c.gradcheck = !big;
+  c.gradcheck = !big && !accumulate;
   c.bench = big;
   c.bytes = double(shape_numel(s)) * 4 * 2;
   c.fwd_tol = c.bwd_tol = {5e-6, 2e-5};
@@ -266,6 +272,14 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_bn_infer(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true);
   block_inputs(v.back(), {0}, true);
   add_bn_infer(v, "small", {4, 3, 4, 5}, false);
+  // dgamma and dbeta added into their .grad (Note [Gradient destinations]).
+  add_bn_train(v, "small_relu_accumulate", {4, 3, 4, 5}, false, true, true, true, false, true);
+  add_bf16_twin(v);
+  add_bn_train(v, "c32_nchw16c_add_relu_accumulate", {4, 32, 6, 5}, false, true, true, true, true, true);
+  block_inputs(v.back(), {0, 5}, true);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0, 5}, true);
+  add_bn_infer(v, "small_accumulate", {4, 3, 4, 5}, false, false, false, true);
   add_bn_infer(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);
 
   using ops::PoolKind;

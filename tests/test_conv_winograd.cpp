@@ -86,10 +86,10 @@ Passes run(ops::Backend b, const Tensor& x, const Tensor& w, const Tensor& dy, c
   r.y = empty_on(x, ops::conv2d_out_shape(x.shape(), w.shape(), p), x.dtype());
   ops::run(ops::conv2d_fwd, b, x, w, Tensor(), r.y, p);
   r.dx = empty_like(x);
-  ops::run(ops::conv2d_bwd_data, b, dy, w, r.dx, p);
+  ops::run(ops::conv2d_bwd_data, b, dy, w, r.dx, p, false);
   r.dw = empty_like(w);
   Tensor db;
-  ops::run(ops::conv2d_bwd_weight, b, dy, x, r.dw, db, p);
+  ops::run(ops::conv2d_bwd_weight, b, dy, x, r.dw, db, p, false);
   return r;
 }
 

@@ -436,13 +436,22 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
+                   bool accumulate) {
+  if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
+    auto like = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : t; };
+    Tensor dg = like(dgamma), db = like(dbeta);
+    batchnorm_bwd(dy_in, x, gamma, mean, invstd, dx, dg, db, training, relu_y, dresidual, false);
+    for (auto [r, out] : {std::pair{&dg, &dgamma}, {&db, &dbeta}})
+      if (out->defined()) axpy(*r, *out, 1.0);
+    return;
+  }
   const bool bf16 = x.dtype() == DType::bf16 || dy_in.dtype() == DType::bf16;
   if (bf16 && (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual}) || !x.blockable())) {
     for (Tensor* out : {&dx, &dresidual})
       if (out->defined()) out->set_format(Format::plain);
     return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
-                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
+                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual, false);
   }
   if (bf16 || x.is_blocked() || dy_in.is_blocked()) {  // bf16 is always held blocked here
     Tensor kx, kdy, kry;

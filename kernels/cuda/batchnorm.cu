@@ -88,14 +88,14 @@ void batchnorm_fwd_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& 
 
 void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma, const Tensor& mean,
                    const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                   const Tensor& relu_y_in, Tensor& dresidual) {
+                   const Tensor& relu_y_in, Tensor& dresidual, bool accumulate) {
   const bool half = is16(dy_arg) || is16(x_in) || is16(dx) || is16(relu_y_in) || is16(dresidual);
   const Format f = compute_layout(x_in, half);
   const Tensor dy_in = dy_arg.to_format(f), x = x_in.to_format(f), relu_y = relu_y_in.to_format(f);
   if (dx.defined()) dx.set_format(f);
   if (dresidual.defined()) dresidual.set_format(f);
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-  if (half) return bn16_bwd(dy_in, x, gamma, mean, invstd, dx, dgamma, dbeta, training, relu_y, dresidual);
+  if (half) return bn16_bwd(dy_in, x, gamma, mean, invstd, dx, dgamma, dbeta, training, relu_y, dresidual, accumulate);
   require_f32(x, "batch_norm backward");
   // The fused ReLU's mask as its own pass (cuDNN's fused BN-activation backward wants NHWC
   // half), written into the residual's gradient when that is wanted.
@@ -105,6 +105,14 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
     act_bwd(ops::Act::relu, dy_in, relu_y, dy);
   } else if (dresidual.defined()) {
     dresidual.copy_(dy_in);
+  }
+  if (!training && accumulate && (dgamma.defined() || dbeta.defined())) {  // computed, then added
+    auto like = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : t; };
+    Tensor dg = like(dgamma), db = like(dbeta), none;
+    batchnorm_bwd(dy, x, gamma, mean, invstd, dx, dg, db, false, none, none, false);
+    for (auto [r, out] : {std::pair{&dg, &dgamma}, {&db, &dbeta}})
+      if (out->defined()) axpy(*r, *out, 1.0);
+    return;
   }
   if (!training) {  // statistics are constants
     if (dx.defined() && x.numel())
@@ -123,8 +131,10 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
   Tensor gx = dx.defined() ? dx : Tensor::empty(x.shape(), DType::f32, x.device());
   Tensor gg = dgamma.defined() ? dgamma : Tensor::empty({c}, DType::f32, x.device());
   Tensor gb = dbeta.defined() ? dbeta : Tensor::empty({c}, DType::f32, x.device());
-  const float one = 1.f, zero = 0.f;
-  EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x.raw(),
+  // accumulate: cuDNN adds into the parameters' gradients (betaParamDiff = 1; a skipped
+  // one's scratch takes the sum unread).
+  const float one = 1.f, zero = 0.f, beta_params = accumulate ? 1.f : 0.f;
+  EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta_params, xd.d, x.raw(),
                                                  xd.d, dy.raw(), xd.d, gx.raw(), pd.d, gamma.raw(), gg.raw(), gb.raw(),
                                                  CUDNN_BN_MIN_EPSILON, mean.raw(), invstd.raw()));
 }

@@ -239,7 +239,7 @@ __global__ void bn16_bwd_sums_kernel(const void* dy, int tdy, const void* x, int
 // dx = dy' A + (x - mean) B + C.
 __global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, const float* gamma, const float* mean,
                                       const float* invstd, bool training, float inv_m, float* dbeta, float* dgamma,
-                                      float* coef) {
+                                      bool accumulate, float* coef) {
   const int64_t ch = final_channel();
   if (ch >= c) return;  // the whole warp
   const int lane = int(threadIdx.x & 31);
@@ -247,8 +247,8 @@ __global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, 
   for (int64_t j = lane; j < s; j += 32) a += part[ch * s + j].x, b += part[ch * s + j].y;
   for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o), b += __shfl_xor_sync(0xffffffffu, b, o);
   if (lane) return;
-  if (dbeta) dbeta[ch] = float(a);
-  if (dgamma) dgamma[ch] = float(b);
+  if (dbeta) dbeta[ch] = accumulate ? dbeta[ch] + float(a) : float(a);  // + as axpy adds
+  if (dgamma) dgamma[ch] = accumulate ? dgamma[ch] + float(b) : float(b);
   const float is = invstd[ch], A = gamma[ch] * is;
   coef[ch] = mean[ch];
   coef[c + ch] = A;
@@ -543,7 +543,8 @@ void bn16_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, co
 }
 
 void bn16_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
+              bool accumulate) {
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
   const char* op = "batch_norm backward";
   check_params({&gamma, &mean, &invstd, &dgamma, &dbeta}, op);
@@ -566,7 +567,7 @@ void bn16_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const T
   bn16_bwd_final_kernel<<<final_blocks(c), 32 * kFinalWarps, 0, stream()>>>(
       reinterpret_cast<float2*>(p.part.data<float>()), p.s, c, gamma.data<float>(), mean.data<float>(),
       invstd.data<float>(), training, float(1.0 / double(n * hw)), dbeta.defined() ? dbeta.data<float>() : nullptr,
-      dgamma.defined() ? dgamma.data<float>() : nullptr, coef.data<float>());
+      dgamma.defined() ? dgamma.data<float>() : nullptr, accumulate, coef.data<float>());
   if (dx.defined() || dresidual.defined())
     with_vectors(
         x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual), coef.raw()},

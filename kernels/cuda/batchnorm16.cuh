@@ -13,7 +13,8 @@ void bn16_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Te
 void bn16_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                     const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual);
 void bn16_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual);
+              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
+              bool accumulate);
 
 // db[c] = sum of dy over (N, H, W) for dy [N, C, H, W] of any of the three dtypes, db f32:
 // a convolution's bias gradient beside 16-bit activations.

@@ -199,11 +199,16 @@ void conv2d_fwd(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, Tens
   }
 }
 
-void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const ops::Conv2dParams& p) {
+void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const ops::Conv2dParams& p, bool accumulate) {
   if (!dx.defined()) return;
   const DType t = conv_dtype({&dy_in, &w_in, &dx}, " backward");
   const bool nhwc = use_nhwc(t, p, false);
   const Format f = nhwc ? Format::nhwc : Format::plain;
+  if (accumulate && dx.format() != f) {  // not in the layout cuDNN writes: computed, then added
+    Tensor r = Tensor::empty(dx.shape(), t, dx.device());
+    conv2d_bwd_data(dy_in, w_in, r, p, false);
+    return axpy(r, dx, 1.0);
+  }
   const Tensor dy = dy_in.to_format(f), w = w_in.to_format(f);
   dx.set_format(f);
   cudnnHandle_t h = cuda::cudnn_handle();
@@ -226,12 +231,15 @@ void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const 
     }
   }
   Tensor buf = workspace(c.bwd_data_ws, dy.device());
-  const float one = 1.f, zero = 0.f;
+  // beta = 1 blends the result into dx (MXNet's kAddTo): the residual block's two
+  // gradients summed without a pass of their own.
+  const float one = 1.f, beta = accumulate ? 1.f : 0.f;
   EG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, c.d.w, w.raw_any(), c.d.y.d, dy.raw_any(), c.d.conv, c.bwd_data,
-                                              buf.raw(), c.bwd_data_ws, &zero, c.d.x.d, dx.raw_any()));
+                                              buf.raw(), c.bwd_data_ws, &beta, c.d.x.d, dx.raw_any()));
 }
 
-void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
+void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tensor& db, const ops::Conv2dParams& p,
+                       bool accumulate) {
   const DType t = conv_dtype({&dy_in, &x_in}, " backward");
   // The forward's layout: NHWC unless it had a bias (the bias gradient is wanted then).
   const bool nhwc = use_nhwc(t, p, db.defined());
@@ -241,7 +249,7 @@ void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tens
     EG_CHECK(!g->defined() || g->dtype() == t || g->dtype() == DType::f32, "conv2d backward on CUDA: a parameter ",
              "gradient is f32 or ", dtype_name(t), ", got ", dtype_name(g->dtype()));
   cudnnHandle_t h = cuda::cudnn_handle();
-  const float one = 1.f, zero = 0.f;
+  const float one = 1.f, zero = 0.f, beta = accumulate ? 1.f : 0.f;
   if (dw.defined()) {
     ConvPlan& c = conv_plan(x.shape(), dw.shape(), dy.shape(), p, t, nhwc);
     {  // the first call with these shapes chooses; other threads use the choice
@@ -263,26 +271,31 @@ void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tens
     }
     Tensor buf = workspace(c.bwd_filter_ws, dy.device());
     // cuDNN writes the data's dtype (and NHWC's [K,R,S,C]): an f32 gradient of 16-bit
-    // data is cast from it, an NHWC one reordered back.
-    Tensor g = dw.dtype() == t && !nhwc ? dw : Tensor::empty(dw.shape(), t, dw.device());
+    // data is cast from it (or added, accumulating: one pass either way), an NHWC one
+    // reordered back.
+    const bool direct = dw.dtype() == t && !nhwc;
+    Tensor g = direct ? dw : Tensor::empty(dw.shape(), t, dw.device());
     g.set_format(f);
     EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, c.d.x.d, x.raw_any(), c.d.y.d, dy.raw_any(), c.d.conv,
-                                                  c.bwd_filter, buf.raw(), c.bwd_filter_ws, &zero, c.d.w, g.raw_any()));
-    if (g.raw_any() != dw.raw_any()) {
+                                                  c.bwd_filter, buf.raw(), c.bwd_filter_ws, direct ? &beta : &zero,
+                                                  c.d.w, g.raw_any()));
+    if (!direct) {
       const Tensor gp = g.to_plain();
-      if (dw.dtype() == t) dw.copy_(gp);
+      if (accumulate) axpy(gp, dw, 1.0);
+      else if (dw.dtype() == t) dw.copy_(gp);
       else cast(gp, dw);
     }
   }
   if (db.defined() && t == DType::f32) {
     TensorDesc yd(dy.shape()), bd({1, db.numel(), 1, 1});
-    EG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, yd.d, dy.raw(), &zero, bd.d, db.raw()));
-  } else if (db.defined() && db.dtype() == DType::f32) {
+    EG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, yd.d, dy.raw(), &beta, bd.d, db.raw()));
+  } else if (db.defined() && db.dtype() == DType::f32 && !accumulate) {
     channel_sum(dy, db);
-  } else if (db.defined()) {  // a 16-bit bias gradient: summed in f32, rounded once
+  } else if (db.defined()) {  // a 16-bit bias gradient (or an added one): summed in f32, rounded once
     Tensor db32 = Tensor::empty(db.shape(), DType::f32, db.device());
     channel_sum(dy, db32);
-    cast(db32, db);
+    if (accumulate) axpy(db32, db, 1.0);
+    else cast(db32, db);
   }
 }
 

@@ -174,11 +174,20 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 }
 
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
+                   bool accumulate) {
+  if (accumulate) {  // computed, then added (ops.h)
+    auto like = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : t; };
+    Tensor dg = like(dgamma), db = like(dbeta);
+    batchnorm_bwd(dy_in, x, gamma, mean, invstd, dx, dg, db, training, relu_y, dresidual, false);
+    for (auto [r, out] : {std::pair{&dg, &dgamma}, {&db, &dbeta}})
+      if (out->defined()) axpy(*r, *out, 1.0);
+    return;
+  }
   if (any_bf16({&dy_in, &x, &dx, &relu_y, &dresidual})) {
     Tensor dx64 = wide_like(dx), dg64 = wide_like(dgamma), db64 = wide_like(dbeta), dr64 = wide_like(dresidual);
     batchnorm_bwd(widened(dy_in), widened(x), widened(gamma), widened(mean), widened(invstd), dx64, dg64, db64,
-                  training, widened(relu_y), dr64);
+                  training, widened(relu_y), dr64, false);
     for (auto [wide, out] : {std::pair{&dx64, &dx}, {&dg64, &dgamma}, {&db64, &dbeta}, {&dr64, &dresidual}})
       narrowed_into(*wide, *out);
     return;

@@ -4,6 +4,7 @@
 // contiguous. f32 and f64, and bf16 through f64 (Note [bf16 kernels]). Plain loops; the
 // weight gradient accumulates in double.
 #include <algorithm>
+#include <functional>
 
 #include "kernels/ref/ref.h"
 
@@ -139,8 +140,17 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   else fwd<float>(x, w, bias, y, p);
 }
 
-void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
+// The result, then added: the bits of a separate add (ops.h).
+void add_result(Tensor& out, const std::function<void(Tensor&)>& compute) {
+  if (!out.defined()) return;
+  Tensor r = Tensor::empty(out.shape(), out.dtype(), out.device());
+  compute(r);
+  axpy(r, out, 1.0);
+}
+
+void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p, bool accumulate) {
   if (!dx.defined()) return;
+  if (accumulate) return add_result(dx, [&](Tensor& r) { conv2d_bwd_data(dy, w, r, p, false); });
   if (is_half(dy.dtype())) {
     Tensor dx64 = wide_like(dx);
     bwd_data<double>(widened(dy), widened(w), dx64, p);
@@ -150,7 +160,13 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
   else bwd_data<float>(dy, w, dx, p);
 }
 
-void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
+void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p,
+                       bool accumulate) {
+  if (accumulate) {
+    Tensor none;
+    add_result(dw, [&](Tensor& r) { conv2d_bwd_weight(dy, x, r, none, p, false); });
+    return add_result(db, [&](Tensor& r) { conv2d_bwd_weight(dy, x, none, r, p, false); });
+  }
   if (is_half(dy.dtype())) {
     Tensor dw64 = wide_like(dw), db64 = wide_like(db);
     bwd_weight<double>(widened(dy), widened(x), dw64, db64, p);
