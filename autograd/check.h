@@ -1,9 +1,33 @@
 // Input validation shared by the differentiable functions (internal).
 #pragma once
+#include <utility>
+
 #include "autograd/functions.h"
+#include "autograd/node.h"
 #include "core/tensor.h"
 
 namespace eg::fn::detail {
+
+// Input i's destination (Note [Gradient destinations] in autograd/node.h) when it is a
+// gradient of this shape, dtype and device; else undefined.
+inline Tensor destination_for(const autograd::Node& n, size_t i, const Shape& shape, DType dt, Device d) {
+  const Tensor& t = n.destination(i);
+  return t.defined() && t.shape() == shape && t.dtype() == dt && t.device() == d ? t : Tensor();
+}
+// The gradients of a layer's two parameters, inputs i and j (either not wanted: undefined)
+// of shapes si and sj, dtype dt, on d, for a backward with one accumulate flag for both:
+// their destinations when each wanted one has one (`into` set), else new tensors.
+inline std::pair<Tensor, Tensor> param_grads(const autograd::Node& n, size_t i, bool want_i, const Shape& si, size_t j,
+                                             bool want_j, const Shape& sj, DType dt, Device d, bool& into) {
+  Tensor gi = want_i ? destination_for(n, i, si, dt, d) : Tensor();
+  Tensor gj = want_j ? destination_for(n, j, sj, dt, d) : Tensor();
+  into = (want_i || want_j) && (!want_i || gi.defined()) && (!want_j || gj.defined());
+  if (!into) {
+    gi = want_i ? Tensor::empty(si, dt, d) : Tensor();
+    gj = want_j ? Tensor::empty(sj, dt, d) : Tensor();
+  }
+  return {gi, gj};
+}
 
 inline void check_defined(const Tensor& t, const char* fn, const char* what) {
   EG_CHECK(t.defined(), fn, ": ", what, " is undefined");

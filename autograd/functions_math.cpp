@@ -261,11 +261,12 @@ Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& bias) {
       "LinearBackward", {x, w, bias}, {&y}, {x2, wl},
       [xs = x.shape(), has_bias = bias.defined(), wt = w.dtype()](const Tensors& g, const Tensors& s, const Node& n) {
     Tensor g2 = g[0].reshape({-1, s[1].size(0)});
-    Tensor dx, dw, db;
+    Tensor dx;
     if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-    if (n.needs_input_grad(1)) dw = Tensor::empty(s[1].shape(), wt, s[1].device());
-    if (has_bias && n.needs_input_grad(2)) db = Tensor::empty({s[1].size(0)}, wt, s[1].device());
-    ops::call(ops::linear_bwd, g2, s[0], s[1], dx, dw, db);
+    bool into = false;  // the weight's and bias's gradients added into their .grad
+    auto [dw, db] = param_grads(n, 1, n.needs_input_grad(1), s[1].shape(), 2, has_bias && n.needs_input_grad(2),
+                                {s[1].size(0)}, wt, s[1].device(), into);
+    ops::call(ops::linear_bwd, g2, s[0], s[1], dx, dw, db, into);
     return Tensors{dx.defined() ? dx.reshape(xs) : dx, dw, db};
       });
   return y;

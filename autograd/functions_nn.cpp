@@ -1,5 +1,6 @@
 // Differentiable conv2d, batch norm, activations and pooling.
 #include <cmath>
+#include <tuple>
 
 #include "autograd/autocast.h"
 #include "autograd/check.h"
@@ -12,13 +13,6 @@ using autograd::Node;
 using autograd::Tensors;
 
 namespace {
-
-// Input i's destination (Note [Gradient destinations] in autograd/node.h) when it is a
-// gradient of this shape, dtype and device; else undefined.
-Tensor destination_for(const Node& n, size_t i, const Shape& shape, DType dt, Device d) {
-  const Tensor& t = n.destination(i);
-  return t.defined() && t.shape() == shape && t.dtype() == dt && t.device() == d ? t : Tensor();
-}
 
 // Both convolutions' backward: x and w as the forward ran them, wt the weight
 // gradient's dtype. Gradients are added into their destinations where there are any:
@@ -36,12 +30,8 @@ Tensors conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, DTyp
   // See Note [Frozen layers skip weight gradients] in layers/module.h.
   const bool want_w = n.needs_input_grad(1), want_b = has_bias && n.needs_input_grad(2);
   if (!want_w && !want_b) return Tensors{dx, dw, db};
-  const Shape bs{w.size(0)};
-  if (want_w) dw = destination_for(n, 1, w.shape(), wt, w.device());
-  if (want_b) db = destination_for(n, 2, bs, wt, w.device());
-  const bool into = (!want_w || dw.defined()) && (!want_b || db.defined());  // one flag for both
-  if (want_w && !into) dw = Tensor::empty(w.shape(), wt, w.device());
-  if (want_b && !into) db = Tensor::empty(bs, wt, w.device());
+  bool into = false;
+  std::tie(dw, db) = param_grads(n, 1, want_w, w.shape(), 2, want_b, {w.size(0)}, wt, w.device(), into);
   ops::call(ops::conv2d_bwd_weight, dy, x, dw, db, p, into);
   return Tensors{dx, dw, db};
 }
@@ -151,13 +141,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
                             [training](const Tensors& g, const Tensors& s, const Node& n) {
     Tensor dx, dg, db, dr;
     if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-    // gamma's and beta's gradients added into their destinations (.grad) when both have one.
-    const bool want_g = n.needs_input_grad(1), want_b = n.needs_input_grad(2);
-    if (want_g) dg = destination_for(n, 1, s[1].shape(), s[1].dtype(), s[1].device());
-    if (want_b) db = destination_for(n, 2, s[1].shape(), s[1].dtype(), s[1].device());
-    const bool into = (want_g || want_b) && (!want_g || dg.defined()) && (!want_b || db.defined());
-    if (want_g && !into) dg = empty_like(s[1]);
-    if (want_b && !into) db = empty_like(s[1]);
+    bool into = false;  // gamma's and beta's gradients added into their .grad
+    std::tie(dg, db) = param_grads(n, 1, n.needs_input_grad(1), s[1].shape(), 2, n.needs_input_grad(2), s[1].shape(),
+                                   s[1].dtype(), s[1].device(), into);
     // The residual's gradient: dy itself without the ReLU,
     // the masked dy (written by the kernel) with it.
     const bool res = n.needs_input_grad(3);  // false without a residual

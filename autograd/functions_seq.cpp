@@ -70,11 +70,12 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, d
   ops::call(ops::layernorm_fwd, x2, gamma, beta, y2, mean, rstd, eps);
   autograd::record_function("LayerNormBackward", {x, gamma, beta}, {&y}, {x2, gamma, mean, rstd},
                             [xs = x.shape()](const Tensors& g, const Tensors& s, const Node& n) {
-    Tensor dx, dg, db;
+    Tensor dx;
     if (n.needs_input_grad(0)) dx = empty_like(s[0]);
-    if (n.needs_input_grad(1)) dg = empty_like(s[1]);
-    if (n.needs_input_grad(2)) db = empty_like(s[1]);
-    ops::call(ops::layernorm_bwd, g[0].reshape(s[0].shape()), s[0], s[1], s[2], s[3], dx, dg, db);
+    bool into = false;  // gamma's and beta's gradients added into their .grad
+    auto [dg, db] = param_grads(n, 1, n.needs_input_grad(1), s[1].shape(), 2, n.needs_input_grad(2), s[1].shape(),
+                                s[1].dtype(), s[1].device(), into);
+    ops::call(ops::layernorm_bwd, g[0].reshape(s[0].shape()), s[0], s[1], s[2], s[3], dx, dg, db, into);
     return Tensors{dx.defined() ? dx.reshape(xs) : dx, dg, db};
   });
   return y;

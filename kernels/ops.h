@@ -85,6 +85,12 @@ struct AdamWParams {
 // them, for a gradient summed where it lives (Note [Gradient destinations] in
 // autograd/node.h). ref and cpu compute the result and add it (the bits of a separate
 // add); cuda has cuDNN blend it in (beta = 1: one rounding of the sum instead of two).
+// Where an accumulating backward computes its result before adding it (ref, cpu): a
+// tensor shaped like `out` for the result; `out` itself when not accumulating (undefined
+// stays undefined). Each backend's add_into then adds it.
+inline Tensor result_for(const Tensor& out, bool accumulate) {
+  return accumulate && out.defined() ? Tensor::empty(out.shape(), out.dtype(), out.device()) : out;
+}
 using Conv2dFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p);
 using Conv2dBwdData = void(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p, bool accumulate);
 using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p,
@@ -131,8 +137,10 @@ using GlobalAvgPoolBwd = void(const Tensor& dy, Tensor& dx);
 // (batched matmul). op(t) = t^T over the last two dims when trans is set.
 using Gemm = void(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, double alpha, double beta);
 // Linear: x [M, K], w [N, K], bias [N] (may be undefined) -> y [M, N] = x w^T + b.
+// accumulate: dw and db are added into, as the convolutions' (dx is written).
 using LinearFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
-using LinearBwd = void(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
+using LinearBwd = void(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
+                       bool accumulate);
 
 // Elementwise with numpy broadcasting of a and b to c's shape (same rank after
 // left-padding with 1s).
@@ -159,8 +167,9 @@ using CrossEntropyBwd = void(const Tensor& dloss, const Tensor& logits, const Te
 // Layer norm over the last dim D: x [M, D], gamma/beta [D]; mean/rstd [M] saved.
 using LayerNormFwd = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
                           Tensor& rstd, double eps);
+// accumulate: dgamma and dbeta are added into (dx is written).
 using LayerNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate);
 
 // Embedding: ids s64 [...], table [V, D] -> y [..., D]. Backward overwrites dtable
 // with the scattered sum. Out-of-range ids are the caller's to check.

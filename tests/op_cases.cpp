@@ -58,6 +58,9 @@ Tensor randint(const Shape& s, int64_t lo, int64_t hi, uint64_t seed, DType dt) 
 Tensor empty_on(const Tensor& like, const Shape& s, DType dt) { return Tensor::empty(s, dt, like.device()); }
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype(), t.device()); }
+Tensor gradient_start(const Tensor& like, const Shape& s, DType dt, bool accumulate, uint64_t seed) {
+  return accumulate ? randn(s, dt, seed, 0.5).to(like.device()) : empty_on(like, s, dt);
+}
 
 void add_bf16_twin(std::vector<OpCase>& v) {
   OpCase c = v.back();

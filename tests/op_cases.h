@@ -118,6 +118,9 @@ Tensor randint(const Shape& s, int64_t lo, int64_t hi, uint64_t seed, DType dt =
 Tensor empty_on(const Tensor& like, const Shape& s, DType dt);
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
+// A gradient's tensor for a backward to write (empty_on), or, accumulating (Note
+// [Gradient destinations]), to add into: then holding values of its own (from seed).
+Tensor gradient_start(const Tensor& like, const Shape& s, DType dt, bool accumulate, uint64_t seed);
 
 // Largest violation of |a - b| <= atol + rtol |b| (as a ratio; <= 1 passes) and a
 // message describing the worst element.

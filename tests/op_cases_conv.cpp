@@ -49,9 +49,8 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
     // Accumulating, each gradient starts from values of its own (in its tensor's layout,
     // where the backend writes that layout).
     auto start = [acc, b](const Tensor& like, DType dt, uint64_t seed) {
-      if (!acc) return empty_on(like, like.shape(), dt);
-      const Tensor t = randn(like.shape(), dt, seed, 0.5).to(like.device());
-      return like.is_blocked() && b != ops::Backend::ref ? t.to_format(like.format()) : t;
+      const Tensor t = gradient_start(like, like.shape(), dt, acc, seed);
+      return acc && like.is_blocked() && b != ops::Backend::ref ? t.to_format(like.format()) : t;
     };
     Tensor dx = start(in[0], in[0].dtype(), 41), dw, db;
     ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p, acc);

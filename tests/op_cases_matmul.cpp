@@ -66,6 +66,7 @@ struct LinearCfg {
   int64_t m, k, n;
   bool bias, want_dx, want_dw, want_db;
   bool big;
+  bool accumulate = false;  // dw and db added into values already there (Note [Gradient destinations])
 };
 
 void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
@@ -83,15 +84,16 @@ void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
   c.backward = [=](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
     Tensor dx = l.want_dx ? empty_like(in[0]) : Tensor();
     // Under bf16 (Note [bf16 kernels]) the weight's and bias's gradients are f32, as autocast keeps them.
-    Tensor dw = l.want_dw ? empty_on(in[1], in[1].shape(), param_dtype(in[1].dtype())) : Tensor();
-    Tensor db = l.bias && l.want_db ? empty_on(in[0], {l.n}, param_dtype(in[0].dtype())) : Tensor();
-    ops::run(ops::linear_bwd, b, dout[0], in[0], in[1], dx, dw, db);
+    const DType pt = param_dtype(in[1].dtype());
+    Tensor dw = l.want_dw ? gradient_start(in[1], in[1].shape(), pt, l.accumulate, 44) : Tensor();
+    Tensor db = l.bias && l.want_db ? gradient_start(in[0], {l.n}, pt, l.accumulate, 45) : Tensor();
+    ops::run(ops::linear_bwd, b, dout[0], in[0], in[1], dx, dw, db, l.accumulate);
     return Tensors{dx, dw, db};
   };
   c.uses = {uses(ops::linear_fwd), uses(ops::linear_bwd)};
   c.fwd_tol = l.big ? Tolerance{5e-5, 1e-4} : Tolerance{2e-6, 1e-5};
   c.bwd_tol = l.big ? Tolerance{5e-4, 1e-4} : Tolerance{2e-6, 1e-5};
-  c.gradcheck = !l.big;
+  c.gradcheck = !l.big && !l.accumulate;
   c.bench = l.big;
   c.bench_backward = true;
   c.flops = 3 * 2.0 * double(l.m * l.n * l.k);  // y, dx, dw
@@ -177,6 +179,10 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   // Rows in several slices and columns not a multiple of 32 (Note [Column sums] on CUDA).
   add_linear(v, {"bias_rows_300x5x37", 300, 5, 37, true, true, true, true, false});
   v.back().bwd_tol = {2e-5, 1e-4};  // the weight's and bias's sums over 300 rows
+  // The weight's and bias's gradients added into their .grad (Note [Gradient destinations]).
+  add_linear(v, {"bias_rows_300x5x37_accumulate", 300, 5, 37, true, true, true, true, false, true});
+  v.back().bwd_tol = {2e-5, 1e-4};
+  add_bf16_twin(v);
   add_linear(v, {"m4096_k512_n2048", 4096, 512, 2048, true, true, true, true, true});
   add_bf16_twin(v);
 

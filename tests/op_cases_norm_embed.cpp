@@ -6,7 +6,9 @@
 namespace eg::testing {
 namespace {
 
-void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m, int64_t d, bool big) {
+// accumulate: dgamma and dbeta added into values already there (Note [Gradient destinations]).
+void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m, int64_t d, bool big,
+                   bool accumulate = false) {
   OpCase c;
   c.name = "layernorm/" + variant;
   c.make_inputs = [m, d](DType dt) {
@@ -18,14 +20,15 @@ void add_layernorm(std::vector<OpCase>& v, const std::string& variant, int64_t m
     ops::run(ops::layernorm_fwd, b, in[0], in[1], in[2], y, mean, rstd, 1e-5);
     return Tensors{y, mean, rstd};
   };
-  c.backward = [](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
-    Tensor dx = empty_like(in[0]), dg = empty_like(in[1]), db = empty_like(in[2]);
-    ops::run(ops::layernorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db);
+  c.backward = [accumulate](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+    Tensor dx = empty_like(in[0]), dg = gradient_start(in[1], in[1].shape(), in[1].dtype(), accumulate, 64);
+    Tensor db = gradient_start(in[2], in[2].shape(), in[2].dtype(), accumulate, 65);
+    ops::run(ops::layernorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, accumulate);
     return Tensors{dx, dg, db};
   };
   c.uses = {uses(ops::layernorm_fwd), uses(ops::layernorm_bwd)};
   c.bwd_tol = {2e-4, 2e-3};
-  c.gradcheck = !big;
+  c.gradcheck = !big && !accumulate;
   c.bench = big;
   c.bench_backward = true;
   c.bytes = double(m * d) * 4 * 5;
@@ -184,6 +187,7 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_layernorm(v, "small", 6, 8, false);
   add_layernorm(v, "rows_1000x50", 1000, 50, false);  // rows in slices (Note [Column sums] on CUDA)
   v.back().gradcheck = false;  // the small case's gradcheck covers the math
+  add_layernorm(v, "rows_1000x50_accumulate", 1000, 50, false, true);  // into .grad (Note [Gradient destinations])
   add_layernorm(v, "transformer_4096x512", 4096, 512, true);
   add_embedding(v, "small", {3, 4}, 7, 5, false);
   add_embedding(v, "tokens_64x128_vocab32000", {64, 128}, 32000, 512, true);

@@ -27,11 +27,6 @@ constexpr double kMomentum = 0.1, kEps = 1e-5;
 
 // Training mode. Outputs: y, saved mean, saved invstd, updated running mean and
 // variance (the running statistics are cloned first, so each call starts alike).
-// A parameter gradient's tensor: empty, or (accumulating) holding values of its own.
-Tensor param_start(const Tensor& like, bool accumulate, uint64_t seed) {
-  return accumulate ? randn(like.shape(), like.dtype(), seed, 0.5).to(like.device()) : empty_like(like);
-}
-
 // want: which of dx, dgamma, dbeta the backward asks for.
 // relu: the fused max(bn(x), 0), whose backward takes y for the mask.
 // residual: a sixth input r, y = [relu](bn(x) + r); the backward also gives dr.
@@ -58,7 +53,7 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
                                                                   const Tensors& out, const Tensors& dout) {
     Tensor dx, dg, db, dr;
     if (want_dx) dx = empty_like(in[0]);
-    if (want_affine) dg = param_start(in[1], accumulate, 47), db = param_start(in[2], accumulate, 48);
+    if (want_affine) dg = gradient_start(in[1], in[1].shape(), in[1].dtype(), accumulate, 47), db = gradient_start(in[2], in[2].shape(), in[2].dtype(), accumulate, 48);
     if (residual) dr = empty_like(in[0]);
     ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true, relu ? out[0] : Tensor(),
              dr, accumulate);
@@ -99,7 +94,7 @@ void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, b
     Tensor var = in[4].to(Device::cpu()).to(DType::f64).clone();
     for (int64_t i = 0; i < var.numel(); ++i) var.data<double>()[i] = 1.0 / std::sqrt(var.data<double>()[i] + kEps);
     Tensor invstd = var.to(in[4].dtype()).to(in[0].device());
-    Tensor dx = empty_like(in[0]), dg = param_start(in[1], accumulate, 47), db = param_start(in[2], accumulate, 48), dr;
+    Tensor dx = empty_like(in[0]), dg = gradient_start(in[1], in[1].shape(), in[1].dtype(), accumulate, 47), db = gradient_start(in[2], in[2].shape(), in[2].dtype(), accumulate, 48), dr;
     if (residual) dr = empty_like(in[0]);
     ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false, relu ? out[0] : Tensor(),
              dr, accumulate);

@@ -439,12 +439,10 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
                    Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
                    bool accumulate) {
   if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
-    auto like = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : t; };
-    Tensor dg = like(dgamma), db = like(dbeta);
+    Tensor dg = ops::result_for(dgamma, true), db = ops::result_for(dbeta, true);
     batchnorm_bwd(dy_in, x, gamma, mean, invstd, dx, dg, db, training, relu_y, dresidual, false);
-    for (auto [r, out] : {std::pair{&dg, &dgamma}, {&db, &dbeta}})
-      if (out->defined()) axpy(*r, *out, 1.0);
-    return;
+    add_into(dg, dgamma);
+    return add_into(db, dbeta);
   }
   const bool bf16 = x.dtype() == DType::bf16 || dy_in.dtype() == DType::bf16;
   if (bf16 && (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual}) || !x.blockable())) {

@@ -356,28 +356,19 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   EG_DNNL_TRY(what, fwd(x, w, bias, y, p));
 }
 
-namespace {
-// oneDNN 2.6's backward convolutions have no sum post-op: an accumulating call computes
-// into a tensor of out's shape and adds it, the bits of a separate add (ops.h).
-Tensor result_for(const Tensor& out, bool accumulate) {
-  return accumulate && out.defined() ? Tensor::empty(out.shape(), out.dtype(), out.device()) : out;
-}
-void add_into(const Tensor& result, Tensor& out) {
-  if (out.defined() && !result.is_same(out)) axpy(result, out, 1.0);
-}
-}  // namespace
-
 void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p, bool accumulate) {
   if (!dx.defined()) return;
   const char* what = "conv2d_bwd_data";
-  Tensor r = result_for(dx, accumulate);
+  // oneDNN 2.6's backward convolutions have no sum post-op: an accumulating call
+  // computes, then adds (the bits of a separate add).
+  Tensor r = ops::result_for(dx, accumulate);
   EG_DNNL_TRY(what, bwd_data(dy, w, r, p));
   add_into(r, dx);
 }
 
 void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p,
                        bool accumulate) {
-  Tensor rw = result_for(dw, accumulate), rb = result_for(db, accumulate);
+  Tensor rw = ops::result_for(dw, accumulate), rb = ops::result_for(db, accumulate);
   if (!dw.defined()) {
     if (db.defined()) bias_grad(dy, rb);
   } else {

@@ -10,6 +10,10 @@ namespace eg::cpu {
 EG_OP_LIST(EG_DECLARE_IMPL)
 #undef EG_DECLARE_IMPL
 
+// out += result (cpu::axpy, in out's format) unless they are one tensor: an accumulating
+// backward's end (ops::result_for).
+void add_into(const Tensor& result, Tensor& out);
+
 // Activations held as f32 or bf16 (Note [bf16 kernels]): kernels templated on the
 // storage type load to float, compute in float and store rounded to nearest even.
 inline float ld(const float* p, int64_t i) { return p[i]; }

@@ -147,7 +147,14 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y)
       {x.raw(), w.raw(), bias.defined() ? bias.raw() : nullptr, y.raw(), {dt_of(x), dt_of(w), dt_of(y)}});
 }
 
-void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db) {
+void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
+                bool accumulate) {
+  if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
+    Tensor rw = ops::result_for(dw, true), rb = ops::result_for(db, true);
+    linear_bwd(dy, x, w, dx, rw, rb, false);
+    add_into(rw, dw);
+    return add_into(rb, db);
+  }
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   // dx[M, K] = dy[M, N] w[N, K]; dw[N, K] = dy^T x.
   if (dx.defined())

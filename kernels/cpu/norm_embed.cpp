@@ -39,7 +39,13 @@ void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y,
 }
 
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
-                   Tensor& dx, Tensor& dg, Tensor& db) {
+                   Tensor& dx, Tensor& dg, Tensor& db, bool accumulate) {
+  if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
+    Tensor rg = ops::result_for(dg, true), rb = ops::result_for(db, true);
+    layernorm_bwd(dy, x, g, mean, rstd, dx, rg, rb, false);
+    add_into(rg, dg);
+    return add_into(rb, db);
+  }
   const int64_t d = x.size(-1), m = x.numel() / d;
   const float *xp = x.data<float>(), *gy = dy.data<float>(), *gp = g.data<float>();
   const float *mp = mean.data<float>(), *rp = rstd.data<float>();

@@ -107,8 +107,7 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
     dresidual.copy_(dy_in);
   }
   if (!training && accumulate && (dgamma.defined() || dbeta.defined())) {  // computed, then added
-    auto like = [](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : t; };
-    Tensor dg = like(dgamma), db = like(dbeta), none;
+    Tensor dg = ops::result_for(dgamma, true), db = ops::result_for(dbeta, true), none;
     batchnorm_bwd(dy, x, gamma, mean, invstd, dx, dg, db, false, none, none, false);
     for (auto [r, out] : {std::pair{&dg, &dgamma}, {&db, &dbeta}})
       if (out->defined()) axpy(*r, *out, 1.0);

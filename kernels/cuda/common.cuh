@@ -241,6 +241,7 @@ __global__ void column_partials_kernel(ColumnSlices cs, Term term, float* part) 
 template <int K>
 struct ColumnOuts {
   float* p[K];
+  bool accumulate = false;  // add into p (a parameter's .grad: Note [Gradient destinations])
 };
 template <int K>
 __global__ void column_finish_kernel(const float* part, ColumnSlices cs, ColumnOuts<K> out) {
@@ -249,7 +250,7 @@ __global__ void column_finish_kernel(const float* part, ColumnSlices cs, ColumnO
       if (!out.p[k]) continue;
       double s = 0;
       for (int64_t b = 0; b < cs.s; ++b) s += part[(k * cs.s + b) * cs.n + j];
-      out.p[k][j] = float(s);
+      out.p[k][j] = out.accumulate ? out.p[k][j] + float(s) : float(s);  // + as axpy adds
     }
   }
 }

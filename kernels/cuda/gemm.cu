@@ -82,13 +82,14 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y)
   }
 }
 
-void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db) {
+void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
+                bool accumulate) {
   if (dx.defined()) gemm(dy, w, dx, false, false, 1.0, 0.0);
-  if (dw.defined()) gemm(dy, x, dw, true, false, 1.0, 0.0);
+  if (dw.defined()) gemm(dy, x, dw, true, false, 1.0, accumulate ? 1.0 : 0.0);  // beta = 1 adds into dw
   if (db.defined() && db.numel()) {
     require_f32(db, "linear's bias gradient");
     column_sums<1>(dy.size(0), dy.size(1), BiasTerm{dy.raw(), dt_code(dy, "linear backward"), dy.size(1)},
-                   ColumnOuts<1>{{db.data<float>()}}, dy.device());
+                   ColumnOuts<1>{{db.data<float>()}, accumulate}, dy.device());
     cuda::after_launch("linear bias gradient");
   }
 }

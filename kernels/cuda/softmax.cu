@@ -213,7 +213,7 @@ void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y,
 }
 
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
-                   Tensor& dx, Tensor& dg, Tensor& db) {
+                   Tensor& dx, Tensor& dg, Tensor& db, bool accumulate) {
   require_f32(x, "layer_norm backward");
   const int64_t d = x.size(-1), m = x.numel() / std::max<int64_t>(d, 1);
   if (!m) return;
@@ -226,7 +226,8 @@ void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Ten
   if (dg.defined() || db.defined()) {
     column_sums<2>(
         m, d, LayerNormParamTerms{dy.data<float>(), x.data<float>(), mean.data<float>(), rstd.data<float>(), d},
-        ColumnOuts<2>{{dg.defined() ? dg.data<float>() : nullptr, db.defined() ? db.data<float>() : nullptr}},
+        ColumnOuts<2>{{dg.defined() ? dg.data<float>() : nullptr, db.defined() ? db.data<float>() : nullptr},
+                      accumulate},
         x.device());
     cuda::after_launch("layernorm_bwd_params");
   }

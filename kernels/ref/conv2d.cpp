@@ -4,7 +4,6 @@
 // contiguous. f32 and f64, and bf16 through f64 (Note [bf16 kernels]). Plain loops; the
 // weight gradient accumulates in double.
 #include <algorithm>
-#include <functional>
 
 #include "kernels/ref/ref.h"
 
@@ -140,17 +139,13 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   else fwd<float>(x, w, bias, y, p);
 }
 
-// The result, then added: the bits of a separate add (ops.h).
-void add_result(Tensor& out, const std::function<void(Tensor&)>& compute) {
-  if (!out.defined()) return;
-  Tensor r = Tensor::empty(out.shape(), out.dtype(), out.device());
-  compute(r);
-  axpy(r, out, 1.0);
-}
-
 void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p, bool accumulate) {
   if (!dx.defined()) return;
-  if (accumulate) return add_result(dx, [&](Tensor& r) { conv2d_bwd_data(dy, w, r, p, false); });
+  if (accumulate) {  // computed, then added (ops.h)
+    Tensor r = ops::result_for(dx, true);
+    conv2d_bwd_data(dy, w, r, p, false);
+    return add_into(r, dx);
+  }
   if (is_half(dy.dtype())) {
     Tensor dx64 = wide_like(dx);
     bwd_data<double>(widened(dy), widened(w), dx64, p);
@@ -162,10 +157,11 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
 
 void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p,
                        bool accumulate) {
-  if (accumulate) {
-    Tensor none;
-    add_result(dw, [&](Tensor& r) { conv2d_bwd_weight(dy, x, r, none, p, false); });
-    return add_result(db, [&](Tensor& r) { conv2d_bwd_weight(dy, x, none, r, p, false); });
+  if (accumulate) {  // computed, then added (ops.h)
+    Tensor rw = ops::result_for(dw, true), rb = ops::result_for(db, true);
+    conv2d_bwd_weight(dy, x, rw, rb, p, false);
+    add_into(rw, dw);
+    return add_into(rb, db);
   }
   if (is_half(dy.dtype())) {
     Tensor dw64 = wide_like(dw), db64 = wide_like(db);

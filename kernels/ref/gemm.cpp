@@ -109,7 +109,14 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y)
   else linear_fwd_t<float>(x, w, bias, y);
 }
 
-void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db) {
+void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
+                bool accumulate) {
+  if (accumulate) {  // computed, then added (ops.h)
+    Tensor rw = ops::result_for(dw, true), rb = ops::result_for(db, true);
+    linear_bwd(dy, x, w, dx, rw, rb, false);
+    add_into(rw, dw);
+    return add_into(rb, db);
+  }
   if (any_bf16({&dy, &x, &w, &dx})) {
     Tensor dx64 = wide_like(dx), dw64 = wide_like(dw), db64 = wide_like(db);
     linear_bwd_t<double>(widened(dy), widened(x), widened(w), dx64, dw64, db64);

@@ -18,6 +18,9 @@ Tensor widened(const Tensor& t);
 void narrowed_into(const Tensor& wide, Tensor& out);
 // An f64 temporary shaped like `out` (undefined where `out` is).
 Tensor wide_like(const Tensor& out);
+// out += result (axpy) unless they are one tensor: an accumulating backward's end
+// (ops::result_for).
+void add_into(const Tensor& result, Tensor& out);
 inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (t->defined() && is_half(t->dtype())) return true;
