@@ -38,7 +38,7 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps(eps), mom
   running_var = register_buffer("running_var", Tensor::ones({c}));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) { return forward(x, false); }
+Tensor BatchNorm2d::forward(const Tensor& x) { return forward(x, fused_relu); }
 
 Tensor BatchNorm2d::forward(const Tensor& x, bool relu, const Tensor& residual) {
   EG_CHECK(x.dim() == 4 && x.size(1) == weight.size(0), "BatchNorm2d(", weight.size(0), "): expected input [N, ",

@@ -115,6 +115,14 @@ std::shared_ptr<nn::Sequential> head(int64_t in, int64_t classes, Generator& g, 
   return h;
 }
 
+// The stem's batch norm with its ReLU fused (as the blocks' are): ResNet-50's stem
+// activation is the network's largest, and a separate ReLU is a pass over it each way.
+std::shared_ptr<nn::BatchNorm2d> stem_bn(int64_t channels) {
+  auto bn = std::make_shared<nn::BatchNorm2d>(channels);
+  bn->fused_relu = true;
+  return bn;
+}
+
 }  // namespace
 
 void ResNet::add_unit(const std::string& name, nn::ModulePtr m) {
@@ -140,8 +148,7 @@ std::shared_ptr<ResNet> ResNet::cifar(int depth, int64_t classes, int64_t in_ch,
   auto c = conv(in_ch, 16, 3, 1, g);
   r->flops_ += c->flops_per_sample(32, 32);
   stem->add("conv", c);
-  stem->add("bn", std::make_shared<nn::BatchNorm2d>(16));
-  stem->add("relu", nn::ReLU());
+  stem->add("bn", stem_bn(16));
   r->add_unit("stem", stem);
   s.c = 16;
   const int64_t widths[3] = {16, 32, 64};
@@ -168,8 +175,7 @@ std::shared_ptr<ResNet> ResNet::imagenet(int depth, int64_t classes, int64_t in_
   auto c = small ? conv(in_ch, 64, 3, 1, g) : conv(in_ch, 64, 7, 2, g);
   r->flops_ += c->flops_per_sample(image, image);
   stem->add("conv", c);
-  stem->add("bn", std::make_shared<nn::BatchNorm2d>(64));
-  stem->add("relu", nn::ReLU());
+  stem->add("bn", stem_bn(64));
   s = {64, small ? image : (image + 1) / 2};
   if (!small) {
     stem->add("pool", nn::MaxPool2d(3, 2, 1));

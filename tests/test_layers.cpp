@@ -1,6 +1,7 @@
 // layers/: validation at the boundary, state dicts, freezing, attention.
 #include <gtest/gtest.h>
 
+#include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "layers/attention.h"
 #include "layers/layers.h"
@@ -101,6 +102,31 @@ TEST(Layers, FrozenBatchNormCanKeepBatchStatistics) {
     }
     EXPECT_FALSE(bn.weight.requires_grad());
   }
+}
+
+// A batch norm with its ReLU fused (ResNet's stem) computes max(bn(x), 0) and its
+// gradients: the values of a batch norm and a ReLU module after it, bit for bit (f32),
+// with one pass each way instead of two.
+TEST(Layers, BatchNormWithAFusedReluIsBatchNormThenRelu) {
+  Generator g(4);
+  const Tensor x0 = Tensor::randn({4, 3, 5, 5}, g);
+  auto run = [&](bool fused) {
+    nn::BatchNorm2d bn(3);
+    bn.fused_relu = fused;
+    Tensor x = x0.clone().set_requires_grad(true);
+    Tensor y = fused ? bn(x) : nn::ReLU()->forward(bn(x));
+    fn::sum(fn::mul(y, y)).backward();
+    return std::vector<Tensor>{y.detach(), x.grad(), bn.weight.grad(), bn.bias.grad(), bn.running_var};
+  };
+  const auto a = run(true), b = run(false);
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].numel(), b[i].numel());
+    for (int64_t k = 0; k < a[i].numel(); ++k) EXPECT_EQ(a[i].data<float>()[k], b[i].data<float>()[k]) << i << " " << k;
+  }
+  EXPECT_EQ(nn::BatchNorm2d(3).type_name(), "BatchNorm2d");
+  nn::BatchNorm2d fused(3);
+  fused.fused_relu = true;
+  EXPECT_EQ(fused.type_name(), "BatchNorm2d+ReLU");
 }
 
 TEST(Layers, MultiHeadAttentionGradcheck) {
