@@ -98,9 +98,11 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
   Tensor y = empty_as(table, ys);
   ops::call(ops::embedding_fwd, ids, table, y);
   autograd::record_function("EmbeddingBackward", {ids, table}, {&y}, {ids, table.detach()},
-                            [](const Tensors& g, const Tensors& s, const Node&) {
-    Tensor dt = empty_like(s[1]);
-    ops::call(ops::embedding_bwd, g[0], s[0], dt);
+                            [](const Tensors& g, const Tensors& s, const Node& n) {
+    Tensor dt = destination_for(n, 1, s[1].shape(), s[1].dtype(), s[1].device());  // the table's .grad
+    const bool into = dt.defined();
+    if (!into) dt = empty_like(s[1]);
+    ops::call(ops::embedding_bwd, g[0], s[0], dt, into);
     return Tensors{Tensor(), dt};
   });
   return y;

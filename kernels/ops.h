@@ -172,9 +172,9 @@ using LayerNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma
                           const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate);
 
 // Embedding: ids s64 [...], table [V, D] -> y [..., D]. Backward overwrites dtable
-// with the scattered sum. Out-of-range ids are the caller's to check.
+// with the scattered sum (accumulate: adds it). Out-of-range ids are the caller's to check.
 using EmbeddingFwd = void(const Tensor& ids, const Tensor& table, Tensor& y);
-using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
+using EmbeddingBwd = void(const Tensor& dy, const Tensor& ids, Tensor& dtable, bool accumulate);
 // Token mask: mask (u8, ids' shape) is 1 where (ids (s64) == value) == equal, else 0: the
 // Transformer's padding mask (equal) and its real tokens (not equal), made where the ids
 // are (no host round trip on a GPU).

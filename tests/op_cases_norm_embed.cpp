@@ -83,7 +83,9 @@ void add_token_mask(std::vector<OpCase>& v, const std::string& variant, Shape id
   v.push_back(c);
 }
 
-void add_embedding(std::vector<OpCase>& v, const std::string& variant, Shape ids, int64_t vocab, int64_t d, bool big) {
+// accumulate: the table's gradient added into values already there (Note [Gradient destinations]).
+void add_embedding(std::vector<OpCase>& v, const std::string& variant, Shape ids, int64_t vocab, int64_t d, bool big,
+                   bool accumulate = false) {
   OpCase c;
   c.name = "embedding/" + variant;
   c.make_inputs = [ids, vocab, d](DType dt) {
@@ -98,13 +100,13 @@ void add_embedding(std::vector<OpCase>& v, const std::string& variant, Shape ids
     ops::run(ops::embedding_fwd, b, in[0], in[1], y);
     return Tensors{y};
   };
-  c.backward = [](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
-    Tensor dt = empty_like(in[1]);
-    ops::run(ops::embedding_bwd, b, dout[0], in[0], dt);
+  c.backward = [accumulate](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
+    Tensor dt = gradient_start(in[1], in[1].shape(), in[1].dtype(), accumulate, 73);
+    ops::run(ops::embedding_bwd, b, dout[0], in[0], dt, accumulate);
     return Tensors{Tensor(), dt};
   };
   c.uses = {uses(ops::embedding_fwd), uses(ops::embedding_bwd)};
-  c.gradcheck = !big;
+  c.gradcheck = !big && !accumulate;
   c.bench = big;
   c.bench_backward = true;
   c.bytes = double(shape_numel(ids) * d) * 4 * 4;
@@ -190,6 +192,7 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_layernorm(v, "rows_1000x50_accumulate", 1000, 50, false, true);  // into .grad (Note [Gradient destinations])
   add_layernorm(v, "transformer_4096x512", 4096, 512, true);
   add_embedding(v, "small", {3, 4}, 7, 5, false);
+  add_embedding(v, "small_accumulate", {3, 4}, 7, 5, false, true);
   add_embedding(v, "tokens_64x128_vocab32000", {64, 128}, 32000, 512, true);
   add_image_normalize(v, "small", {2, 3, 5, 7}, false);
   add_image_normalize(v, "grey_odd", {3, 1, 3, 3}, false);

@@ -148,7 +148,7 @@ TEST(Autograd, CompositeGradcheckConvBnReluLinearCrossEntropy) {
 // into .grad in the optimizer's buckets computes the gradients of the backward that adds
 // them separately, bit for bit (on the CPU the kernels compute, then add), in f32 and
 // under bf16 autocast. ResNet-20: 9 adds fewer (its blocks) and no axpy left;
-// transformer-tiny (linear layers, layer norms; its embeddings still take axpys): fewer.
+// transformer-tiny (embeddings, linear layers, layer norms): no axpy left either.
 TEST(Autograd, GradientsAddedWhereTheyLiveKeepTheirBits) {
   struct Run {
     std::vector<std::vector<uint8_t>> grads;
@@ -218,7 +218,8 @@ TEST(Autograd, GradientsAddedWhereTheyLiveKeepTheirBits) {
       ASSERT_EQ(off.grads.size(), on.grads.size());
       for (size_t i = 0; i < off.grads.size(); ++i)
         EXPECT_EQ(off.grads[i], on.grads[i]) << "transformer-tiny " << what << " parameter " << i;
-      EXPECT_LT(on.count("axpy"), off.count("axpy") / 4) << what;
+      EXPECT_GE(off.count("axpy"), int(m->parameters().size())) << what;  // a shared table's once a use
+      EXPECT_EQ(on.count("axpy"), 0) << what;
     }
   }
 }

@@ -112,7 +112,12 @@ void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
   for (int64_t i = 0; i < n; ++i) mp[i] = (ip[i] == value) == equal ? 1 : 0;
 }
 
-void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
+void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt, bool accumulate) {
+  if (accumulate) {  // computed, then added: a repeated id's terms summed as without (ops.h)
+    Tensor r = ops::result_for(dt, true);
+    embedding_bwd(dy, ids, r, false);
+    return add_into(r, dt);
+  }
   // Scatter-add, parallel over embedding columns so no two threads touch a row slot.
   const int64_t d = dt.size(1), n = ids.numel();
   const int64_t* ip = ids.data<int64_t>();

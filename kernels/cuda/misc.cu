@@ -84,9 +84,10 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y) {
   cuda::after_launch("embedding_fwd");
 }
 
-void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
+void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt, bool accumulate) {
   require_f32(dt, "embedding backward");
-  EG_CUDA_CHECK(cudaMemsetAsync(dt.raw(), 0, dt.nbytes(), stream()));
+  // The scatter adds atomically: accumulating, into the table's gradient as it is.
+  if (!accumulate) EG_CUDA_CHECK(cudaMemsetAsync(dt.raw(), 0, dt.nbytes(), stream()));
   const int64_t n = ids.numel(), d = dt.size(1);
   if (!n) return;
   embedding_bwd_kernel<<<blocks_for(n * d), kThreads, 0, stream()>>>(dy.data<float>(), ids.data<int64_t>(),

@@ -136,7 +136,12 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y) {
   if (table.dtype() == DType::f64) emb_fwd_t<double>(ids, table, y);
   else emb_fwd_t<float>(ids, table, y);
 }
-void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
+void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt, bool accumulate) {
+  if (accumulate) {  // computed, then added (ops.h)
+    Tensor r = ops::result_for(dt, true);
+    embedding_bwd(dy, ids, r, false);
+    return add_into(r, dt);
+  }
   if (dt.dtype() == DType::f64) emb_bwd_t<double>(dy, ids, dt);
   else emb_bwd_t<float>(dy, ids, dt);
 }
