@@ -109,7 +109,15 @@ Tensor cast(const Tensor& x, DType dtype) {
   Tensor y = Tensor::empty(x.shape(), dtype, x.device());
   ops::call(ops::cast, x, y);
   autograd::record_function("CastBackward", {x}, {&y}, {},
-                            [from = x.dtype()](const Tensors& g, const Tensors&, const Node&) {
+                            [from = x.dtype()](const Tensors& g, const Tensors&, const Node& n) {
+    // Into its destination (the f32 sum of what several autocast layers read) in the pass
+    // that would cast it: axpy reads either width. Not into a narrower one: the sum would
+    // round once where the cast and the add round twice.
+    const bool widening = dtype_size(from) >= dtype_size(g[0].dtype());
+    if (Tensor dest = widening ? destination_for(n, 0, g[0].shape(), from, g[0].device()) : Tensor(); dest.defined()) {
+      ops::call(ops::axpy, g[0], dest, 1.0);
+      return Tensors{dest};
+    }
     Tensor dx = Tensor::empty(g[0].shape(), from, g[0].device());
     ops::call(ops::cast, g[0], dx);
     return Tensors{dx};
@@ -261,13 +269,17 @@ Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& bias) {
       "LinearBackward", {x, w, bias}, {&y}, {x2, wl},
       [xs = x.shape(), has_bias = bias.defined(), wt = w.dtype()](const Tensors& g, const Tensors& s, const Node& n) {
     Tensor g2 = g[0].reshape({-1, s[1].size(0)});
-    Tensor dx;
-    if (n.needs_input_grad(0)) dx = empty_like(s[0]);
+    // dx added into its destination (the sum of an input several layers read: a layer
+    // norm's output read by the attention's projections), seen as [M, K].
+    Tensor dx, into_x;
+    if (n.needs_input_grad(0)) into_x = destination_for(n, 0, xs, s[0].dtype(), s[0].device());
+    if (into_x.defined() && into_x.is_blocked()) into_x = Tensor();  // its [M, K] view would be a copy
+    if (n.needs_input_grad(0)) dx = into_x.defined() ? into_x.reshape(s[0].shape()) : empty_like(s[0]);
     bool into = false;  // the weight's and bias's gradients added into their .grad
     auto [dw, db] = param_grads(n, 1, n.needs_input_grad(1), s[1].shape(), 2, has_bias && n.needs_input_grad(2),
                                 {s[1].size(0)}, wt, s[1].device(), into);
-    ops::call(ops::linear_bwd, g2, s[0], s[1], dx, dw, db, into);
-    return Tensors{dx.defined() ? dx.reshape(xs) : dx, dw, db};
+    ops::call(ops::linear_bwd, g2, s[0], s[1], dx, dw, db, into_x.defined(), into);
+    return Tensors{into_x.defined() ? into_x : dx.defined() ? dx.reshape(xs) : dx, dw, db};
       });
   return y;
 }

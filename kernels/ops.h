@@ -85,6 +85,7 @@ struct AdamWParams {
 // them, for a gradient summed where it lives (Note [Gradient destinations] in
 // autograd/node.h). ref and cpu compute the result and add it (the bits of a separate
 // add); cuda has cuDNN blend it in (beta = 1: one rounding of the sum instead of two).
+//
 // Where an accumulating backward computes its result before adding it (ref, cpu): a
 // tensor shaped like `out` for the result; `out` itself when not accumulating (undefined
 // stays undefined). Each backend's add_into then adds it.
@@ -137,10 +138,10 @@ using GlobalAvgPoolBwd = void(const Tensor& dy, Tensor& dx);
 // (batched matmul). op(t) = t^T over the last two dims when trans is set.
 using Gemm = void(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, double alpha, double beta);
 // Linear: x [M, K], w [N, K], bias [N] (may be undefined) -> y [M, N] = x w^T + b.
-// accumulate: dw and db are added into, as the convolutions' (dx is written).
+// accumulate_dx: dx is added into; accumulate: dw and db are, as the convolutions'.
 using LinearFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
 using LinearBwd = void(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
-                       bool accumulate);
+                       bool accumulate_dx, bool accumulate);
 
 // Elementwise with numpy broadcasting of a and b to c's shape (same rank after
 // left-padding with 1s).

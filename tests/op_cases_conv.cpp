@@ -18,6 +18,7 @@ struct ConvSpec {
   bool big = false;
   bool want_dw = true;  // false: dw undefined (frozen weight), db still computed when biased
   bool accumulate = false;  // the backward adds into gradients already holding values
+  bool offset_params = false;  // dw and db views one element into their buffers, as in a gradient bucket
 };
 
 ops::Conv2dParams params(int64_t stride, int64_t pad, int64_t dil = 1, int64_t groups = 1) {
@@ -44,18 +45,24 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
     ops::run(ops::conv2d_fwd, b, in[0], in[1], in[2], y, p);
     return Tensors{y};
   };
-  c.backward = [p = s.p, want_dw = s.want_dw, acc = s.accumulate](ops::Backend b, const Tensors& in, const Tensors&,
-                                                                   const Tensors& dout) {
+  c.backward = [p = s.p, want_dw = s.want_dw, acc = s.accumulate, off = s.offset_params](
+                   ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
     // Accumulating, each gradient starts from values of its own (in its tensor's layout,
     // where the backend writes that layout).
     auto start = [acc, b](const Tensor& like, DType dt, uint64_t seed) {
       const Tensor t = gradient_start(like, like.shape(), dt, acc, seed);
       return acc && like.is_blocked() && b != ops::Backend::ref ? t.to_format(like.format()) : t;
     };
+    // A parameter's gradient, offset: a view starting one element into a larger buffer.
+    auto param = [&](const Tensor& like, DType dt, uint64_t seed) {
+      if (!off) return start(like, dt, seed);
+      Tensor buf = gradient_start(like, {like.numel() + 1}, dt, acc, seed);
+      return buf.slice(1, like.numel() + 1).reshape(like.shape());
+    };
     Tensor dx = start(in[0], in[0].dtype(), 41), dw, db;
     ops::run(ops::conv2d_bwd_data, b, dout[0], in[1], dx, p, acc);
-    if (want_dw) dw = start(in[1], param_dtype(in[1].dtype()), 42);
-    if (in[2].defined()) db = start(in[2], in[2].dtype(), 43);
+    if (want_dw) dw = param(in[1], param_dtype(in[1].dtype()), 42);
+    if (in[2].defined()) db = param(in[2], in[2].dtype(), 43);
     ops::run(ops::conv2d_bwd_weight, b, dout[0], in[0], dw, db, p, acc);
     return Tensors{dx, dw, db};
   };
@@ -101,6 +108,8 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   // (dx, dw and db), one that runs NHWC on CUDA (cuDNN's blend into an NHWC dx; and into
   // a plain dx, which is computed and added), a blocked dx on the CPU.
   add_conv_and_bf16(v, {"3x3_pad1_bias_accumulate", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, true, true});
+  // Into .grad views at 4 bytes past an allocation's start (cuDNN blends only at 256: these are added by axpy).
+  add_conv(v, {"3x3_pad1_bias_accumulate_offset", {2, 3, 5, 5}, {4, 3, 3, 3}, params(1, 1), true, false, true, true, true});
   add_conv_and_bf16(v, {"3x3_stride2_accumulate", {2, 8, 7, 7}, {8, 8, 3, 3}, params(2, 1), false, false, true, true});
   add_nhwc_twin(v, {0}, true);
   add_conv(v, {"c16_nchw16c_accumulate", {2, 16, 5, 6}, {32, 16, 3, 3}, params(1, 1), false, false, true, true});

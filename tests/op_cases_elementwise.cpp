@@ -93,11 +93,14 @@ void add_bf16_forward_twin(std::vector<OpCase>& v) {
 }
 
 // z = 1.5 (x + 0.5 y), through axpy and scale (in place, as autograd accumulates
-// gradients), same shapes in any layout.
-void add_axpy_scale(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big) {
+// gradients), same shapes in any layout. f32_sum: x and z f32 whatever y's dtype (a bf16
+// gradient added into an f32 sum, as autocast's casts' backward does).
+void add_axpy_scale(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool f32_sum = false) {
   OpCase c;
   c.name = "axpy_scale/" + variant;
-  c.make_inputs = [s](DType dt) { return Tensors{randn(s, dt, 51), randn(s, dt, 52)}; };
+  c.make_inputs = [s, f32_sum](DType dt) {
+    return Tensors{randn(s, f32_sum ? param_dtype(dt) : dt, 51), randn(s, dt, 52)};
+  };
   c.forward = [](ops::Backend b, const Tensors& in) {
     // In place into a copy of x in its layout (only cpu kernels write nChw16c).
     Tensor z = b == ops::Backend::cpu ? in[0].clone() : in[0].to_plain().clone();
@@ -147,6 +150,9 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_bf16_twin(v);
   add_axpy_scale(v, "tail", {3, 5, 7}, false);
   add_bf16_twin(v);
+  add_axpy_scale(v, "f32_sum_tail", {3, 5, 7}, false, true);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {1}, false);  // an NHWC bf16 x into a plain f32 y
   add_axpy_scale(v, "nchw16c_x_plain", {2, 32, 3, 3}, false);
   block_inputs(v.back(), {0}, false);
   add_bf16_twin(v);

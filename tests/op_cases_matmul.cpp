@@ -66,7 +66,7 @@ struct LinearCfg {
   int64_t m, k, n;
   bool bias, want_dx, want_dw, want_db;
   bool big;
-  bool accumulate = false;  // dw and db added into values already there (Note [Gradient destinations])
+  bool accumulate = false;  // dx, dw and db added into values already there (Note [Gradient destinations])
 };
 
 void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
@@ -82,12 +82,12 @@ void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
     return Tensors{y};
   };
   c.backward = [=](ops::Backend b, const Tensors& in, const Tensors&, const Tensors& dout) {
-    Tensor dx = l.want_dx ? empty_like(in[0]) : Tensor();
+    Tensor dx = l.want_dx ? gradient_start(in[0], in[0].shape(), in[0].dtype(), l.accumulate, 46) : Tensor();
     // Under bf16 (Note [bf16 kernels]) the weight's and bias's gradients are f32, as autocast keeps them.
     const DType pt = param_dtype(in[1].dtype());
     Tensor dw = l.want_dw ? gradient_start(in[1], in[1].shape(), pt, l.accumulate, 44) : Tensor();
     Tensor db = l.bias && l.want_db ? gradient_start(in[0], {l.n}, pt, l.accumulate, 45) : Tensor();
-    ops::run(ops::linear_bwd, b, dout[0], in[0], in[1], dx, dw, db, l.accumulate);
+    ops::run(ops::linear_bwd, b, dout[0], in[0], in[1], dx, dw, db, l.accumulate, l.accumulate);
     return Tensors{dx, dw, db};
   };
   c.uses = {uses(ops::linear_fwd), uses(ops::linear_bwd)};

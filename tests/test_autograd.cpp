@@ -147,18 +147,21 @@ TEST(Autograd, CompositeGradcheckConvBnReluLinearCrossEntropy) {
 // into the residual terms already there and whose layers add their parameters' gradients
 // into .grad in the optimizer's buckets computes the gradients of the backward that adds
 // them separately, bit for bit (on the CPU the kernels compute, then add), in f32 and
-// under bf16 autocast. ResNet-20: 9 adds fewer (its blocks) and no axpy left;
-// transformer-tiny (embeddings, linear layers, layer norms): no axpy left either.
+// under bf16 autocast. ResNet-20: 9 adds fewer (its blocks) and no axpy; transformer-tiny
+// (embeddings, linear layers, layer norms, autocast's casts): no add (21 before) and no
+// axpy but those that replace a cast (a bf16 gradient added into an f32 sum in one pass).
 TEST(Autograd, GradientsAddedWhereTheyLiveKeepTheirBits) {
   struct Run {
     std::vector<std::vector<uint8_t>> grads;
     std::map<std::string, int> ops;
     int count(const std::string& op) const { return ops.count(op) ? ops.at(op) : 0; }
   };
-  // The gradients of `loss()`'s parameters, and the ops its backward ran.
+  // The parameters' gradients after two backward passes of `loss()` (the second adds into
+  // .grad holding the first's), and the ops the second ran.
   auto run = [](models::Model& m, optim::Optimizer& opt, const std::function<Tensor()>& loss, bool destinations) {
     autograd::set_gradient_destinations(destinations);
     opt.zero_grad();
+    loss().backward();
     const Tensor l = loss();
     Run r;
     {
@@ -198,6 +201,7 @@ TEST(Autograd, GradientsAddedWhereTheyLiveKeepTheirBits) {
       EXPECT_EQ(off.count("binary_fwd") - on.count("binary_fwd"), 9) << what;
       EXPECT_EQ(off.count("axpy"), int(m->parameters().size())) << what;
       EXPECT_EQ(on.count("axpy"), 0) << what;
+      EXPECT_EQ(on.count("cast"), off.count("cast")) << what;
     }
     {
       models::ModelConfig mc;
@@ -219,7 +223,9 @@ TEST(Autograd, GradientsAddedWhereTheyLiveKeepTheirBits) {
       for (size_t i = 0; i < off.grads.size(); ++i)
         EXPECT_EQ(off.grads[i], on.grads[i]) << "transformer-tiny " << what << " parameter " << i;
       EXPECT_GE(off.count("axpy"), int(m->parameters().size())) << what;  // a shared table's once a use
-      EXPECT_EQ(on.count("axpy"), 0) << what;
+      EXPECT_EQ(off.count("binary_fwd"), 21) << what;
+      EXPECT_EQ(on.count("binary_fwd"), 0) << what;
+      EXPECT_EQ(on.count("axpy"), off.count("cast") - on.count("cast")) << what;
     }
   }
 }

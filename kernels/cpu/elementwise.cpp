@@ -152,6 +152,17 @@ void scale(const Tensor& x, Tensor& y, double alpha) {
 }
 
 void axpy(const Tensor& x_in, Tensor& y, double alpha) {
+  if (x_in.dtype() == DType::bf16 && y.dtype() == DType::f32) {  // a bf16 gradient into an f32 sum (autocast's)
+    Tensor keep;
+    const Tensor& x = in_format(x_in, y.format(), keep);
+    const float s = float(alpha);
+    const int64_t n = x.numel();
+    const bf16_t* xp = x.data_any<bf16_t>();
+    float* yp = y.data_any<float>();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) yp[i] += s * ld(xp, i);
+    return;
+  }
   if (!same_dtype({&x_in, &y})) {  // into a plain copy of y, then back in y's format
     Tensor yp = y.to_plain();
     if (yp.is_same(y)) return ref::axpy(x_in.to_plain(), y, alpha);

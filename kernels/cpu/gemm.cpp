@@ -148,10 +148,12 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y)
 }
 
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
-                bool accumulate) {
-  if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
-    Tensor rw = ops::result_for(dw, true), rb = ops::result_for(db, true);
-    linear_bwd(dy, x, w, dx, rw, rb, false);
+                bool accumulate_dx, bool accumulate) {
+  if (accumulate_dx || accumulate) {  // computed, then added: the bits of a separate add (ops.h)
+    Tensor rx = ops::result_for(dx, accumulate_dx), rw = ops::result_for(dw, accumulate);
+    Tensor rb = ops::result_for(db, accumulate);
+    linear_bwd(dy, x, w, rx, rw, rb, false, false);
+    add_into(rx, dx);
     add_into(rw, dw);
     return add_into(rb, db);
   }

@@ -106,9 +106,12 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
   } else if (dresidual.defined()) {
     dresidual.copy_(dy_in);
   }
-  if (!training && accumulate && (dgamma.defined() || dbeta.defined())) {  // computed, then added
+  // Added by cuDNN (betaParamDiff = 1) only in training, into both parameters'
+  // gradients at cuDNN's alignment; else computed, then added.
+  const bool blend = training && dgamma.defined() && dbeta.defined() && blend_aligned(dgamma) && blend_aligned(dbeta);
+  if (accumulate && !blend && (dgamma.defined() || dbeta.defined())) {
     Tensor dg = ops::result_for(dgamma, true), db = ops::result_for(dbeta, true), none;
-    batchnorm_bwd(dy, x, gamma, mean, invstd, dx, dg, db, false, none, none, false);
+    batchnorm_bwd(dy, x, gamma, mean, invstd, dx, dg, db, training, none, none, false);
     for (auto [r, out] : {std::pair{&dg, &dgamma}, {&db, &dbeta}})
       if (out->defined()) axpy(*r, *out, 1.0);
     return;
@@ -130,9 +133,7 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
   Tensor gx = dx.defined() ? dx : Tensor::empty(x.shape(), DType::f32, x.device());
   Tensor gg = dgamma.defined() ? dgamma : Tensor::empty({c}, DType::f32, x.device());
   Tensor gb = dbeta.defined() ? dbeta : Tensor::empty({c}, DType::f32, x.device());
-  // accumulate: cuDNN adds into the parameters' gradients (betaParamDiff = 1; a skipped
-  // one's scratch takes the sum unread).
-  const float one = 1.f, zero = 0.f, beta_params = accumulate ? 1.f : 0.f;
+  const float one = 1.f, zero = 0.f, beta_params = accumulate ? 1.f : 0.f;  // accumulate: both defined
   EG_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &beta_params, xd.d, x.raw(),
                                                  xd.d, dy.raw(), xd.d, gx.raw(), pd.d, gamma.raw(), gg.raw(), gb.raw(),
                                                  CUDNN_BN_MIN_EPSILON, mean.raw(), invstd.raw()));

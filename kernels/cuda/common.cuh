@@ -142,6 +142,13 @@ __device__ __forceinline__ void ldv(const void* p, int dt, int64_t i, float (&o)
   ldv_cvt<V>(ldv_raw<V>(p, dt, i), dt, o);
 }
 
+// A tensor cuDNN may add into in place (beta = 1): undefined, or at 256 bytes, as every
+// block of the caching allocator. A gradient bucket's views sit back to back
+// (optim/buckets.h) at any multiple of their element size, and cuDNN's algorithms are
+// chosen without seeing the pointer; one not so aligned is computed into a new tensor and
+// added by our axpy, which reads any alignment (cuBLAS takes any aligned to its element).
+inline bool blend_aligned(const Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.raw_any()) % 256 == 0; }
+
 // Every pointer given (null ones skipped) 16-byte aligned.
 inline bool aligned16(std::initializer_list<const void*> ps) {
   for (const void* p : ps)

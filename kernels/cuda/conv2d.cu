@@ -204,7 +204,7 @@ void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const 
   const DType t = conv_dtype({&dy_in, &w_in, &dx}, " backward");
   const bool nhwc = use_nhwc(t, p, false);
   const Format f = nhwc ? Format::nhwc : Format::plain;
-  if (accumulate && dx.format() != f) {  // not in the layout cuDNN writes: computed, then added
+  if (accumulate && (dx.format() != f || !blend_aligned(dx))) {  // not as cuDNN writes: computed, then added
     Tensor r = Tensor::empty(dx.shape(), t, dx.device());
     conv2d_bwd_data(dy_in, w_in, r, p, false);
     return axpy(r, dx, 1.0);
@@ -243,6 +243,16 @@ void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tens
   const DType t = conv_dtype({&dy_in, &x_in}, " backward");
   // The forward's layout: NHWC unless it had a bias (the bias gradient is wanted then).
   const bool nhwc = use_nhwc(t, p, db.defined());
+  // Where cuDNN would blend into dw (its own dtype and layout) or db (f32), at cuDNN's
+  // alignment only; else computed, then added.
+  const bool blends_w = dw.defined() && dw.dtype() == t && !nhwc, blends_b = db.defined() && t == DType::f32;
+  if (accumulate && ((blends_w && !blend_aligned(dw)) || (blends_b && !blend_aligned(db)))) {
+    Tensor rw = ops::result_for(dw, true), rb = ops::result_for(db, true);
+    conv2d_bwd_weight(dy_in, x_in, rw, rb, p, false);
+    if (dw.defined()) axpy(rw, dw, 1.0);
+    if (db.defined()) axpy(rb, db, 1.0);
+    return;
+  }
   const Format f = nhwc ? Format::nhwc : Format::plain;
   const Tensor dy = dy_in.to_format(f), x = x_in.to_format(f);
   for (const Tensor* g : {&dw, &db})
@@ -273,7 +283,7 @@ void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tens
     // cuDNN writes the data's dtype (and NHWC's [K,R,S,C]): an f32 gradient of 16-bit
     // data is cast from it (or added, accumulating: one pass either way), an NHWC one
     // reordered back.
-    const bool direct = dw.dtype() == t && !nhwc;
+    const bool direct = blends_w;
     Tensor g = direct ? dw : Tensor::empty(dw.shape(), t, dw.device());
     g.set_format(f);
     EG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, c.d.x.d, x.raw_any(), c.d.y.d, dy.raw_any(), c.d.conv,

@@ -83,8 +83,8 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y)
 }
 
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
-                bool accumulate) {
-  if (dx.defined()) gemm(dy, w, dx, false, false, 1.0, 0.0);
+                bool accumulate_dx, bool accumulate) {
+  if (dx.defined()) gemm(dy, w, dx, false, false, 1.0, accumulate_dx ? 1.0 : 0.0);
   if (dw.defined()) gemm(dy, x, dw, true, false, 1.0, accumulate ? 1.0 : 0.0);  // beta = 1 adds into dw
   if (db.defined() && db.numel()) {
     require_f32(db, "linear's bias gradient");
