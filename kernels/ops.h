@@ -84,14 +84,8 @@ struct AdamWParams {
 // accumulate: the backward adds its result into dx (dw and db) instead of overwriting
 // them, for a gradient summed where it lives (Note [Gradient destinations] in
 // autograd/node.h). ref and cpu compute the result and add it (the bits of a separate
-// add); cuda has cuDNN blend it in (beta = 1: one rounding of the sum instead of two).
-//
-// Where an accumulating backward computes its result before adding it (ref, cpu): a
-// tensor shaped like `out` for the result; `out` itself when not accumulating (undefined
-// stays undefined). Each backend's add_into then adds it.
-inline Tensor result_for(const Tensor& out, bool accumulate) {
-  return accumulate && out.defined() ? Tensor::empty(out.shape(), out.dtype(), out.device()) : out;
-}
+// add; Note [Computed, then added]); cuda has cuDNN blend it in (beta = 1: one rounding
+// of the sum instead of two).
 using Conv2dFwd = void(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const Conv2dParams& p);
 using Conv2dBwdData = void(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p, bool accumulate);
 using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p,
@@ -263,6 +257,29 @@ using ImageNormalize = void(const Tensor& x, const Tensor& scale, const Tensor& 
 // NaNs gives 0). Classification accuracy and greedy decoding.
 using ArgmaxRows = void(const Tensor& x, Tensor& idx);
 
+// Note [Computed, then added]
+// An op with an `accumulate` flag (the backwards above that take one) adds into its
+// outputs where a backend can blend as it writes (cuDNN's and cuBLAS's beta = 1). ref and
+// cpu cannot (oneDNN 2.6's backward primitives have no sum post-op), so they implement
+// the op without its flags, always overwriting: the signatures below (ops::Overwriting).
+// kernels/registry.cpp gives them the op's own signature, once for every such op: an
+// accumulating call computes into new tensors, then adds each with the backend's axpy,
+// the bits of a separate add.
+using Conv2dBwdDataOverwrite = void(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p);
+using Conv2dBwdWeightOverwrite = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p);
+using BatchNormBwdOverwrite = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
+                                   const Tensor& relu_y, Tensor& dresidual);
+using LinearBwdOverwrite = void(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
+using LayerNormBwdOverwrite = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                   const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+using EmbeddingBwdOverwrite = void(const Tensor& dy, const Tensor& ids, Tensor& dtable);
+// For a backward that computes its result before adding it: a tensor shaped like `out`
+// for the result; `out` itself when not accumulating (undefined stays undefined).
+inline Tensor result_for(const Tensor& out, bool accumulate) {
+  return accumulate && out.defined() ? Tensor::empty(out.shape(), out.dtype(), out.device()) : out;
+}
+
 // ---------------------------------------------------------------- registry
 template <class Fn>
 struct Op {
@@ -301,6 +318,37 @@ struct Op {
                                           X(clip_coef, ClipCoef) X(scale_by, ScaleBy)                                  \
                                           X(cast, Cast) X(image_normalize, ImageNormalize) X(swap12, Swap12)           \
                                               X(sp_gram, SpGram) X(sp_loss, SpLoss) X(argmax_rows, ArgmaxRows)
+
+// Each op as a type, tag::name (two ops can share a signature), and the signature of its
+// ref and cpu implementations: Overwriting<tag::name> (Note [Computed, then added]).
+namespace tag {
+#define EG_OP_TAG(name, Fn) \
+  struct name {             \
+    using fn = Fn;          \
+  };
+EG_OP_LIST(EG_OP_TAG)
+#undef EG_OP_TAG
+}  // namespace tag
+namespace detail {
+template <class Tag>
+struct OverwritingOf {
+  using type = typename Tag::fn;  // an op without an accumulate flag: its own signature
+};
+#define EG_OVERWRITING(name, Fn)    \
+  template <>                       \
+  struct OverwritingOf<tag::name> { \
+    using type = Fn;                \
+  };
+EG_OVERWRITING(conv2d_bwd_data, Conv2dBwdDataOverwrite)
+EG_OVERWRITING(conv2d_bwd_weight, Conv2dBwdWeightOverwrite)
+EG_OVERWRITING(batchnorm_bwd, BatchNormBwdOverwrite)
+EG_OVERWRITING(linear_bwd, LinearBwdOverwrite)
+EG_OVERWRITING(layernorm_bwd, LayerNormBwdOverwrite)
+EG_OVERWRITING(embedding_bwd, EmbeddingBwdOverwrite)
+#undef EG_OVERWRITING
+}  // namespace detail
+template <class Tag>
+using Overwriting = typename detail::OverwritingOf<Tag>::type;
 
 #define EG_DECLARE_OP(name, Fn) extern const Op<Fn> name;
 EG_OP_LIST(EG_DECLARE_OP)

@@ -2,6 +2,7 @@
 // (ground truth), cpu (fast path) and, in CUDA builds, cuda.
 #include <atomic>
 #include <cstdio>
+#include <type_traits>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ref.h"
@@ -65,11 +66,95 @@ constexpr bool takes_bf16(const char* n) {
   return false;
 }
 
-#define EG_DEFINE_OP(name, Fn)                                    \
-  const Op<Fn> name{#name,                                        \
-                    {&ref::name, &cpu::name, EG_CUDA_IMPL(name)}, \
-                    cpu_any_format(#name),                        \
-                    cuda_any_format(#name),                       \
+// Note [Computed, then added] in kernels/ops.h: an op with accumulate flags, for a
+// backend whose implementation only overwrites (F; A its axpy). Each flag's outputs are
+// computed into new tensors (ops::result_for), then added.
+template <class Tag>
+struct ComputedThenAdded;
+template <auto A>
+void add_into(const Tensor& result, Tensor& out) {
+  if (out.defined() && !result.is_same(out)) A(result, out, 1.0);
+}
+template <>
+struct ComputedThenAdded<tag::conv2d_bwd_data> {
+  template <auto F, auto A>
+  static void call(const Tensor& dy, const Tensor& w, Tensor& dx, const Conv2dParams& p, bool accumulate) {
+    Tensor r = result_for(dx, accumulate);
+    F(dy, w, r, p);
+    add_into<A>(r, dx);
+  }
+};
+template <>
+struct ComputedThenAdded<tag::conv2d_bwd_weight> {
+  template <auto F, auto A>
+  static void call(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p, bool accumulate) {
+    Tensor rw = result_for(dw, accumulate), rb = result_for(db, accumulate);
+    F(dy, x, rw, rb, p);
+    add_into<A>(rw, dw);
+    add_into<A>(rb, db);
+  }
+};
+template <>
+struct ComputedThenAdded<tag::batchnorm_bwd> {
+  template <auto F, auto A>
+  static void call(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
+                   bool accumulate) {
+    Tensor rg = result_for(dgamma, accumulate), rb = result_for(dbeta, accumulate);
+    F(dy, x, gamma, mean, invstd, dx, rg, rb, training, relu_y, dresidual);
+    add_into<A>(rg, dgamma);
+    add_into<A>(rb, dbeta);
+  }
+};
+template <>
+struct ComputedThenAdded<tag::linear_bwd> {
+  template <auto F, auto A>
+  static void call(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
+                   bool accumulate_dx, bool accumulate) {
+    Tensor rx = result_for(dx, accumulate_dx), rw = result_for(dw, accumulate), rb = result_for(db, accumulate);
+    F(dy, x, w, rx, rw, rb);
+    add_into<A>(rx, dx);
+    add_into<A>(rw, dw);
+    add_into<A>(rb, db);
+  }
+};
+template <>
+struct ComputedThenAdded<tag::layernorm_bwd> {
+  template <auto F, auto A>
+  static void call(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+    Tensor rg = result_for(dgamma, accumulate), rb = result_for(dbeta, accumulate);
+    F(dy, x, gamma, mean, rstd, dx, rg, rb);
+    add_into<A>(rg, dgamma);
+    add_into<A>(rb, dbeta);
+  }
+};
+template <>
+struct ComputedThenAdded<tag::embedding_bwd> {
+  template <auto F, auto A>
+  static void call(const Tensor& dy, const Tensor& ids, Tensor& dtable, bool accumulate) {
+    Tensor r = result_for(dtable, accumulate);  // a repeated id's terms summed as without
+    F(dy, ids, r);
+    add_into<A>(r, dtable);
+  }
+};
+
+// A ref or cpu implementation F (Overwriting<Tag>) as an implementation of the op.
+template <class Tag, Overwriting<Tag>* F, Axpy* A>
+constexpr typename Tag::fn* host_impl() {
+  if constexpr (std::is_same_v<Overwriting<Tag>, typename Tag::fn>) {
+    return F;
+  } else {
+    return &ComputedThenAdded<Tag>::template call<F, A>;
+  }
+}
+
+#define EG_DEFINE_OP(name, Fn)                                                                                       \
+  const Op<Fn> name{#name,                                                                                           \
+                    {host_impl<tag::name, &ref::name, &ref::axpy>(), host_impl<tag::name, &cpu::name, &cpu::axpy>(), \
+                     EG_CUDA_IMPL(name)},                                                                            \
+                    cpu_any_format(#name),                                                                           \
+                    cuda_any_format(#name),                                                                          \
                     takes_bf16(#name)};
 EG_OP_LIST(EG_DEFINE_OP)
 #undef EG_DEFINE_OP

@@ -225,7 +225,8 @@ void tile_dx(const bf16_t* dr, const bf16_t* rr, const bf16_t* xr, const float* 
   using namespace bf16x16;
   const __m512 vmu = _mm512_loadu_ps(mu), vg = _mm512_loadu_ps(gi), va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
   for (int64_t k = 0; k < L * kBlock; k += kBlock) {
-    const __m512 v = _mm512_fnmadd_ps(va, _mm512_sub_ps(load16(xr + k), vmu), _mm512_mul_ps(vg, grad16<Relu>(dr, rr, k)));
+    const __m512 v =
+        _mm512_fnmadd_ps(va, _mm512_sub_ps(load16(xr + k), vmu), _mm512_mul_ps(vg, grad16<Relu>(dr, rr, k)));
     store16(o + k, _mm512_sub_ps(v, vb));
   }
 }
@@ -436,20 +437,13 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
-                   bool accumulate) {
-  if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
-    Tensor dg = ops::result_for(dgamma, true), db = ops::result_for(dbeta, true);
-    batchnorm_bwd(dy_in, x, gamma, mean, invstd, dx, dg, db, training, relu_y, dresidual, false);
-    add_into(dg, dgamma);
-    return add_into(db, dbeta);
-  }
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
   const bool bf16 = x.dtype() == DType::bf16 || dy_in.dtype() == DType::bf16;
   if (bf16 && (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual}) || !x.blockable())) {
     for (Tensor* out : {&dx, &dresidual})
       if (out->defined()) out->set_format(Format::plain);
     return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
-                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual, false);
+                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
   }
   if (bf16 || x.is_blocked() || dy_in.is_blocked()) {  // bf16 is always held blocked here
     Tensor kx, kdy, kry;

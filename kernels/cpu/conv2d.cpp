@@ -356,27 +356,19 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   EG_DNNL_TRY(what, fwd(x, w, bias, y, p));
 }
 
-void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p, bool accumulate) {
+void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   if (!dx.defined()) return;
   const char* what = "conv2d_bwd_data";
-  // oneDNN 2.6's backward convolutions have no sum post-op: an accumulating call
-  // computes, then adds (the bits of a separate add).
-  Tensor r = ops::result_for(dx, accumulate);
-  EG_DNNL_TRY(what, bwd_data(dy, w, r, p));
-  add_into(r, dx);
+  EG_DNNL_TRY(what, bwd_data(dy, w, dx, p));
 }
 
-void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p,
-                       bool accumulate) {
-  Tensor rw = ops::result_for(dw, accumulate), rb = ops::result_for(db, accumulate);
+void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
   if (!dw.defined()) {
-    if (db.defined()) bias_grad(dy, rb);
-  } else {
-    const char* what = "conv2d_bwd_weight";
-    EG_DNNL_TRY(what, bwd_weight(dy, x, rw, rb, p));
+    if (db.defined()) bias_grad(dy, db);
+    return;
   }
-  add_into(rw, dw);
-  add_into(rb, db);
+  const char* what = "conv2d_bwd_weight";
+  EG_DNNL_TRY(what, bwd_weight(dy, x, dw, db, p));
 }
 
 }  // namespace eg::cpu

@@ -1,18 +1,15 @@
 // Declarations of the cpu implementations; kernels/registry.cpp wires the ones that
-// exist. An implementation of op X is eg::cpu::X with the signature ops::X's type.
+// exist. An implementation of op X is eg::cpu::X with the signature ops::X's type, less
+// its accumulate flags where it has them (ops::Overwriting, Note [Computed, then added]).
 #pragma once
 #include <initializer_list>
 
 #include "kernels/ops.h"
 
 namespace eg::cpu {
-#define EG_DECLARE_IMPL(name, Fn) ops::Fn name;
+#define EG_DECLARE_IMPL(name, Fn) ops::Overwriting<ops::tag::name> name;  // Note [Computed, then added]
 EG_OP_LIST(EG_DECLARE_IMPL)
 #undef EG_DECLARE_IMPL
-
-// out += result (cpu::axpy, in out's format) unless they are one tensor: an accumulating
-// backward's end (ops::result_for).
-void add_into(const Tensor& result, Tensor& out);
 
 // Activations held as f32 or bf16 (Note [bf16 kernels]): kernels templated on the
 // storage type load to float, compute in float and store rounded to nearest even.

@@ -182,10 +182,6 @@ void axpy(const Tensor& x_in, Tensor& y, double alpha) {
   });
 }
 
-void add_into(const Tensor& result, Tensor& out) {
-  if (out.defined() && !result.is_same(out)) axpy(result, out, 1.0);
-}
-
 void sum_to(const Tensor& x, Tensor& y) {
   int64_t o, m, i;
   if (y.shape() == x.shape()) {

@@ -147,16 +147,7 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y)
       {x.raw(), w.raw(), bias.defined() ? bias.raw() : nullptr, y.raw(), {dt_of(x), dt_of(w), dt_of(y)}});
 }
 
-void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
-                bool accumulate_dx, bool accumulate) {
-  if (accumulate_dx || accumulate) {  // computed, then added: the bits of a separate add (ops.h)
-    Tensor rx = ops::result_for(dx, accumulate_dx), rw = ops::result_for(dw, accumulate);
-    Tensor rb = ops::result_for(db, accumulate);
-    linear_bwd(dy, x, w, rx, rw, rb, false, false);
-    add_into(rx, dx);
-    add_into(rw, dw);
-    return add_into(rb, db);
-  }
+void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   // dx[M, K] = dy[M, N] w[N, K]; dw[N, K] = dy^T x.
   if (dx.defined())

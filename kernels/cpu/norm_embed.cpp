@@ -39,13 +39,7 @@ void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y,
 }
 
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
-                   Tensor& dx, Tensor& dg, Tensor& db, bool accumulate) {
-  if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
-    Tensor rg = ops::result_for(dg, true), rb = ops::result_for(db, true);
-    layernorm_bwd(dy, x, g, mean, rstd, dx, rg, rb, false);
-    add_into(rg, dg);
-    return add_into(rb, db);
-  }
+                   Tensor& dx, Tensor& dg, Tensor& db) {
   const int64_t d = x.size(-1), m = x.numel() / d;
   const float *xp = x.data<float>(), *gy = dy.data<float>(), *gp = g.data<float>();
   const float *mp = mean.data<float>(), *rp = rstd.data<float>();
@@ -112,12 +106,7 @@ void token_mask(const Tensor& ids, Tensor& mask, int64_t value, bool equal) {
   for (int64_t i = 0; i < n; ++i) mp[i] = (ip[i] == value) == equal ? 1 : 0;
 }
 
-void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt, bool accumulate) {
-  if (accumulate) {  // computed, then added: a repeated id's terms summed as without (ops.h)
-    Tensor r = ops::result_for(dt, true);
-    embedding_bwd(dy, ids, r, false);
-    return add_into(r, dt);
-  }
+void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
   // Scatter-add, parallel over embedding columns so no two threads touch a row slot.
   const int64_t d = dt.size(1), n = ids.numel();
   const int64_t* ip = ids.data<int64_t>();

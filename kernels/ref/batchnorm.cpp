@@ -174,18 +174,11 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 }
 
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
-                   bool accumulate) {
-  if (accumulate) {  // computed, then added: the bits of a separate axpy (ops.h)
-    Tensor dg = ops::result_for(dgamma, true), db = ops::result_for(dbeta, true);
-    batchnorm_bwd(dy_in, x, gamma, mean, invstd, dx, dg, db, training, relu_y, dresidual, false);
-    add_into(dg, dgamma);
-    return add_into(db, dbeta);
-  }
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
   if (any_bf16({&dy_in, &x, &dx, &relu_y, &dresidual})) {
     Tensor dx64 = wide_like(dx), dg64 = wide_like(dgamma), db64 = wide_like(dbeta), dr64 = wide_like(dresidual);
     batchnorm_bwd(widened(dy_in), widened(x), widened(gamma), widened(mean), widened(invstd), dx64, dg64, db64,
-                  training, widened(relu_y), dr64, false);
+                  training, widened(relu_y), dr64);
     for (auto [wide, out] : {std::pair{&dx64, &dx}, {&dg64, &dgamma}, {&db64, &dbeta}, {&dr64, &dresidual}})
       narrowed_into(*wide, *out);
     return;

@@ -139,13 +139,8 @@ void conv2d_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
   else fwd<float>(x, w, bias, y, p);
 }
 
-void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p, bool accumulate) {
+void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   if (!dx.defined()) return;
-  if (accumulate) {  // computed, then added (ops.h)
-    Tensor r = ops::result_for(dx, true);
-    conv2d_bwd_data(dy, w, r, p, false);
-    return add_into(r, dx);
-  }
   if (is_half(dy.dtype())) {
     Tensor dx64 = wide_like(dx);
     bwd_data<double>(widened(dy), widened(w), dx64, p);
@@ -155,14 +150,7 @@ void conv2d_bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::C
   else bwd_data<float>(dy, w, dx, p);
 }
 
-void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p,
-                       bool accumulate) {
-  if (accumulate) {  // computed, then added (ops.h)
-    Tensor rw = ops::result_for(dw, true), rb = ops::result_for(db, true);
-    conv2d_bwd_weight(dy, x, rw, rb, p, false);
-    add_into(rw, dw);
-    return add_into(rb, db);
-  }
+void conv2d_bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const ops::Conv2dParams& p) {
   if (is_half(dy.dtype())) {
     Tensor dw64 = wide_like(dw), db64 = wide_like(db);
     bwd_weight<double>(widened(dy), widened(x), dw64, db64, p);

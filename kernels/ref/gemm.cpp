@@ -109,16 +109,7 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y)
   else linear_fwd_t<float>(x, w, bias, y);
 }
 
-void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
-                bool accumulate_dx, bool accumulate) {
-  if (accumulate_dx || accumulate) {  // computed, then added: the bits of a separate add (ops.h)
-    Tensor rx = ops::result_for(dx, accumulate_dx), rw = ops::result_for(dw, accumulate);
-    Tensor rb = ops::result_for(db, accumulate);
-    linear_bwd(dy, x, w, rx, rw, rb, false, false);
-    add_into(rx, dx);
-    add_into(rw, dw);
-    return add_into(rb, db);
-  }
+void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db) {
   if (any_bf16({&dy, &x, &w, &dx})) {
     Tensor dx64 = wide_like(dx), dw64 = wide_like(dw), db64 = wide_like(db);
     linear_bwd_t<double>(widened(dy), widened(x), widened(w), dx64, dw64, db64);

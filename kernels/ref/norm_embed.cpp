@@ -122,13 +122,7 @@ void layernorm_fwd(const Tensor& x, const Tensor& g, const Tensor& b, Tensor& y,
   else ln_fwd_t<float>(x, g, b, y, mean, rstd, eps);
 }
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& rstd,
-                   Tensor& dx, Tensor& dg, Tensor& db, bool accumulate) {
-  if (accumulate) {  // computed, then added (ops.h)
-    Tensor rg = ops::result_for(dg, true), rb = ops::result_for(db, true);
-    layernorm_bwd(dy, x, g, mean, rstd, dx, rg, rb, false);
-    add_into(rg, dg);
-    return add_into(rb, db);
-  }
+                   Tensor& dx, Tensor& dg, Tensor& db) {
   if (x.dtype() == DType::f64) ln_bwd_t<double>(dy, x, g, mean, rstd, dx, dg, db);
   else ln_bwd_t<float>(dy, x, g, mean, rstd, dx, dg, db);
 }
@@ -136,12 +130,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y) {
   if (table.dtype() == DType::f64) emb_fwd_t<double>(ids, table, y);
   else emb_fwd_t<float>(ids, table, y);
 }
-void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt, bool accumulate) {
-  if (accumulate) {  // computed, then added (ops.h)
-    Tensor r = ops::result_for(dt, true);
-    embedding_bwd(dy, ids, r, false);
-    return add_into(r, dt);
-  }
+void embedding_bwd(const Tensor& dy, const Tensor& ids, Tensor& dt) {
   if (dt.dtype() == DType::f64) emb_bwd_t<double>(dy, ids, dt);
   else emb_bwd_t<float>(dy, ids, dt);
 }
@@ -185,10 +174,6 @@ void narrowed_into(const Tensor& wide, Tensor& out) {
 }
 
 Tensor wide_like(const Tensor& out) { return out.defined() ? Tensor::empty(out.shape(), DType::f64) : Tensor(); }
-
-void add_into(const Tensor& result, Tensor& out) {
-  if (out.defined() && !result.is_same(out)) axpy(result, out, 1.0);
-}
 
 void image_normalize(const Tensor& x, const Tensor& scale, const Tensor& zero, Tensor& y) {
   EG_CHECK(x.dtype() == DType::u8 && x.dim() == 4 && y.dtype() == DType::f32 && scale.numel() == x.size(1) &&

@@ -1,12 +1,13 @@
 // Declarations of the ref implementations; kernels/registry.cpp wires the ones that
-// exist. An implementation of op X is eg::ref::X with the signature ops::X's type.
+// exist. An implementation of op X is eg::ref::X with the signature ops::X's type, less
+// its accumulate flags where it has them (ops::Overwriting, Note [Computed, then added]).
 #pragma once
 #include <initializer_list>
 
 #include "kernels/ops.h"
 
 namespace eg::ref {
-#define EG_DECLARE_IMPL(name, Fn) ops::Fn name;
+#define EG_DECLARE_IMPL(name, Fn) ops::Overwriting<ops::tag::name> name;  // Note [Computed, then added]
 EG_OP_LIST(EG_DECLARE_IMPL)
 #undef EG_DECLARE_IMPL
 
@@ -18,9 +19,6 @@ Tensor widened(const Tensor& t);
 void narrowed_into(const Tensor& wide, Tensor& out);
 // An f64 temporary shaped like `out` (undefined where `out` is).
 Tensor wide_like(const Tensor& out);
-// out += result (axpy) unless they are one tensor: an accumulating backward's end
-// (ops::result_for).
-void add_into(const Tensor& result, Tensor& out);
 inline bool any_bf16(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (t->defined() && is_half(t->dtype())) return true;
