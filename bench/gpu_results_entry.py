@@ -84,25 +84,36 @@ def graph_figures(path):
 
 
 def destination_figures(results):
-    """From dest-<on|off>.jsonl (`egeria bench step` ResNet-50 bf16 lines, gradients added
-    where they live against EG_GRAD_DESTINATIONS=0, alternating): the median images a
-    second each way and the on/off ratio of each pair, or None."""
+    """From dest-<off|on|graphs>.jsonl (`egeria bench step` ResNet-50 bf16 lines, gradients
+    added where they live against EG_GRAD_DESTINATIONS=0 and against --cuda-graphs on,
+    alternating): the median images a second of each, the ratio of each round, and the
+    eager step's host time against its step time; or None."""
     runs = {}
-    for d in ("off", "on"):
+    for v in ("off", "on", "graphs"):
         try:
-            with open(os.path.join(results, f"dest-{d}.jsonl")) as f:
-                runs[d] = [json.loads(l)["images_per_second"] for l in f if l.strip()]
-        except (OSError, ValueError, KeyError):
-            return None
-    pairs = list(zip(runs["off"], runs["on"]))
+            with open(os.path.join(results, f"dest-{v}.jsonl")) as f:
+                runs[v] = [json.loads(l) for l in f if l.strip()]
+        except (OSError, ValueError):
+            runs[v] = []
+    med = lambda v: sorted(v)[len(v) // 2]
+    img = lambda v: [r["images_per_second"] for r in runs[v] if "images_per_second" in r]
+    pairs = list(zip(img("off"), img("on")))
     if not pairs:
         return None
-    med = lambda v: sorted(v)[len(v) // 2]
-    return {
-        "resnet50_bf16_grad_destinations_img_s": med(runs["on"]),
-        "resnet50_bf16_no_grad_destinations_img_s": med(runs["off"]),
+    e = {
+        "resnet50_bf16_grad_destinations_img_s": med(img("on")),
+        "resnet50_bf16_no_grad_destinations_img_s": med(img("off")),
         "resnet50_grad_destinations_ratio_by_pair": [on / off for off, on in pairs],
     }
+    host = [r["median_host_ms"] for r in runs["on"] if "median_host_ms" in r]
+    if host:  # near the step time: the eager step waits for its launches
+        e["resnet50_bf16_host_ms_per_step"] = med(host)
+        e["resnet50_bf16_step_ms"] = med([r["median_step_ms"] for r in runs["on"]])
+    graphed = list(zip(img("on"), img("graphs")))
+    if graphed:
+        e["resnet50_bf16_cuda_graphs_img_s"] = med(img("graphs"))
+        e["resnet50_cuda_graphs_ratio_by_pair"] = [g / on for on, g in graphed]
+    return e
 
 
 def translation_graph_figures(results):

@@ -177,29 +177,36 @@ void expect_replayable_steps(const std::string& what, const std::function<void(i
 // steady-state steps of ResNet-20 with SGD (f32, and bf16 under autocast) run the same ops
 // with the same arguments (the learning rate on the device), take every block from the
 // allocators' caches, and make no host sync: the loss is on its way to the host when the
-// step ends (Note [Deferred reads]).
+// step ends (Note [Deferred reads]). ResNet-50 (bf16, at 64 pixels) for its stem, max pool,
+// bottlenecks and projections, and its gradients added where they live (Note [Gradient
+// destinations]), offered the same way every step.
 TEST(HostSyncs, SteadyStateStepsRunTheSameOpsAndAllocateNothingNew) {
   auto local = dist::make_local();
-  for (DType precision : {DType::f32, DType::bf16}) {
+  for (auto [model, precision] : {std::pair{"resnet20", DType::f32}, {"resnet20", DType::bf16},
+                                  {"resnet50", DType::bf16}}) {
+    const bool imagenet = std::string(model) == "resnet50";
     models::ModelConfig mc;
-    mc.name = "resnet20";
-    mc.image_size = 32;
-    mc.small_input = true;
+    mc.name = model;
+    mc.image_size = imagenet ? 64 : 32;
+    mc.small_input = !imagenet;
     mc.num_classes = 10;
     Generator g(3);
     auto m = models::build_model(mc, g);
     optim::SGD opt(m->parameters(), 0.05, {0.9, 0, 5e-4, false});
     dist::Strategy dp(*local, "cpu", {});
-    const Tensor x = Tensor::randn({8, 3, 32, 32}, g);
-    const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
-    expect_replayable_steps(std::string("resnet20 ") + dtype_name(precision), [&](int64_t i) {
+    const int64_t n = imagenet ? 4 : 8;
+    const Tensor x = Tensor::randn({n, 3, mc.image_size, mc.image_size}, g);
+    std::vector<int64_t> labels;
+    for (int64_t k = 0; k < n; ++k) labels.push_back(k);
+    const Tensor y = Tensor::from_vector(labels, {n});
+    expect_replayable_steps(std::string(model) + " " + dtype_name(precision), [&](int64_t i) {
       opt.set_lr(0.05 / double(1 + i));  // a schedule: the value moves, the launches do not
       Tensor loss;
       {
         autograd::Autocast ac(precision);
         loss = fn::cross_entropy(m->forward(x), y);
       }
-      const dist::StepResult r = dp.step(loss, 8, opt, i, 0);
+      const dist::StepResult r = dp.step(loss, n, opt, i, 0);
       ASSERT_TRUE(r.deferred);
       ASSERT_TRUE(std::isfinite(r.loss_later.lagged_value()));
     });

@@ -201,7 +201,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     return fn::cross_entropy(transformer ? fn::reshape(logits, {samples, logits.size(2)}) : logits, b.y);
   };
   const dist::GradSync* sync = dp.sync();
-  std::vector<double> ms, wait_ms, comm_ms, syncs;
+  std::vector<double> ms, host_ms, wait_ms, comm_ms, syncs;
   const int warmup = 3;
   // --cuda-graphs on: two warm-up steps eager, the third captured and replayed, every
   // timed step a replay (Note [Graphed steps]).
@@ -222,6 +222,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
       s = dp.step(loss, samples, opt, i, 0);  // the training loop's step
     }
     const int64_t step_syncs = host_syncs() - syncs0;
+    const auto issued = Clock::now();
     // Waits for the device (the benchmark's own wait, not the step's). A step whose loss
     // is not finite is no step to time: a deferring step ran its backward on it, a
     // reading one stopped before it (the figure would be a forward's).
@@ -232,6 +233,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
     if (i < warmup) continue;
     syncs.push_back(double(step_syncs));
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    host_ms.push_back(std::chrono::duration<double, std::milli>(issued - t0).count());
     if (sync)
       wait_ms.push_back(1000 * (sync->stats().wait_seconds - wait0)),
           comm_ms.push_back(1000 * (sync->stats().comm_seconds - comm0));
@@ -246,6 +248,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.iterations = o.iterations;
   r.world_size = dp.size();
   r.median_step_ms = median(ms);
+  r.median_host_ms = median(host_ms);
   r.samples_per_second = double(samples * dp.size()) / (r.median_step_ms / 1000);
   r.frozen_units = o.frozen_units;
   r.parameters = m->num_parameters();

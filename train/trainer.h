@@ -72,6 +72,11 @@ struct StepBench {
   double median_sync_wait_ms = 0;  // after backward, waiting for the all-reduces
   double median_comm_ms = 0;  // inside the all-reduces; what exceeds the wait was hidden behind backward
   int64_t host_syncs_per_step = 0;  // the median step's, forward to optimizer (Note [Host syncs] in core/device.h)
+  // The host's time to issue a step, before the benchmark waits for the device (a host
+  // sync inside the step waits in it): on a GPU, a median near median_step_ms says the
+  // kernels wait for their launches, well below it that the device is the limit. On the
+  // CPU, where kernels run as they are issued, the whole step.
+  double median_host_ms = 0;
   int64_t graph_replays = 0;  // --cuda-graphs on: the timed steps that were replays (all of them)
   int64_t graph_bytes = 0;  // what the graph's allocations hold on the device
 };
