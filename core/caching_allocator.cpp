@@ -46,8 +46,10 @@
 // is evicted while any pool is being filled (handing a block back synchronises the device,
 // which a capture forbids), and the cache's bound leaves the pools' blocks out (they are
 // not the cache's to hand back). release_pool(P), when the graph is destroyed, makes P's
-// idle blocks the shared cache's again. PyTorch's caching allocator keeps graph pools the
-// same way.
+// idle blocks the shared cache's again. Several graphs may capture into one pool, one
+// after another (Note [Shared graph pools] in core/device_graph.h): a later capture's
+// requests take the blocks the earlier ones freed. PyTorch's caching allocator keeps
+// graph pools the same way.
 #include "core/caching_allocator.h"
 
 #include <algorithm>

@@ -11,21 +11,35 @@
 
 namespace eg {
 
+GraphPool::GraphPool(Allocator& alloc) : alloc_(alloc), id_(alloc.create_pool()) {}
+
+GraphPool::~GraphPool() {
+  try {
+    alloc_.release_pool(id_);
+  } catch (...) {  // a destructor cannot throw: the pool's blocks stay where they are
+  }
+}
+
+size_t GraphPool::bytes() const { return alloc_.pool_bytes(id_); }
+
 struct DeviceGraph::Impl {
-  Allocator* alloc = nullptr;
-  uint64_t pool = 0;
+  std::shared_ptr<GraphPool> pool;
   int64_t replays = 0;
 #ifdef EG_WITH_CUDA
   cudaGraphExec_t exec = nullptr;
 #endif
 };
 
-DeviceGraph::DeviceGraph(Device device) : device_(device), impl_(std::make_unique<Impl>()) {
+DeviceGraph::DeviceGraph(Device device, std::shared_ptr<GraphPool> pool)
+    : device_(device), impl_(std::make_unique<Impl>()) {
   EG_CHECK(device.is_cuda(), "CUDA graphs run on a GPU, not on ", device.str());
 #ifdef EG_WITH_CUDA
-  impl_->alloc = &cuda_allocator(device.index);
-  impl_->pool = impl_->alloc->create_pool();
+  Allocator& alloc = cuda_allocator(device.index);
+  EG_CHECK(!pool || &pool->allocator() == &alloc, "internal: a graph on ", device.str(),
+           " captures into a pool of another device's allocator");
+  impl_->pool = pool ? std::move(pool) : std::make_shared<GraphPool>(alloc);
 #else
+  (void)pool;
   EG_THROW("CUDA graphs need a build with CUDA (this egeria was built without it)");
 #endif
 }
@@ -45,7 +59,7 @@ DeviceGraph::~DeviceGraph() {
       (void)cudaGetLastError();
     }
 #endif
-    if (impl_->alloc) impl_->alloc->release_pool(impl_->pool);
+    impl_->pool.reset();  // released here if no other graph or holder has it
   } catch (...) {
   }
 }
@@ -60,7 +74,9 @@ bool DeviceGraph::captured() const {
 
 int64_t DeviceGraph::replays() const { return impl_->replays; }
 
-size_t DeviceGraph::pool_bytes() const { return impl_->alloc ? impl_->alloc->pool_bytes(impl_->pool) : 0; }
+size_t DeviceGraph::pool_bytes() const { return impl_->pool ? impl_->pool->bytes() : 0; }
+
+const std::shared_ptr<GraphPool>& DeviceGraph::pool() const { return impl_->pool; }
 
 void DeviceGraph::capture(const std::function<void()>& body) {
   EG_CHECK(!captured(), "internal: a DeviceGraph is captured once");
@@ -74,12 +90,13 @@ void DeviceGraph::capture(const std::function<void()>& body) {
   // Nothing goes back to the system while a pool fills (Note [Private pools]), so the
   // shared cache's idle blocks go now: blocks of other batch shapes' eager steps would
   // otherwise leave the capture's new ones no room.
-  impl_->alloc->empty_cache();
+  Allocator& alloc = impl_->pool->allocator();
+  alloc.empty_cache();
   // Kernels the capture's tensors' blocks last served run before the capture's own.
-  impl_->alloc->begin_pool(impl_->pool);
+  alloc.begin_pool(impl_->pool->id());
   cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
-    impl_->alloc->end_pool();
+    alloc.end_pool();
     (void)cudaGetLastError();
     EG_THROW("cannot start capturing a CUDA graph on cuda:", device_.index, ": ", cudaGetErrorString(e));
   }
@@ -88,7 +105,7 @@ void DeviceGraph::capture(const std::function<void()>& body) {
     (void)cudaStreamEndCapture(stream, &graph);
     if (graph) (void)cudaGraphDestroy(graph);
     (void)cudaGetLastError();
-    impl_->alloc->end_pool();
+    alloc.end_pool();
   };
   try {
     body();
@@ -100,7 +117,7 @@ void DeviceGraph::capture(const std::function<void()>& body) {
     throw;
   }
   e = cudaStreamEndCapture(stream, &graph);
-  impl_->alloc->end_pool();
+  alloc.end_pool();
   if (e != cudaSuccess) {
     if (graph) (void)cudaGraphDestroy(graph);
     (void)cudaGetLastError();

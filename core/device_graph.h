@@ -9,6 +9,8 @@
 
 namespace eg {
 
+class Allocator;
+
 // Note [Device graphs]
 // A training step of a small network on a GPU is bound by its launches: ResNet-56 queues
 // ~1,000 kernels a step, each a few microseconds of host work. A DeviceGraph captures
@@ -32,11 +34,38 @@ namespace eg {
 // a host sync (Note [Host syncs] in core/device.h), a copy from pageable memory, work on
 // a stream not ordered into the capture. Steps free of them are checked without a GPU by
 // recording their ops (Note [Op records] in kernels/ops.h).
+//
+// Note [Shared graph pools]
+// Graphs that are replayed one at a time, on one stream, may capture into one private
+// pool (a GraphPool, as PyTorch's graph_pool_handle): a capture takes the blocks earlier
+// captures freed, so their temporaries take the memory of the largest step, not the
+// sum of every graph's. What a captured step keeps alive (its outputs) stays its own; but
+// a block one graph freed may hold another graph's output, so a graph's outputs are
+// valid until another graph of the pool replays: read them (or queue their copy, as a
+// deferred read does) first. The pool goes back to the shared cache when its last graph
+// and its last other holder are gone (each graph waits for its replays first).
+class GraphPool {
+ public:
+  explicit GraphPool(Allocator& alloc);
+  ~GraphPool();
+  GraphPool(const GraphPool&) = delete;
+  GraphPool& operator=(const GraphPool&) = delete;
+  Allocator& allocator() const { return alloc_; }
+  uint64_t id() const { return id_; }
+  size_t bytes() const;  // what the pool holds, in use or idle
+
+ private:
+  Allocator& alloc_;
+  uint64_t id_;
+};
+
 class DeviceGraph {
  public:
-  // Throws, naming what it needs, on the CPU or in a build without CUDA.
-  explicit DeviceGraph(Device device);
-  ~DeviceGraph();  // waits for the graph's queued replays, then hands its pool back
+  // Throws, naming what it needs, on the CPU or in a build without CUDA. `pool`: the
+  // pool to capture into, shared with other graphs (Note [Shared graph pools]; it must be
+  // the device's allocator's); none: a pool of its own.
+  explicit DeviceGraph(Device device, std::shared_ptr<GraphPool> pool = nullptr);
+  ~DeviceGraph();  // waits for the graph's queued replays, then lets go of its pool
   DeviceGraph(const DeviceGraph&) = delete;
   DeviceGraph& operator=(const DeviceGraph&) = delete;
 
@@ -46,7 +75,8 @@ class DeviceGraph {
   bool captured() const;
   void replay();  // queues the captured work on the compute stream
   int64_t replays() const;
-  size_t pool_bytes() const;  // what the graph's allocations hold on the device
+  size_t pool_bytes() const;  // what its pool holds on the device (shared: every graph's of it)
+  const std::shared_ptr<GraphPool>& pool() const;  // to share with graphs captured after it
   Device device() const { return device_; }
 
  private:

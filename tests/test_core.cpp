@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/caching_allocator.h"
+#include "core/device_graph.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -377,6 +378,46 @@ TEST(CoreAllocator, APrivatePoolKeepsItsBlocksUntilReleased) {
   a.empty_cache();
   EXPECT_EQ(a.stats().reserved, 0u);
   EXPECT_THROW(a.begin_pool(pool), Error) << "a released pool";
+}
+
+// Note [Shared graph pools]: captures one after another into one GraphPool take the blocks
+// the earlier ones freed (their temporaries), never a block one keeps (its output); the
+// pool holds the largest capture's temporaries and every output, and goes back to the
+// shared cache with its last holder.
+TEST(CoreAllocator, AGraphPoolIsSharedByCapturesOneAfterAnother) {
+  RecordingAllocator a;
+  const size_t mb = size_t(1) << 20;
+  auto pool = std::make_shared<GraphPool>(a);
+  std::shared_ptr<GraphPool> second = pool;  // a second graph's hold on it
+  a.begin_pool(pool->id());
+  void* t1 = a.allocate(4 * mb);  // a temporary
+  void* out1 = a.allocate(mb);  // kept: the capture's output
+  a.deallocate(t1, 4 * mb);
+  a.end_pool();
+  EXPECT_EQ(pool->bytes(), 5 * mb);
+  a.begin_pool(second->id());
+  void* t2 = a.allocate(3 * mb);
+  EXPECT_EQ(t2, t1) << "the first capture's temporary serves the second's";
+  void* out2 = a.allocate(mb);
+  EXPECT_NE(out2, out1) << "a block one capture keeps went to another";
+  a.deallocate(t2, 3 * mb);
+  a.end_pool();
+  EXPECT_EQ(pool->bytes(), 6 * mb) << "the largest temporary and both outputs, not their sum";
+  void* eager = a.allocate(4 * mb);  // outside a capture: never the pool's
+  EXPECT_NE(eager, t1);
+  a.deallocate(eager, 4 * mb);
+  const uint64_t id = pool->id();
+  pool.reset();
+  EXPECT_EQ(a.pool_bytes(id), 6 * mb) << "released before its last holder let go";
+  second.reset();
+  EXPECT_EQ(a.pool_bytes(id), 0u);
+  void* again = a.allocate(4 * mb);  // the temporary's block is the shared cache's again
+  EXPECT_EQ(again, t1);
+  a.deallocate(again, 4 * mb);
+  a.deallocate(out1, mb);
+  a.deallocate(out2, mb);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, 0u);
 }
 
 TEST(CoreAllocator, SizeClassesWasteUnderAQuarter) {

@@ -627,6 +627,45 @@ TEST(Cuda, AGraphReplaysItsKernelsOnTheirTensors) {
   EXPECT_EQ(after.to_vector<float>()[0], 2.f);
 }
 
+// Note [Shared graph pools]: a second graph capturing the same work into the first's pool
+// needs no new block; each replays its own kernels on its own outputs, in any order, and
+// the pool outlives the graph that made it while another holds it.
+TEST(Cuda, GraphsSharingAPoolTakeEachOthersTemporaries) {
+  EG_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const int64_t n = int64_t(1) << 18;
+  Tensor in = Tensor::full({n}, 1.0, DType::f32, dev);
+  Tensor out[2] = {Tensor::zeros({1}, DType::f32, dev), Tensor::zeros({1}, DType::f32, dev)};
+  auto body = [&](int k) {
+    return [&, k] {
+      Tensor t = fn::scale(in, k == 0 ? 3.0 : 5.0);  // temporaries from the pool
+      Tensor u = fn::scale(t, 2.0);
+      ops::call(ops::sum_to, u, out[k]);
+    };
+  };
+  auto g1 = std::make_unique<DeviceGraph>(dev);
+  g1->capture(body(0));
+  const size_t one = g1->pool_bytes();
+  EXPECT_GT(one, 0u);
+  DeviceGraph g2(dev, g1->pool());
+  g2.capture(body(1));
+  EXPECT_EQ(g2.pool_bytes(), one) << "the second capture took the first's temporaries";
+  const float fn_ = float(n);
+  g1->replay();
+  EXPECT_EQ(out[0].to_vector<float>()[0], 6 * fn_);
+  g2.replay();
+  EXPECT_EQ(out[1].to_vector<float>()[0], 10 * fn_);
+  in.copy_(Tensor::full({n}, 2.0, DType::f32));
+  g2.replay();
+  g1->replay();
+  EXPECT_EQ(out[0].to_vector<float>()[0], 12 * fn_);
+  EXPECT_EQ(out[1].to_vector<float>()[0], 20 * fn_);
+  g1.reset();  // g2 holds the pool
+  EXPECT_EQ(g2.pool_bytes(), one);
+  g2.replay();
+  EXPECT_EQ(out[1].to_vector<float>()[0], 20 * fn_);
+}
+
 // Note [Graphed steps]: a step captured after its warm-up and replayed trains the weights
 // an eager step trains (the same kernels on the same values): ResNet-20 with
 // SGD and momentum under a changing learning rate, clipped; transformer-tiny with AdamW

@@ -69,14 +69,11 @@ GraphedStep::~GraphedStep() = default;
 
 int64_t GraphedStep::replays() const { return last_ ? last_->replays() : 0; }
 
-size_t GraphedStep::graph_bytes() const {
-  size_t n = 0;
-  for (auto& [key, g] : graphs_) n += g.graph->pool_bytes();
-  return n;
-}
+size_t GraphedStep::graph_bytes() const { return pool_ ? pool_->bytes() : 0; }
 
 void GraphedStep::reset() {
   graphs_.clear();
+  pool_.reset();  // released with its last graph: the next captures start a pool of their own
   last_ = nullptr;
   policy_.reset();
 }
@@ -84,7 +81,8 @@ void GraphedStep::reset() {
 dist::DeviceStep GraphedStep::capture(Graph& g, const std::function<Tensor()>& forward, int64_t samples) {
   try {
     if (o_.before_capture) o_.before_capture();
-    g.graph = std::make_unique<DeviceGraph>(strategy_.device());
+    g.graph = std::make_unique<DeviceGraph>(strategy_.device(), pool_);  // Note [Shared graph pools]
+    if (!pool_) pool_ = g.graph->pool();
   } catch (...) {
     reset();  // no graph half made: the policy's record of this one goes too
     throw;
@@ -126,7 +124,7 @@ dist::StepResult GraphedStep::run(const GraphKey& key, const std::function<Tenso
   const GraphPolicy::Action a = eager ? GraphPolicy::Action::eager : policy_.next(key, opt_.ready_to_capture(), &evict);
   if (evict) {
     if (last_ == graphs_.at(*evict).graph.get()) last_ = nullptr;
-    graphs_.erase(*evict);  // its pool back to the cache before the new capture takes blocks
+    graphs_.erase(*evict);  // its blocks idle in the pool, for the new capture
   }
   switch (a) {
     case GraphPolicy::Action::eager: d = strategy_.step_on_device(forward(), samples, opt_, o_.grad_clip); break;

@@ -35,8 +35,10 @@ namespace eg::train {
 // A graph serves batches of one shape (its key; the caller's inputs for that shape must
 // keep their storage while the graph lives), so a task whose batches take several shapes
 // (translation: lengths padded to a multiple, data::BatcherOptions::pad_to_multiple) gets
-// a graph per shape, as torch.compile's CUDA graphs do, up to `limit` of them (each holds
-// its step's activations in its private pool). A shape's first step runs eagerly (its
+// a graph per shape, as torch.compile's CUDA graphs do, up to `limit` of them, all
+// capturing into one private pool (Note [Shared graph pools] in core/device_graph.h: the
+// memory of the largest step's activations, not the sum; each replay's outputs are read,
+// their deferred copies queued, before another graph replays). A shape's first step runs eagerly (its
 // blocks and plans made outside a capture), its second is captured. With `limit` graphs
 // held, a new shape is captured only once it has been seen more than twice as often as
 // the least-used graph's, which is dropped: the graphs settle on the most frequent shapes
@@ -114,7 +116,7 @@ class GraphedStep {
   int64_t graphs() const { return int64_t(graphs_.size()); }
   int64_t replays() const;  // of the graph captured last, its capture's step included
   int64_t replayed_steps() const { return replayed_steps_; }  // steps replayed over every graph (captures not counted)
-  size_t graph_bytes() const;  // what the graphs' allocations hold on the device
+  size_t graph_bytes() const;  // what the graphs' pool holds on the device
 
  private:
   struct Graph {
@@ -130,6 +132,7 @@ class GraphedStep {
   Options o_;
   GraphPolicy policy_;
   std::map<GraphKey, Graph> graphs_;
+  std::shared_ptr<GraphPool> pool_;  // every graph's (Note [Shared graph pools]); none before a capture
   const DeviceGraph* last_ = nullptr;  // captured last
   int64_t captures_ = 0;
   bool replayed_last_ = false;
