@@ -109,6 +109,9 @@ def destination_figures(results):
     if host:  # near the step time: the eager step waits for its launches
         e["resnet50_bf16_host_ms_per_step"] = med(host)
         e["resnet50_bf16_step_ms"] = med([r["median_step_ms"] for r in runs["on"]])
+        # cudaMalloc/cudaFree in the timed steps (each may wait for the device): 0 expected
+        e["resnet50_bf16_system_allocs_frees"] = max(r.get("system_allocs", 0) + r.get("system_frees", 0)
+                                                     for r in runs["on"])
     graphed = list(zip(img("on"), img("graphs")))
     if graphed:
         e["resnet50_bf16_cuda_graphs_img_s"] = med(img("graphs"))

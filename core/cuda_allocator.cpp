@@ -39,6 +39,7 @@ class CudaCachingAllocator final : public CachingAllocator {
     cuda::set_device(device_);
     // Kernels queued on the blocks' streams may still read or write them. A failed sync
     // throws before any block is freed (the cache keeps them).
+    count_host_sync();  // Note [Host syncs] in core/device.h
     EG_CUDA_CHECK(cudaDeviceSynchronize());
     for (void* p : blocks) EG_CUDA_CHECK(cudaFree(p));
   }

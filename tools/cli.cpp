@@ -261,6 +261,8 @@ int run_cli(int argc, char** argv) {
                            r.samples_per_second},
                           {"median_step_ms", r.median_step_ms},
                           {"median_host_ms", r.median_host_ms},
+                          {"system_allocs", r.system_allocs},
+                          {"system_frees", r.system_frees},
                           {"iterations", r.iterations},
                           {"frozen_units", r.frozen_units},
                           {"frozen_parameters", r.frozen_parameters},

@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
+#include "core/allocator.h"
 #include "core/parallel.h"
 #include "dist/strategy.h"
 #include "freeze/partition.h"
@@ -202,12 +203,15 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   };
   const dist::GradSync* sync = dp.sync();
   std::vector<double> ms, host_ms, wait_ms, comm_ms, syncs;
+  Allocator& alloc = dev.is_cuda() ? cuda_allocator(dev.index) : cpu_allocator();
+  AllocatorStats timed0;
   const int warmup = 3;
   // --cuda-graphs on: two warm-up steps eager, the third captured and replayed, every
   // timed step a replay (Note [Graphed steps]).
   std::unique_ptr<GraphedStep> graphed;
   if (o.cuda_graphs) graphed = std::make_unique<GraphedStep>(dp, opt, &g, GraphedStep::Options{warmup - 1, 0.0, {}, 1});
   for (int i = 0; i < warmup + o.iterations; ++i) {
+    if (i == warmup) timed0 = alloc.stats();
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
@@ -249,6 +253,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.world_size = dp.size();
   r.median_step_ms = median(ms);
   r.median_host_ms = median(host_ms);
+  r.system_allocs = int64_t(alloc.stats().system_allocs - timed0.system_allocs);
+  r.system_frees = int64_t(alloc.stats().system_frees - timed0.system_frees);
   r.samples_per_second = double(samples * dp.size()) / (r.median_step_ms / 1000);
   r.frozen_units = o.frozen_units;
   r.parameters = m->num_parameters();

@@ -77,6 +77,10 @@ struct StepBench {
   // kernels wait for their launches, well below it that the device is the limit. On the
   // CPU, where kernels run as they are issued, the whole step.
   double median_host_ms = 0;
+  // What the timed steps took from and gave back to the system (cudaMalloc, cudaFree:
+  // each may wait for the device) through the device's caching allocator: 0 when a step's
+  // blocks all come from the cache (Note [Caching allocators] in core/caching_allocator.cpp).
+  int64_t system_allocs = 0, system_frees = 0;
   int64_t graph_replays = 0;  // --cuda-graphs on: the timed steps that were replays (all of them)
   int64_t graph_bytes = 0;  // what the graph's allocations hold on the device
 };
