@@ -33,10 +33,14 @@ class Allocator {
   // capture allocates stays the graph's. create_pool() names a new pool; between
   // begin_pool(pool) and end_pool() this thread's requests are served from it and the
   // blocks they get return to it when freed; release_pool(pool) hands its idle blocks back
-  // to the shared cache (its live ones go there when freed).
+  // to the shared cache (its live ones go there when freed). Several graphs may capture
+  // into one pool (Note [Shared graph pools] in core/device_graph.h): `capture` (> 0)
+  // names the capture a begin_pool serves, and end_capture(pool, capture), once that
+  // graph is gone, hands back the blocks no other capture of the pool used.
   virtual uint64_t create_pool() = 0;
-  virtual void begin_pool(uint64_t pool) = 0;
+  virtual void begin_pool(uint64_t pool, uint64_t capture = 0) = 0;
   virtual void end_pool() = 0;
+  virtual void end_capture(uint64_t pool, uint64_t capture) = 0;
   virtual void release_pool(uint64_t pool) = 0;
   // The bytes a pool holds, in use or idle (0 once released).
   virtual size_t pool_bytes(uint64_t pool) const = 0;

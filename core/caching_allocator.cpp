@@ -48,8 +48,12 @@
 // not the cache's to hand back). release_pool(P), when the graph is destroyed, makes P's
 // idle blocks the shared cache's again. Several graphs may capture into one pool, one
 // after another (Note [Shared graph pools] in core/device_graph.h): a later capture's
-// requests take the blocks the earlier ones freed. PyTorch's caching allocator keeps
-// graph pools the same way.
+// requests take the blocks the earlier ones freed. A capture named in begin_pool is
+// recorded as a user of every block it was handed or freed; end_capture, once its graph
+// is gone, removes it, and a block no remaining capture used leaves the pool for the
+// shared cache (at once when idle, else when freed): a dropped graph's memory serves the
+// eager steps again instead of waiting in the pool for a capture that fits it. PyTorch's
+// caching allocator keeps graph pools the same way.
 #include "core/caching_allocator.h"
 
 #include <algorithm>
@@ -72,10 +76,11 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   stream = resolve_stream(stream);
   std::lock_guard<std::mutex> lock(mu_);
   size_t block = sz;
-  const uint64_t pool = active_pool_locked();
+  const auto [pool, capture] = active_pool_locked();
   void* p = pool ? take_pooled_locked(pool, sz, &block, &stream) : nullptr;
   if (p) {
     ++stats_.cache_hits;
+    note_user(pools_.at(pool), p, capture);
     live_.emplace(p, Live{stream, block, pool});
     stats_.allocated += block;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
@@ -109,7 +114,11 @@ void* CachingAllocator::allocate(size_t nbytes, void* stream) {
     ++stats_.system_allocs;
   }
   live_.emplace(p, Live{stream, block, pool});
-  if (pool) pools_.at(pool).bytes += block, pooled_ += block;
+  if (pool) {
+    Pool& P = pools_.at(pool);
+    P.bytes += block, pooled_ += block;
+    note_user(P, p, capture);
+  }
   stats_.allocated += block;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
   return p;
@@ -121,16 +130,25 @@ void CachingAllocator::deallocate(void* p, size_t) {
   auto it = live_.find(p);
   EG_CHECK(it != live_.end(), "allocator: freeing memory it did not hand out");
   Live l = it->second;
+  const auto [active, capture] = active_pool_locked();
   if (!l.pool) {  // a block made before a capture and freed inside it: the graph's kernels use it
-    l.pool = active_pool_locked();
+    l.pool = active;
     if (l.pool) pools_.at(l.pool).bytes += l.size, pooled_ += l.size;
   }
   auto pool = l.pool ? pools_.find(l.pool) : pools_.end();
   if (pool != pools_.end()) {
-    pool->second.idle.emplace(l.size, Idle{p, l.size, l.stream});
+    Pool& P = pool->second;
+    if (l.pool == active) note_user(P, p, capture);  // freed inside a capture: its kernels may use it
+    auto u = P.users.find(p);
+    if (u != P.users.end() && u->second.empty()) {  // every capture that used it has ended
+      P.users.erase(u);
+      P.bytes -= l.size, pooled_ -= l.size;
+      cache_idle_locked({p, l.size, l.stream});
+    } else {
+      P.idle.emplace(l.size, Idle{p, l.size, l.stream});
+    }
   } else {  // the shared cache's, or its pool was released
-    lru_.push_back({p, l.size, l.stream});
-    free_[key(l.stream, l.size)].push_back(std::prev(lru_.end()));
+    cache_idle_locked({p, l.size, l.stream});
   }
   stats_.allocated -= l.size;
   live_.erase(it);
@@ -143,11 +161,47 @@ uint64_t CachingAllocator::create_pool() {
   return id;
 }
 
-void CachingAllocator::begin_pool(uint64_t pool) {
+void CachingAllocator::begin_pool(uint64_t pool, uint64_t capture) {
   std::lock_guard<std::mutex> lock(mu_);
   EG_CHECK(pools_.count(pool), "allocator: begin_pool of pool ", pool, ", which does not exist");
-  EG_CHECK(active_.emplace(std::this_thread::get_id(), pool).second,
+  EG_CHECK(active_.emplace(std::this_thread::get_id(), std::pair{pool, capture}).second,
            "allocator: begin_pool on a thread already drawing from a pool");
+}
+
+void CachingAllocator::end_capture(uint64_t pool, uint64_t capture) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  if (it == pools_.end() || capture == 0) return;
+  const std::pair<uint64_t, uint64_t> drawing{pool, capture};
+  for (auto& a : active_)
+    EG_CHECK(a.second != drawing, "allocator: end_capture of capture ", capture,
+             " while a thread draws from the pool for it");
+  Pool& P = it->second;
+  for (auto& [p, captures] : P.users)
+    captures.erase(std::remove(captures.begin(), captures.end(), capture), captures.end());
+  // Idle blocks no remaining capture used go to the shared cache now; live ones when freed.
+  for (auto i = P.idle.begin(); i != P.idle.end();) {
+    auto u = P.users.find(i->second.p);
+    if (u == P.users.end() || !u->second.empty()) {
+      ++i;
+      continue;
+    }
+    P.users.erase(u);
+    P.bytes -= i->first, pooled_ -= i->first;
+    cache_idle_locked(i->second);
+    i = P.idle.erase(i);
+  }
+}
+
+void CachingAllocator::note_user(Pool& pool, void* p, uint64_t capture) {
+  if (capture == 0) return;
+  std::vector<uint64_t>& captures = pool.users[p];
+  if (std::find(captures.begin(), captures.end(), capture) == captures.end()) captures.push_back(capture);
+}
+
+void CachingAllocator::cache_idle_locked(const Idle& idle) {
+  lru_.push_back(idle);
+  free_[key(idle.stream, idle.size)].push_back(std::prev(lru_.end()));
 }
 
 void CachingAllocator::end_pool() {
@@ -160,11 +214,8 @@ void CachingAllocator::release_pool(uint64_t pool) {
   auto it = pools_.find(pool);
   if (it == pools_.end()) return;
   for (auto& a : active_)
-    EG_CHECK(a.second != pool, "allocator: release_pool of pool ", pool, " while a thread draws from it");
-  for (auto& [size, idle] : it->second.idle) {
-    lru_.push_back(idle);
-    free_[key(idle.stream, idle.size)].push_back(std::prev(lru_.end()));
-  }
+    EG_CHECK(a.second.first != pool, "allocator: release_pool of pool ", pool, " while a thread draws from it");
+  for (auto& [size, idle] : it->second.idle) cache_idle_locked(idle);
   pooled_ -= it->second.bytes;
   pools_.erase(it);  // its live blocks, when freed, go to the shared cache
 }
@@ -175,10 +226,10 @@ size_t CachingAllocator::pool_bytes(uint64_t pool) const {
   return it == pools_.end() ? 0 : it->second.bytes;
 }
 
-uint64_t CachingAllocator::active_pool_locked() const {
-  if (active_.empty()) return 0;
+std::pair<uint64_t, uint64_t> CachingAllocator::active_pool_locked() const {
+  if (active_.empty()) return {0, 0};
   auto it = active_.find(std::this_thread::get_id());
-  return it == active_.end() ? 0 : it->second;
+  return it == active_.end() ? std::pair<uint64_t, uint64_t>{0, 0} : it->second;
 }
 
 void* CachingAllocator::take_pooled_locked(uint64_t pool, size_t size, size_t* block, void** stream) {

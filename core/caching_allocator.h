@@ -32,8 +32,9 @@ class CachingAllocator : public Allocator {
   void reset_peak() final;
   void empty_cache() final;
   uint64_t create_pool() final;
-  void begin_pool(uint64_t pool) final;
+  void begin_pool(uint64_t pool, uint64_t capture = 0) final;  // the default as Allocator's
   void end_pool() final;
+  void end_capture(uint64_t pool, uint64_t capture) final;
   void release_pool(uint64_t pool) final;
   size_t pool_bytes(uint64_t pool) const final;
   double cache_limit() const { return cache_limit_; }
@@ -66,8 +67,8 @@ class CachingAllocator : public Allocator {
   void* take_cached_locked(size_t size, void* stream, size_t* block);
   // The same from a pool's idle blocks (any stream: the pool's work is one stream's).
   void* take_pooled_locked(uint64_t pool, size_t size, size_t* block, void** stream);
-  // The pool this thread draws from, 0 for none.
-  uint64_t active_pool_locked() const;
+  // The pool this thread draws from and the capture it serves, {0, 0} for none.
+  std::pair<uint64_t, uint64_t> active_pool_locked() const;
   // Hands the `count` blocks idle the longest back to the system.
   void release_oldest_locked(size_t count);
   void empty_cache_locked();
@@ -85,10 +86,17 @@ class CachingAllocator : public Allocator {
   struct Pool {
     std::multimap<size_t, Idle> idle;  // by size
     size_t bytes = 0;  // live and idle
+    // The named captures each block served; a block whose captures have all ended leaves
+    // the pool (blocks of unnamed captures have no entry and stay).
+    std::unordered_map<void*, std::vector<uint64_t>> users;
   };
+  // Records that `capture` (0: unnamed) used block p of `pool`.
+  static void note_user(Pool& pool, void* p, uint64_t capture);
+  // Moves an idle block to the shared cache.
+  void cache_idle_locked(const Idle& idle);
   std::map<uint64_t, Pool> pools_;
   size_t pooled_ = 0;  // the pools' bytes (counted in stats_.reserved)
-  std::map<std::thread::id, uint64_t> active_;  // the threads inside begin_pool()
+  std::map<std::thread::id, std::pair<uint64_t, uint64_t>> active_;  // the threads inside begin_pool(): pool, capture
   uint64_t next_pool_ = 1;
   AllocatorStats stats_;
 };

@@ -1,6 +1,7 @@
 // CUDA graphs (Note [Device graphs] in core/device_graph.h).
 #include "core/device_graph.h"
 
+#include <atomic>
 #include <string>
 
 #include "core/allocator.h"
@@ -22,8 +23,13 @@ GraphPool::~GraphPool() {
 
 size_t GraphPool::bytes() const { return alloc_.pool_bytes(id_); }
 
+namespace {
+std::atomic<uint64_t> g_next_capture{1};
+}  // namespace
+
 struct DeviceGraph::Impl {
   std::shared_ptr<GraphPool> pool;
+  uint64_t capture = g_next_capture++;  // its name in the pool (Note [Private pools])
   int64_t replays = 0;
 #ifdef EG_WITH_CUDA
   cudaGraphExec_t exec = nullptr;
@@ -59,7 +65,11 @@ DeviceGraph::~DeviceGraph() {
       (void)cudaGetLastError();
     }
 #endif
-    impl_->pool.reset();  // released here if no other graph or holder has it
+    if (impl_->pool) {
+      // What only this graph used leaves the pool; the pool itself goes with its last holder.
+      impl_->pool->allocator().end_capture(impl_->pool->id(), impl_->capture);
+      impl_->pool.reset();
+    }
   } catch (...) {
   }
 }
@@ -93,7 +103,7 @@ void DeviceGraph::capture(const std::function<void()>& body) {
   Allocator& alloc = impl_->pool->allocator();
   alloc.empty_cache();
   // Kernels the capture's tensors' blocks last served run before the capture's own.
-  alloc.begin_pool(impl_->pool->id());
+  alloc.begin_pool(impl_->pool->id(), impl_->capture);
   cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     alloc.end_pool();

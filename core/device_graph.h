@@ -42,8 +42,10 @@ class Allocator;
 // sum of every graph's. What a captured step keeps alive (its outputs) stays its own; but
 // a block one graph freed may hold another graph's output, so a graph's outputs are
 // valid until another graph of the pool replays: read them (or queue their copy, as a
-// deferred read does) first. The pool goes back to the shared cache when its last graph
-// and its last other holder are gone (each graph waits for its replays first).
+// deferred read does) first. A graph destroyed (an evicted batch shape's) hands back the
+// blocks no other graph of the pool used (end_capture, Note [Private pools]); the pool
+// goes back to the shared cache when its last graph and its last other holder are gone
+// (each graph waits for its replays first).
 class GraphPool {
  public:
   explicit GraphPool(Allocator& alloc);

@@ -382,20 +382,21 @@ TEST(CoreAllocator, APrivatePoolKeepsItsBlocksUntilReleased) {
 
 // Note [Shared graph pools]: captures one after another into one GraphPool take the blocks
 // the earlier ones freed (their temporaries), never a block one keeps (its output); the
-// pool holds the largest capture's temporaries and every output, and goes back to the
-// shared cache with its last holder.
+// pool holds the largest capture's temporaries and every output. A capture that ends (its
+// graph dropped) hands back the blocks no other capture used, at once when idle, else
+// when freed; the pool goes back to the shared cache with its last holder.
 TEST(CoreAllocator, AGraphPoolIsSharedByCapturesOneAfterAnother) {
   RecordingAllocator a;
   const size_t mb = size_t(1) << 20;
   auto pool = std::make_shared<GraphPool>(a);
   std::shared_ptr<GraphPool> second = pool;  // a second graph's hold on it
-  a.begin_pool(pool->id());
+  a.begin_pool(pool->id(), 1);
   void* t1 = a.allocate(4 * mb);  // a temporary
   void* out1 = a.allocate(mb);  // kept: the capture's output
   a.deallocate(t1, 4 * mb);
   a.end_pool();
   EXPECT_EQ(pool->bytes(), 5 * mb);
-  a.begin_pool(second->id());
+  a.begin_pool(second->id(), 2);
   void* t2 = a.allocate(3 * mb);
   EXPECT_EQ(t2, t1) << "the first capture's temporary serves the second's";
   void* out2 = a.allocate(mb);
@@ -403,19 +404,43 @@ TEST(CoreAllocator, AGraphPoolIsSharedByCapturesOneAfterAnother) {
   a.deallocate(t2, 3 * mb);
   a.end_pool();
   EXPECT_EQ(pool->bytes(), 6 * mb) << "the largest temporary and both outputs, not their sum";
+  a.begin_pool(pool->id(), 3);  // a third graph, of a larger step
+  void* big = a.allocate(16 * mb);
+  a.deallocate(big, 16 * mb);
+  a.end_pool();
+  EXPECT_EQ(pool->bytes(), 22 * mb);
   void* eager = a.allocate(4 * mb);  // outside a capture: never the pool's
   EXPECT_NE(eager, t1);
   a.deallocate(eager, 4 * mb);
+  EXPECT_THROW(
+      {
+        a.begin_pool(pool->id(), 3);
+        a.end_capture(pool->id(), 3);
+      },
+      Error)
+      << "a capture ended while it draws from the pool";
+  a.end_pool();
+  a.end_capture(pool->id(), 3);  // the third graph dropped: its block, idle, is the shared cache's
+  EXPECT_EQ(pool->bytes(), 6 * mb);
+  void* reused = a.allocate(16 * mb);
+  EXPECT_EQ(reused, big);
+  a.deallocate(reused, 16 * mb);
+  a.deallocate(out1, mb);  // the first graph's output, freed while the graph lives: the pool's
+  EXPECT_EQ(pool->bytes(), 6 * mb);
+  a.end_capture(pool->id(), 1);  // the first graph dropped: its output goes, t1 stays (the second uses it)
+  EXPECT_EQ(pool->bytes(), 5 * mb);
+  void* eager4 = a.allocate(4 * mb);
+  EXPECT_NE(eager4, t1) << "a block the second graph's kernels use went to an eager request";
+  a.deallocate(eager4, 4 * mb);
+  a.end_capture(pool->id(), 2);
+  EXPECT_EQ(pool->bytes(), mb) << "out2, live: it leaves the pool when freed";
+  a.deallocate(out2, mb);
+  EXPECT_EQ(pool->bytes(), 0u);
   const uint64_t id = pool->id();
   pool.reset();
-  EXPECT_EQ(a.pool_bytes(id), 6 * mb) << "released before its last holder let go";
-  second.reset();
   EXPECT_EQ(a.pool_bytes(id), 0u);
-  void* again = a.allocate(4 * mb);  // the temporary's block is the shared cache's again
-  EXPECT_EQ(again, t1);
-  a.deallocate(again, 4 * mb);
-  a.deallocate(out1, mb);
-  a.deallocate(out2, mb);
+  second.reset();
+  EXPECT_THROW(a.begin_pool(id, 4), Error) << "released with its last holder";
   a.empty_cache();
   EXPECT_EQ(a.stats().reserved, 0u);
 }

@@ -100,6 +100,9 @@ dist::DeviceStep GraphedStep::capture(Graph& g, const std::function<Tensor()>& f
     EG_THROW(e.what(),
              "; the run stops (its files are as the last checkpoint left them): --cuda-graphs off "
              "trains this step eagerly");
+  } catch (...) {
+    reset();  // no graph left half made, whatever was thrown
+    throw;
   }
   g.drawn = gen_ ? gen_->offset() - before : 0;
   ++captures_;

@@ -71,8 +71,9 @@ std::vector<Option> make_options() {
                      "reading runs eagerly); one GPU, one process, no --freeze-cache",
                      &TrainConfig::cuda_graphs, kOnOff));
   t.push_back(number("--cuda-graph-limit", "cuda_graph_limit", G::run, Free,
-                     "--cuda-graphs on keeps at most N graphs, those of the most frequent batch shapes (each holds "
-                     "its step's activations on the GPU); steps of other shapes run eagerly. 0: 8 for translation "
+                     "--cuda-graphs on keeps at most N graphs, those of the most frequent batch shapes (sharing one "
+                     "memory pool: the largest step's activations, and each graph's outputs); steps of other shapes "
+                     "run eagerly. 0: 8 for translation "
                      "(few shapes with --pad-to-multiple), 1 for image models (an epoch's short last batch runs "
                      "eagerly)",
                      &TrainConfig::cuda_graph_limit, Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
