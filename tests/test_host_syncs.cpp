@@ -182,8 +182,8 @@ void expect_replayable_steps(const std::string& what, const std::function<void(i
 // destinations]), offered the same way every step.
 TEST(HostSyncs, SteadyStateStepsRunTheSameOpsAndAllocateNothingNew) {
   auto local = dist::make_local();
-  for (auto [model, precision] : {std::pair{"resnet20", DType::f32}, {"resnet20", DType::bf16},
-                                  {"resnet50", DType::bf16}}) {
+  for (auto [model, precision] :
+       {std::pair{"resnet20", DType::f32}, {"resnet20", DType::bf16}, {"resnet50", DType::bf16}}) {
     const bool imagenet = std::string(model) == "resnet50";
     models::ModelConfig mc;
     mc.name = model;
