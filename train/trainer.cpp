@@ -134,6 +134,20 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
 }
 
 namespace {
+// The model the benchmark builds: ImageNet's inputs for the ImageNet ResNets, CIFAR's for
+// the others, a Transformer's sentences of --seq-len tokens.
+models::ModelConfig bench_model_config(const StepBenchOptions& o) {
+  models::ModelConfig mc;
+  mc.name = o.model;
+  const bool imagenet = o.model == "resnet50" || o.model == "resnet18";
+  mc.image_size = imagenet ? 224 : 32;
+  mc.small_input = !imagenet;
+  mc.num_classes = imagenet ? 1000 : 10;
+  EG_CHECK(!models::is_translation_model(o.model) || (o.seq_len >= 2 && o.seq_len <= 256),
+           "bench step: --seq-len must be in [2, 256], got ", o.seq_len);
+  return mc;
+}
+
 // The benchmark's batch, made once on the device, each rank its own: images, or a
 // Transformer's source, target input and target ids (no padding); `samples` counts the
 // images or target tokens.
@@ -173,14 +187,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   check_precision_on(dev, o.precision);
   EG_CHECK(!o.cuda_graphs || dev.is_cuda(), "bench step: --cuda-graphs on runs on a GPU (--device cuda); on ",
            dev.str(), " a step has no kernel launches to save");
-  models::ModelConfig mc;
-  mc.name = o.model;
-  mc.image_size = o.model == "resnet50" || o.model == "resnet18" ? 224 : 32;
-  mc.small_input = mc.image_size == 32;
-  mc.num_classes = o.model == "resnet50" || o.model == "resnet18" ? 1000 : 10;
+  const models::ModelConfig mc = bench_model_config(o);
   const bool transformer = models::is_translation_model(o.model);
-  EG_CHECK(!transformer || (o.seq_len >= 2 && o.seq_len <= 256), "bench step: --seq-len must be in [2, 256], got ",
-           o.seq_len);
   Generator g(0);
   auto m = models::build_model(mc, g);
   m->to(dev);
