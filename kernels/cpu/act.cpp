@@ -25,7 +25,12 @@ void fwd(ops::Act a, const T* xp, T* yp, int64_t n) {
       break;
     case ops::Act::relu6:
 #pragma omp parallel for simd schedule(static) if (n > 32768)
-      for (int64_t i = 0; i < n; ++i) st(yp, i, std::fmin(std::fmax(ld(xp, i), 0.f), 6.f));
+      for (int64_t i = 0; i < n; ++i) {
+        // Selects, as ref's: std::fmin/fmax are calls into libm here (their NaN rule
+        // keeps gcc from inlining them), which kept this loop scalar.
+        const float x = ld(xp, i);
+        st(yp, i, x < 0.f ? 0.f : (x > 6.f ? 6.f : x));
+      }
       break;
     case ops::Act::gelu:
 #pragma omp parallel for schedule(static) if (n > 8192)

@@ -14,7 +14,7 @@ __global__ void act_fwd_kernel(int act, const void* x, int tx, void* y, int ty, 
     const float v = ld(x, tx, i);
     st(y, ty, i,
        act == 0   ? fmaxf(v, 0.f)
-       : act == 1 ? fminf(fmaxf(v, 0.f), 6.f)
+       : act == 1 ? (v < 0.f ? 0.f : (v > 6.f ? 6.f : v))  // ref's (a NaN stays NaN)
                   : 0.5f * v * (1.f + erff(v * 0.70710678f)));
   }
 }
