@@ -2,9 +2,9 @@
 // loops, parallel over channels (training forward, backward) or over (n, c) rows
 // (inference forward). Layout: x, y [N, C, H, W] contiguous, viewed as [N, C, L];
 // gamma, beta, statistics [C]. f32; rows of L are summed in float (SIMD lanes), rows
-// are combined in double. bf16 activations (Note [bf16 kernels]) go through the blocked
-// loops, loaded to f32 (f32 parameters and statistics); a bf16 tensor whose channels are
-// not a multiple of 16 takes ref.
+// are combined in double. bf16 activations (Note [bf16 kernels]) go through the same
+// loops, loaded to f32 (f32 parameters and statistics): the blocked ones, or the plain
+// ones where the channels are not a multiple of 16 (MobileNetV2's 24).
 //
 // Napkin math (128x16x32x32, 8 MB per tensor): one channel's slice (128 rows of 4 KB,
 // 512 KB) fits in L2, so the training forward reads x from memory once (mean pass),
@@ -26,6 +26,7 @@
 // squared deviations (Chan et al.), so it needs no second pass over memory.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/bf16x16.h"
@@ -52,6 +53,18 @@ Tiles tiles_of(const Tensor& x) {
 // bf16; Note [bf16 kernels]), the arithmetic in f32.
 template <bool Relu, bool Res, int64_t Lanes, class T>
 void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows) {
+#if EG_BF16X16
+  if constexpr (std::is_same_v<T, bf16_t> && Lanes == kBlock) {
+    using namespace bf16x16;
+    const __m512 va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
+    for (int64_t k = 0; k < rows * kBlock; k += kBlock) {
+      __m512 v = _mm512_fmadd_ps(load16(x + k), va, vb);
+      if (Res) v = _mm512_add_ps(v, load16(r + k));
+      store16(y + k, Relu ? relu(v) : v);
+    }
+    return;
+  }
+#endif
   for (int64_t l = 0; l < rows; ++l)
 #pragma omp simd
     for (int64_t j = 0; j < Lanes; ++j) {
@@ -61,19 +74,6 @@ void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, i
       st(y, k, Relu ? std::max(v, 0.f) : v);
     }
 }
-#if EG_BF16X16
-template <bool Relu, bool Res, int64_t Lanes>
-void affine_rows(const bf16_t* x, const bf16_t* r, bf16_t* y, const float* a, const float* b, int64_t rows) {
-  static_assert(Lanes == kBlock, "bf16 activations are held in 16-channel blocks");
-  using namespace bf16x16;
-  const __m512 va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
-  for (int64_t k = 0; k < rows * kBlock; k += kBlock) {
-    __m512 v = _mm512_fmadd_ps(load16(x + k), va, vb);
-    if (Res) v = _mm512_add_ps(v, load16(r + k));
-    store16(y + k, Relu ? relu(v) : v);
-  }
-}
-#endif
 template <int64_t Lanes, class T>
 void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows, bool relu) {
   if (relu)
@@ -318,65 +318,47 @@ struct Dims {
 Dims dims_of(const Tensor& x) { return {x.size(0), x.size(1), x.numel() / (x.size(0) * x.size(1))}; }
 
 // Row sums in float (SIMD lanes); callers combine rows in double.
-float row_sum(const float* a, int64_t L) {
+template <class T>
+float row_sum(const T* a, int64_t L) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < L; ++i) s += a[i];
+  for (int64_t i = 0; i < L; ++i) s += ld(a, i);
   return s;
 }
 
-float row_sq_dev(const float* a, float mu, int64_t L) {
+template <class T>
+float row_sq_dev(const T* a, float mu, int64_t L) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < L; ++i) s += (a[i] - mu) * (a[i] - mu);
+  for (int64_t i = 0; i < L; ++i) s += (ld(a, i) - mu) * (ld(a, i) - mu);
   return s;
 }
 
 // sum dy and sum dy * (x - mu) in one pass.
-void row_dy_sums(const float* dy, const float* x, float mu, int64_t L, float& sdy, float& sdyx) {
+template <class T>
+void row_dy_sums(const T* dy, const T* x, float mu, int64_t L, float& sdy, float& sdyx) {
   float a = 0, b = 0;
 #pragma omp simd reduction(+ : a, b)
   for (int64_t i = 0; i < L; ++i) {
-    a += dy[i];
-    b += dy[i] * (x[i] - mu);
+    a += ld(dy, i);
+    b += ld(dy, i) * (ld(x, i) - mu);
   }
   sdy = a, sdyx = b;
 }
 
-}  // namespace
-
-void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
-                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                         bool relu, const Tensor& residual_in) {
-  float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
-  float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
-  if (x.dtype() == DType::bf16 || y.dtype() == DType::bf16) {  // Note [bf16 kernels]: held blocked
-    if (!same_dtype({&x, &y, &residual_in}) || !x.blockable()) {
-      y.set_format(Format::plain);
-      return ref::batchnorm_fwd_train(x.to_plain(), gamma, beta, y, save_mean, save_invstd, running_mean, running_var,
-                                      momentum, eps, relu, residual_in.defined() ? residual_in.to_plain() : Tensor());
-    }
-    Tensor kx, kr;
-    const Tensor& xb = in_format(x, Format::nchw16c, kx);
-    const Tensor& rb = in_format(residual_in, Format::nchw16c, kr);
-    return bn_fwd_train_blocked(xb, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
-                                save_invstd.data<float>(), rmp, rvp, momentum, eps, relu,
-                                rb.defined() ? rb.data_any<bf16_t>() : nullptr);
-  }
-  Tensor keep;  // the residual in x's layout
-  const Tensor& residual = in_format(residual_in, x.format(), keep);
-  const float* resp = residual.defined() ? residual.data_any<float>() : nullptr;
-  if (x.is_blocked())
-    return bn_fwd_train_blocked(x, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
-                                save_invstd.data<float>(), rmp, rvp, momentum, eps, relu, resp);
+// The plain layout [N, C, L], parallel over channels.
+template <class T>
+void bn_fwd_train_plain(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip, float* rmp,
+                        float* rvp, double momentum, double eps, bool relu, const T* resp) {
   const Dims d = dims_of(x);
-  const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
-  float *yp = y.data<float>(), *mp = save_mean.data<float>(), *ip = save_invstd.data<float>();
+  const T* xp = x.data_any<T>();
+  y.set_format(Format::plain);
+  T* yp = y.data_any<T>();
   const double m = double(d.N * d.L);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < d.C; ++c) {
     const int64_t stride = d.C * d.L;  // between rows of one channel
-    const float* xc = xp + c * d.L;
+    const T* xc = xp + c * d.L;
     double sum = 0;
     for (int64_t n = 0; n < d.N; ++n) sum += double(row_sum(xc + n * stride, d.L));
     const double mean = sum / m;
@@ -400,28 +382,15 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
   }
 }
 
-void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual_in) {
-  if (x.dtype() == DType::bf16 || y.dtype() == DType::bf16) {
-    if (!same_dtype({&x, &y, &residual_in}) || !x.blockable()) {
-      y.set_format(Format::plain);
-      return ref::batchnorm_fwd_infer(x.to_plain(), gamma, beta, running_mean, running_var, y, eps, relu,
-                                      residual_in.defined() ? residual_in.to_plain() : Tensor());
-    }
-    Tensor kx, kr;
-    const Tensor& xb = in_format(x, Format::nchw16c, kx);
-    const Tensor& rb = in_format(residual_in, Format::nchw16c, kr);
-    return bn_infer_blocked(xb, gamma, beta, running_mean, running_var, y, eps, relu,
-                            rb.defined() ? rb.data_any<bf16_t>() : nullptr);
-  }
-  Tensor keep;  // the residual in x's layout
-  const Tensor& residual = in_format(residual_in, x.format(), keep);
-  const float* resp = residual.defined() ? residual.data_any<float>() : nullptr;
-  if (x.is_blocked()) return bn_infer_blocked(x, gamma, beta, running_mean, running_var, y, eps, relu, resp);
+template <class T>
+void bn_infer_plain(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                    const Tensor& running_var, Tensor& y, double eps, bool relu, const T* resp) {
   const Dims d = dims_of(x);
-  const float *xp = x.data<float>(), *gp = gamma.data<float>(), *bp = beta.data<float>();
+  const T* xp = x.data_any<T>();
+  const float *gp = gamma.data<float>(), *bp = beta.data<float>();
   const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
-  float* yp = y.data<float>();
+  y.set_format(Format::plain);
+  T* yp = y.data_any<T>();
   // 8 bytes per element, one streaming pass.
 #pragma omp parallel for collapse(2) schedule(static) if (x.numel() > 32768)
   for (int64_t n = 0; n < d.N; ++n)
@@ -433,53 +402,24 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
     }
 }
 
-// dbeta = sum dy, dgamma = sum dy * xhat with xhat = (x - mean) * invstd;
-// training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
-// inference: dx = gamma * invstd * dy (the statistics are constants).
-void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
-  const bool bf16 = x.dtype() == DType::bf16 || dy_in.dtype() == DType::bf16;
-  if (bf16 && (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual}) || !x.blockable())) {
-    for (Tensor* out : {&dx, &dresidual})
-      if (out->defined()) out->set_format(Format::plain);
-    return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
-                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
-  }
-  if (bf16 || x.is_blocked() || dy_in.is_blocked()) {  // bf16 is always held blocked here
-    Tensor kx, kdy, kry;
-    const Tensor& xb = in_format(x, Format::nchw16c, kx);
-    const Tensor& dyb = in_format(dy_in, Format::nchw16c, kdy);
-    const Tensor& ryb = in_format(relu_y, Format::nchw16c, kry);
-    return with_storage(x, [&](auto t) {
-      using T = decltype(t);
-      bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx,
-                     dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr,
-                     training, ryb.defined() ? ryb.data_any<T>() : static_cast<T*>(nullptr), dresidual);
-    });
-  }
-  // Plain layout: the fused ReLU's mask as its own pass (act_bwd, into the residual's
-  // gradient when that is wanted), then the plain loops.
-  Tensor masked;
-  if (relu_y.defined()) {
-    masked = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape());
-    act_bwd(ops::Act::relu, dy_in, relu_y, masked);
-  } else if (dresidual.defined()) {
-    dresidual.copy_(dy_in);
-  }
-  const Tensor& dy = relu_y.defined() ? masked : dy_in;
+// dy: the gradient, already masked by the fused ReLU.
+template <class T>
+void bn_bwd_plain(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip, Tensor& dx,
+                  float* dgp, float* dbp, bool training) {
   const Dims d = dims_of(x);
-  const float *dyp = dy.data<float>(), *xp = x.data<float>(), *gp = gamma.data<float>();
-  const float *mp = mean.data<float>(), *ip = invstd.data<float>();
-  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  float* dgp = dgamma.defined() ? dgamma.data<float>() : nullptr;
-  float* dbp = dbeta.defined() ? dbeta.data<float>() : nullptr;
+  const T *dyp = dy.data_any<T>(), *xp = x.data_any<T>();
+  T* dxp = nullptr;
+  if (dx.defined()) {
+    dx.set_format(Format::plain);
+    dxp = dx.data_any<T>();
+  }
   const bool need_sums = dgp || dbp || (dxp && training);
   const double m = double(d.N * d.L);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < d.C; ++c) {
     const int64_t stride = d.C * d.L;  // between rows of one channel
-    const float* xc = xp + c * d.L;
-    const float* dyc = dyp + c * d.L;
+    const T* xc = xp + c * d.L;
+    const T* dyc = dyp + c * d.L;
     const float mu = mp[c], is = ip[c];
     double sdy = 0, sdyx = 0;
     if (need_sums)
@@ -497,12 +437,101 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
     const float a = training ? float(double(gi) * double(is) * sdyx / m) : 0.f;
     const float b = training ? float(double(gi) * sdy / m) : 0.f;
     for (int64_t n = 0; n < d.N; ++n) {
-      const float *dyr = dyc + n * stride, *xr = xc + n * stride;
-      float* dxr = dxp + c * d.L + n * stride;
+      const T *dyr = dyc + n * stride, *xr = xc + n * stride;
+      T* dxr = dxp + c * d.L + n * stride;
 #pragma omp simd
-      for (int64_t i = 0; i < d.L; ++i) dxr[i] = gi * dyr[i] - a * (xr[i] - mu) - b;
+      for (int64_t i = 0; i < d.L; ++i) st(dxr, i, gi * ld(dyr, i) - a * (ld(xr, i) - mu) - b);
     }
   }
+}
+
+}  // namespace
+
+void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
+                         Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
+                         bool relu, const Tensor& residual_in) {
+  if (!same_dtype({&x, &y, &residual_in})) {  // mixed f32 / bf16: not on a hot path
+    y.set_format(Format::plain);
+    return ref::batchnorm_fwd_train(x.to_plain(), gamma, beta, y, save_mean, save_invstd, running_mean, running_var,
+                                    momentum, eps, relu, residual_in.defined() ? residual_in.to_plain() : Tensor());
+  }
+  float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
+  float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
+  // bf16 is held blocked where its channels allow (Note [bf16 kernels]); f32 as it comes.
+  const bool blocked = x.dtype() == DType::bf16 ? x.blockable() : x.is_blocked();
+  Tensor kx, kr;  // x and the residual in the layout computed in
+  const Tensor& xs = in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
+  const Tensor& rs = in_format(residual_in, xs.format(), kr);
+  return with_storage(x, [&](auto t) {
+    using T = decltype(t);
+    const T* resp = rs.defined() ? rs.data_any<T>() : nullptr;
+    if (blocked)
+      bn_fwd_train_blocked(xs, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
+                           save_invstd.data<float>(), rmp, rvp, momentum, eps, relu, resp);
+    else
+      bn_fwd_train_plain(xs, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
+                         save_invstd.data<float>(), rmp, rvp, momentum, eps, relu, resp);
+  });
+}
+
+void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual_in) {
+  if (!same_dtype({&x, &y, &residual_in})) {
+    y.set_format(Format::plain);
+    return ref::batchnorm_fwd_infer(x.to_plain(), gamma, beta, running_mean, running_var, y, eps, relu,
+                                    residual_in.defined() ? residual_in.to_plain() : Tensor());
+  }
+  const bool blocked = x.dtype() == DType::bf16 ? x.blockable() : x.is_blocked();
+  Tensor kx, kr;
+  const Tensor& xs = in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
+  const Tensor& rs = in_format(residual_in, xs.format(), kr);
+  return with_storage(x, [&](auto t) {
+    using T = decltype(t);
+    const T* resp = rs.defined() ? rs.data_any<T>() : nullptr;
+    if (blocked) bn_infer_blocked(xs, gamma, beta, running_mean, running_var, y, eps, relu, resp);
+    else bn_infer_plain(xs, gamma, beta, running_mean, running_var, y, eps, relu, resp);
+  });
+}
+
+// dbeta = sum dy, dgamma = sum dy * xhat with xhat = (x - mean) * invstd;
+// training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
+// inference: dx = gamma * invstd * dy (the statistics are constants).
+void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
+  if (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual})) {
+    for (Tensor* out : {&dx, &dresidual})
+      if (out->defined()) out->set_format(Format::plain);
+    return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
+                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
+  }
+  float* dgp = dgamma.defined() ? dgamma.data<float>() : nullptr;
+  float* dbp = dbeta.defined() ? dbeta.data<float>() : nullptr;
+  const bool blocked = x.dtype() == DType::bf16 ? x.blockable() : x.is_blocked() || dy_in.is_blocked();
+  if (blocked) {
+    Tensor kx, kdy, kry;
+    const Tensor& xb = in_format(x, Format::nchw16c, kx);
+    const Tensor& dyb = in_format(dy_in, Format::nchw16c, kdy);
+    const Tensor& ryb = in_format(relu_y, Format::nchw16c, kry);
+    return with_storage(x, [&](auto t) {
+      using T = decltype(t);
+      bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx, dgp, dbp, training,
+                     ryb.defined() ? ryb.data_any<T>() : static_cast<T*>(nullptr), dresidual);
+    });
+  }
+  // Plain layout: the fused ReLU's mask as its own pass (act_bwd, into the residual's
+  // gradient when that is wanted), then the plain loops.
+  Tensor masked;
+  if (relu_y.defined()) {
+    masked = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape(), dy_in.dtype());
+    act_bwd(ops::Act::relu, dy_in, relu_y, masked);
+  } else if (dresidual.defined()) {
+    dresidual.copy_(dy_in);
+  }
+  const Tensor& dy = relu_y.defined() ? masked : dy_in;
+  return with_storage(x, [&](auto t) {
+    using T = decltype(t);
+    bn_bwd_plain<T>(dy, x, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx, dgp, dbp, training);
+  });
 }
 
 }  // namespace eg::cpu
