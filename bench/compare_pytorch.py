@@ -7,7 +7,8 @@
 Runs `egeria bench step` and the same model in PyTorch (CIFAR ResNet with option-A
 shortcuts, SGD momentum 0.9, cross-entropy, random 32x32x3 inputs; ResNet-50 as
 torchvision's, which ours matches parameter for parameter, on random 224x224x3 inputs of
-1000 classes; or a Transformer
+1000 classes; MobileNetV2 as torchvision's with the CIFAR strides egeria uses at 32 pixels
+(stem and first 24-channel block at stride 1), on random 32x32x3 inputs of 10 classes; or a Transformer
 preset as nn.Transformer, post-LN with tied embeddings, on random ids, --seq-len tokens a
 sentence), alternating the two `--repeats` times, and reports the median images/s (a
 Transformer's: target tokens/s; the JSON keeps the "images" names) of each and their
@@ -130,6 +131,14 @@ def torch_setup(model_name, bs, threads, config, device, seq_len=32):
         m = torchvision.models.resnet50().to(dev)
         x = torch.randn(bs, 3, 224, 224, device=dev)
         y = torch.arange(bs, device=dev) % 1000
+    elif model_name == "mobilenetv2":  # torchvision's at egeria's 32-pixel strides (2,236,682 parameters)
+        import torchvision
+        m = torchvision.models.mobilenet_v2(num_classes=10)
+        m.features[0][0].stride = (1, 1)  # the stem
+        m.features[2].conv[1][0].stride = (1, 1)  # the first 24-channel block's depthwise convolution
+        m = m.to(dev)
+        x = torch.randn(bs, 3, 32, 32, device=dev)
+        y = torch.arange(bs, device=dev) % 10
     else:
         m = torch_resnet(int(model_name[len("resnet"):]), nn, F).to(dev)
         x = torch.randn(bs, 3, 32, 32, device=dev)
