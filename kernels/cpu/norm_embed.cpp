@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -131,11 +132,29 @@ namespace {
 // that the stores alias none of them.
 template <class T>
 void dropout_loop(const T* xp, T* yp, uint8_t* mp, int64_t n, float s, float pf, uint64_t seed, uint64_t offset) {
+  if constexpr (std::is_same_v<T, float>) {
 #pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= pf;
-    mp[i] = keep;
-    st(yp, i, keep ? ld(xp, i) * s : 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      const bool keep = philox_uniform(seed, offset, uint64_t(i)) >= pf;
+      mp[i] = keep;
+      st(yp, i, keep ? ld(xp, i) * s : 0.f);
+    }
+  } else {
+    // bf16: the rounding's NaN branch in the same loop kept the Philox rounds scalar, so
+    // a chunk's values go to floats first (that loop vectorises as f32's does), then
+    // are rounded: the same bits.
+    constexpr int64_t kChunk = 1024;
+#pragma omp parallel for schedule(static) if (n > 16384)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      float v[kChunk];
+      const int64_t e = std::min(kChunk, n - c);
+      for (int64_t i = 0; i < e; ++i) {
+        const bool keep = philox_uniform(seed, offset, uint64_t(c + i)) >= pf;
+        mp[c + i] = keep;
+        v[i] = keep ? ld(xp, c + i) * s : 0.f;
+      }
+      for (int64_t i = 0; i < e; ++i) st(yp, c + i, v[i]);
+    }
   }
 }
 template <class T>
