@@ -9,7 +9,7 @@ EG_CUDA_CHANNELS_LAST=0: NCHW throughout) and r50-f32.json (bench/compare_pytorc
 f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
 (transformer-small against PyTorch AMP), r50-fp16.json and tfm-fp16.json (both in fp16
-against PyTorch's float16 autocast with a GradScaler), graphs.jsonl (`egeria bench step` lines,
+against PyTorch's float16 autocast with a GradScaler), mnv2.json (MobileNetV2 bf16 against PyTorch AMP), graphs.jsonl (`egeria bench step` lines,
 --cuda-graphs off and on alternating), dest-<on|off>.jsonl (the same for ResNet-50 bf16, gradients added where
 they live against EG_GRAD_DESTINATIONS=0), tgraphs-<off|on>-<rep>/summary.json (translation training,
 --cuda-graphs off and on alternating), gpuref-<inline|side>-<rep>/summary.json (training runs with
@@ -252,6 +252,13 @@ def main():
         e["resnet50_bf16_nchw_synthetic_img_s"] = nchw.get("egeria_images_per_second")
         e["pytorch_amp_resnet50_img_s_beside_nchw"] = nchw.get("pytorch_images_per_second")
         e["resnet50_nchw_ratio_by_repeat_vs_pytorch_amp"] = nchw.get("ratio_by_repeat")
+    mnv2 = load(os.path.join(a.results, "mnv2.json"))
+    if mnv2:  # MobileNetV2 (32 px) in bf16 against PyTorch AMP's faster eager layout, same run
+        e[f"mobilenetv2_{mnv2.get('precision', 'bf16')}_img_s"] = mnv2.get("egeria_images_per_second")
+        e["pytorch_amp_mobilenetv2_img_s"] = mnv2.get("pytorch_images_per_second")
+        e["mobilenetv2_batch_size"] = mnv2.get("batch_size")
+        e["mobilenetv2_pytorch_config"] = mnv2.get("pytorch_config")
+        e["mobilenetv2_ratio_by_repeat_vs_pytorch_amp"] = mnv2.get("ratio_by_repeat")
     for name, model in (("r50-fp16.json", "resnet50"), ("tfm-fp16.json", "transformer_small")):
         f16 = load(os.path.join(a.results, name))
         if f16:  # fp16 with loss scaling against PyTorch's float16 autocast and GradScaler, same run
