@@ -9,7 +9,8 @@ EG_CUDA_CHANNELS_LAST=0: NCHW throughout) and r50-f32.json (bench/compare_pytorc
 f32; each figure is filed under the precision its JSON records), folder/
 summary.json (an `egeria train` from a JPEG folder made on the machine), tfm.json
 (transformer-small against PyTorch AMP), r50-fp16.json and tfm-fp16.json (both in fp16
-against PyTorch's float16 autocast with a GradScaler), mnv2.json (MobileNetV2 bf16 against PyTorch AMP), graphs.jsonl (`egeria bench step` lines,
+against PyTorch's float16 autocast with a GradScaler), mnv2.json and mnv2-grouped-nhwc.json (MobileNetV2 bf16 against PyTorch AMP; the second with
+EG_CUDA_GROUPED_NHWC=1), graphs.jsonl (`egeria bench step` lines,
 --cuda-graphs off and on alternating), dest-<on|off>.jsonl (the same for ResNet-50 bf16, gradients added where
 they live against EG_GRAD_DESTINATIONS=0), tgraphs-<off|on>-<rep>/summary.json (translation training,
 --cuda-graphs off and on alternating), gpuref-<inline|side>-<rep>/summary.json (training runs with
@@ -259,6 +260,11 @@ def main():
         e["mobilenetv2_batch_size"] = mnv2.get("batch_size")
         e["mobilenetv2_pytorch_config"] = mnv2.get("pytorch_config")
         e["mobilenetv2_ratio_by_repeat_vs_pytorch_amp"] = mnv2.get("ratio_by_repeat")
+    mnv2n = load(os.path.join(a.results, "mnv2-grouped-nhwc.json"))
+    if mnv2n:  # the same with EG_CUDA_GROUPED_NHWC=1 (its grouped parity cases passed first)
+        e["mobilenetv2_bf16_grouped_nhwc_img_s"] = mnv2n.get("egeria_images_per_second")
+        e["pytorch_amp_mobilenetv2_img_s_beside_grouped_nhwc"] = mnv2n.get("pytorch_images_per_second")
+        e["mobilenetv2_grouped_nhwc_ratio_by_repeat_vs_pytorch_amp"] = mnv2n.get("ratio_by_repeat")
     for name, model in (("r50-fp16.json", "resnet50"), ("tfm-fp16.json", "transformer_small")):
         f16 = load(os.path.join(a.results, name))
         if f16:  # fp16 with loss scaling against PyTorch's float16 autocast and GradScaler, same run

@@ -96,6 +96,12 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_conv_and_bf16(v, {"3x3_dil2", {2, 3, 6, 6}, {4, 3, 3, 3}, params(1, 2, 2)});
   add_conv_and_bf16(v, {"groups3", {2, 6, 5, 5}, {6, 2, 3, 3}, params(1, 1, 1, 3), true});
   add_conv_and_bf16(v, {"depthwise_stride2_bias", {2, 4, 6, 6}, {4, 1, 3, 3}, params(2, 1, 1, 4), true});
+  // Unbiased grouped ones, as MobileNetV2's: 16-bit ones run NHWC on CUDA under
+  // EG_CUDA_GROUPED_NHWC=1 (kernels/cuda/conv2d.cu), NCHW otherwise.
+  add_conv_and_bf16(v, {"depthwise_3x3", {2, 8, 6, 6}, {8, 1, 3, 3}, params(1, 1, 1, 8)});
+  add_nhwc_twin(v, {0}, true);
+  add_conv_and_bf16(v, {"depthwise_stride2", {2, 8, 7, 7}, {8, 1, 3, 3}, params(2, 1, 1, 8)});
+  add_conv_and_bf16(v, {"groups2", {2, 8, 5, 5}, {6, 4, 3, 3}, params(1, 1, 1, 2)});
   add_conv_and_bf16(v, {"1x1_stride2", {2, 4, 6, 6}, {5, 4, 1, 1}, params(2, 0)});
   add_nhwc_twin(v, {0}, true);
   {

@@ -127,8 +127,21 @@ ConvPlan& conv_plan(const Shape& xs, const Shape& ws, const Shape& ys, const ops
 // as they come, or converted; the weight converted per call ([K,C,R,S] -> [K,R,S,C]: a
 // weight is far smaller than an activation); y and dx written NHWC; the weight gradient
 // converted back to the parameter's [K,C,R,S]. The rest stay NCHW.
+// EG_CUDA_GROUPED_NHWC=1 runs the grouped ones NHWC too, as PyTorch's channels_last
+// does (cuDNN takes grouped NHWC convolutions, and a depthwise weight [K,1,R,S] is already
+// [K,R,S,1]): it would spare MobileNetV2 a reorder on each side of every depthwise
+// convolution, but no GPU has run it yet, so it stays off until tools/gpu-experiments'
+// mnv2 step has measured and checked it.
+bool grouped_nhwc() {
+  static const bool on = [] {
+    const char* e = std::getenv("EG_CUDA_GROUPED_NHWC");
+    return e && std::string(e) == "1";
+  }();
+  return on;
+}
+
 bool use_nhwc(DType t, const ops::Conv2dParams& p, bool biased) {
-  return t != DType::f32 && p.groups == 1 && !biased && channels_last();
+  return t != DType::f32 && (p.groups == 1 || grouped_nhwc()) && !biased && channels_last();
 }
 
 Tensor workspace(size_t bytes, Device d) { return Tensor::empty({int64_t(std::max<size_t>(bytes, 1))}, DType::u8, d); }
