@@ -229,3 +229,27 @@ TEST(Autograd, GradientsAddedWhereTheyLiveKeepTheirBits) {
     }
   }
 }
+
+// The CPU's vectorised exp (kernels/cpu/softmax.cpp) keeps what libm's gave: a NaN logit
+// that is not the target still makes the loss NaN (so the run stops before it saves), its
+// gradient too, and a -inf logit weighs exactly 0. Rows of 37: wider than a vector, with a tail.
+TEST(Autograd, CrossEntropyAndSoftmaxKeepNaNAndMinusInfinity) {
+  std::vector<float> v(2 * 37);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.1f * float(i % 11);
+  v[20] = NAN;  // row 0, whose target is 3
+  v[37 + 5] = -INFINITY;  // row 1
+  Tensor logits = Tensor::from_vector(v, {2, 37}).set_requires_grad(true);
+  Tensor loss = fn::cross_entropy(logits, Tensor::from_vector<int64_t>({3, 1}, {2}));
+  EXPECT_TRUE(std::isnan(loss.item()));
+  loss.backward();
+  const std::vector<float> g = logits.grad().to_vector<float>();
+  EXPECT_TRUE(std::isnan(g[0]) || std::isnan(g[20])) << "row 0's gradient";
+  const std::vector<float> row1(v.begin() + 37, v.end());
+  const std::vector<float> p = fn::softmax(Tensor::from_vector(row1, {1, 37})).to_vector<float>();
+  EXPECT_EQ(p[5], 0.f);
+  double s = 0;
+  for (float x : p) s += x;
+  EXPECT_NEAR(s, 1.0, 1e-6);
+  const std::vector<float> lp = fn::log_softmax(Tensor::from_vector(row1, {1, 37})).to_vector<float>();
+  EXPECT_TRUE(std::isinf(lp[5]) && lp[5] < 0);
+}
