@@ -1,7 +1,11 @@
 // Softmax / log-softmax (last dim) and cross-entropy, fast CPU path: rows in
 // parallel, float math with a running max, vectorised max and sums. exp is Eigen's
 // vectorised one, as the attention kernel's (within an ulp of libm's expf, which is a call
-// per value: most of a wide row's time, the vocabulary's in a Transformer's loss). f32.
+// per value: most of a wide row's time, the vocabulary's in a Transformer's loss); below
+// ln(FLT_MIN), -inf included, it gives 0 with AVX-512 and a denormal (2.9e-39) with AVX2
+// or SSE, where expf gives a denormal or 0: nothing a sum that holds exp(0) = 1 can see.
+// (Eigen's select() would make them exact zeros, but it evaluates one value at a time.)
+// f32.
 // Napkin math: 3 passes over each row, ~12 bytes/element; exp-bound for wide rows.
 #include <algorithm>
 #include <cmath>
