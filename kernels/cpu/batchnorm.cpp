@@ -445,6 +445,12 @@ void bn_bwd_plain(const Tensor& dy, const Tensor& x, const float* gp, const floa
   }
 }
 
+// Whether the loops run blocked: bf16 is held nChw16c where its channels allow (Note
+// [bf16 kernels]); f32 as it comes (x, or a gradient dy that arrives blocked).
+bool runs_blocked(const Tensor& x, const Tensor& dy = Tensor()) {
+  return x.dtype() == DType::bf16 ? x.blockable() : x.is_blocked() || (dy.defined() && dy.is_blocked());
+}
+
 }  // namespace
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
@@ -457,8 +463,7 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
   }
   float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
   float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
-  // bf16 is held blocked where its channels allow (Note [bf16 kernels]); f32 as it comes.
-  const bool blocked = x.dtype() == DType::bf16 ? x.blockable() : x.is_blocked();
+  const bool blocked = runs_blocked(x);
   Tensor kx, kr;  // x and the residual in the layout computed in
   const Tensor& xs = in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
   const Tensor& rs = in_format(residual_in, xs.format(), kr);
@@ -481,7 +486,7 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
     return ref::batchnorm_fwd_infer(x.to_plain(), gamma, beta, running_mean, running_var, y, eps, relu,
                                     residual_in.defined() ? residual_in.to_plain() : Tensor());
   }
-  const bool blocked = x.dtype() == DType::bf16 ? x.blockable() : x.is_blocked();
+  const bool blocked = runs_blocked(x);
   Tensor kx, kr;
   const Tensor& xs = in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
   const Tensor& rs = in_format(residual_in, xs.format(), kr);
@@ -506,7 +511,7 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
   }
   float* dgp = dgamma.defined() ? dgamma.data<float>() : nullptr;
   float* dbp = dbeta.defined() ? dbeta.data<float>() : nullptr;
-  const bool blocked = x.dtype() == DType::bf16 ? x.blockable() : x.is_blocked() || dy_in.is_blocked();
+  const bool blocked = runs_blocked(x, dy_in);
   if (blocked) {
     Tensor kx, kdy, kry;
     const Tensor& xb = in_format(x, Format::nchw16c, kx);
