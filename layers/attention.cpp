@@ -43,13 +43,48 @@ MultiHeadAttention::MultiHeadAttention(int64_t e, int64_t h, double dropout, Gen
 Tensor MultiHeadAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal) {
   EG_CHECK(q.dim() == 3 && q.size(2) == embed_dim, "MultiHeadAttention(", embed_dim, "): query must be [B, T, ",
            embed_dim, "], got ", shape_str(q.shape()));
-  EG_CHECK(k.dim() == 3 && k.size(2) == embed_dim && k.shape() == v.shape() && k.size(0) == q.size(0),
-           "MultiHeadAttention: key/value must be [B, S, ", embed_dim, "] with the query's batch size");
+  EG_CHECK(k.dim() == 3 && k.size(0) == q.size(0), "MultiHeadAttention: key/value must be [B, S, ", embed_dim,
+           "] with the query's batch size");
+  auto [kh, vh] = project_kv(k, v);
+  return attend(q, kh, vh, mask, causal);
+}
+
+std::pair<Tensor, Tensor> MultiHeadAttention::project_kv(const Tensor& k, const Tensor& v) {
+  EG_CHECK(k.dim() == 3 && k.size(2) == embed_dim && k.shape() == v.shape(), "MultiHeadAttention(", embed_dim,
+           "): key/value must be [B, S, ", embed_dim, "], got ", shape_str(k.shape()), " and ", shape_str(v.shape()));
+  return {split_heads(k_proj->forward(k), num_heads), split_heads(v_proj->forward(v), num_heads)};
+}
+
+Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& kh, const Tensor& vh, const Tensor& mask,
+                                  bool causal) {
   Tensor qh = split_heads(q_proj->forward(q), num_heads);
-  Tensor kh = split_heads(k_proj->forward(k), num_heads);
-  Tensor vh = split_heads(v_proj->forward(v), num_heads);
   Tensor a = fn::scaled_dot_product_attention(qh, kh, vh, mask, causal);
   return attn_dropout->forward(out_proj->forward(merge_heads(a)));
+}
+
+// The cache is time-major so that appending a position is one contiguous copy; the
+// heads' layout [B, H, t, Dh] is made from its first t rows at each step (two
+// transposes of t x B x E values, against the t x B x E x E multiply-adds that
+// recomputing the earlier positions' keys and values would take).
+Tensor MultiHeadAttention::forward_step(const Tensor& x, KVCache& cache, int64_t capacity) {
+  EG_CHECK(x.dim() == 3 && x.size(1) == 1 && x.size(2) == embed_dim, "MultiHeadAttention(", embed_dim,
+           "): forward_step takes one position [B, 1, ", embed_dim, "], got ", shape_str(x.shape()));
+  autograd::NoGradGuard ng;
+  const int64_t b = x.size(0), t = cache.length + 1;
+  EG_CHECK(t <= capacity, "MultiHeadAttention: forward_step past the cache's ", capacity, " positions");
+  auto append = [&](Tensor& rows, const Tensor& row) {  // row [B, 1, E] -> rows[t - 1]
+    if (!rows.defined()) rows = Tensor::empty({capacity, b, embed_dim}, row.dtype(), row.device());
+    EG_CHECK(rows.size(1) == b && rows.size(0) == capacity && rows.dtype() == row.dtype(),
+             "MultiHeadAttention: forward_step's batch, capacity or dtype changed within one cache");
+    rows.slice(t - 1, t).copy_(row);
+    // [t, B, E] -> [B, t, E] -> [B, H, t, Dh]
+    Tensor bte = Tensor::empty({1, b, t, embed_dim}, rows.dtype(), rows.device());
+    ops::call(ops::swap12, rows.slice(0, t).reshape({1, t, b, embed_dim}), bte);
+    return split_heads(bte.reshape({b, t, embed_dim}), num_heads);
+  };
+  Tensor kh = append(cache.k, k_proj->forward(x)), vh = append(cache.v, v_proj->forward(x));
+  cache.length = t;
+  return attend(x, kh, vh);  // the new position sees every cached one: no mask
 }
 
 }  // namespace eg::nn

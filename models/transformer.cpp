@@ -58,6 +58,15 @@ class DecoderLayer : public nn::Module {
     h = ln2->forward(fn::add(h, drop->forward(cross_attn->forward(h, memory, memory, src_mask, false))));
     return ln3->forward(fn::add(h, drop->forward(ffn->forward(h))));
   }
+  // run() at one new position y [B, 1, E] (Note [Incremental decoding]): the self-attention
+  // over the earlier positions' keys and values in `cache`, the cross-attention over the
+  // memory's (projected once: mem_kh, mem_vh).
+  Tensor run_step(const Tensor& y, nn::KVCache& cache, int64_t capacity, const Tensor& mem_kh, const Tensor& mem_vh,
+                  const Tensor& src_mask) {
+    Tensor h = ln1->forward(fn::add(y, drop->forward(self_attn->forward_step(y, cache, capacity))));
+    h = ln2->forward(fn::add(h, drop->forward(cross_attn->attend(h, mem_kh, mem_vh, src_mask, false))));
+    return ln3->forward(fn::add(h, drop->forward(ffn->forward(h))));
+  }
   std::string type_name() const override { return "DecoderLayer"; }
   std::shared_ptr<nn::MultiHeadAttention> self_attn, cross_attn;
   std::shared_ptr<FeedForward> ffn;
@@ -139,13 +148,13 @@ Tensor Transformer::without_padding(const Tensor& h, const Tensor& ids) const {
   return fn::mul(h, keep);
 }
 
-Tensor Transformer::embed(const Tensor& ids) {
+Tensor Transformer::embed(const Tensor& ids, int64_t first) {
   EG_CHECK(ids.dim() == 2 && ids.dtype() == DType::s64, "Transformer: token ids must be s64 [B, T], got ",
            dtype_name(ids.dtype()), shape_str(ids.shape()));
-  EG_CHECK(ids.size(1) <= cfg_.max_len, "Transformer: sequence of ", ids.size(1), " tokens exceeds max_len ",
-           cfg_.max_len);
+  EG_CHECK(first + ids.size(1) <= cfg_.max_len, "Transformer: sequence of ", first + ids.size(1),
+           " tokens exceeds max_len ", cfg_.max_len);
   Tensor e = fn::scale(embedding_->forward(ids), std::sqrt(double(cfg_.d_model)));
-  Tensor pos = positions_.slice(0, ids.size(1)).reshape({1, ids.size(1), cfg_.d_model});
+  Tensor pos = positions_.slice(first, first + ids.size(1)).reshape({1, ids.size(1), cfg_.d_model});
   return drop_->forward(fn::add(e, pos));
 }
 
@@ -215,26 +224,44 @@ Tensor Transformer::layer_output(const Tensor& src, const Tensor& tgt_in, int64_
   return without_padding(layer == ne + nd ? fn::linear(h, embedding_->weight, Tensor()) : h, tgt_in);
 }
 
+// Note [Incremental decoding]
+// Greedy decoding feeds each token back one position at a time. Run as training runs,
+// over the whole prefix at every token, its cost grows with the square of the length, and
+// it projects every position onto the vocabulary to use the last. Positions only look
+// back (causal self-attention; layer norm, the FFN and the projection are per position),
+// so the new position's output is all a step needs: each decoder layer keeps its
+// self-attention's keys and values of the earlier positions (nn::KVCache), the memory's
+// keys and values are projected once per batch, and only the new position is projected
+// onto the vocabulary, as fairseq's and Hugging Face's incremental decoders do. Its
+// logits are the full recomputation's up to rounding
+// (Transformer.IncrementalDecodingPicksTheTokensOfTheFullRecomputation).
+// A row is done at eos, or at a pad token (its output ends there either way); done rows
+// are fed pad until the batch is done, and their outputs are ignored.
 std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, int64_t max_len) {
   autograd::NoGradGuard ng;
   const int64_t b = src.size(0);
   max_len = std::min(max_len, cfg_.max_len - 1);
   Tensor src_mask;
-  Tensor memory = encode(src, src_mask);
+  const Tensor memory = encode(src, src_mask);
+  std::vector<std::pair<Tensor, Tensor>> mem_kv;
+  for (auto& l : dec_) mem_kv.push_back(static_cast<DecoderLayer&>(*l).cross_attn->project_kv(memory, memory));
+  std::vector<nn::KVCache> caches(dec_.size());
   std::vector<std::vector<int64_t>> seq(size_t(b), std::vector<int64_t>{cfg_.bos_id});
   std::vector<bool> done(size_t(b), false);
   for (int64_t t = 0; t < max_len; ++t) {
-    std::vector<int64_t> flat;
-    for (auto& s : seq) flat.insert(flat.end(), s.begin(), s.end());
-    Tensor tgt = Tensor::from_vector(flat, {b, t + 1}, src.device());
-    // The argmax of every position (on the logits' device), of which the last is used.
-    const std::vector<int64_t> best = fn::argmax(decode(memory, src_mask, tgt)).to_vector<int64_t>();
+    std::vector<int64_t> last;
+    for (auto& s : seq) last.push_back(s.back());
+    Tensor h = embed(Tensor::from_vector(last, {b, 1}, src.device()), t);
+    for (size_t j = 0; j < dec_.size(); ++j)
+      h = static_cast<DecoderLayer&>(*dec_[j]).run_step(h, caches[j], max_len, mem_kv[j].first, mem_kv[j].second,
+                                                        src_mask);
+    const std::vector<int64_t> best = fn::argmax(fn::linear(h, embedding_->weight, Tensor())).to_vector<int64_t>();
     bool all = true;
     for (int64_t i = 0; i < b; ++i) {
       int64_t next = cfg_.pad_id;
       if (!done[size_t(i)]) {
-        next = best[size_t(i * (t + 1) + t)];
-        if (next == cfg_.eos_id) done[size_t(i)] = true;
+        next = best[size_t(i)];
+        if (next == cfg_.eos_id || next == cfg_.pad_id) done[size_t(i)] = true;
       }
       seq[size_t(i)].push_back(next);
       all = all && done[size_t(i)];

@@ -48,7 +48,8 @@ class Transformer : public Model {
   Tensor layer_output(const Tensor& src, const Tensor& tgt_in, int64_t layer) override;
   Tensor encode(const Tensor& src, Tensor& src_mask);
   Tensor decode(const Tensor& memory, const Tensor& src_mask, const Tensor& tgt_in);
-  // Greedy decoding: [B, <= max_len] ids, starting after bos, stopping at eos.
+  // Greedy decoding: [B, <= max_len] ids, starting after bos, stopping at eos (Note
+  // [Incremental decoding] in models/transformer.cpp).
   std::vector<std::vector<int64_t>> greedy_decode(const Tensor& src, int64_t max_len);
   std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const override { return units_; }
   bool sequential() const override { return false; }
@@ -57,7 +58,7 @@ class Transformer : public Model {
   const TransformerConfig& config() const { return cfg_; }
 
  private:
-  Tensor embed(const Tensor& ids);
+  Tensor embed(const Tensor& ids, int64_t first = 0);  // ids [B, T] at positions first .. first + T - 1
   Tensor padding_mask(const Tensor& ids) const;
   Tensor without_padding(const Tensor& h, const Tensor& ids) const;  // h [B, T, C] zero where ids is pad
   TransformerConfig cfg_;

@@ -2,10 +2,13 @@
 // every parameter exactly once, front to back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <random>
 #include <set>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "models/model.h"
 #include "models/transformer.h"
@@ -146,6 +149,96 @@ TEST(Models, TransformerFreezesFrontToBackWithoutBackwardThroughTheFrozenPart) {
   for (auto& p : layers[2].second->parameters()) EXPECT_TRUE(p.grad().defined());
   EXPECT_TRUE(layers[4].second->parameters()[0].grad().defined());
   EXPECT_THROW(m.forward_frozen(src, tgt, 5), Error);  // the head never freezes
+}
+
+// Note [Incremental decoding]: greedy_decode runs one position at a time with each
+// decoder layer's keys and values cached. Its tokens must be those of the full
+// recomputation (Transformer::decode over the whole prefix): at every position the
+// recomputed logits' argmax is the token it chose, or within `tie` of it (a near tie the
+// two round differently), and a row that stopped early stopped at eos or pad. The model
+// is first trained to copy its source (a random one repeats its input token forever,
+// which a wrong cache would not change). Under bf16 autocast the two paths round their
+// matrix products differently, hence the looser tie.
+TEST(Models, TransformerIncrementalDecodingPicksTheTokensOfTheFullRecomputation) {
+  models::TransformerConfig tc;
+  tc.vocab = 24;
+  tc.d_model = 32;
+  tc.heads = 4;
+  tc.ffn = 64;
+  tc.enc_layers = tc.dec_layers = 2;
+  tc.dropout = 0.0;
+  Generator g(7);
+  models::Transformer m(tc, g);
+  // Sources of 3..8 tokens from 3..23, padded to 8; targets: the source, then eos.
+  std::mt19937 rng(3);
+  auto copy_batch = [&](int64_t b, std::vector<int64_t>& src, std::vector<int64_t>& tin, std::vector<int64_t>& tout) {
+    src.assign(size_t(b * 8), tc.pad_id), tin.assign(size_t(b * 9), tc.pad_id), tout.assign(size_t(b * 9), tc.pad_id);
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t n = 3 + int64_t(rng() % 6);
+      tin[size_t(i * 9)] = tc.bos_id;
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t w = 3 + int64_t(rng() % uint32_t(tc.vocab - 3));
+        src[size_t(i * 8 + k)] = tin[size_t(i * 9 + k + 1)] = tout[size_t(i * 9 + k)] = w;
+      }
+      tout[size_t(i * 9 + n)] = tc.eos_id;
+    }
+  };
+  {
+    optim::AdamW opt(m.parameters(), 3e-3);
+    std::vector<int64_t> s, ti, to;
+    for (int step = 0; step < 150; ++step) {
+      copy_batch(32, s, ti, to);
+      Tensor logits = m.forward(Tensor::from_vector(s, {32, 8}), Tensor::from_vector(ti, {32, 9}));
+      Tensor loss =
+          fn::cross_entropy(fn::reshape(logits, {32 * 9, tc.vocab}), Tensor::from_vector(to, {32 * 9}), 0.0, tc.pad_id);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    }
+  }
+  m.eval();
+  std::vector<int64_t> sv, unused_in, unused_out;
+  copy_batch(6, sv, unused_in, unused_out);
+  const Tensor src = Tensor::from_vector(sv, {6, 8});
+  const int64_t max_len = 12;
+  for (DType precision : {DType::f32, DType::bf16}) {
+    autograd::Autocast ac(precision);
+    const double tie = precision == DType::f32 ? 1e-4 : 0.1;
+    const auto out = m.greedy_decode(src, max_len);
+    ASSERT_EQ(out.size(), 6u);
+    int64_t stopped_early = 0, distinct = 0;
+    for (int64_t i = 0; i < 6; ++i) {
+      const auto& toks = out[size_t(i)];
+      ASSERT_LE(int64_t(toks.size()), max_len);
+      distinct += int64_t(std::set<int64_t>(toks.begin(), toks.end()).size());
+      std::vector<int64_t> prefix = {tc.bos_id};
+      prefix.insert(prefix.end(), toks.begin(), toks.end());
+      const int64_t len = int64_t(prefix.size());
+      Tensor row_mask;
+      autograd::NoGradGuard ng;
+      const Tensor memory = m.encode(src.slice(i, i + 1), row_mask);
+      const std::vector<float> l =
+          m.decode(memory, row_mask, Tensor::from_vector(prefix, {1, len})).to(DType::f32).to_vector<float>();
+      for (int64_t p = 0; p < len; ++p) {
+        const float* row = l.data() + p * tc.vocab;
+        const int64_t best = std::max_element(row, row + tc.vocab) - row;
+        if (p + 1 < len) {
+          const int64_t chosen = toks[size_t(p)];
+          EXPECT_TRUE(chosen == best || row[best] - row[chosen] <= tie)
+              << dtype_name(precision) << " row " << i << " position " << p << ": chose " << chosen << " (logit "
+              << row[chosen] << "), the recomputation's best is " << best << " (" << row[best] << ")";
+        } else if (len - 1 < max_len) {  // stopped before the limit: at eos or pad
+          ++stopped_early;
+          EXPECT_TRUE(best == tc.eos_id || best == tc.pad_id ||
+                      row[best] - std::max(row[tc.eos_id], row[tc.pad_id]) <= tie)
+              << dtype_name(precision) << " row " << i << " stopped after " << len - 1
+              << " tokens, where the recomputation continues with " << best;
+        }
+      }
+    }
+    EXPECT_GE(stopped_early, 3) << dtype_name(precision) << ": too few rows ended at eos to test it";
+    EXPECT_GE(distinct, 12) << dtype_name(precision) << ": the decoded rows hardly vary";
+  }
 }
 
 TEST(Models, CorpusBleu) {

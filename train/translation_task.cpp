@@ -16,8 +16,7 @@ namespace {
 
 constexpr int64_t kEvalBatch = 64;
 // Greedy decoding stops at eos, or at 1.2 x the source length + 10 tokens. A trained model
-// emits eos long before; the bound caps the cost of an untrained one, which is quadratic in
-// the length because models::Transformer::greedy_decode recomputes the whole prefix per token.
+// emits eos long before; the bound caps the cost of an untrained one.
 int64_t decode_limit(int64_t src_len) { return src_len + src_len / 5 + 10; }
 
 // The longest training batch's length: --max-len tokens (eos or bos included), padded.
