@@ -66,6 +66,29 @@ TEST(ConvWinograd, UsedWhereItPaysOffAndNowhereElse) {
     EXPECT_FALSE(winograd(pass, {8, 64, 8, 8}, {64, 64, 3, 3}, p)) << pass << " with set_cpu_winograd(false)";
 }
 
+bool bf16_winograd(const std::string& pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p) {
+  return cpu::conv2d_implementation(pass, x, w, p, DType::bf16).find("wino") != std::string::npos;
+}
+
+// Note [bf16 weight gradients by Winograd]: a bf16 convolution's weight gradient runs the
+// f32 Winograd kernel where an f32 one's would on planes up to 16x16; its other passes
+// stay bf16.
+TEST(ConvWinograd, Bf16WeightGradientsOfSmallPlanesTakeTheF32RuleAndNothingElseDoes) {
+  const bool has = cpu_has_avx512_core();
+  WinogradSetting on(true);
+  const auto p = params(1, 1);
+  EXPECT_EQ(bf16_winograd("bwd_weight", {8, 64, 8, 8}, {64, 64, 3, 3}, p), has);
+  EXPECT_FALSE(bf16_winograd("bwd_weight", {8, 32, 16, 16}, {32, 32, 3, 3}, p));
+  EXPECT_FALSE(bf16_winograd("bwd_weight", {8, 64, 7, 7}, {64, 64, 3, 3}, p)) << "7x7: partly empty tiles";
+  EXPECT_FALSE(bf16_winograd("bwd_weight", {8, 64, 16, 16}, {64, 64, 3, 3}, params(2, 1))) << "stride 2";
+  EXPECT_EQ(bf16_winograd("bwd_weight", {8, 128, 16, 16}, {128, 128, 3, 3}, p), has);
+  EXPECT_FALSE(bf16_winograd("bwd_weight", {8, 64, 56, 56}, {64, 64, 3, 3}, p)) << "56x56: bf16 direct is faster";
+  EXPECT_TRUE(winograd("bwd_weight", {8, 64, 56, 56}, {64, 64, 3, 3}, p) == has) << "f32 takes Winograd there";
+  for (const char* pass : {"fwd", "bwd_data"}) EXPECT_FALSE(bf16_winograd(pass, {8, 64, 8, 8}, {64, 64, 3, 3}, p));
+  WinogradSetting off(false);
+  EXPECT_FALSE(bf16_winograd("bwd_weight", {8, 64, 8, 8}, {64, 64, 3, 3}, p));
+}
+
 // Largest |a - b| over the largest |b|.
 double rel_err(const Tensor& a, const Tensor& b) {
   const auto va = a.to_plain().to_vector<float>(), vb = b.to_plain().to_vector<float>();

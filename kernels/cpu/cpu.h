@@ -46,6 +46,8 @@ inline const Tensor& in_format(const Tensor& t, Format f, Tensor& keep) {
 }
 
 // The oneDNN implementation a convolution pass ("fwd", "bwd_data", "bwd_weight") runs
-// with, such as "jit_wino_4x3:avx512_core" (Note [Winograd convolutions]).
-std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p);
+// with, such as "jit_wino_4x3:avx512_core" (Note [Winograd convolutions]), for f32 or
+// bf16 activations and weights.
+std::string conv2d_implementation(const std::string& pass, const Shape& x, const Shape& w, const ops::Conv2dParams& p,
+                                  DType dtype = DType::f32);
 }  // namespace eg::cpu
