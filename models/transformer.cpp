@@ -234,7 +234,7 @@ Tensor Transformer::layer_output(const Tensor& src, const Tensor& tgt_in, int64_
 // keys and values are projected once per batch, and only the new position is projected
 // onto the vocabulary, as fairseq's and Hugging Face's incremental decoders do. Its
 // logits are the full recomputation's up to rounding
-// (Transformer.IncrementalDecodingPicksTheTokensOfTheFullRecomputation).
+// (Models.TransformerIncrementalDecodingPicksTheTokensOfTheFullRecomputation).
 // A row is done at eos, or at a pad token (its output ends there either way); done rows
 // are fed pad until the batch is done, and their outputs are ignored.
 std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, int64_t max_len) {
