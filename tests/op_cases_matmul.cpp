@@ -193,6 +193,13 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   add_attention(v, {"causal_small", 2, 2, 5, 5, 4, true, {}, false});
   add_attention(v, {"padding_small", 2, 2, 5, 5, 4, false, {0, 1, 0, 0, 1, 0, 0, 0, 0, 0}, false});
   add_attention(v, {"causal_padding_small", 2, 2, 5, 5, 4, true, {1, 0, 0, 1, 0, 0, 0, 0, 0, 0}, false});
+  // One query over many keys: incremental decoding's step (Note [Incremental decoding] in
+  // models/transformer.cpp), unmasked as its self-attention, padded as its cross-attention.
+  add_attention(v, {"one_query_small", 3, 2, 1, 7, 4, false, {}, false});
+  std::vector<uint8_t> mem_pad(64 * 57, 0);
+  for (int64_t b = 0; b < 64; ++b)
+    for (int64_t s = 57 - b % 5; s < 57; ++s) mem_pad[size_t(b * 57 + s)] = 1;  // batch b: b % 5 padded keys
+  add_attention(v, {"decode_step_b64_h8_s57_d64", 64, 8, 1, 57, 64, false, mem_pad, true});
   add_attention(v, {"b8_h8_t128_d64", 8, 8, 128, 128, 64, false, {}, true});
   std::vector<uint8_t> pad(8 * 128, 0);
   for (int64_t b = 0; b < 8; ++b)
