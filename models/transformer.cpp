@@ -239,10 +239,18 @@ Tensor Transformer::layer_output(const Tensor& src, const Tensor& tgt_in, int64_
 // are fed pad until the batch is done, and their outputs are ignored.
 std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, int64_t max_len) {
   autograd::NoGradGuard ng;
-  const int64_t b = src.size(0);
-  max_len = std::min(max_len, cfg_.max_len - 1);
   Tensor src_mask;
   const Tensor memory = encode(src, src_mask);
+  return greedy_decode(memory, src_mask, max_len);
+}
+
+std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& memory, const Tensor& src_mask,
+                                                             int64_t max_len) {
+  autograd::NoGradGuard ng;
+  EG_CHECK(memory.dim() == 3 && memory.size(2) == cfg_.d_model, "Transformer: greedy_decode's memory must be [B, S, ",
+           cfg_.d_model, "], got ", shape_str(memory.shape()));
+  const int64_t b = memory.size(0);
+  max_len = std::min(max_len, cfg_.max_len - 1);
   std::vector<std::pair<Tensor, Tensor>> mem_kv;
   for (auto& l : dec_) mem_kv.push_back(static_cast<DecoderLayer&>(*l).cross_attn->project_kv(memory, memory));
   std::vector<nn::KVCache> caches(dec_.size());
@@ -251,7 +259,7 @@ std::vector<std::vector<int64_t>> Transformer::greedy_decode(const Tensor& src, 
   for (int64_t t = 0; t < max_len; ++t) {
     std::vector<int64_t> last;
     for (auto& s : seq) last.push_back(s.back());
-    Tensor h = embed(Tensor::from_vector(last, {b, 1}, src.device()), t);
+    Tensor h = embed(Tensor::from_vector(last, {b, 1}, memory.device()), t);
     for (size_t j = 0; j < dec_.size(); ++j)
       h = static_cast<DecoderLayer&>(*dec_[j]).run_step(h, caches[j], max_len, mem_kv[j].first, mem_kv[j].second,
                                                         src_mask);

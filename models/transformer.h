@@ -51,6 +51,9 @@ class Transformer : public Model {
   // Greedy decoding: [B, <= max_len] ids, starting after bos, stopping at eos (Note
   // [Incremental decoding] in models/transformer.cpp).
   std::vector<std::vector<int64_t>> greedy_decode(const Tensor& src, int64_t max_len);
+  // The same from the encoder's output and source mask (encode's), made once for both the
+  // loss and the decoding in evaluation.
+  std::vector<std::vector<int64_t>> greedy_decode(const Tensor& memory, const Tensor& src_mask, int64_t max_len);
   std::vector<std::pair<std::string, nn::ModulePtr>> layer_modules() const override { return units_; }
   bool sequential() const override { return false; }
   double flops_per_sample() const override;  // per target token, at sequence length 32

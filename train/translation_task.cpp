@@ -270,15 +270,17 @@ Metrics evaluate_translation(models::Transformer& m, const TextSplit& s, const d
   double loss = 0, tokens = 0;
   for (size_t k = rank; k < plan.size(); k += ranks) {  // this rank's share of the batches
     const data::TranslationBatch b = batcher.make_batch(plan[k], int64_t(k));
-    Tensor src = b.src.to(dev);
-    Tensor logits = m.forward(src, b.tgt_in.to(dev));
+    // m.forward, with the encoder's output kept for the decoding.
+    Tensor src_mask;
+    const Tensor memory = m.encode(b.src.to(dev), src_mask);
+    Tensor logits = m.decode(memory, src_mask, b.tgt_in.to(dev));
     const int64_t n = b.tgt_out.numel();
     loss +=
         fn::cross_entropy(logits.reshape({n, logits.size(2)}), b.tgt_out.reshape({n}).to(dev), 0.0, o.ids.pad).item() *
         double(b.tgt_tokens);
     tokens += double(b.tgt_tokens);
     if (!bleu) continue;
-    auto out = m.greedy_decode(src, decode_limit(src.size(1)));
+    auto out = m.greedy_decode(memory, src_mask, decode_limit(memory.size(1)));
     for (size_t r = 0; r < out.size(); ++r) {
       hyps.push_back(tok.decode(out[r]));
       refs.push_back(s.refs[size_t(b.ids[r])]);
