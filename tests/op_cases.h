@@ -59,6 +59,9 @@ struct OpCase {
   Tolerance fwd_tol, bwd_tol{1e-4, 1e-3};
   Tolerance grad_tol{1e-6, 1e-4};  // gradcheck, f64
   bool gradcheck = true;  // small cases only: gradcheck costs 2 forwards per element
+  // The backward adds into gradients already holding values (gradient_start): a 16-bit
+  // twin's tolerance then allows one 16-bit rounding of the terms (add_bf16_twin).
+  bool accumulates = false;
   bool bench = false;  // realistic sizes: benchmarked
   double flops = 0;  // per forward (+ backward when bench_backward) call
   double bytes = 0;  // memory traffic, for bandwidth-bound ops

@@ -68,6 +68,7 @@ void add_conv(std::vector<OpCase>& v, const ConvSpec& s) {
   };
   c.uses = {uses(ops::conv2d_fwd), uses(ops::conv2d_bwd_data), uses(ops::conv2d_bwd_weight)};
   c.gradcheck = !s.big && !s.accumulate;
+  c.accumulates = s.accumulate;
   c.bench = s.big;
   c.bench_backward = true;
   if (s.big) {

@@ -94,6 +94,7 @@ void add_linear(std::vector<OpCase>& v, const LinearCfg& l) {
   c.fwd_tol = l.big ? Tolerance{5e-5, 1e-4} : Tolerance{2e-6, 1e-5};
   c.bwd_tol = l.big ? Tolerance{5e-4, 1e-4} : Tolerance{2e-6, 1e-5};
   c.gradcheck = !l.big && !l.accumulate;
+  c.accumulates = l.accumulate;
   c.bench = l.big;
   c.bench_backward = true;
   c.flops = 3 * 2.0 * double(l.m * l.n * l.k);  // y, dx, dw

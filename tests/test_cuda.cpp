@@ -747,17 +747,20 @@ TEST(Cuda, AGraphedStepTrainsTheWeightsOfTheEagerStep) {
       }
       // Within the order of atomic adds (the embedding's and some cuDNN gradients' sums
       // differ in their last bits from run to run): a stale learning rate, bias correction
-      // or dropout mask moves the losses by percents.
+      // or dropout mask moves the losses by percents. In 16 bits AdamW turns those last
+      // bits into rounding-only steps of a whole lr (an H200 measured transformer-tiny's
+      // graphed losses 0.02-0.09% and a norm 0.1% from the eager ones: docs/gpu.md).
       const std::string what = std::string(name) + " " + dtype_name(precision);
+      const double loss_tol = precision == DType::f32 ? 1e-4 : 3e-3, norm_tol = precision == DType::f32 ? 1e-3 : 3e-3;
       ASSERT_EQ(losses[0].size(), losses[1].size());
       for (size_t i = 0; i < losses[0].size(); ++i)
-        EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4 * std::abs(losses[0][i])) << what << " step " << i;
+        EXPECT_NEAR(losses[1][i], losses[0][i], loss_tol * std::abs(losses[0][i])) << what << " step " << i;
       for (size_t i = 0; i < norms[0].size(); ++i) {
         if (!std::isfinite(norms[0][i])) {  // an fp16 overflow's, skipped in both
           EXPECT_FALSE(std::isfinite(norms[1][i])) << what << " norm at step " << i;
           continue;
         }
-        EXPECT_NEAR(norms[1][i], norms[0][i], 1e-3 * std::abs(norms[0][i])) << what << " norm at step " << i;
+        EXPECT_NEAR(norms[1][i], norms[0][i], norm_tol * std::abs(norms[0][i])) << what << " norm at step " << i;
       }
       ASSERT_EQ(weights[0].size(), weights[1].size());
       float worst = 0;
@@ -867,9 +870,12 @@ TEST(Cuda, AGraphedStepWarmsUpOnThroughOverflowingSteps) {
   const Device dev = Device::cuda(0);
   const Device prev = set_training_device(dev);
   auto local = dist::make_local();
-  std::vector<float> weights[2];
-  int overflows[2] = {};
-  for (int graphed = 0; graphed < 2; ++graphed) {
+  // Runs 0 and 2 eager, run 1 graphed: the graphed weights are held to the eager runs'
+  // own spread where cuDNN's algorithms make one (an H200 measured 7e-4: docs/gpu.md).
+  std::vector<float> weights[3];
+  int overflows[3] = {};
+  for (int run = 0; run < 3; ++run) {
+    const bool graphed = run == 1;
     models::ModelConfig mc;
     mc.name = "resnet20";
     mc.image_size = 32;
@@ -896,21 +902,26 @@ TEST(Cuda, AGraphedStepWarmsUpOnThroughOverflowingSteps) {
         g.mark_step();
         r = dp.step(forward(), 8, opt, i, 1.0);
       }
-      if (!std::isfinite(r.grad_norm_later.value())) ++overflows[graphed];
+      if (!std::isfinite(r.grad_norm_later.value())) ++overflows[run];
     }
     if (graphed) {
       EXPECT_EQ(gs.captures(), 1);
       EXPECT_GT(gs.replays(), 1) << "captured after the overflowing steps";
     }
     for (auto& p : m->parameters())
-      for (float v : p.to(Device::cpu()).to(DType::f32).to_vector<float>()) weights[graphed].push_back(v);
+      for (float v : p.to(Device::cpu()).to(DType::f32).to_vector<float>()) weights[run].push_back(v);
   }
   EXPECT_GE(overflows[0], 2) << "the scale overflows through the 2-step warm-up";
   EXPECT_EQ(overflows[1], overflows[0]);
+  EXPECT_EQ(overflows[2], overflows[0]);
   ASSERT_EQ(weights[0].size(), weights[1].size());
-  float worst = 0;
-  for (size_t i = 0; i < weights[0].size(); ++i) worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
-  EXPECT_LE(worst, 1e-4f);
+  ASSERT_EQ(weights[0].size(), weights[2].size());
+  float worst = 0, spread = 0;
+  for (size_t i = 0; i < weights[0].size(); ++i) {
+    worst = std::max(worst, std::abs(weights[1][i] - weights[0][i]));
+    spread = std::max(spread, std::abs(weights[2][i] - weights[0][i]));
+  }
+  EXPECT_LE(worst, std::max(1e-4f, 2 * spread)) << "the eager runs' own spread: " << spread;
   set_training_device(prev);
 }
 
@@ -920,31 +931,40 @@ TEST(Cuda, AGraphedStepWarmsUpOnThroughOverflowingSteps) {
 // sync in a steady-state step.
 TEST(Cuda, ATrainingRunWithCudaGraphsTrainsAsWithout) {
   EG_REQUIRE_GPU();
-  nlohmann::json sj[2];
-  std::vector<double> losses[2];
-  for (int graphs = 0; graphs < 2; ++graphs) {
+  // Runs 0 and 2 without graphs, run 1 with: the graphed losses are held to the eager
+  // runs' own spread where there is one (an H200's eager and graphed runs parted by 3% at
+  // step 8 of a run whose losses jump: docs/gpu.md).
+  nlohmann::json sj[3];
+  std::vector<double> losses[3];
+  for (int run = 0; run < 3; ++run) {
+    const int graphs = run == 1;
     // 4 epochs of 16 steps; half the layer modules freeze at epoch 3 (a new graph), the LR
     // falls at epoch 4 (the multi-tensor step reads it on the device).
-    train::TrainConfig c =
-        eg::testing::small_image_run(eg::testing::fresh_dir("cuda_graphs_" + std::to_string(graphs)));
+    train::TrainConfig c = eg::testing::small_image_run(eg::testing::fresh_dir("cuda_graphs_" + std::to_string(run)));
     c.device = "cuda:0";
     c.threads = 1;
     c.freezing.policy = "static";
     c.cuda_graphs = graphs == 1;
     c.log_every = 4;
     train::run_training(c);
-    sj[graphs] = nlohmann::json::parse(eg::testing::slurp(c.out + "/summary.json"));
+    sj[run] = nlohmann::json::parse(eg::testing::slurp(c.out + "/summary.json"));
     std::ifstream m(c.out + "/metrics.jsonl");
     for (std::string line; std::getline(m, line);) {
       const auto j = nlohmann::json::parse(line);
-      if (j.value("type", "") == "step") losses[graphs].push_back(j.at("loss").get<double>());
+      if (j.value("type", "") == "step") losses[run].push_back(j.at("loss").get<double>());
     }
   }
   ASSERT_EQ(losses[0].size(), losses[1].size());
+  ASSERT_EQ(losses[0].size(), losses[2].size());
   ASSERT_FALSE(losses[0].empty());
-  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-3 * losses[0][i]) << i;
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    const double spread = std::abs(losses[2][i] - losses[0][i]);
+    EXPECT_NEAR(losses[1][i], losses[0][i], std::max(1e-3 * losses[0][i], 2 * spread))
+        << "logged step " << i << "; the eager runs' own spread " << spread;
+  }
   EXPECT_GE(sj[1].at("cuda_graph_captures").get<int64_t>(), 2) << sj[1].dump();
   EXPECT_GE(sj[1].at("cuda_graph_replayed_steps").get<int64_t>(), 40) << sj[1].dump() << " of 64 steps";
   EXPECT_EQ(sj[1].at("host_syncs_per_step"), 0);
   EXPECT_FALSE(sj[0].contains("cuda_graph_captures"));
+  EXPECT_FALSE(sj[2].contains("cuda_graph_captures"));
 }
