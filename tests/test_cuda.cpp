@@ -937,14 +937,14 @@ TEST(Cuda, ATrainingRunWithCudaGraphsTrainsAsWithout) {
   nlohmann::json sj[3];
   std::vector<double> losses[3];
   for (int run = 0; run < 3; ++run) {
-    const int graphs = run == 1;
+    const bool graphs = run == 1;
     // 4 epochs of 16 steps; half the layer modules freeze at epoch 3 (a new graph), the LR
     // falls at epoch 4 (the multi-tensor step reads it on the device).
     train::TrainConfig c = eg::testing::small_image_run(eg::testing::fresh_dir("cuda_graphs_" + std::to_string(run)));
     c.device = "cuda:0";
     c.threads = 1;
     c.freezing.policy = "static";
-    c.cuda_graphs = graphs == 1;
+    c.cuda_graphs = graphs;
     c.log_every = 4;
     train::run_training(c);
     sj[run] = nlohmann::json::parse(eg::testing::slurp(c.out + "/summary.json"));
