@@ -14,12 +14,13 @@ namespace eg::fn {
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p);
 // training: batch statistics, running stats updated in place (when defined).
 // !training: running statistics. See Note [Frozen BatchNorm semantics] in layers/layers.h.
-// relu: max(batch_norm(x), 0) in one fused op (one pass fewer each way than
-// relu(batch_norm(x)), and one activation fewer kept for the backward).
-// residual (shaped like x): [relu](batch_norm(x) + residual), a residual block's end
-// in one pass each way instead of three (add, ReLU and the batch norm's own).
+// act: relu(batch_norm(x)) or relu6(batch_norm(x)) in one fused op (one pass fewer each
+// way than the activation after it, and one activation fewer kept for the backward).
+// residual (shaped like x): act(batch_norm(x) + residual), a residual block's end in one
+// pass each way instead of three (add, ReLU and the batch norm's own).
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean, Tensor running_var,
-                  bool training, double momentum, double eps, bool relu = false, const Tensor& residual = Tensor());
+                  bool training, double momentum, double eps, ops::BnAct act = ops::BnAct::none,
+                  const Tensor& residual = Tensor());
 Tensor activation(const Tensor& x, ops::Act act);
 inline Tensor relu(const Tensor& x) { return activation(x, ops::Act::relu); }
 inline Tensor relu6(const Tensor& x) { return activation(x, ops::Act::relu6); }

@@ -83,7 +83,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& bias, const ops
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean, Tensor running_var,
-                  bool training, double momentum, double eps, bool relu, const Tensor& residual_in) {
+                  bool training, double momentum, double eps, ops::BnAct act, const Tensor& residual_in) {
   check_dim(x, 4, "batch_norm", "input");
   // 16-bit activations with f32 parameters and statistics (Note [Autocast]).
   const bool half = is_half(x.dtype());
@@ -117,10 +117,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
              shape_str(x.shape()));
     mean = empty_as(params, {c});
     invstd = empty_as(params, {c});
-    ops::call(ops::batchnorm_fwd_train, x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps, relu,
+    ops::call(ops::batchnorm_fwd_train, x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps, act,
               residual);
   } else {
-    ops::call(ops::batchnorm_fwd_infer, x, gamma, beta, running_mean, running_var, y, eps, relu, residual);
+    ops::call(ops::batchnorm_fwd_infer, x, gamma, beta, running_mean, running_var, y, eps, act, residual);
     if (autograd::needs_record({x, gamma, beta})) {
       // Constants of the inference transform: the running statistics. Computed on the
       // host (a [C] vector) only when a backward will need them.
@@ -130,25 +130,28 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tens
       invstd = v.to(params.dtype()).to(x.device());
     }
   }
-  // With the fused ReLU the backward also needs y (its mask), saved detached: a node
+  // With a fused activation the backward also needs y (its mask), saved detached: a node
   // holding its own output with history would be a reference cycle.
   Tensors inputs{x, gamma, beta};
   if (residual.defined()) inputs.push_back(residual);
   if (!autograd::needs_record(inputs)) return y;
-  const char* name = residual.defined() ? (relu ? "BatchNormAddReluBackward" : "BatchNormAddBackward")
-                                        : (relu ? "BatchNormReluBackward" : "BatchNormBackward");
-  autograd::record_function(name, inputs, {&y}, {x, gamma, mean, invstd, relu ? y.detach() : Tensor()},
-                            [training](const Tensors& g, const Tensors& s, const Node& n) {
+  static const char* const names[2][3] = {
+      {"BatchNormBackward", "BatchNormReluBackward", "BatchNormRelu6Backward"},
+      {"BatchNormAddBackward", "BatchNormAddReluBackward", "BatchNormAddRelu6Backward"}};
+  const bool fused = act != ops::BnAct::none;
+  autograd::record_function(names[residual.defined()][int(act)], inputs, {&y},
+                            {x, gamma, mean, invstd, fused ? y.detach() : Tensor()},
+                            [training, act](const Tensors& g, const Tensors& s, const Node& n) {
     Tensor dx, dg, db, dr;
     if (n.needs_input_grad(0)) dx = empty_like(s[0]);
     bool into = false;  // gamma's and beta's gradients added into their .grad
     std::tie(dg, db) = param_grads(n, 1, n.needs_input_grad(1), s[1].shape(), 2, n.needs_input_grad(2), s[1].shape(),
                                    s[1].dtype(), s[1].device(), into);
-    // The residual's gradient: dy itself without the ReLU,
-    // the masked dy (written by the kernel) with it.
+    // The residual's gradient: dy itself without an activation,
+    // the masked dy (written by the kernel) with one.
     const bool res = n.needs_input_grad(3);  // false without a residual
     if (res && s[4].defined()) dr = empty_like(g[0]);
-    ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training, s[4], dr, into);
+    ops::call(ops::batchnorm_bwd, g[0], s[0], s[1], s[2], s[3], dx, dg, db, training, act, s[4], dr, into);
     if (res && !s[4].defined()) dr = g[0];
     return res ? Tensors{dx, dg, db, dr} : Tensors{dx, dg, db};
   });

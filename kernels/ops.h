@@ -40,6 +40,12 @@ struct Pool2dParams {
 Shape pool2d_out_shape(const Shape& x, const Pool2dParams& p);
 
 enum class Act : uint8_t { relu, relu6, gelu };  // gelu: exact erf form, as PyTorch's default
+// The activation a batch norm runs in its own pass (conv -> BN -> activation is ResNet's
+// and MobileNetV2's building block): none, max(v, 0), or ReLU6's clamp to [0, 6] (as
+// Act::relu6: a NaN stays NaN).
+enum class BnAct : uint8_t { none, relu, relu6 };
+// A fused activation's own elementwise op (for relu or relu6).
+inline Act unfused(BnAct a) { return a == BnAct::relu6 ? Act::relu6 : Act::relu; }
 enum class Binary : uint8_t { add, sub, mul, div };
 
 struct CrossEntropyParams {
@@ -94,25 +100,26 @@ using Conv2dBwdWeight = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tens
 // Batch norm over (N, H, W) per channel C of x [N, C, H, W]. Training forward writes
 // save_mean and save_invstd [C] (biased variance) and, when running_mean/var are
 // defined, updates them in place: r = (1 - momentum) r + momentum * batch (unbiased var).
-// relu: y = max(batch_norm(x), 0), fused (conv -> BN -> ReLU is ResNet's and
-// MobileNet's building block; fusing saves a pass over the activation each way).
-// residual (undefined: none), shaped like x: y = [max](batch_norm(x) + residual, [0]),
-// the end of a residual block in one pass instead of three.
+// act: y = act(batch_norm(x)) in the same pass (fusing saves a pass over the activation
+// each way, and the backward keeps one activation instead of two).
+// residual (undefined: none), shaped like x: y = act(batch_norm(x) + residual), the end
+// of a residual block in one pass instead of three.
 using BatchNormFwdTrain = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                                Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum,
-                               double eps, bool relu, const Tensor& residual);
+                               double eps, BnAct act, const Tensor& residual);
 using BatchNormFwdInfer = void(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                               const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual);
+                               const Tensor& running_var, Tensor& y, double eps, BnAct act, const Tensor& residual);
 // training=true: batch statistics (mean/invstd are the saved ones, dx includes the
 // statistics' gradient). training=false: mean/invstd are constants (from running stats).
-// relu_y: the output of a forward with relu (undefined otherwise): the gradient flows
-// back only where relu_y > 0. dresidual (undefined: not wanted): the gradient of the
-// forward's residual, i.e. dy where relu_y > 0 (dy itself without relu). accumulate:
-// dgamma and dbeta are added into (a parameter's .grad where it lives, as the
-// convolutions' accumulate; dx and dresidual are written).
+// act, act_y: the forward's activation and its output y (undefined when act is none):
+// the gradient flows back only where act_y > 0 (and, for relu6, act_y < 6), which is
+// where the activation's input was inside (0, 6): act(v) takes both ends exactly.
+// dresidual (undefined: not wanted): the gradient of the forward's residual, i.e. that
+// masked dy. accumulate: dgamma and dbeta are added into (a parameter's .grad where it
+// lives, as the convolutions' accumulate; dx and dresidual are written).
 using BatchNormBwd = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                          const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                          const Tensor& relu_y, Tensor& dresidual, bool accumulate);
+                          const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, BnAct act,
+                          const Tensor& act_y, Tensor& dresidual, bool accumulate);
 
 // Activations, elementwise. Backward reads the forward input x.
 using ActFwd = void(Act act, const Tensor& x, Tensor& y);
@@ -269,7 +276,7 @@ using Conv2dBwdDataOverwrite = void(const Tensor& dy, const Tensor& w, Tensor& d
 using Conv2dBwdWeightOverwrite = void(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const Conv2dParams& p);
 using BatchNormBwdOverwrite = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                    const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                                   const Tensor& relu_y, Tensor& dresidual);
+                                   BnAct act, const Tensor& act_y, Tensor& dresidual);
 using LinearBwdOverwrite = void(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
 using LayerNormBwdOverwrite = void(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                    const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);

@@ -98,10 +98,10 @@ template <>
 struct ComputedThenAdded<tag::batchnorm_bwd> {
   template <auto F, auto A>
   static void call(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
-                   bool accumulate) {
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, BnAct act, const Tensor& act_y,
+                   Tensor& dresidual, bool accumulate) {
     Tensor rg = result_for(dgamma, accumulate), rb = result_for(dbeta, accumulate);
-    F(dy, x, gamma, mean, invstd, dx, rg, rb, training, relu_y, dresidual);
+    F(dy, x, gamma, mean, invstd, dx, rg, rb, training, act, act_y, dresidual);
     add_into<A>(rg, dgamma);
     add_into<A>(rb, dbeta);
   }

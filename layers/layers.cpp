@@ -38,18 +38,27 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps(eps), mom
   running_var = register_buffer("running_var", Tensor::ones({c}));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) { return forward(x, fused_relu); }
+Tensor BatchNorm2d::forward(const Tensor& x) { return forward(x, fused_act); }
 
-Tensor BatchNorm2d::forward(const Tensor& x, bool relu, const Tensor& residual) {
+std::string BatchNorm2d::type_name() const {
+  switch (fused_act) {
+    case ops::BnAct::relu: return "BatchNorm2d+ReLU";
+    case ops::BnAct::relu6: return "BatchNorm2d+ReLU6";
+    case ops::BnAct::none: break;
+  }
+  return "BatchNorm2d";
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x, ops::BnAct act, const Tensor& residual) {
   EG_CHECK(x.dim() == 4 && x.size(1) == weight.size(0), "BatchNorm2d(", weight.size(0), "): expected input [N, ",
            weight.size(0), ", H, W], got ", shape_str(x.shape()));
   if (folded) {
     const Tensor h = residual.defined() ? fn::add(x, residual) : x;
-    return relu ? fn::relu(h) : h;
+    return act == ops::BnAct::none ? h : fn::activation(h, ops::unfused(act));
   }
   // See Note [Frozen BatchNorm semantics].
   bool batch_stats = is_training() && (!is_frozen() || frozen_batch_stats);
-  return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, relu, residual);
+  return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, act, residual);
 }
 
 Linear::Linear(int64_t in, int64_t out, bool b, Generator& g) : in_features(in), out_features(out) {

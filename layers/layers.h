@@ -47,15 +47,17 @@ class Conv2d : public Module {
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
-  Tensor forward(const Tensor& x) override;  // forward(x, fused_relu)
-  // relu: max(bn(x), 0); residual: bn(x) + residual (then the ReLU), fused (fn::batch_norm).
-  Tensor forward(const Tensor& x, bool relu, const Tensor& residual = Tensor());
-  std::string type_name() const override { return fused_relu ? "BatchNorm2d+ReLU" : "BatchNorm2d"; }
+  Tensor forward(const Tensor& x) override;  // forward(x, fused_act)
+  // act: relu(bn(x)) or relu6(bn(x)); residual: bn(x) + residual (then the activation),
+  // fused (fn::batch_norm).
+  Tensor forward(const Tensor& x, ops::BnAct act, const Tensor& residual = Tensor());
+  std::string type_name() const override;
   Tensor weight, bias, running_mean, running_var;
   double eps, momentum;
-  // The ReLU after it in its pass (a stem's conv -> BN -> ReLU): forward(x) is max(bn(x), 0),
-  // with neither a pass of its own nor the pre-ReLU activation kept for the backward.
-  bool fused_relu = false;
+  // The activation after it, in its pass (conv -> BN -> ReLU or ReLU6): forward(x) is
+  // act(bn(x)), with neither a pass of its own nor the activation's input kept for the
+  // backward.
+  ops::BnAct fused_act = ops::BnAct::none;
   // True once folded into the convolution before it (quant/): forward returns x.
   bool folded = false;
   bool frozen_batch_stats = false;  // see the Note

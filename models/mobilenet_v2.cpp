@@ -14,7 +14,8 @@ int64_t make_divisible(double v, int64_t d = 8) {
   return r;
 }
 
-// conv -> BN -> optional ReLU6, tracking FLOPs and spatial size.
+// conv -> BN -> optional ReLU6 (fused into the batch norm's pass), tracking FLOPs and
+// spatial size.
 std::shared_ptr<nn::Sequential> conv_bn(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t groups, bool act,
                                         Generator& g, int64_t& h, double& flops) {
   auto s = std::make_shared<nn::Sequential>();
@@ -22,8 +23,9 @@ std::shared_ptr<nn::Sequential> conv_bn(int64_t in, int64_t out, int64_t k, int6
   flops += c->flops_per_sample(h, h);
   h = (h + stride - 1) / stride;
   s->add("conv", c);
-  s->add("bn", std::make_shared<nn::BatchNorm2d>(out));
-  if (act) s->add("act", nn::ReLU6());
+  auto bn = std::make_shared<nn::BatchNorm2d>(out);
+  if (act) bn->fused_act = ops::BnAct::relu6;
+  s->add("bn", bn);
   return s;
 }
 

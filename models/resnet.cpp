@@ -65,8 +65,8 @@ class BasicBlock : public nn::Module {
     s = {out, h};
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = bn1->forward(conv1->forward(x), /*relu=*/true);
-    return bn2->forward(conv2->forward(h), /*relu=*/true, shortcut ? shortcut->forward(x) : x);
+    Tensor h = bn1->forward(conv1->forward(x), ops::BnAct::relu);
+    return bn2->forward(conv2->forward(h), ops::BnAct::relu, shortcut ? shortcut->forward(x) : x);
   }
   std::string type_name() const override { return "BasicBlock"; }
   std::shared_ptr<Conv2d> conv1, conv2;
@@ -97,9 +97,9 @@ class Bottleneck : public nn::Module {
     s = {out, h};
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = bn1->forward(conv1->forward(x), /*relu=*/true);
-    h = bn2->forward(conv2->forward(h), /*relu=*/true);
-    return bn3->forward(conv3->forward(h), /*relu=*/true, shortcut ? shortcut->forward(x) : x);
+    Tensor h = bn1->forward(conv1->forward(x), ops::BnAct::relu);
+    h = bn2->forward(conv2->forward(h), ops::BnAct::relu);
+    return bn3->forward(conv3->forward(h), ops::BnAct::relu, shortcut ? shortcut->forward(x) : x);
   }
   std::string type_name() const override { return "Bottleneck"; }
   std::shared_ptr<Conv2d> conv1, conv2, conv3;
@@ -119,7 +119,7 @@ std::shared_ptr<nn::Sequential> head(int64_t in, int64_t classes, Generator& g, 
 // activation is the network's largest, and a separate ReLU is a pass over it each way.
 std::shared_ptr<nn::BatchNorm2d> stem_bn(int64_t channels) {
   auto bn = std::make_shared<nn::BatchNorm2d>(channels);
-  bn->fused_relu = true;
+  bn->fused_act = ops::BnAct::relu;
   return bn;
 }
 

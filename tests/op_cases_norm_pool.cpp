@@ -23,40 +23,48 @@ Tensors bn_inputs(const Shape& s, DType dt) {
           uniform({c}, pt, 45, 0.5, 2.0)};
 }
 
+// A case's inputs: with a residual, a sixth input; with ReLU6, gamma in [2, 6] so that
+// some outputs pass its 6.
+Tensors bn_case_inputs(const Shape& s, DType dt, bool residual, ops::BnAct act) {
+  Tensors in = bn_inputs(s, dt);
+  if (act == ops::BnAct::relu6) in[1] = uniform({s[1]}, param_dtype(dt), 42, 2.0, 6.0);
+  if (residual) in.push_back(randn(s, dt, 46));
+  return in;
+}
+
 constexpr double kMomentum = 0.1, kEps = 1e-5;
 
 // Training mode. Outputs: y, saved mean, saved invstd, updated running mean and
 // variance (the running statistics are cloned first, so each call starts alike).
 // want: which of dx, dgamma, dbeta the backward asks for.
-// relu: the fused max(bn(x), 0), whose backward takes y for the mask.
-// residual: a sixth input r, y = [relu](bn(x) + r); the backward also gives dr.
+// act: the fused activation (relu, relu6), whose backward takes y for the mask.
+// residual: a sixth input r, y = act(bn(x) + r); the backward also gives dr.
 // accumulate: dgamma and dbeta added into values already there (a parameter's .grad).
 void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool want_dx = true,
-                  bool want_affine = true, bool relu = false, bool residual = false, bool accumulate = false) {
+                  bool want_affine = true, ops::BnAct act = ops::BnAct::none, bool residual = false,
+                  bool accumulate = false) {
   OpCase c;
   c.name = "batchnorm/train_" + variant;
-  c.make_inputs = [s, residual](DType dt) {
-    Tensors in = bn_inputs(s, dt);
-    if (residual) in.push_back(randn(s, dt, 46));
-    return in;
-  };
-  c.forward = [relu, residual](ops::Backend b, const Tensors& in) {
+  c.make_inputs = [s, residual, act](DType dt) { return bn_case_inputs(s, dt, residual, act); };
+  c.forward = [act, residual](ops::Backend b, const Tensors& in) {
     const int64_t ch = in[0].size(1);
     Tensor y = empty_like(in[0]), mean = empty_on(in[0], {ch}, in[1].dtype());
     Tensor invstd = empty_on(in[0], {ch}, in[1].dtype());
     Tensor rm = in[3].clone(), rv = in[4].clone();
-    ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps, relu,
+    ops::run(ops::batchnorm_fwd_train, b, in[0], in[1], in[2], y, mean, invstd, rm, rv, kMomentum, kEps, act,
              residual ? in[5] : Tensor());
     return Tensors{y, mean, invstd, rm, rv};
   };
-  c.backward = [want_dx, want_affine, relu, residual, accumulate](ops::Backend b, const Tensors& in,
-                                                                  const Tensors& out, const Tensors& dout) {
+  c.backward = [want_dx, want_affine, act, residual, accumulate](ops::Backend b, const Tensors& in, const Tensors& out,
+                                                                 const Tensors& dout) {
     Tensor dx, dg, db, dr;
     if (want_dx) dx = empty_like(in[0]);
-    if (want_affine) dg = gradient_start(in[1], in[1].shape(), in[1].dtype(), accumulate, 47), db = gradient_start(in[2], in[2].shape(), in[2].dtype(), accumulate, 48);
+    if (want_affine)
+      dg = gradient_start(in[1], in[1].shape(), in[1].dtype(), accumulate, 47),
+      db = gradient_start(in[2], in[2].shape(), in[2].dtype(), accumulate, 48);
     if (residual) dr = empty_like(in[0]);
-    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true, relu ? out[0] : Tensor(),
-             dr, accumulate);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], out[1], out[2], dx, dg, db, true, act,
+             act != ops::BnAct::none ? out[0] : Tensor(), dr, accumulate);
     return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_train), uses(ops::batchnorm_bwd)};
@@ -65,7 +73,7 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
   c.bench_backward = true;
   // Minimal traffic: forward reads x (and r), writes y; backward reads dy, x (and y),
   // writes dx (and dr).
-  c.bytes = double(shape_numel(s)) * 4 * (2 + 3 + (relu ? 1 : 0) + (residual ? 2 : 0));
+  c.bytes = double(shape_numel(s)) * 4 * (2 + 3 + (act != ops::BnAct::none ? 1 : 0) + (residual ? 2 : 0));
   // Statistics sum N*H*W values (float within a row, double across rows on the fast
   // path; double throughout in ref): worst errors seen ~1e-6 (y, dx), 2e-7 relative
   // (dgamma, dbeta).
@@ -74,30 +82,25 @@ void add_bn_train(std::vector<OpCase>& v, const std::string& variant, Shape s, b
 }
 
 // Inference mode: running statistics are constants, in both directions.
-void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big, bool relu = false,
-                  bool residual = false, bool accumulate = false) {
+void add_bn_infer(std::vector<OpCase>& v, const std::string& variant, Shape s, bool big,
+                  ops::BnAct act = ops::BnAct::none, bool residual = false, bool accumulate = false) {
   OpCase c;
   c.name = "batchnorm/infer_" + variant;
-  c.make_inputs = [s, residual](DType dt) {
-    Tensors in = bn_inputs(s, dt);
-    if (residual) in.push_back(randn(s, dt, 46));
-    return in;
-  };
-  c.forward = [relu, residual](ops::Backend b, const Tensors& in) {
+  c.make_inputs = [s, residual, act](DType dt) { return bn_case_inputs(s, dt, residual, act); };
+  c.forward = [act, residual](ops::Backend b, const Tensors& in) {
     Tensor y = empty_like(in[0]);
-    ops::run(ops::batchnorm_fwd_infer, b, in[0], in[1], in[2], in[3], in[4], y, kEps, relu,
-             residual ? in[5] : Tensor());
+    ops::run(ops::batchnorm_fwd_infer, b, in[0], in[1], in[2], in[3], in[4], y, kEps, act, residual ? in[5] : Tensor());
     return Tensors{y};
   };
-  c.backward = [relu, residual, accumulate](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
+  c.backward = [act, residual, accumulate](ops::Backend b, const Tensors& in, const Tensors& out, const Tensors& dout) {
     // invstd from the running variance, as autograd computes it (on the host).
     Tensor var = in[4].to(Device::cpu()).to(DType::f64).clone();
     for (int64_t i = 0; i < var.numel(); ++i) var.data<double>()[i] = 1.0 / std::sqrt(var.data<double>()[i] + kEps);
     Tensor invstd = var.to(in[4].dtype()).to(in[0].device());
     Tensor dx = empty_like(in[0]), dg = gradient_start(in[1], in[1].shape(), in[1].dtype(), accumulate, 47), db = gradient_start(in[2], in[2].shape(), in[2].dtype(), accumulate, 48), dr;
     if (residual) dr = empty_like(in[0]);
-    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false, relu ? out[0] : Tensor(),
-             dr, accumulate);
+    ops::run(ops::batchnorm_bwd, b, dout[0], in[0], in[1], in[3], invstd, dx, dg, db, false, act,
+             act != ops::BnAct::none ? out[0] : Tensor(), dr, accumulate);
     return residual ? Tensors{dx, dg, db, Tensor(), Tensor(), dr} : Tensors{dx, dg, db, Tensor(), Tensor()};
   };
   c.uses = {uses(ops::batchnorm_fwd_infer), uses(ops::batchnorm_bwd)};
@@ -220,61 +223,83 @@ RegisterCases reg([](std::vector<OpCase>& v) {
   block_inputs(v.back(), {0}, true);
   add_bf16_twin(v);
   // The fused ReLU, plain and blocked, training and inference.
-  add_bn_train(v, "small_relu", {4, 3, 4, 5}, false, true, true, true);
+  add_bn_train(v, "small_relu", {4, 3, 4, 5}, false, true, true, ops::BnAct::relu);
   add_bf16_twin(v);
-  add_bn_train(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true, true, true);
+  add_bn_train(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true, true, ops::BnAct::relu);
   block_inputs(v.back(), {0}, true);
   add_bf16_twin(v);
-  add_bn_train(v, "c16_nchw16c_relu_dy_plain_no_dx", {3, 16, 5, 3}, false, false, true, true);
+  add_bn_train(v, "c16_nchw16c_relu_dy_plain_no_dx", {3, 16, 5, 3}, false, false, true, ops::BnAct::relu);
   block_inputs(v.back(), {0}, false);
   add_bf16_twin(v);
-  add_bn_train(v, "resnet_128x16x32x32_nchw16c_relu", {128, 16, 32, 32}, true, true, true, true);
+  add_bn_train(v, "resnet_128x16x32x32_nchw16c_relu", {128, 16, 32, 32}, true, true, true, ops::BnAct::relu);
   block_inputs(v.back(), {0}, true);
   add_bf16_twin(v);
+  // The fused ReLU6 (MobileNetV2's conv -> BN -> ReLU6): plain (24 channels, which bf16
+  // cannot block), blocked, NHWC, with a residual, in inference, and a MobileNetV2 shape.
+  add_bn_train(v, "small_relu6", {4, 3, 4, 5}, false, true, true, ops::BnAct::relu6);
+  add_bf16_twin(v);
+  add_bn_train(v, "c24_relu6", {4, 24, 4, 6}, false, true, true, ops::BnAct::relu6);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);
+  add_bn_train(v, "c32_nchw16c_relu6", {4, 32, 6, 5}, false, true, true, ops::BnAct::relu6);
+  block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
+  add_bn_train(v, "c32_nchw16c_add_relu6", {4, 32, 6, 5}, false, true, true, ops::BnAct::relu6, true);
+  block_inputs(v.back(), {0, 5}, true);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0, 5}, true);
+  add_bn_infer(v, "c32_nchw16c_relu6", {4, 32, 6, 5}, false, ops::BnAct::relu6);
+  block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
+  add_bn_train(v, "mobilenetv2_64x144x16x16_nchw16c_relu6", {64, 144, 16, 16}, true, true, true, ops::BnAct::relu6);
+  block_inputs(v.back(), {0}, true);
+  add_bf16_twin(v);
+  add_nhwc_twin(v, {0}, true);
   // With a residual (a block's end): plain, blocked, mixed layouts, with and without ReLU.
-  add_bn_train(v, "small_add_relu", {4, 3, 4, 5}, false, true, true, true, true);
+  add_bn_train(v, "small_add_relu", {4, 3, 4, 5}, false, true, true, ops::BnAct::relu, true);
   add_bf16_twin(v);
   // Planes of whole vectors of 8 (CUDA's 16-bit kernels read vectors there, Note [Vector
   // loads]), a batch the slices split unevenly.
-  add_bn_train(v, "hw24_add_relu", {5, 3, 4, 6}, false, true, true, true, true);
+  add_bn_train(v, "hw24_add_relu", {5, 3, 4, 6}, false, true, true, ops::BnAct::relu, true);
   add_bf16_twin(v);
   add_nhwc_twin(v, {0, 5}, true);  // 3 channels: NHWC rows of no whole vector
-  add_bn_train(v, "small_add", {4, 3, 4, 5}, false, true, true, false, true);
-  add_bn_train(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true, true, true);
+  add_bn_train(v, "small_add", {4, 3, 4, 5}, false, true, true, ops::BnAct::none, true);
+  add_bn_train(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true, ops::BnAct::relu, true);
   block_inputs(v.back(), {0, 5}, true);
   add_bf16_twin(v);
   add_nhwc_twin(v, {0, 5}, true);
   add_nhwc_twin(v, {0}, false, "_nhwc_x_only");  // the residual and the output gradient plain
-  add_bn_train(v, "c16_nchw16c_add_plain_residual_no_affine", {3, 16, 5, 3}, false, true, false, true, true);
+  add_bn_train(v, "c16_nchw16c_add_plain_residual_no_affine", {3, 16, 5, 3}, false, true, false, ops::BnAct::relu,
+               true);
   block_inputs(v.back(), {0}, true);
   add_bf16_twin(v);
-  add_bn_train(v, "c16_plain_add_nchw16c_residual_dy", {3, 16, 5, 3}, false, true, true, true, true);
+  add_bn_train(v, "c16_plain_add_nchw16c_residual_dy", {3, 16, 5, 3}, false, true, true, ops::BnAct::relu, true);
   block_inputs(v.back(), {5}, true);
   add_bf16_twin(v);
-  add_bn_train(v, "c32_nchw16c_add", {4, 32, 6, 5}, false, true, true, false, true);
+  add_bn_train(v, "c32_nchw16c_add", {4, 32, 6, 5}, false, true, true, ops::BnAct::none, true);
   block_inputs(v.back(), {0, 5}, false);
-  add_bn_train(v, "resnet_128x16x32x32_nchw16c_add_relu", {128, 16, 32, 32}, true, true, true, true, true);
+  add_bn_train(v, "resnet_128x16x32x32_nchw16c_add_relu", {128, 16, 32, 32}, true, true, true, ops::BnAct::relu, true);
   block_inputs(v.back(), {0, 5}, true);
   add_bf16_twin(v);
   add_nhwc_twin(v, {0, 5}, true);
-  add_bn_infer(v, "small_add_relu", {4, 3, 4, 5}, false, true, true);
-  add_bn_infer(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, true, true);
+  add_bn_infer(v, "small_add_relu", {4, 3, 4, 5}, false, ops::BnAct::relu, true);
+  add_bn_infer(v, "c32_nchw16c_add_relu", {4, 32, 6, 5}, false, ops::BnAct::relu, true);
   block_inputs(v.back(), {0, 5}, true);
   add_bf16_twin(v);
   add_nhwc_twin(v, {0, 5}, true);
-  add_bn_infer(v, "small_relu", {4, 3, 4, 5}, false, true);
+  add_bn_infer(v, "small_relu", {4, 3, 4, 5}, false, ops::BnAct::relu);
   add_bf16_twin(v);
-  add_bn_infer(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, true);
+  add_bn_infer(v, "c32_nchw16c_relu", {4, 32, 6, 5}, false, ops::BnAct::relu);
   block_inputs(v.back(), {0}, true);
   add_bn_infer(v, "small", {4, 3, 4, 5}, false);
   // dgamma and dbeta added into their .grad (Note [Gradient destinations]).
-  add_bn_train(v, "small_relu_accumulate", {4, 3, 4, 5}, false, true, true, true, false, true);
+  add_bn_train(v, "small_relu_accumulate", {4, 3, 4, 5}, false, true, true, ops::BnAct::relu, false, true);
   add_bf16_twin(v);
-  add_bn_train(v, "c32_nchw16c_add_relu_accumulate", {4, 32, 6, 5}, false, true, true, true, true, true);
+  add_bn_train(v, "c32_nchw16c_add_relu_accumulate", {4, 32, 6, 5}, false, true, true, ops::BnAct::relu, true, true);
   block_inputs(v.back(), {0, 5}, true);
   add_bf16_twin(v);
   add_nhwc_twin(v, {0, 5}, true);
-  add_bn_infer(v, "small_accumulate", {4, 3, 4, 5}, false, false, false, true);
+  add_bn_infer(v, "small_accumulate", {4, 3, 4, 5}, false, ops::BnAct::none, false, true);
   add_bn_infer(v, "resnet_128x16x32x32", {128, 16, 32, 32}, true);
 
   using ops::PoolKind;

@@ -27,15 +27,15 @@ struct Block {
     return {c1.weight, c2.weight, b1.weight, b1.bias, b2.weight, b2.bias, head.weight, head.bias};
   }
   Tensor loss(const Tensor& x, const Tensor& y, Tensor* trunk = nullptr) {
-    Tensor h = b1.forward(c1.forward(x), true);
-    Tensor t = b2.forward(c2.forward(h), true, x);
+    Tensor h = b1.forward(c1.forward(x), ops::BnAct::relu);
+    Tensor t = b2.forward(c2.forward(h), ops::BnAct::relu, x);
     if (trunk) *trunk = t;
     return fn::cross_entropy(head.forward(fn::global_avg_pool(t)), y);
   }
   Tensor emulated_loss(const Tensor& x, const Tensor& y) {
     auto conv = [](nn::Conv2d& c, const Tensor& in) { return q(fn::conv2d(q(in), q(c.weight), Tensor(), c.params)); };
-    Tensor h = q(b1.forward(conv(c1, x), true));
-    Tensor t = q(b2.forward(conv(c2, h), true, q(x)));
+    Tensor h = q(b1.forward(conv(c1, x), ops::BnAct::relu));
+    Tensor t = q(b2.forward(conv(c2, h), ops::BnAct::relu, q(x)));
     return fn::cross_entropy(head.forward(fn::global_avg_pool(t)), y);
   }
 };

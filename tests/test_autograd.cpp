@@ -108,23 +108,23 @@ TEST(Autograd, BroadcastingGradientsSumOverBroadcastDims) {
 }
 
 // A residual block's end fused into the batch norm: gradients reach x, gamma, beta and
-// the residual (through the ReLU's mask, or straight through without the ReLU), in
-// training and inference mode.
+// the residual (through the activation's mask, or straight through without one), in
+// training and inference mode. The residual is scaled by 4 so that ReLU6's cap is taken.
 TEST(Autograd, BatchNormWithResidualGradcheck) {
-  for (bool relu : {true, false})
+  for (ops::BnAct act : {ops::BnAct::relu, ops::BnAct::relu6, ops::BnAct::none})
     for (bool training : {true, false}) {
       Tensor x = param({3, 2, 3, 4}, 21), g = param({2}, 22), b = param({2}, 23), r = param({3, 2, 3, 4}, 24);
       auto f = [&](const std::vector<Tensor>& in) {
         Tensor rm = Tensor::zeros({2}, DType::f64), rv = Tensor::ones({2}, DType::f64);
-        Tensor y = fn::batch_norm(in[0], in[1], in[2], rm, rv, training, 0.1, 1e-5, relu, in[3]);
+        Tensor y = fn::batch_norm(in[0], in[1], in[2], rm, rv, training, 0.1, 1e-5, act, fn::scale(in[3], 4.0));
         return fn::sum(fn::mul(y, y));
       };
       auto res = autograd::gradcheck(f, {x, g, b, r}, 1e-6, 1e-6, 1e-3);
-      EXPECT_TRUE(res.ok) << "relu " << relu << " training " << training << ": " << res.detail;
+      EXPECT_TRUE(res.ok) << "act " << int(act) << " training " << training << ": " << res.detail;
     }
   Tensor x = param({3, 2, 3, 4}, 21), g = param({2}, 22), b = param({2}, 23);
   Tensor rm = Tensor::zeros({2}, DType::f64), rv = Tensor::ones({2}, DType::f64);
-  EXPECT_THROW(fn::batch_norm(x, g, b, rm, rv, true, 0.1, 1e-5, true, param({3, 2, 4, 3}, 25)), Error);
+  EXPECT_THROW(fn::batch_norm(x, g, b, rm, rv, true, 0.1, 1e-5, ops::BnAct::relu, param({3, 2, 4, 3}, 25)), Error);
 }
 
 TEST(Autograd, CompositeGradcheckConvBnReluLinearCrossEntropy) {

@@ -48,10 +48,47 @@ Tiles tiles_of(const Tensor& x) {
   return {x.size(0), C, C / kBlock, x.size(2) * x.size(3)};
 }
 
-// y = x * a + b (+ r) (then max(., 0)) over n values of one channel (a, b scalars) or
-// of L x 16 tile rows (a, b per lane: Lanes = 16). T: the activations' storage (f32 or
-// bf16; Note [bf16 kernels]), the arithmetic in f32.
-template <bool Relu, bool Res, int64_t Lanes, class T>
+// The fused activation (ops::BnAct) as a template argument: f(std::integral_constant).
+template <class F>
+void with_act(ops::BnAct a, F f) {
+  using A = ops::BnAct;
+  switch (a) {
+    case A::none: return f(std::integral_constant<A, A::none>{});
+    case A::relu: return f(std::integral_constant<A, A::relu>{});
+    case A::relu6: return f(std::integral_constant<A, A::relu6>{});
+  }
+}
+
+// The activation of a value: max(v, 0) as std::max gives it, ReLU6 as act.cpp's select
+// (a NaN stays NaN, -0 stays -0 in both).
+template <ops::BnAct A>
+float act_of(float v) {
+  if constexpr (A == ops::BnAct::relu) return std::max(v, 0.f);
+  else if constexpr (A == ops::BnAct::relu6) return v < 0.f ? 0.f : (v > 6.f ? 6.f : v);
+  else return v;
+}
+// Whether the gradient flows back through the activation whose output is r.
+template <ops::BnAct A>
+bool passes(float r) {
+  if constexpr (A == ops::BnAct::relu6) return r > 0.f && r < 6.f;
+  else return A == ops::BnAct::none || r > 0.f;
+}
+
+#if EG_BF16X16
+template <ops::BnAct A>
+__m512 act16(__m512 v) {
+  using namespace bf16x16;
+  // minps returns its second operand unless the first is less: act_of's select.
+  if constexpr (A == ops::BnAct::relu6) return _mm512_min_ps(_mm512_set1_ps(6.f), relu(v));
+  else if constexpr (A == ops::BnAct::relu) return relu(v);
+  else return v;
+}
+#endif
+
+// y = act(x * a + b (+ r)) over n values of one channel (a, b scalars) or of L x 16
+// tile rows (a, b per lane: Lanes = 16). T: the activations' storage (f32 or bf16; Note
+// [bf16 kernels]), the arithmetic in f32.
+template <ops::BnAct A, bool Res, int64_t Lanes, class T>
 void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows) {
 #if EG_BF16X16
   if constexpr (std::is_same_v<T, bf16_t> && Lanes == kBlock) {
@@ -60,7 +97,7 @@ void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, i
     for (int64_t k = 0; k < rows * kBlock; k += kBlock) {
       __m512 v = _mm512_fmadd_ps(load16(x + k), va, vb);
       if (Res) v = _mm512_add_ps(v, load16(r + k));
-      store16(y + k, Relu ? relu(v) : v);
+      store16(y + k, act16<A>(v));
     }
     return;
   }
@@ -71,24 +108,24 @@ void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, i
       const int64_t k = l * Lanes + j;
       float v = ld(x, k) * a[j] + b[j];
       if (Res) v += ld(r, k);
-      st(y, k, Relu ? std::max(v, 0.f) : v);
+      st(y, k, act_of<A>(v));
     }
 }
 template <int64_t Lanes, class T>
-void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows, bool relu) {
-  if (relu)
-    r ? affine_rows<true, true, Lanes>(x, r, y, a, b, rows) : affine_rows<true, false, Lanes>(x, r, y, a, b, rows);
-  else r ? affine_rows<false, true, Lanes>(x, r, y, a, b, rows) : affine_rows<false, false, Lanes>(x, r, y, a, b, rows);
+void affine_rows(const T* x, const T* r, T* y, const float* a, const float* b, int64_t rows, ops::BnAct act) {
+  with_act(act, [&](auto a_) {
+    constexpr ops::BnAct A = decltype(a_)::value;
+    r ? affine_rows<A, true, Lanes>(x, r, y, a, b, rows) : affine_rows<A, false, Lanes>(x, r, y, a, b, rows);
+  });
 }
 
-// Per-channel scale/shift applied to every tile: y = x * sc[c] + sh[c] (+ residual rp)
-// (then max(., 0)).
+// Per-channel scale/shift applied to every tile: y = act(x * sc[c] + sh[c] (+ residual rp)).
 template <class T>
-void affine_blocked(const Tiles& t, const T* xp, T* yp, const float* sc, const float* sh, bool relu, const T* rp) {
+void affine_blocked(const Tiles& t, const T* xp, T* yp, const float* sc, const float* sh, ops::BnAct act, const T* rp) {
 #pragma omp parallel for schedule(static) if (t.count() * t.L * kBlock > 32768)
   for (int64_t i = 0; i < t.count(); ++i) {
     const int64_t off = i * t.L * kBlock;
-    affine_rows<kBlock>(xp + off, rp ? rp + off : nullptr, yp + off, sc + t.channel0(i), sh + t.channel0(i), t.L, relu);
+    affine_rows<kBlock>(xp + off, rp ? rp + off : nullptr, yp + off, sc + t.channel0(i), sh + t.channel0(i), t.L, act);
   }
 }
 
@@ -126,7 +163,7 @@ inline void tile_stats(const bf16_t* xr, int64_t L, float* s_out, float* q_out) 
 
 template <class T>
 void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip,
-                          float* rmp, float* rvp, double momentum, double eps, bool relu, const T* resp) {
+                          float* rmp, float* rvp, double momentum, double eps, ops::BnAct act, const T* resp) {
   const Tiles t = tiles_of(x);
   const T* xp = x.data_any<T>();
   y.set_format(Format::nchw16c);
@@ -157,25 +194,25 @@ void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Ten
     if (rmp) rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean);
     if (rvp) rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * ss / (m - 1));
   }
-  affine_blocked(t, xp, yp, sc.data(), sh.data(), relu, resp);
+  affine_blocked(t, xp, yp, sc.data(), sh.data(), act, resp);
 }
 
-// One tile of the blocked backward. Relu: the forward fused a ReLU whose output is rr,
-// so the gradient is dy where rr > 0 (rr is not read otherwise).
-template <bool Relu, class T>
+// One tile of the blocked backward. A: the activation the forward fused, whose output is
+// rr, so the gradient is dy where it passes (rr is not read without one).
+template <ops::BnAct A, class T>
 float grad_at(const T* rr, const T* dr, int64_t k) {
-  return !Relu || ld(rr, k) > 0.f ? ld(dr, k) : 0.f;
+  return A == ops::BnAct::none || passes<A>(ld(rr, k)) ? ld(dr, k) : 0.f;
 }
 
 // Per-channel sum of the gradient and of gradient * (x - mu) over a tile. Store: the
 // gradient is also written to go (the residual's gradient, which the dx pass then
 // reads instead of dy and the mask).
-template <bool Relu, bool Store, class T>
+template <ops::BnAct A, bool Store, class T>
 void tile_sums(const T* dr, const T* rr, const T* xr, const float* mu, int64_t L, float* a, float* b, T* go) {
   for (int64_t l = 0; l < L; ++l)
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j) {
-      const float g = grad_at<Relu>(rr, dr, l * kBlock + j);
+      const float g = grad_at<A>(rr, dr, l * kBlock + j);
       if (Store) st(go, l * kBlock + j, g);
       a[j] += g;
       b[j] += g * (ld(xr, l * kBlock + j) - mu[j]);
@@ -183,34 +220,37 @@ void tile_sums(const T* dr, const T* rr, const T* xr, const float* mu, int64_t L
 }
 
 // dx = gi g - a (x - mu) - b over a tile, per-channel gi, a, b.
-template <bool Relu, class T>
+template <ops::BnAct A, class T>
 void tile_dx(const T* dr, const T* rr, const T* xr, const float* mu, const float* gi, const float* a, const float* b,
              int64_t L, T* o) {
   for (int64_t l = 0; l < L; ++l)
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j)
       st(o, l * kBlock + j,
-         gi[j] * grad_at<Relu>(rr, dr, l * kBlock + j) - a[j] * (ld(xr, l * kBlock + j) - mu[j]) - b[j]);
+         gi[j] * grad_at<A>(rr, dr, l * kBlock + j) - a[j] * (ld(xr, l * kBlock + j) - mu[j]) - b[j]);
 }
 
 #if EG_BF16X16
-// The gradient of a row: dy, or dy where the fused ReLU's output rr > 0.
-template <bool Relu>
+// The gradient of a row: dy, or dy where the fused activation's output rr passes it.
+template <ops::BnAct A>
 __m512 grad16(const bf16_t* dr, const bf16_t* rr, int64_t k) {
   using namespace bf16x16;
   const __m512 g = load16(dr + k);
-  if (!Relu) return g;
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(load16(rr + k), _mm512_setzero_ps(), _CMP_GT_OQ), g);
+  if constexpr (A == ops::BnAct::none) return g;
+  const __m512 r = load16(rr + k);
+  __mmask16 on = _mm512_cmp_ps_mask(r, _mm512_setzero_ps(), _CMP_GT_OQ);
+  if constexpr (A == ops::BnAct::relu6) on = _mm512_mask_cmp_ps_mask(on, r, _mm512_set1_ps(6.f), _CMP_LT_OQ);
+  return _mm512_maskz_mov_ps(on, g);
 }
 
-template <bool Relu, bool Store>
+template <ops::BnAct A, bool Store>
 void tile_sums(const bf16_t* dr, const bf16_t* rr, const bf16_t* xr, const float* mu, int64_t L, float* a, float* b,
                bf16_t* go) {
   using namespace bf16x16;
   const __m512 vmu = _mm512_loadu_ps(mu);
   __m512 va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
   for (int64_t k = 0; k < L * kBlock; k += kBlock) {
-    const __m512 g = grad16<Relu>(dr, rr, k);
+    const __m512 g = grad16<A>(dr, rr, k);
     if (Store) store16(go + k, g);
     va = _mm512_add_ps(va, g);
     vb = _mm512_fmadd_ps(g, _mm512_sub_ps(load16(xr + k), vmu), vb);
@@ -219,24 +259,24 @@ void tile_sums(const bf16_t* dr, const bf16_t* rr, const bf16_t* xr, const float
   _mm512_storeu_ps(b, vb);
 }
 
-template <bool Relu>
+template <ops::BnAct A>
 void tile_dx(const bf16_t* dr, const bf16_t* rr, const bf16_t* xr, const float* mu, const float* gi, const float* a,
              const float* b, int64_t L, bf16_t* o) {
   using namespace bf16x16;
   const __m512 vmu = _mm512_loadu_ps(mu), vg = _mm512_loadu_ps(gi), va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(b);
   for (int64_t k = 0; k < L * kBlock; k += kBlock) {
-    const __m512 v =
-        _mm512_fnmadd_ps(va, _mm512_sub_ps(load16(xr + k), vmu), _mm512_mul_ps(vg, grad16<Relu>(dr, rr, k)));
+    const __m512 v = _mm512_fnmadd_ps(va, _mm512_sub_ps(load16(xr + k), vmu), _mm512_mul_ps(vg, grad16<A>(dr, rr, k)));
     store16(o + k, _mm512_sub_ps(v, vb));
   }
 }
 #endif
 
-// ry: the fused ReLU's output (nullptr: none); the gradient is dy where ry > 0.
-// dres (defined: wanted): the gradient of the forward's residual, that masked dy.
+// act, ryp: the fused activation and its output (nullptr without one); the gradient is
+// dy where it passes. dres (defined: wanted): the gradient of the forward's residual,
+// that masked dy.
 template <class T>
 void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip, Tensor& dx,
-                    float* dgp, float* dbp, bool training, const T* ryp, Tensor& dres) {
+                    float* dgp, float* dbp, bool training, ops::BnAct act, const T* ryp, Tensor& dres) {
   const Tiles t = tiles_of(x);
   const T *dyp = dy.data_any<T>(), *xp = x.data_any<T>();
   T* drp = nullptr;
@@ -254,13 +294,11 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
       const T *dr = dyp + off, *xr = xp + off, *rr = ryp ? ryp + off : nullptr;
       const float* mu = mp + t.channel0(i);
       float a[kBlock] = {}, b[kBlock] = {};
-      if (drp) {
-        if (ryp) tile_sums<true, true>(dr, rr, xr, mu, t.L, a, b, drp + off);
-        else tile_sums<false, true>(dr, rr, xr, mu, t.L, a, b, drp + off);
-      } else {
-        if (ryp) tile_sums<true, false>(dr, rr, xr, mu, t.L, a, b, static_cast<T*>(nullptr));
-        else tile_sums<false, false>(dr, rr, xr, mu, t.L, a, b, static_cast<T*>(nullptr));
-      }
+      with_act(act, [&](auto a_) {
+        constexpr ops::BnAct A = decltype(a_)::value;
+        if (drp) tile_sums<A, true>(dr, rr, xr, mu, t.L, a, b, drp + off);
+        else tile_sums<A, false>(dr, rr, xr, mu, t.L, a, b, static_cast<T*>(nullptr));
+      });
       for (int64_t j = 0; j < kBlock; ++j) pa[size_t(i * kBlock + j)] = a[j], pb[size_t(i * kBlock + j)] = b[j];
     }
     for (int64_t i = 0; i < t.count(); ++i)
@@ -290,16 +328,21 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
     const int64_t off = i * t.L * kBlock;
     const T* xr = xp + off;
     T* o = dxp + off;
-    if (drp) tile_dx<false>(drp + off, static_cast<const T*>(nullptr), xr, mu, g, a, b, t.L, o);  // already masked
-    else if (ryp) tile_dx<true>(dyp + off, ryp + off, xr, mu, g, a, b, t.L, o);
-    else tile_dx<false>(dyp + off, static_cast<const T*>(nullptr), xr, mu, g, a, b, t.L, o);
+    if (drp) {  // already masked
+      tile_dx<ops::BnAct::none>(drp + off, static_cast<const T*>(nullptr), xr, mu, g, a, b, t.L, o);
+      continue;
+    }
+    with_act(act, [&](auto a_) {
+      constexpr ops::BnAct A = decltype(a_)::value;
+      tile_dx<A>(dyp + off, ryp ? ryp + off : nullptr, xr, mu, g, a, b, t.L, o);
+    });
   }
 }
 
 // Inference on blocked x: the running statistics folded into one scale and shift per channel.
 template <class T>
 void bn_infer_blocked(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                      const Tensor& running_var, Tensor& y, double eps, bool relu, const T* resp) {
+                      const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const T* resp) {
   const Tiles t = tiles_of(x);
   const float *gp = gamma.data<float>(), *bp = beta.data<float>();
   const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
@@ -309,7 +352,7 @@ void bn_infer_blocked(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
     sc[size_t(c)] = float(sd), sh[size_t(c)] = float(double(bp[c]) - double(mp[c]) * sd);
   }
   y.set_format(Format::nchw16c);
-  affine_blocked(t, x.data_any<T>(), y.data_any<T>(), sc.data(), sh.data(), relu, resp);
+  affine_blocked(t, x.data_any<T>(), y.data_any<T>(), sc.data(), sh.data(), act, resp);
 }
 
 struct Dims {
@@ -349,7 +392,7 @@ void row_dy_sums(const T* dy, const T* x, float mu, int64_t L, float& sdy, float
 // The plain layout [N, C, L], parallel over channels.
 template <class T>
 void bn_fwd_train_plain(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip, float* rmp,
-                        float* rvp, double momentum, double eps, bool relu, const T* resp) {
+                        float* rvp, double momentum, double eps, ops::BnAct act, const T* resp) {
   const Dims d = dims_of(x);
   const T* xp = x.data_any<T>();
   y.set_format(Format::plain);
@@ -373,7 +416,7 @@ void bn_fwd_train_plain(const Tensor& x, const float* gp, const float* bp, Tenso
     const float scale = float(invstd * double(gp[c])), shift = float(double(bp[c]) - mean * invstd * double(gp[c]));
     for (int64_t n = 0; n < d.N; ++n) {
       const int64_t off = c * d.L + n * stride;
-      affine_rows<1>(xp + off, resp ? resp + off : nullptr, yp + off, &scale, &shift, d.L, relu);
+      affine_rows<1>(xp + off, resp ? resp + off : nullptr, yp + off, &scale, &shift, d.L, act);
     }
     mp[c] = mf;
     ip[c] = float(invstd);
@@ -384,7 +427,7 @@ void bn_fwd_train_plain(const Tensor& x, const float* gp, const float* bp, Tenso
 
 template <class T>
 void bn_infer_plain(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                    const Tensor& running_var, Tensor& y, double eps, bool relu, const T* resp) {
+                    const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const T* resp) {
   const Dims d = dims_of(x);
   const T* xp = x.data_any<T>();
   const float *gp = gamma.data<float>(), *bp = beta.data<float>();
@@ -398,11 +441,11 @@ void bn_infer_plain(const Tensor& x, const Tensor& gamma, const Tensor& beta, co
       const double sd = double(gp[c]) / std::sqrt(double(vp[c]) + eps);
       const float scale = float(sd), shift = float(double(bp[c]) - double(mp[c]) * sd);
       const int64_t off = (n * d.C + c) * d.L;
-      affine_rows<1>(xp + off, resp ? resp + off : nullptr, yp + off, &scale, &shift, d.L, relu);
+      affine_rows<1>(xp + off, resp ? resp + off : nullptr, yp + off, &scale, &shift, d.L, act);
     }
 }
 
-// dy: the gradient, already masked by the fused ReLU.
+// dy: the gradient, already masked by the fused activation.
 template <class T>
 void bn_bwd_plain(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip, Tensor& dx,
                   float* dgp, float* dbp, bool training) {
@@ -455,11 +498,11 @@ bool runs_blocked(const Tensor& x, const Tensor& dy = Tensor()) {
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                         bool relu, const Tensor& residual_in) {
+                         ops::BnAct act, const Tensor& residual_in) {
   if (!same_dtype({&x, &y, &residual_in})) {  // mixed f32 / bf16: not on a hot path
     y.set_format(Format::plain);
     return ref::batchnorm_fwd_train(x.to_plain(), gamma, beta, y, save_mean, save_invstd, running_mean, running_var,
-                                    momentum, eps, relu, residual_in.defined() ? residual_in.to_plain() : Tensor());
+                                    momentum, eps, act, residual_in.defined() ? residual_in.to_plain() : Tensor());
   }
   float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
   float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
@@ -472,18 +515,18 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
     const T* resp = rs.defined() ? rs.data_any<T>() : nullptr;
     if (blocked)
       bn_fwd_train_blocked(xs, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
-                           save_invstd.data<float>(), rmp, rvp, momentum, eps, relu, resp);
+                           save_invstd.data<float>(), rmp, rvp, momentum, eps, act, resp);
     else
       bn_fwd_train_plain(xs, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
-                         save_invstd.data<float>(), rmp, rvp, momentum, eps, relu, resp);
+                         save_invstd.data<float>(), rmp, rvp, momentum, eps, act, resp);
   });
 }
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual_in) {
+                         const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const Tensor& residual_in) {
   if (!same_dtype({&x, &y, &residual_in})) {
     y.set_format(Format::plain);
-    return ref::batchnorm_fwd_infer(x.to_plain(), gamma, beta, running_mean, running_var, y, eps, relu,
+    return ref::batchnorm_fwd_infer(x.to_plain(), gamma, beta, running_mean, running_var, y, eps, act,
                                     residual_in.defined() ? residual_in.to_plain() : Tensor());
   }
   const bool blocked = runs_blocked(x);
@@ -493,8 +536,8 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
   return with_storage(x, [&](auto t) {
     using T = decltype(t);
     const T* resp = rs.defined() ? rs.data_any<T>() : nullptr;
-    if (blocked) bn_infer_blocked(xs, gamma, beta, running_mean, running_var, y, eps, relu, resp);
-    else bn_infer_plain(xs, gamma, beta, running_mean, running_var, y, eps, relu, resp);
+    if (blocked) bn_infer_blocked(xs, gamma, beta, running_mean, running_var, y, eps, act, resp);
+    else bn_infer_plain(xs, gamma, beta, running_mean, running_var, y, eps, act, resp);
   });
 }
 
@@ -502,12 +545,13 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
 // training: dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / M);
 // inference: dx = gamma * invstd * dy (the statistics are constants).
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
-  if (!same_dtype({&dy_in, &x, &dx, &relu_y, &dresidual})) {
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, ops::BnAct act, const Tensor& act_y,
+                   Tensor& dresidual) {
+  if (!same_dtype({&dy_in, &x, &dx, &act_y, &dresidual})) {
     for (Tensor* out : {&dx, &dresidual})
       if (out->defined()) out->set_format(Format::plain);
-    return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training,
-                              relu_y.defined() ? relu_y.to_plain() : Tensor(), dresidual);
+    return ref::batchnorm_bwd(dy_in.to_plain(), x.to_plain(), gamma, mean, invstd, dx, dgamma, dbeta, training, act,
+                              act_y.defined() ? act_y.to_plain() : Tensor(), dresidual);
   }
   float* dgp = dgamma.defined() ? dgamma.data<float>() : nullptr;
   float* dbp = dbeta.defined() ? dbeta.data<float>() : nullptr;
@@ -516,23 +560,25 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
     Tensor kx, kdy, kry;
     const Tensor& xb = in_format(x, Format::nchw16c, kx);
     const Tensor& dyb = in_format(dy_in, Format::nchw16c, kdy);
-    const Tensor& ryb = in_format(relu_y, Format::nchw16c, kry);
+    const Tensor& ryb = in_format(act_y, Format::nchw16c, kry);
     return with_storage(x, [&](auto t) {
       using T = decltype(t);
       bn_bwd_blocked(dyb, xb, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx, dgp, dbp, training,
-                     ryb.defined() ? ryb.data_any<T>() : static_cast<T*>(nullptr), dresidual);
+                     act, ryb.defined() ? ryb.data_any<T>() : static_cast<T*>(nullptr), dresidual);
     });
   }
-  // Plain layout: the fused ReLU's mask as its own pass (act_bwd, into the residual's
-  // gradient when that is wanted), then the plain loops.
+  // Plain layout: the fused activation's mask as its own pass (act_bwd on its output,
+  // whose mask is its input's: ops::BatchNormBwd; into the residual's gradient when that
+  // is wanted), then the plain loops.
   Tensor masked;
-  if (relu_y.defined()) {
+  const bool has_act = act != ops::BnAct::none;
+  if (has_act) {
     masked = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape(), dy_in.dtype());
-    act_bwd(ops::Act::relu, dy_in, relu_y, masked);
+    act_bwd(ops::unfused(act), dy_in, act_y, masked);
   } else if (dresidual.defined()) {
     dresidual.copy_(dy_in);
   }
-  const Tensor& dy = relu_y.defined() ? masked : dy_in;
+  const Tensor& dy = has_act ? masked : dy_in;
   return with_storage(x, [&](auto t) {
     using T = decltype(t);
     bn_bwd_plain<T>(dy, x, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx, dgp, dbp, training);

@@ -45,14 +45,14 @@ bool is16(const Tensor& t) { return t.defined() && (t.dtype() == DType::bf16 || 
 
 void batchnorm_fwd_train(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                         bool relu, const Tensor& residual_in) {
+                         ops::BnAct act, const Tensor& residual_in) {
   const bool run = running_mean.defined() && running_var.defined();
   const bool half = is16(x_in) || is16(y) || is16(residual_in);
   const Format f = compute_layout(x_in, half);
   const Tensor x = x_in.to_format(f), residual = residual_in.to_format(f);
   y.set_format(f);
   if (half)  // Note [16-bit batch norm] in batchnorm16.cu
-    return bn16_fwd_train(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps, relu,
+    return bn16_fwd_train(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps, act,
                           residual);
   require_f32(x, "batch_norm");
   cudnnHandle_t h = cuda::cudnn_handle();
@@ -62,19 +62,19 @@ void batchnorm_fwd_train(const Tensor& x_in, const Tensor& gamma, const Tensor& 
       h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x.raw(), xd.d, y.raw(), pd.d, gamma.raw(), beta.raw(), momentum,
       run ? running_mean.raw() : nullptr, run ? running_var.raw() : nullptr, std::max(eps, CUDNN_BN_MIN_EPSILON),
       save_mean.raw(), save_invstd.raw()));
-  // Residual and ReLU as their own elementwise passes, in place (cuDNN's fused
+  // Residual and activation as their own elementwise passes, in place (cuDNN's fused
   // BN-add-activation wants NHWC half).
   if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
-  if (relu) act_fwd(ops::Act::relu, y, y);
+  if (act != ops::BnAct::none) act_fwd(ops::unfused(act), y, y);
 }
 
 void batchnorm_fwd_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual_in) {
+                         const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const Tensor& residual_in) {
   const bool half = is16(x_in) || is16(y) || is16(residual_in);
   const Format f = compute_layout(x_in, half);
   const Tensor x = x_in.to_format(f), residual = residual_in.to_format(f);
   y.set_format(f);
-  if (half) return bn16_fwd_infer(x, gamma, beta, running_mean, running_var, y, eps, relu, residual);
+  if (half) return bn16_fwd_infer(x, gamma, beta, running_mean, running_var, y, eps, act, residual);
   require_f32(x, "batch_norm");
   cudnnHandle_t h = cuda::cudnn_handle();
   TensorDesc xd(x.shape()), pd({1, x.size(1), 1, 1});
@@ -83,26 +83,28 @@ void batchnorm_fwd_infer(const Tensor& x_in, const Tensor& gamma, const Tensor& 
                                                          y.raw(), pd.d, gamma.raw(), beta.raw(), running_mean.raw(),
                                                          running_var.raw(), std::max(eps, CUDNN_BN_MIN_EPSILON)));
   if (residual.defined()) binary_fwd(ops::Binary::add, y, residual, y);
-  if (relu) act_fwd(ops::Act::relu, y, y);
+  if (act != ops::BnAct::none) act_fwd(ops::unfused(act), y, y);
 }
 
 void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma, const Tensor& mean,
-                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training,
-                   const Tensor& relu_y_in, Tensor& dresidual, bool accumulate) {
-  const bool half = is16(dy_arg) || is16(x_in) || is16(dx) || is16(relu_y_in) || is16(dresidual);
+                   const Tensor& invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, ops::BnAct act,
+                   const Tensor& act_y_in, Tensor& dresidual, bool accumulate) {
+  const bool half = is16(dy_arg) || is16(x_in) || is16(dx) || is16(act_y_in) || is16(dresidual);
   const Format f = compute_layout(x_in, half);
-  const Tensor dy_in = dy_arg.to_format(f), x = x_in.to_format(f), relu_y = relu_y_in.to_format(f);
+  const Tensor dy_in = dy_arg.to_format(f), x = x_in.to_format(f), act_y = act_y_in.to_format(f);
   if (dx.defined()) dx.set_format(f);
   if (dresidual.defined()) dresidual.set_format(f);
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-  if (half) return bn16_bwd(dy_in, x, gamma, mean, invstd, dx, dgamma, dbeta, training, relu_y, dresidual, accumulate);
+  if (half)
+    return bn16_bwd(dy_in, x, gamma, mean, invstd, dx, dgamma, dbeta, training, act, act_y, dresidual, accumulate);
   require_f32(x, "batch_norm backward");
-  // The fused ReLU's mask as its own pass (cuDNN's fused BN-activation backward wants NHWC
-  // half), written into the residual's gradient when that is wanted.
+  // The fused activation's mask as its own pass (act_bwd on its output, whose mask is its
+  // input's; cuDNN's fused BN-activation backward wants NHWC half), written into the
+  // residual's gradient when that is wanted.
   Tensor dy = dy_in;
-  if (relu_y.defined()) {
+  if (act != ops::BnAct::none) {
     dy = dresidual.defined() ? dresidual : Tensor::empty(dy_in.shape(), DType::f32, dy_in.device());
-    act_bwd(ops::Act::relu, dy_in, relu_y, dy);
+    act_bwd(ops::unfused(act), dy_in, act_y, dy);
   } else if (dresidual.defined()) {
     dresidual.copy_(dy_in);
   }
@@ -111,7 +113,7 @@ void batchnorm_bwd(const Tensor& dy_arg, const Tensor& x_in, const Tensor& gamma
   const bool blend = training && dgamma.defined() && dbeta.defined() && blend_aligned(dgamma) && blend_aligned(dbeta);
   if (accumulate && !blend && (dgamma.defined() || dbeta.defined())) {
     Tensor dg = ops::result_for(dgamma, true), db = ops::result_for(dbeta, true), none;
-    batchnorm_bwd(dy, x, gamma, mean, invstd, dx, dg, db, training, none, none, false);
+    batchnorm_bwd(dy, x, gamma, mean, invstd, dx, dg, db, training, ops::BnAct::none, none, none, false);
     for (auto [r, out] : {std::pair{&dg, &dgamma}, {&db, &dbeta}})
       if (out->defined()) axpy(*r, *out, 1.0);
     return;

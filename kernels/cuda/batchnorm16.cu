@@ -14,9 +14,9 @@ namespace eg::cudak {
 // cancelling), each thread's (count, mean, M2) merged by Chan's rule into a partial per
 // block; (2) a warp per channel merges its partials in f64 into the batch mean, invstd,
 // the running statistics and the coefficients of (3) y = (x - mean) a + beta
-// [+ residual] [relu], a = gamma invstd, rounded once to y's dtype. Backward: (1) per
-// block, partial sums of dy' and dy' xhat (dy' = dy where relu_y > 0; xhat = (x - mean)
-// invstd); (2) a warp per channel: dbeta and dgamma, and the coefficients of (3)
+// [+ residual], then the fused activation, a = gamma invstd, rounded once to y's dtype.
+// Backward: (1) per block, partial sums of dy' and dy' xhat (dy' = dy where the
+// activation's output passes it; xhat = (x - mean) invstd); (2) a warp per channel: dbeta and dgamma, and the coefficients of (3)
 // dx = gamma invstd (dy' - [dbeta + xhat dgamma] / M), computed as dy' A + (x - mean) B
 // + C, the bracket only with batch statistics, and dresidual = dy'. Computing the
 // coefficients once per channel leaves (3) four vector loads of them per 8 NHWC values
@@ -178,7 +178,7 @@ __device__ __forceinline__ void channel_coefs(const float* row, int64_t ch, floa
 }
 template <int V, bool nhwc>
 __global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const void* res, int tr, const float* coef,
-                                  bool relu, int64_t c, int64_t hw, int64_t n, bool small) {
+                                  ops::BnAct act, int64_t c, int64_t hw, int64_t n, bool small) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
     const int64_t ch = channel_of(i, hw, c, small, nhwc);
     float v[V], r[V], mu[V], a[V], b[V];
@@ -190,28 +190,36 @@ __global__ void bn16_apply_kernel(const void* x, int tx, void* y, int ty, const 
     for (int e = 0; e < V; ++e) {
       v[e] = (v[e] - mu[e]) * a[e] + b[e];
       if (res) v[e] += r[e];
-      if (relu) v[e] = fmaxf(v[e], 0.f);
+      if (act == ops::BnAct::relu) v[e] = fmaxf(v[e], 0.f);
+      else if (act == ops::BnAct::relu6) v[e] = v[e] < 0.f ? 0.f : (v[e] > 6.f ? 6.f : v[e]);  // act.cu's select
     }
     stv<V>(y, ty, i, v);
   }
 }
 
-// dy' = dy where relu_y > 0 (without a fused ReLU, dy), V elements from i.
+// The fused activation's output y (of dtype code t; nullptr without one), whose mask the
+// gradient takes: y > 0, and y < 6 for ReLU6 (six).
+struct ActMask {
+  const void* y;
+  int t;
+  bool six;
+};
+
+// dy' = dy where the fused activation passes it (without one, dy), V elements from i.
 template <int V>
-__device__ __forceinline__ void masked_dy(const void* dy, int tdy, const void* relu_y, int tr, int64_t i,
-                                          float (&g)[V]) {
+__device__ __forceinline__ void masked_dy(const void* dy, int tdy, ActMask m, int64_t i, float (&g)[V]) {
   ldv<V>(dy, tdy, i, g);
-  if (!relu_y) return;
+  if (!m.y) return;
   float r[V];
-  ldv<V>(relu_y, tr, i, r);
+  ldv<V>(m.y, m.t, i, r);
   for (int e = 0; e < V; ++e)
-    if (!(r[e] > 0.f)) g[e] = 0.f;
+    if (!(r[e] > 0.f) || (m.six && !(r[e] < 6.f))) g[e] = 0.f;
 }
 
 // Per block: sum of dy' and of dy' xhat over its slice of the channel.
 template <int V>
-__global__ void bn16_bwd_sums_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
-                                     const float* mean, const float* invstd, Slices sl, float2* part) {
+__global__ void bn16_bwd_sums_kernel(const void* dy, int tdy, const void* x, int tx, ActMask am, const float* mean,
+                                     const float* invstd, Slices sl, float2* part) {
   const int64_t ch = blockIdx.x;
   int64_t n0, n1;
   slice_range(sl, n0, n1);
@@ -221,7 +229,7 @@ __global__ void bn16_bwd_sums_kernel(const void* dy, int tdy, const void* x, int
   for (uint32_t k = threadIdx.x; k < count; k += blockDim.x) {
     const int64_t i = slice_index<V>(k, hw, n0, sl.c, ch);
     float g[V], xv[V];
-    masked_dy<V>(dy, tdy, relu_y, tr, i, g);
+    masked_dy<V>(dy, tdy, am, i, g);
     ldv<V>(x, tx, i, xv);
     for (int e = 0; e < V; ++e) {
       sd += g[e];
@@ -257,12 +265,12 @@ __global__ void bn16_bwd_final_kernel(const float2* part, int64_t s, int64_t c, 
 }
 
 template <int V, bool nhwc>
-__global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
-                                   const float* coef, bool training, void* dx, int tdx, void* dres, int tdr, int64_t c,
-                                   int64_t hw, int64_t n, bool small) {
+__global__ void bn16_bwd_dx_kernel(const void* dy, int tdy, const void* x, int tx, ActMask am, const float* coef,
+                                   bool training, void* dx, int tdx, void* dres, int tdr, int64_t c, int64_t hw,
+                                   int64_t n, bool small) {
   EG_CUDA_VEC_LOOP(i, V, 0, n) {
     float g[V];
-    masked_dy<V>(dy, tdy, relu_y, tr, i, g);
+    masked_dy<V>(dy, tdy, am, i, g);
     if (dres) stv<V>(dres, tdr, i, g);
     if (!dx) continue;
     const int64_t ch = channel_of(i, hw, c, small, nhwc);
@@ -364,8 +372,8 @@ __global__ void __launch_bounds__(kBnThreads, kStatsBlocksPerSm)
 }
 
 template <int V>
-__global__ void bn16_bwd_sums_nhwc_kernel(const void* dy, int tdy, const void* x, int tx, const void* relu_y, int tr,
-                                          const float* mean, const float* invstd, RowSlices rs, float2* part) {
+__global__ void bn16_bwd_sums_nhwc_kernel(const void* dy, int tdy, const void* x, int tx, ActMask am, const float* mean,
+                                          const float* invstd, RowSlices rs, float2* part) {
   __shared__ float2 sh[kBnThreads][V];
   const int col = int(threadIdx.x) % rs.w, lane = int(threadIdx.x) / rs.w;
   const int64_t g = int64_t(blockIdx.x) * rs.w + col;
@@ -379,7 +387,7 @@ __global__ void bn16_bwd_sums_nhwc_kernel(const void* dy, int tdy, const void* x
     for (int64_t r = r0 + lane; r < r1; r += rs.lanes) {
       const int64_t i = r * rs.c + g * V;
       float gv[V], xv[V];
-      masked_dy<V>(dy, tdy, relu_y, tr, i, gv);
+      masked_dy<V>(dy, tdy, am, i, gv);
       ldv<V>(x, tx, i, xv);
       for (int e = 0; e < V; ++e) {
         sd[e] += gv[e];
@@ -416,6 +424,9 @@ __global__ void sum_rows_kernel(const float* part, int64_t s, int64_t c, float* 
 
 const void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw_any() : nullptr; }
 int code_or_f32(const Tensor& t, const char* op) { return t.defined() ? dt_code(t, op) : kF32; }
+ActMask act_mask(ops::BnAct act, const Tensor& act_y, const char* op) {
+  return {act == ops::BnAct::none ? nullptr : act_y.raw_any(), code_or_f32(act_y, op), act == ops::BnAct::relu6};
+}
 
 void check_params(std::initializer_list<const Tensor*> ps, const char* op) {
   for (const Tensor* p : ps)
@@ -443,15 +454,15 @@ void with_vectors(const Tensor& x, std::initializer_list<const void*> ps, F&& f)
 }
 bool small_index(const Tensor& x) { return x.numel() < (int64_t(1) << 32); }
 
-// y = (x - mean) a + beta [+ residual] [relu], coef [3, C] from a final pass.
-void bn16_apply(const Tensor& x, const Tensor& coef, bool relu, const Tensor& residual, Tensor& y) {
+// y = act((x - mean) a + beta [+ residual]), coef [3, C] from a final pass.
+void bn16_apply(const Tensor& x, const Tensor& coef, ops::BnAct act, const Tensor& residual, Tensor& y) {
   const char* op = "batch_norm";
   with_vectors(x, {x.raw_any(), y.raw_any(), raw_or_null(residual), coef.raw()}, [&](auto v) {
     constexpr int V = decltype(v)::value;
     const auto kernel = is_nhwc(x) ? bn16_apply_kernel<V, true> : bn16_apply_kernel<V, false>;
     kernel<<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
         x.raw_any(), dt_code(x, op), y.raw_any(), dt_code(y, op), raw_or_null(residual), code_or_f32(residual, op),
-        coef.data<float>(), relu, x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x));
+        coef.data<float>(), act, x.size(1), x.size(2) * x.size(3), x.numel(), small_index(x));
   });
   cuda::after_launch("batchnorm (16-bit) apply");
 }
@@ -506,7 +517,7 @@ void channel_sum(const Tensor& dy, Tensor& db) {
 
 void bn16_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                     Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                    bool relu, const Tensor& residual) {
+                    ops::BnAct act, const Tensor& residual) {
   const bool run = running_mean.defined() && running_var.defined();
   check_params({&gamma, &beta, &save_mean, &save_invstd, &running_mean, &running_var}, "batch_norm");
   check_slice_size(x, "batch_norm");
@@ -526,11 +537,11 @@ void bn16_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Te
       save_mean.data<float>(), save_invstd.data<float>(), run ? running_mean.data<float>() : nullptr,
       run ? running_var.data<float>() : nullptr, float(momentum), float(eps), coef.data<float>());
   cuda::after_launch("batchnorm (16-bit) statistics");
-  return bn16_apply(x, coef, relu, residual, y);
+  return bn16_apply(x, coef, act, residual, y);
 }
 
 void bn16_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                    const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
+                    const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const Tensor& residual) {
   check_params({&gamma, &beta, &running_mean, &running_var}, "batch_norm");
   if (!x.numel()) return;
   const int64_t c = x.size(1);
@@ -539,47 +550,47 @@ void bn16_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, co
       running_mean.data<float>(), running_var.data<float>(), gamma.data<float>(), beta.data<float>(), float(eps), c,
       coef.data<float>());
   cuda::after_launch("batchnorm (16-bit) coefficients");
-  return bn16_apply(x, coef, relu, residual, y);
+  return bn16_apply(x, coef, act, residual, y);
 }
 
 void bn16_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
-              bool accumulate) {
+              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, ops::BnAct act, const Tensor& act_y,
+              Tensor& dresidual, bool accumulate) {
   const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
   const char* op = "batch_norm backward";
   check_params({&gamma, &mean, &invstd, &dgamma, &dbeta}, op);
   check_slice_size(x, op);
   if (!x.numel()) return;
   Tensor coef = Tensor::empty({4, c}, DType::f32, x.device());
-  const Partials p = channel_partials(x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y)}, 2, 4,
+  const ActMask am = act_mask(act, act_y, op);
+  const Partials p = channel_partials(x, {dy_in.raw_any(), x.raw_any(), am.y}, 2, 4,
                                       [&](auto v, dim3 grid, const auto& g, float* part) {
     constexpr int V = decltype(v)::value;
     auto* p2 = reinterpret_cast<float2*>(part);
-    const void *pdy = dy_in.raw_any(), *px = x.raw_any(), *pr = raw_or_null(relu_y);
-    const int tdy = dt_code(dy_in, op), tx = dt_code(x, op), tr = code_or_f32(relu_y, op);
+    const void *pdy = dy_in.raw_any(), *px = x.raw_any();
+    const int tdy = dt_code(dy_in, op), tx = dt_code(x, op);
     if constexpr (is_rows<decltype(g)>)
-      bn16_bwd_sums_nhwc_kernel<V><<<grid, kBnThreads, 0, stream()>>>(pdy, tdy, px, tx, pr, tr, mean.data<float>(),
-                                                                      invstd.data<float>(), g, p2);
+      bn16_bwd_sums_nhwc_kernel<V>
+          <<<grid, kBnThreads, 0, stream()>>>(pdy, tdy, px, tx, am, mean.data<float>(), invstd.data<float>(), g, p2);
     else
-      bn16_bwd_sums_kernel<V><<<grid, kBnThreads, 0, stream()>>>(pdy, tdy, px, tx, pr, tr, mean.data<float>(),
-                                                                 invstd.data<float>(), g, p2);
+      bn16_bwd_sums_kernel<V>
+          <<<grid, kBnThreads, 0, stream()>>>(pdy, tdy, px, tx, am, mean.data<float>(), invstd.data<float>(), g, p2);
   });
   bn16_bwd_final_kernel<<<final_blocks(c), 32 * kFinalWarps, 0, stream()>>>(
       reinterpret_cast<float2*>(p.part.data<float>()), p.s, c, gamma.data<float>(), mean.data<float>(),
       invstd.data<float>(), training, float(1.0 / double(n * hw)), dbeta.defined() ? dbeta.data<float>() : nullptr,
       dgamma.defined() ? dgamma.data<float>() : nullptr, accumulate, coef.data<float>());
   if (dx.defined() || dresidual.defined())
-    with_vectors(
-        x, {dy_in.raw_any(), x.raw_any(), raw_or_null(relu_y), raw_or_null(dx), raw_or_null(dresidual), coef.raw()},
-        [&](auto v) {
+    with_vectors(x, {dy_in.raw_any(), x.raw_any(), am.y, raw_or_null(dx), raw_or_null(dresidual), coef.raw()},
+                 [&](auto v) {
       constexpr int V = decltype(v)::value;
       const auto kernel = is_nhwc(x) ? bn16_bwd_dx_kernel<V, true> : bn16_bwd_dx_kernel<V, false>;
       kernel<<<blocks_for(x.numel() / V), kThreads, 0, stream()>>>(
-          dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), raw_or_null(relu_y),
-          code_or_f32(relu_y, op), coef.data<float>(), training, dx.defined() ? dx.raw_any() : nullptr,
-          code_or_f32(dx, op), dresidual.defined() ? dresidual.raw_any() : nullptr, code_or_f32(dresidual, op), c, hw,
-          x.numel(), small_index(x));
-        });
+          dy_in.raw_any(), dt_code(dy_in, op), x.raw_any(), dt_code(x, op), am, coef.data<float>(), training,
+          dx.defined() ? dx.raw_any() : nullptr, code_or_f32(dx, op),
+          dresidual.defined() ? dresidual.raw_any() : nullptr, code_or_f32(dresidual, op), c, hw, x.numel(),
+          small_index(x));
+    });
   cuda::after_launch("batchnorm_bwd (16-bit)");
 }
 

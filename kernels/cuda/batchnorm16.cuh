@@ -9,12 +9,12 @@ namespace eg::cudak {
 
 void bn16_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                     Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                    bool relu, const Tensor& residual);
+                    ops::BnAct act, const Tensor& residual);
 void bn16_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                    const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual);
+                    const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const Tensor& residual);
 void bn16_bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual,
-              bool accumulate);
+              Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, ops::BnAct act, const Tensor& act_y,
+              Tensor& dresidual, bool accumulate);
 
 // db[c] = sum of dy over (N, H, W) for dy [N, C, H, W] of any of the three dtypes, db f32:
 // a convolution's bias gradient beside 16-bit activations.

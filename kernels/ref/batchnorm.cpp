@@ -106,16 +106,21 @@ void bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& m
   }
 }
 
-// The fused ReLU, as its own passes: y = max(y, 0) after the forward; the gradient
-// masked by relu_y > 0 before the backward.
-void relu_in_place(Tensor& y) {
-  if (y.dtype() == DType::f64) {
-    double* p = y.data<double>();
-    for (int64_t i = 0; i < y.numel(); ++i) p[i] = p[i] > 0 ? p[i] : 0.0;
-  } else {
-    float* p = y.data<float>();
-    for (int64_t i = 0; i < y.numel(); ++i) p[i] = p[i] > 0 ? p[i] : 0.f;
-  }
+// The fused activation, as its own passes: y = act(y) after the forward; the gradient
+// masked where act_y is at either end of the activation before the backward.
+template <class T>
+T act_of(ops::BnAct a, T v) {
+  if (a == ops::BnAct::relu) return v > 0 ? v : T(0);
+  return v < 0 ? T(0) : (v > 6 ? T(6) : v);  // relu6, as Act::relu6's: a NaN stays NaN
+}
+template <class T>
+void act_in_place(ops::BnAct a, T* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = act_of(a, p[i]);
+}
+void act_in_place(ops::BnAct a, Tensor& y) {
+  if (a == ops::BnAct::none) return;
+  if (y.dtype() == DType::f64) act_in_place(a, y.data<double>(), y.numel());
+  else act_in_place(a, y.data<float>(), y.numel());
 }
 // y += r (the residual of a block's last batch norm).
 void add_in_place(Tensor& y, const Tensor& r_in) {
@@ -125,12 +130,12 @@ void add_in_place(Tensor& y, const Tensor& r_in) {
   else
     for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] += r.data<float>()[i];
 }
-Tensor relu_masked(const Tensor& dy, const Tensor& relu_y) {
+Tensor act_masked(const Tensor& dy, ops::BnAct a, const Tensor& act_y) {
   Tensor g = dy.clone();
-  const Tensor ry = relu_y.to(dy.dtype());
+  const Tensor ry = act_y.to(DType::f64);
   for (int64_t i = 0; i < g.numel(); ++i) {
-    const bool off = dy.dtype() == DType::f64 ? !(ry.data<double>()[i] > 0) : !(ry.data<float>()[i] > 0);
-    if (!off) continue;
+    const double r = ry.data<double>()[i];
+    if (r > 0 && (a != ops::BnAct::relu6 || r < 6)) continue;
     if (dy.dtype() == DType::f64) g.data<double>()[i] = 0;
     else g.data<float>()[i] = 0;
   }
@@ -141,11 +146,11 @@ Tensor relu_masked(const Tensor& dy, const Tensor& relu_y) {
 
 void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& save_mean,
                          Tensor& save_invstd, Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                         bool relu, const Tensor& residual) {
+                         ops::BnAct act, const Tensor& residual) {
   if (any_bf16({&x, &y, &residual})) {  // Note [bf16 kernels]: bf16 activations, f32 parameters and statistics
     Tensor y64 = wide_like(y), m64 = wide_like(save_mean), i64 = wide_like(save_invstd);
     Tensor rm64 = widened(running_mean), rv64 = widened(running_var);
-    batchnorm_fwd_train(widened(x), widened(gamma), widened(beta), y64, m64, i64, rm64, rv64, momentum, eps, relu,
+    batchnorm_fwd_train(widened(x), widened(gamma), widened(beta), y64, m64, i64, rm64, rv64, momentum, eps, act,
                         widened(residual));
     for (auto [wide, out] :
          {std::pair{&y64, &y}, {&m64, &save_mean}, {&i64, &save_invstd}, {&rm64, &running_mean}, {&rv64, &running_var}})
@@ -156,34 +161,35 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
     fwd_train<double>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
   else fwd_train<float>(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, momentum, eps);
   if (residual.defined()) add_in_place(y, residual);
-  if (relu) relu_in_place(y);
+  act_in_place(act, y);
 }
 
 void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                         const Tensor& running_var, Tensor& y, double eps, bool relu, const Tensor& residual) {
+                         const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const Tensor& residual) {
   if (any_bf16({&x, &y, &residual})) {
     Tensor y64 = wide_like(y);
     batchnorm_fwd_infer(widened(x), widened(gamma), widened(beta), widened(running_mean), widened(running_var), y64,
-                        eps, relu, widened(residual));
+                        eps, act, widened(residual));
     return narrowed_into(y64, y);
   }
   if (x.dtype() == DType::f64) fwd_infer<double>(x, gamma, beta, running_mean, running_var, y, eps);
   else fwd_infer<float>(x, gamma, beta, running_mean, running_var, y, eps);
   if (residual.defined()) add_in_place(y, residual);
-  if (relu) relu_in_place(y);
+  act_in_place(act, y);
 }
 
 void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& invstd,
-                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, const Tensor& relu_y, Tensor& dresidual) {
-  if (any_bf16({&dy_in, &x, &dx, &relu_y, &dresidual})) {
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, bool training, ops::BnAct act, const Tensor& act_y,
+                   Tensor& dresidual) {
+  if (any_bf16({&dy_in, &x, &dx, &act_y, &dresidual})) {
     Tensor dx64 = wide_like(dx), dg64 = wide_like(dgamma), db64 = wide_like(dbeta), dr64 = wide_like(dresidual);
     batchnorm_bwd(widened(dy_in), widened(x), widened(gamma), widened(mean), widened(invstd), dx64, dg64, db64,
-                  training, widened(relu_y), dr64);
+                  training, act, widened(act_y), dr64);
     for (auto [wide, out] : {std::pair{&dx64, &dx}, {&dg64, &dgamma}, {&db64, &dbeta}, {&dr64, &dresidual}})
       narrowed_into(*wide, *out);
     return;
   }
-  const Tensor dy = relu_y.defined() ? relu_masked(dy_in, relu_y) : dy_in;
+  const Tensor dy = act != ops::BnAct::none ? act_masked(dy_in, act, act_y) : dy_in;
   if (dresidual.defined()) dresidual.copy_(dy);
   if (x.dtype() == DType::f64) bwd<double>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);
   else bwd<float>(dy, x, gamma, mean, invstd, dx, dgamma, dbeta, training);
