@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("conv_int8/c16_16x16_b8", BM_ConvInt8, Layer{"c16_16x16_b8", 8, 16, 16}, false)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
-  for (const char* model : {"resnet20", "resnet56"})
+  for (const char* model : {"resnet20", "resnet56", "mobilenetv2"})
     for (const char* prec : {"int8", "int8-dynamic", "fp32"})
       benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model,
                                    prec)

@@ -18,6 +18,16 @@ std::shared_ptr<Conv2d> conv(int64_t in, int64_t out, int64_t k, int64_t stride,
   return c;
 }
 
+// A batch norm with the ReLU after it fused (fn::batch_norm): no pass of its own each
+// way (ResNet-50's stem activation is the network's largest), and in the int8 reference
+// the convolution's epilogue applies it (quant/reference.cpp). The blocks' last batch
+// norms take theirs at the call, after the residual add.
+std::shared_ptr<nn::BatchNorm2d> relu_bn(int64_t channels) {
+  auto bn = std::make_shared<nn::BatchNorm2d>(channels);
+  bn->fused_act = ops::BnAct::relu;
+  return bn;
+}
+
 // A unit tracks its spatial output size and FLOPs while it is built.
 struct Shape2 {
   int64_t c, h;
@@ -45,7 +55,7 @@ class BasicBlock : public nn::Module {
  public:
   BasicBlock(int64_t in, int64_t out, int64_t stride, bool option_a, Generator& g, Shape2& s, double& flops) {
     conv1 = register_module("conv1", conv(in, out, 3, stride, g));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(out));
+    bn1 = register_module("bn1", relu_bn(out));
     conv2 = register_module("conv2", conv(out, out, 3, 1, g));
     bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(out));
     int64_t h = (s.h + stride - 1) / stride;
@@ -65,7 +75,7 @@ class BasicBlock : public nn::Module {
     s = {out, h};
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = bn1->forward(conv1->forward(x), ops::BnAct::relu);
+    Tensor h = bn1->forward(conv1->forward(x));
     return bn2->forward(conv2->forward(h), ops::BnAct::relu, shortcut ? shortcut->forward(x) : x);
   }
   std::string type_name() const override { return "BasicBlock"; }
@@ -79,9 +89,9 @@ class Bottleneck : public nn::Module {
   Bottleneck(int64_t in, int64_t width, int64_t stride, Generator& g, Shape2& s, double& flops) {
     const int64_t out = width * 4;
     conv1 = register_module("conv1", conv(in, width, 1, 1, g));
-    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(width));
+    bn1 = register_module("bn1", relu_bn(width));
     conv2 = register_module("conv2", conv(width, width, 3, stride, g));
-    bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(width));
+    bn2 = register_module("bn2", relu_bn(width));
     conv3 = register_module("conv3", conv(width, out, 1, 1, g));
     bn3 = register_module("bn3", std::make_shared<nn::BatchNorm2d>(out));
     int64_t h = (s.h + stride - 1) / stride;
@@ -97,8 +107,8 @@ class Bottleneck : public nn::Module {
     s = {out, h};
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = bn1->forward(conv1->forward(x), ops::BnAct::relu);
-    h = bn2->forward(conv2->forward(h), ops::BnAct::relu);
+    Tensor h = bn1->forward(conv1->forward(x));
+    h = bn2->forward(conv2->forward(h));
     return bn3->forward(conv3->forward(h), ops::BnAct::relu, shortcut ? shortcut->forward(x) : x);
   }
   std::string type_name() const override { return "Bottleneck"; }
@@ -113,14 +123,6 @@ std::shared_ptr<nn::Sequential> head(int64_t in, int64_t classes, Generator& g, 
   h->add("fc", std::make_shared<nn::Linear>(in, classes, true, g));
   flops += 2.0 * double(in * classes);
   return h;
-}
-
-// The stem's batch norm with its ReLU fused (as the blocks' are): ResNet-50's stem
-// activation is the network's largest, and a separate ReLU is a pass over it each way.
-std::shared_ptr<nn::BatchNorm2d> stem_bn(int64_t channels) {
-  auto bn = std::make_shared<nn::BatchNorm2d>(channels);
-  bn->fused_act = ops::BnAct::relu;
-  return bn;
 }
 
 }  // namespace
@@ -148,7 +150,7 @@ std::shared_ptr<ResNet> ResNet::cifar(int depth, int64_t classes, int64_t in_ch,
   auto c = conv(in_ch, 16, 3, 1, g);
   r->flops_ += c->flops_per_sample(32, 32);
   stem->add("conv", c);
-  stem->add("bn", stem_bn(16));
+  stem->add("bn", relu_bn(16));
   r->add_unit("stem", stem);
   s.c = 16;
   const int64_t widths[3] = {16, 32, 64};
@@ -175,7 +177,7 @@ std::shared_ptr<ResNet> ResNet::imagenet(int depth, int64_t classes, int64_t in_
   auto c = small ? conv(in_ch, 64, 3, 1, g) : conv(in_ch, 64, 7, 2, g);
   r->flops_ += c->flops_per_sample(image, image);
   stem->add("conv", c);
-  stem->add("bn", stem_bn(64));
+  stem->add("bn", relu_bn(64));
   s = {64, small ? image : (image + 1) / 2};
   if (!small) {
     stem->add("pool", nn::MaxPool2d(3, 2, 1));

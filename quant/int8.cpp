@@ -109,7 +109,8 @@ ActQuant ActObserver::quant(const Tensor& x) {
 // scaling and rounding on the way; the convolution accumulates in s32 and writes f32
 // itself, the bias and the per-output-channel dequantisation scale 1 / (s_x s_w[k])
 // applied in its epilogue (the bias is added before the scale, so it is passed as
-// bias[k] s_x s_w[k]). Its f32 output (NHWC, the only layout oneDNN 2.6's fast int8
+// bias[k] s_x s_w[k]), then the activation after the folded batch norm, if any (ReLU, or
+// ReLU6 as a clip to [0, 6]). Its f32 output (NHWC, the only layout oneDNN 2.6's fast int8
 // convolutions write) is reordered to nChw16c when K % 16 == 0, the layout the f32
 // layers after it read fastest (Note [Blocked activations]), else to NCHW.
 // The input and output scales change with every calibration batch, and every batch
@@ -125,7 +126,8 @@ struct ConvInt8::Prim {
   bool y_blocked = false;
 };
 
-ConvInt8::ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p) : p_(p), wshape_(w.shape()) {
+ConvInt8::ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p, ops::BnAct act)
+    : p_(p), act_(act), wshape_(w.shape()) {
   EG_CHECK(w.dim() == 4 && w.dtype() == DType::f32 && w.device().is_cpu(),
            "ConvInt8: expected an f32 CPU weight [K, C/groups, R, S], got ", shape_str(w.shape()));
   const int64_t k = w.size(0);
@@ -177,7 +179,10 @@ Tensor ConvInt8::forward_ref(const Tensor& x_in, const ActQuant& q) const {
                 acc += xq[size_t(((i * c + g * cg + ci) * h + iy) * w + ix)] *
                        int32_t(wq[((o * cg + ci) * r + ky) * s + kx]);
               }
-          yp[((i * k + o) * oh + py) * ow + px] = float(acc) * dq + bias_[size_t(o)];
+          const float v = float(acc) * dq + bias_[size_t(o)];
+          yp[((i * k + o) * oh + py) * ow + px] = act_ == ops::BnAct::relu    ? std::max(v, 0.f)
+                                                  : act_ == ops::BnAct::relu6 ? std::min(std::max(v, 0.f), 6.f)
+                                                                              : v;
         }
     }
   return y;
@@ -214,6 +219,8 @@ Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
       // post-op (a runtime argument) applies it instead.
       dnnl::post_ops po;
       po.append_binary(dnnl::algorithm::binary_mul, memory::desc({1, k, 1, 1}, dt::f32, tag::nchw));
+      if (act_ == ops::BnAct::relu) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+      if (act_ == ops::BnAct::relu6) po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, 0.f, 6.f);
       dnnl::primitive_attr attr;
       attr.set_post_ops(po);
       dnnl::convolution_forward::primitive_desc pd(d, attr, eng);

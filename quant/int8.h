@@ -68,7 +68,9 @@ class ActObserver {
 class ConvInt8 {
  public:
   // w [K, C/groups, R, S] and bias [K] (or undefined) in f32, batch norm already folded.
-  ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p);
+  // act: the activation after that batch norm (its fused_act), applied to the f32 output
+  // in the convolution's epilogue instead of in a pass of its own.
+  ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p, ops::BnAct act = ops::BnAct::none);
   ~ConvInt8();
   ConvInt8(const ConvInt8&) = delete;
   ConvInt8& operator=(const ConvInt8&) = delete;
@@ -89,6 +91,7 @@ class ConvInt8 {
   Tensor wq_;
   std::vector<float> w_scale_, bias_;
   ops::Conv2dParams p_;
+  ops::BnAct act_;
   Shape wshape_;
   mutable std::map<std::vector<int64_t>, std::unique_ptr<Prim>> prims_;  // per (input shape, signedness)
 };

@@ -116,6 +116,22 @@ void fold_into(nn::Conv2d& conv, nn::BatchNorm2d& bn) {
   bn.folded = true;
 }
 
+// The activations that folded batch norms apply after their convolutions (fused_act),
+// moved into those convolutions (the batch norm then passes its input through): for the
+// int8 convolution's epilogue, a pass over each such activation fewer, the same values.
+void take_folded_activations(nn::Module& m, std::map<const nn::Conv2d*, ops::BnAct>& acts) {
+  const auto& ch = m.children();
+  for (size_t i = 0; i + 1 < ch.size(); ++i) {
+    auto* conv = dynamic_cast<nn::Conv2d*>(ch[i].second.get());
+    auto* bn = dynamic_cast<nn::BatchNorm2d*>(ch[i + 1].second.get());
+    if (conv && bn && bn->folded && bn->fused_act != ops::BnAct::none) {
+      acts[conv] = bn->fused_act;
+      bn->fused_act = ops::BnAct::none;
+    }
+  }
+  for (auto& c : ch) take_folded_activations(*c.second, acts);
+}
+
 }  // namespace
 
 int64_t convert_to_int8(nn::Module& m, int64_t calibration_batches,
@@ -124,11 +140,15 @@ int64_t convert_to_int8(nn::Module& m, int64_t calibration_batches,
            "scales), got ", calibration_batches);
   m.eval();
   fold_batchnorm(m);
+  std::map<const nn::Conv2d*, ops::BnAct> acts;
+  take_folded_activations(m, acts);
   int64_t n = 0;
   for (auto& [name, mod] : m.named_modules()) {
     auto* conv = dynamic_cast<nn::Conv2d*>(mod);
     if (conv) {
-      auto q = std::make_shared<ConvInt8>(conv->weight.to(Device::cpu()), conv->bias, conv->params);
+      const auto act = acts.find(conv);
+      auto q = std::make_shared<ConvInt8>(conv->weight.to(Device::cpu()), conv->bias, conv->params,
+                                          act == acts.end() ? ops::BnAct::none : act->second);
       auto obs = std::make_shared<ActObserver>(calibration_batches);
       if (observers) (*observers)[name] = obs;
       conv->forward_override = [q, obs](const Tensor& x) { return q->forward(x, obs->quant(x)); };

@@ -56,7 +56,8 @@ class ReferenceModel {
 int64_t fold_batchnorm(nn::Module& m);
 
 // Turns an inference copy of a model into its int8 version in place: eval mode, batch
-// norm folded, every Conv2d run by ConvInt8 with its input scale calibrated on its
+// norm folded (a folded batch norm's fused activation moves into its convolution's
+// epilogue), every Conv2d run by ConvInt8 with its input scale calibrated on its
 // first `calibration_batches` inputs (0: every input's own; Note [Static activation
 // scales]), and every Linear by LinearInt8. Returns the number of layers converted.
 // With `observers`, each convolution's ActObserver is recorded under its module name.

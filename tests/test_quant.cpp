@@ -62,26 +62,38 @@ double max_abs(const Tensor& t) {
   return m;
 }
 
+// With the activation after a folded batch norm in the epilogue (ReLU, ReLU6) too: the
+// outputs are ~N(0, 12), so both of ReLU6's ends are taken.
 TEST(QuantConv, OneDnnMatchesThePlainLoopReference) {
-  for (const ConvCase& c : conv_cases()) {
-    Generator g(7);
-    Tensor w = Tensor::randn(c.w, g), b = c.bias ? Tensor::randn({c.w[0]}, g) : Tensor();
-    quant::ConvInt8 q(w, b, c.p);
-    Tensor x = input_for(c, 11);
-    const quant::ActQuant aq = quant::choose_act_quant(x);
-    EXPECT_EQ(aq.is_unsigned, c.relu_input) << c.name;
-    Tensor got = q.forward(x, aq).to_plain(), ref = q.forward_ref(x, aq);
-    ASSERT_EQ(got.shape(), ref.shape()) << c.name;
-    // Same s32 sums, same f32 dequantisation: equal up to the last bit of the FMA.
-    for (int64_t i = 0; i < got.numel(); ++i) {
-      const float a = got.data<float>()[i], r = ref.data<float>()[i];
-      ASSERT_NEAR(a, r, 1e-5f * (1.f + std::fabs(r))) << c.name << " at " << i;
+  for (const ConvCase& c : conv_cases())
+    for (const ops::BnAct act : {ops::BnAct::none, ops::BnAct::relu, ops::BnAct::relu6}) {
+      SCOPED_TRACE(::testing::Message() << c.name << ", act " << int(act));
+      Generator g(7);
+      Tensor w = Tensor::randn(c.w, g), b = c.bias ? Tensor::randn({c.w[0]}, g) : Tensor();
+      quant::ConvInt8 q(w, b, c.p, act);
+      Tensor x = input_for(c, 11);
+      const quant::ActQuant aq = quant::choose_act_quant(x);
+      EXPECT_EQ(aq.is_unsigned, c.relu_input);
+      Tensor got = q.forward(x, aq).to_plain(), ref = q.forward_ref(x, aq);
+      ASSERT_EQ(got.shape(), ref.shape());
+      // Same s32 sums, same f32 dequantisation: equal up to the last bit of the FMA.
+      int64_t low = 0, high = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        const float a = got.data<float>()[i], r = ref.data<float>()[i];
+        ASSERT_NEAR(a, r, 1e-5f * (1.f + std::fabs(r))) << " at " << i;
+        low += a == 0.f, high += a == 6.f;
+      }
+      if (act != ops::BnAct::none) {
+        EXPECT_GT(low, 0);
+      }
+      if (act == ops::BnAct::relu6) {
+        EXPECT_GT(high, 0);
+      }
+      if (x.blockable()) {  // as a previous f32 convolution leaves it, nChw16c: the same output
+        Tensor blocked = q.forward(x.to_format(Format::nchw16c), aq).to_plain();
+        EXPECT_EQ(blocked.to_vector<float>(), got.to_vector<float>());
+      }
     }
-    if (x.blockable()) {  // as a previous f32 convolution leaves it, nChw16c: the same output
-      Tensor blocked = q.forward(x.to_format(Format::nchw16c), aq).to_plain();
-      EXPECT_EQ(blocked.to_vector<float>(), got.to_vector<float>()) << c.name;
-    }
-  }
 }
 
 TEST(QuantConv, Int8IsCloseToF32) {
