@@ -301,6 +301,10 @@ struct Op {
   // Note [16-bit CUDA kernels]); a bf16 tensor given to another op's CPU implementation
   // is an error, not a misread buffer.
   bool bf16 = false;
+  // The cpu implementation also takes NHWC tensors as they come (the int8 reference's,
+  // Note [int8 convolution pipeline] in quant/int8.cpp); the other cpu_any_format ops get
+  // plain copies of them.
+  bool cpu_nhwc = false;
   bool has(Backend b) const { return impl[int(b)] != nullptr; }
 };
 
@@ -376,6 +380,11 @@ namespace detail {
 inline bool blocked(const Tensor& t) { return t.is_blocked(); }
 template <class T>
 bool blocked(const T&) {
+  return false;
+}
+inline bool nhwc(const Tensor& t) { return t.defined() && t.format() == Format::nhwc; }
+template <class T>
+bool nhwc(const T&) {
   return false;
 }
 inline bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
@@ -477,8 +486,8 @@ void run(const Op<Fn>& op, Backend b, A&&... a) {
   if (OpRecorder* r = detail::current_recorder()) r->add({op.name, b, {detail::describe(a)...}});
   EG_CHECK(op.bf16 || b == Backend::cuda || !(detail::is_bf16(a) || ...), "op ", op.name,
            " has no bf16 implementation on the CPU (Note [bf16 kernels])");
-  if ((b == Backend::cpu && op.cpu_any_format) || (b == Backend::cuda && op.cuda_any_format) ||
-      !(detail::blocked(a) || ...))
+  if ((b == Backend::cpu && op.cpu_any_format && (op.cpu_nhwc || !(detail::nhwc(a) || ...))) ||
+      (b == Backend::cuda && op.cuda_any_format) || !(detail::blocked(a) || ...))
     op.impl[int(b)](std::forward<A>(a)...);
   else op.impl[int(b)](detail::plain_arg(std::forward<A>(a))...);
 }

@@ -28,6 +28,14 @@ constexpr bool cpu_any_format(const char* n) {
   return false;
 }
 
+// Of those, the elementwise ones, whose cpu implementations also take the NHWC tensors of
+// the int8 reference (Note [int8 convolution pipeline] in quant/int8.cpp).
+constexpr bool cpu_nhwc(const char* n) {
+  for (const char* op : {"act_fwd", "act_bwd", "binary_fwd", "scale", "axpy"})
+    if (same(n, op)) return true;
+  return false;
+}
+
 // The ops whose cuda implementation takes NHWC tensors (Note [Channels-last activations
 // on CUDA] in core/tensor.h): the same set and pooling (a stem's max pool, a head's
 // global average sit between NHWC convolutions).
@@ -155,7 +163,8 @@ constexpr typename Tag::fn* host_impl() {
                      EG_CUDA_IMPL(name)},                                                                            \
                     cpu_any_format(#name),                                                                           \
                     cuda_any_format(#name),                                                                          \
-                    takes_bf16(#name)};
+                    takes_bf16(#name),                                                                               \
+                    cpu_nhwc(#name)};
 EG_OP_LIST(EG_DEFINE_OP)
 #undef EG_DEFINE_OP
 

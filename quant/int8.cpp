@@ -104,26 +104,29 @@ ActQuant ActObserver::quant(const Tensor& x) {
 }
 
 // Note [int8 convolution pipeline]
-// One pass per stage, all oneDNN: a reorder quantises the f32 input (plain or nChw16c,
-// as the layer before left it) straight into the layout the int8 convolution wants,
-// scaling and rounding on the way; the convolution accumulates in s32 and writes f32
-// itself, the bias and the per-output-channel dequantisation scale 1 / (s_x s_w[k])
+// One pass per stage, all oneDNN: a reorder quantises the f32 input (plain, nChw16c or
+// NHWC, as the layer before left it) straight into the layout the int8 convolution
+// wants, scaling and rounding on the way; the convolution accumulates in s32 and writes
+// f32 itself, the bias and the per-output-channel dequantisation scale 1 / (s_x s_w[k])
 // applied in its epilogue (the bias is added before the scale, so it is passed as
 // bias[k] s_x s_w[k]), then the activation after the folded batch norm, if any (ReLU, or
-// ReLU6 as a clip to [0, 6]). Its f32 output (NHWC, the only layout oneDNN 2.6's fast int8
-// convolutions write) is reordered to nChw16c when K % 16 == 0, the layout the f32
-// layers after it read fastest (Note [Blocked activations]), else to NCHW.
+// ReLU6 as a clip to [0, 6]). It writes NHWC, the only layout oneDNN 2.6's fast int8
+// convolutions write (asked for nChw16c they fall to ref_int8, hundreds of times
+// slower), and its output stays NHWC (Format::nhwc on the CPU): what comes next is the
+// next convolution's quantising reorder, which then keeps the layout, or the elementwise
+// ops of a residual block's end, which take it as it comes (kernels/registry.cpp); any
+// other CPU op gets a plain copy. Reordering every output to nChw16c and back had been
+// ~45% of a ResNet-56 int8 forward. Another dst layout is reordered to NCHW.
 // The input and output scales change with every calibration batch, and every batch
 // with dynamic scales (Note [Static activation scales]), so both are runtime arguments
 // and the primitives are built once per shape.
 struct ConvInt8::Prim {
   dnnl::convolution_forward conv;
   dnnl::reorder quant;  // x (f32, its layout) -> src (u8/s8, the convolution's layout), times s_x
-  dnnl::reorder out;  // dst -> y, when the convolution does not write y's layout
+  dnnl::reorder out;  // dst -> y (NCHW), when the convolution does not write NHWC
   bool has_out = false;
   memory weights;  // in the primitive's preferred layout
   memory::desc x_md, src_md, dst_md, y_md;
-  bool y_blocked = false;
 };
 
 ConvInt8::ConvInt8(const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p, ops::BnAct act)
@@ -189,22 +192,23 @@ Tensor ConvInt8::forward_ref(const Tensor& x_in, const ActQuant& q) const {
 }
 
 Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
-  require_cpu_f32_4d(x, "ConvInt8");  // plain or nChw16c: the quantising reorder reads either
+  require_cpu_f32_4d(x, "ConvInt8");  // plain, nChw16c or NHWC: the quantising reorder reads any
   EG_CHECK(x.size(1) == wshape_[1] * p_.groups, "ConvInt8: input has ", x.size(1), " channels, the weight expects ",
            wshape_[1] * p_.groups);
   const Shape xs = x.shape(), ys = out_shape(xs);
   const int64_t k = ys[1];
   std::vector<int64_t> key(xs.begin(), xs.end());
   key.push_back(q.is_unsigned);
-  key.push_back(x.is_blocked());
+  key.push_back(int64_t(x.format()));
   auto& slot = prims_[key];
   if (!slot) {
     auto pr = std::make_unique<Prim>();
     EG_DNNL_TRY("creating the int8 convolution", {
       dnnl::engine& eng = onednn::engine();
-      pr->x_md = memory::desc(onednn::dims(xs), dt::f32, x.is_blocked() ? tag::nChw16c : tag::nchw);
-      pr->y_blocked = k % kBlock == 0;
-      pr->y_md = memory::desc(onednn::dims(ys), dt::f32, pr->y_blocked ? tag::nChw16c : tag::nchw);
+      pr->x_md = memory::desc(onednn::dims(xs), dt::f32,
+                              x.format() == Format::nchw16c ? tag::nChw16c
+                              : x.format() == Format::nhwc  ? tag::nhwc
+                                                            : tag::nchw);
       const int64_t g = p_.groups;
       memory::dims wd = g > 1 ? memory::dims{g, k / g, wshape_[1], wshape_[2], wshape_[3]} : onednn::dims(wshape_);
       const int64_t pr_h = (ys[2] - 1) * p_.stride_h + (wshape_[2] - 1) * p_.dil_h + 1 - xs[2] - p_.pad_h;
@@ -230,7 +234,8 @@ Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
       dnnl::primitive_attr qattr;
       qattr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
       pr->quant = dnnl::reorder(dnnl::reorder::primitive_desc(eng, pr->x_md, eng, pr->src_md, qattr));
-      pr->has_out = pr->dst_md != pr->y_md;
+      pr->has_out = pr->dst_md != memory::desc(onednn::dims(ys), dt::f32, tag::nhwc);
+      pr->y_md = memory::desc(onednn::dims(ys), dt::f32, pr->has_out ? tag::nchw : tag::nhwc);
       if (pr->has_out) pr->out = dnnl::reorder(dnnl::reorder::primitive_desc(eng, pr->dst_md, eng, pr->y_md));
       memory user({wd, dt::s8, g > 1 ? tag::goihw : tag::oihw}, eng, wq_.raw());
       pr->weights = memory(pd.weights_desc(), eng);
@@ -249,7 +254,7 @@ Tensor ConvInt8::forward(const Tensor& x, const ActQuant& q) const {
   float in_scale = q.scale;
   Tensor xq = Tensor::empty({int64_t(pr.src_md.get_size())}, DType::u8);
   Tensor y = Tensor::empty(ys);
-  if (pr.y_blocked) y.set_format(Format::nchw16c);
+  if (!pr.has_out) y.set_format(Format::nhwc);
   Tensor dst = pr.has_out ? Tensor::empty({int64_t(pr.dst_md.get_size())}, DType::u8) : y;
   EG_DNNL_TRY("running the int8 convolution", {
     dnnl::engine& eng = onednn::engine();

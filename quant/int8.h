@@ -75,8 +75,8 @@ class ConvInt8 {
   ConvInt8(const ConvInt8&) = delete;
   ConvInt8& operator=(const ConvInt8&) = delete;
 
-  // x [N, C, H, W] f32 on the CPU (plain or nChw16c) -> y [N, K, P, Q] f32 (nChw16c
-  // when K % 16 == 0; Note [Blocked activations]). One caller at a time.
+  // x [N, C, H, W] f32 on the CPU (plain, nChw16c or NHWC) -> y [N, K, P, Q] f32, NHWC
+  // (Note [int8 convolution pipeline] in int8.cpp). One caller at a time.
   Tensor forward(const Tensor& x) const;  // oneDNN int8
   Tensor forward_ref(const Tensor& x) const;  // plain loops
   Tensor forward(const Tensor& x, const ActQuant& q) const;  // with a given input quantisation

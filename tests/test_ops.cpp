@@ -212,6 +212,57 @@ TEST(BlockedFormat, AxpyScaleAndPlainOnlyOpsConvert) {
 }  // namespace eg::testing
 
 namespace eg::testing {
+// Note [int8 convolution pipeline]: the int8 reference's CPU NHWC tensors convert both
+// ways, stay NHWC through the elementwise ops, and reach every other CPU op (a
+// convolution, a batch norm, a pool) as plain copies, with the plain input's results.
+TEST(NhwcOnTheCpu, ElementwiseOpsKeepItAndTheOthersGetPlainCopies) {
+  const Shape s{2, 32, 3, 5};
+  const Tensor x = randn(s, DType::f32, 1), y = randn(s, DType::f32, 2);
+  const Tensor xn = x.to_format(Format::nhwc), yn = y.to_format(Format::nhwc);
+  EXPECT_EQ(xn.format(), Format::nhwc);
+  EXPECT_EQ(xn.to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(xn.to_format(Format::nchw16c).to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(x.to_format(Format::nchw16c).to_format(Format::nhwc).to_vector<float>(), x.to_vector<float>());
+  Tensor want_sum = Tensor::empty(s), want_act = Tensor::empty(s);
+  ops::run(ops::binary_fwd, ops::Backend::cpu, ops::Binary::add, x, y, want_sum);
+  ops::run(ops::act_fwd, ops::Backend::cpu, ops::Act::relu6, x, want_act);
+  for (const Format fy : {Format::nhwc, Format::plain, Format::nchw16c}) {
+    Tensor sum = Tensor::empty(s);
+    ops::run(ops::binary_fwd, ops::Backend::cpu, ops::Binary::add, xn, y.to_format(fy), sum);
+    EXPECT_EQ(sum.format(), Format::nhwc) << int(fy);
+    EXPECT_EQ(sum.to_vector<float>(), want_sum.to_vector<float>()) << int(fy);
+  }
+  Tensor act = Tensor::empty(s);
+  ops::run(ops::act_fwd, ops::Backend::cpu, ops::Act::relu6, xn, act);
+  EXPECT_EQ(act.format(), Format::nhwc);
+  EXPECT_EQ(act.to_vector<float>(), want_act.to_vector<float>());
+  Tensor acc = yn.clone();
+  ops::run(ops::axpy, ops::Backend::cpu, x, acc, 2.0);
+  EXPECT_EQ(acc.format(), Format::nhwc) << "axpy keeps y's format";
+  for (int64_t i = 0; i < x.numel(); ++i)
+    EXPECT_EQ(acc.to_vector<float>()[size_t(i)],
+              y.to_vector<float>()[size_t(i)] + 2.f * x.to_vector<float>()[size_t(i)]);
+  // Not elementwise: plain copies.
+  const Tensor w = randn({8, 32, 3, 3}, DType::f32, 3), gamma = randn({32}, DType::f32, 4),
+               beta = randn({32}, DType::f32, 5), rm = randn({32}, DType::f32, 6), rv = Tensor::full({32}, 1.5);
+  ops::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  Tensor c1 = Tensor::empty({2, 8, 3, 5}), c2 = Tensor::empty({2, 8, 3, 5});
+  ops::run(ops::conv2d_fwd, ops::Backend::cpu, x, w, Tensor(), c1, p);
+  ops::run(ops::conv2d_fwd, ops::Backend::cpu, xn, w, Tensor(), c2, p);
+  EXPECT_EQ(c2.to_vector<float>(), c1.to_vector<float>());
+  Tensor b1 = Tensor::empty(s), b2 = Tensor::empty(s);
+  ops::run(ops::batchnorm_fwd_infer, ops::Backend::cpu, xn, gamma, beta, rm, rv, b2, 1e-5, ops::BnAct::relu, yn);
+  ops::run(ops::batchnorm_fwd_infer, ops::Backend::cpu, x, gamma, beta, rm, rv, b1, 1e-5, ops::BnAct::relu, y);
+  EXPECT_EQ(b2.to_vector<float>(), b1.to_vector<float>());
+  Tensor g1 = Tensor::empty({2, 32}), g2 = Tensor::empty({2, 32});
+  ops::call(ops::global_avgpool_fwd, x, g1);
+  ops::call(ops::global_avgpool_fwd, xn, g2);
+  EXPECT_EQ(g2.to_vector<float>(), g1.to_vector<float>());
+}
+}  // namespace eg::testing
+
+namespace eg::testing {
 // Note [bf16 kernels]: bf16 activations stay nChw16c between the ops that take bf16 (a
 // convolution's output, batch norm and ReLU through it), on the fast path; an op that
 // does not take bf16 refuses it on the CPU rather than reading its bytes as f32.

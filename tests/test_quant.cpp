@@ -93,6 +93,11 @@ TEST(QuantConv, OneDnnMatchesThePlainLoopReference) {
         Tensor blocked = q.forward(x.to_format(Format::nchw16c), aq).to_plain();
         EXPECT_EQ(blocked.to_vector<float>(), got.to_vector<float>());
       }
+      // As a previous int8 convolution leaves it, NHWC (Note [int8 convolution pipeline]),
+      // and so it leaves its own output.
+      const Tensor from_nhwc = q.forward(x.to_format(Format::nhwc), aq);
+      EXPECT_EQ(from_nhwc.format(), Format::nhwc);
+      EXPECT_EQ(from_nhwc.to_vector<float>(), got.to_vector<float>());
     }
 }
 

@@ -113,7 +113,13 @@ void binary_fwd(ops::Binary op, const Tensor& a_in, const Tensor& b_in, Tensor& 
     c.set_format(Format::plain);
     return ref::binary_fwd(op, a_in.to_plain(), b_in.to_plain(), c);
   }
-  const Format f = same && (a_in.is_blocked() || b_in.is_blocked()) ? Format::nchw16c : Format::plain;
+  // Same shapes: an NHWC operand (the int8 reference's) brings the other to NHWC, else a
+  // blocked one brings the other to nChw16c; anything else is plain.
+  const auto either = [&](Format g) { return a_in.format() == g || b_in.format() == g; };
+  const Format f = !same                     ? Format::plain
+                   : either(Format::nhwc)    ? Format::nhwc
+                   : either(Format::nchw16c) ? Format::nchw16c
+                                             : Format::plain;
   const Tensor& a = in_format(a_in, f, ka);
   const Tensor& b = in_format(b_in, f, kb);
   if (f != Format::plain || bf16) {
