@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
 
 #include "autograd/node.h"
 #include "data/dataset.h"
@@ -225,7 +228,9 @@ models::ModelConfig config_for(const std::string& name, const Tensor& x) {
 
 // A model with realistic batch-norm statistics: running stats set from a batch.
 models::ModelPtr model_with_stats(const std::string& name, const Tensor& x, uint64_t seed) {
-  Generator g(seed);
+  // Kept alive: a model's dropout layers draw from the generator it was built with.
+  static std::deque<Generator> generators;
+  Generator& g = generators.emplace_back(seed);
   auto m = models::build_model(config_for(name, x), g);
   for (auto& [n, mod] : m->named_modules())
     if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->momentum = 1.0;
@@ -271,10 +276,12 @@ TEST(QuantReference, BatchNormFoldingKeepsEveryModelsOutput) {
 // The fp16 GPU reference ("fp16-gpu": convolutions in f16) is held to the same bounds.
 // The int8 reference is held to them both with static scales, calibrated on three
 // other batches (the default), and with every batch's own (calibration 0).
-void expect_resnet_reference_agrees(const std::string& precision, int64_t calibration = quant::kCalibrationBatches) {
+void expect_reference_agrees(const std::string& precision, int64_t calibration = quant::kCalibrationBatches,
+                             const std::string& model = "resnet20", double bound = 2e-6, double of_plasticity = 0.01) {
+  SCOPED_TRACE(model);
   Tensor x = images(64, 1, 28, 9);
-  auto m = model_with_stats("resnet20", x, 21);
-  const models::ModelConfig mc = config_for("resnet20", x);
+  auto m = model_with_stats(model, x, 21);
+  const models::ModelConfig mc = config_for(model, x);
   auto snap = m->state_dict();
   auto f32 = quant::make_reference("fp32", mc, snap);
   auto low = quant::make_reference(precision, quant::model_factory(mc), snap, Device::cuda(0), calibration);
@@ -288,11 +295,11 @@ void expect_resnet_reference_agrees(const std::string& precision, int64_t calibr
     const quant::Calibration cal = low->calibration();
     size_t convs = 0;
     for (auto& [n, mod] : m->named_modules()) convs += dynamic_cast<nn::Conv2d*>(mod) != nullptr;
-    EXPECT_EQ(cal.size(), convs) << "every convolution of ResNet-20 calibrated";
+    EXPECT_EQ(cal.size(), convs) << "every convolution calibrated";
     for (auto& [name, r] : cal) EXPECT_EQ(r.batches, calibration) << name;
   }
   // A second snapshot 10 SGD steps later: the plasticity the reference must resolve.
-  auto m2 = model_with_stats("resnet20", x, 21);
+  auto m2 = model_with_stats(model, x, 21);
   {
     m2->train();
     optim::SGD opt(m2->parameters(), 0.05, {0.9, 0, 5e-4, false});
@@ -310,16 +317,25 @@ void expect_resnet_reference_agrees(const std::string& precision, int64_t calibr
   for (int64_t k = 0; k < modules; ++k) {
     Tensor a32 = f32->activation(x, k), al = low->activation(x, k).to(Device::cpu()), am = moved->activation(x, k);
     const double err = freeze::sp_loss(al, a32), plasticity = freeze::sp_loss(am, a32);
-    EXPECT_LT(err, 2e-6) << precision << " module " << k;
-    EXPECT_LT(err, 0.01 * plasticity) << "module " << k << ": " << precision << " error " << err << " vs plasticity "
-                                      << plasticity;
+    EXPECT_LT(err, bound) << precision << " module " << k;
+    EXPECT_LT(err, of_plasticity * plasticity)
+        << "module " << k << ": " << precision << " error " << err << " vs plasticity " << plasticity;
+    if (std::getenv("EG_PRINT_REFERENCE_ERRORS"))
+      std::printf("%s %s module %lld: error %.3g, plasticity %.3g (%.2f%%)\n", model.c_str(), precision.c_str(),
+                  (long long)k, err, plasticity, 100 * err / plasticity);
   }
 }
 
-TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) { expect_resnet_reference_agrees("int8"); }
-TEST(QuantReference, Int8WithPerBatchScalesAgreesWithFp32WithinTheSameBound) {
-  expect_resnet_reference_agrees("int8", 0);
+TEST(QuantReference, Int8ActivationsAgreeWithFp32WithinAnSpLossBound) { expect_reference_agrees("int8"); }
+// MobileNetV2: its ReLU6s run in the int8 convolutions' epilogues, its activations stay
+// NHWC between them (Note [int8 convolution pipeline]). Its error grows with depth far
+// more than ResNet-20's: measured 1.4e-7 (stem) to 2.8e-4, 0.01% to 4.6% of the
+// plasticity (the last six modules past 1%; EG_PRINT_REFERENCE_ERRORS=1 prints them), so
+// it is held to bounds of its own, 1.5x to 2x the measured worst.
+TEST(QuantReference, MobileNetV2Int8ActivationsAgreeWithFp32WithinItsOwnBound) {
+  expect_reference_agrees("int8", quant::kCalibrationBatches, "mobilenetv2", 5e-4, 0.07);
 }
+TEST(QuantReference, Int8WithPerBatchScalesAgreesWithFp32WithinTheSameBound) { expect_reference_agrees("int8", 0); }
 
 // A reference given another's calibration (a resumed run's, from the checkpoint)
 // quantises as that one does from then on, bit for bit; a calibration that names a
@@ -380,7 +396,7 @@ TEST(QuantReference, AUnitRunFromItsInputReadsWhatTheNetworkReads) {
 
 TEST(QuantReference, Fp16GpuActivationsAgreeWithFp32WithinAnSpLossBoundOnCuda) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU present";
-  expect_resnet_reference_agrees("fp16-gpu");
+  expect_reference_agrees("fp16-gpu");
 }
 
 }  // namespace
