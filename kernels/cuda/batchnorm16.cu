@@ -16,7 +16,8 @@ namespace eg::cudak {
 // the running statistics and the coefficients of (3) y = (x - mean) a + beta
 // [+ residual], then the fused activation, a = gamma invstd, rounded once to y's dtype.
 // Backward: (1) per block, partial sums of dy' and dy' xhat (dy' = dy where the
-// activation's output passes it; xhat = (x - mean) invstd); (2) a warp per channel: dbeta and dgamma, and the coefficients of (3)
+// activation's output passes it; xhat = (x - mean) invstd); (2) a warp per channel:
+// dbeta and dgamma, and the coefficients of (3)
 // dx = gamma invstd (dy' - [dbeta + xhat dgamma] / M), computed as dy' A + (x - mean) B
 // + C, the bracket only with batch statistics, and dresidual = dy'. Computing the
 // coefficients once per channel leaves (3) four vector loads of them per 8 NHWC values
