@@ -106,21 +106,11 @@ void bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& m
   }
 }
 
-// The fused activation, as its own passes: y = act(y) after the forward; the gradient
-// masked where act_y is at either end of the activation before the backward.
-template <class T>
-T act_of(ops::BnAct a, T v) {
-  if (a == ops::BnAct::relu) return v > 0 ? v : T(0);
-  return v < 0 ? T(0) : (v > 6 ? T(6) : v);  // relu6, as Act::relu6's: a NaN stays NaN
-}
-template <class T>
-void act_in_place(ops::BnAct a, T* p, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) p[i] = act_of(a, p[i]);
-}
+// The fused activation, as its own passes: y = act(y) after the forward (ref's own
+// activation, in place); the gradient masked where act_y is at either end of the
+// activation before the backward (a select, as the fast paths: a NaN dy there gives 0).
 void act_in_place(ops::BnAct a, Tensor& y) {
-  if (a == ops::BnAct::none) return;
-  if (y.dtype() == DType::f64) act_in_place(a, y.data<double>(), y.numel());
-  else act_in_place(a, y.data<float>(), y.numel());
+  if (a != ops::BnAct::none) act_fwd(ops::unfused(a), y, y);
 }
 // y += r (the residual of a block's last batch norm).
 void add_in_place(Tensor& y, const Tensor& r_in) {
