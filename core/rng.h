@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 #ifdef __CUDACC__
 #define EG_HOST_DEVICE __host__ __device__ __forceinline__
@@ -100,8 +101,13 @@ class Generator {
   // last call (on a GPU through a staged upload: the host does not wait).
   const Tensor& state_on(const Device& device);
 
+  // Expires when this generator is destroyed (a copy has its own): a holder of a
+  // pointer to it (nn::Dropout) checks with it that the generator is still there.
+  std::weak_ptr<const void> lifetime() const { return alive_; }
+
  private:
   uint64_t seed_, offset_, step_base_;
+  std::shared_ptr<const char> alive_ = std::make_shared<const char>();
   struct OnDevice;  // core/rng.cpp; owned (its type is incomplete here, for CUDA's sources)
   OnDevice* on_device_ = nullptr;
 };

@@ -88,6 +88,15 @@ std::shared_ptr<Pool2d> AvgPool2d(int64_t k, int64_t s, int64_t p) {
   return std::make_shared<Pool2d>(ops::Pool2dParams{ops::PoolKind::avg, k, k, s, s, p, p, false});
 }
 
+Tensor Dropout::forward(const Tensor& x) {
+  const bool draws = is_training() && !is_frozen() && p > 0;
+  if (!draws) return fn::dropout(x, p, false, default_generator());  // draws nothing
+  EG_CHECK(!gen_lifetime_.expired(), "Dropout(p=", p, "): the Generator it was built with (nn::Dropout's, or the one ",
+           "given to models::build_model) has been destroyed; keep it alive while the model trains, or build with ",
+           "default_generator()");
+  return fn::dropout(x, p, true, *gen);
+}
+
 Embedding::Embedding(int64_t num, int64_t dim, Generator& g) {
   EG_CHECK(num > 0 && dim > 0, "Embedding(", num, ", ", dim, "): sizes must be positive");
   weight = register_parameter("weight", Tensor::randn({num, dim}, g));

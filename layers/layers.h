@@ -108,13 +108,19 @@ class Flatten : public Module {  // [N, ...] -> [N, prod(...)]
   std::string type_name() const override { return "Flatten"; }
 };
 
+// Draws its masks from `g`, which it does not own: g must outlive the training of the
+// module (the process-wide generator by default). A training forward after g is gone is
+// an error that says so, not a read of freed memory.
 class Dropout : public Module {
  public:
-  explicit Dropout(double p, Generator& g = default_generator()) : p(p), gen(&g) {}
-  Tensor forward(const Tensor& x) override { return fn::dropout(x, p, is_training() && !is_frozen(), *gen); }
+  explicit Dropout(double p, Generator& g = default_generator()) : p(p), gen(&g), gen_lifetime_(g.lifetime()) {}
+  Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Dropout"; }
   double p;
   Generator* gen;
+
+ private:
+  std::weak_ptr<const void> gen_lifetime_;
 };
 
 class Embedding : public Module {

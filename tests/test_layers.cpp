@@ -168,6 +168,26 @@ TEST(Layers, MultiHeadAttentionGradcheck) {
   EXPECT_EQ(out.shape(), (Shape{2, 3, 8}));
 }
 
+TEST(Layers, ADropoutWhoseGeneratorIsGoneSaysSoInsteadOfReadingFreedMemory) {
+  auto g = std::make_unique<Generator>(7);
+  Generator copy = *g;  // a copy lives on its own
+  nn::Dropout d(0.5, *g), from_copy(0.5, copy);
+  const Tensor x = Tensor::ones({4, 64});
+  const auto values = [](const Tensor& t) { return t.to_vector<float>(); };
+  const std::vector<float> y = values(d(x));  // draws from g, which is there
+  EXPECT_EQ(y, values(from_copy(x)));  // the copy draws what g would
+  EXPECT_NE(y, values(x));  // some dropped, the rest scaled
+  g.reset();
+  const std::string msg = error_of([&] { d(x); });
+  EXPECT_NE(msg.find("the Generator it was built with"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("has been destroyed"), std::string::npos) << msg;
+  EXPECT_NO_THROW(from_copy(x));  // its own generator is still there
+  d.eval();  // draws nothing: no generator needed
+  EXPECT_EQ(values(d(x)), values(x));
+  nn::Dropout none(0.0, copy);
+  EXPECT_EQ(values(none(x)), values(x));
+}
+
 TEST(Layers, WindowLargerThanInputIsAnError) {
   nn::Conv2d conv(1, 1, 3, {2, 0, 1, 1, false});
   EXPECT_THROW(conv(Tensor::zeros({1, 1, 2, 2})), Error);
