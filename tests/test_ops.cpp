@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "kernels/autotune.h"
 #include "tests/op_cases.h"
 
 namespace eg::testing {
@@ -149,6 +150,74 @@ TEST(Argmax, FirstMaximumAndNaNsAsTorch) {
   EXPECT_EQ(fn::argmax(x.reshape({2, 2, 4})).shape(), (Shape{2, 2}));
   EXPECT_EQ(fn::argmax(x).to_vector<int64_t>(), want);
   EXPECT_THROW(fn::argmax(Tensor::empty({3, 0})), Error);
+}
+
+// ReLU's and ReLU6's gradients are a select, as torch's threshold_backward: outside the
+// linear range dx is 0 even where dy is NaN or Inf (an fp16 overflow the loss scaler
+// skips must not be turned into NaN weights by a mask), on every backend.
+TEST(Act, ReluGradientsAreASelectAsTorch) {
+  const float nan = NAN, inf = INFINITY;
+  const Tensor x = Tensor::from_vector<float>({-1, 0, 3, 6, 7, 2}, {6});
+  const Tensor dy = Tensor::from_vector<float>({nan, inf, 2, nan, -inf, nan}, {6});
+  std::vector<ops::Backend> backends = {ops::Backend::ref, ops::Backend::cpu};
+  if (cuda_available()) backends.push_back(ops::Backend::cuda);
+  for (ops::Backend b : backends) {
+    const Device dev = b == ops::Backend::cuda ? Device::cuda(0) : Device::cpu();
+    for (ops::Act a : {ops::Act::relu, ops::Act::relu6}) {
+      Tensor dx = Tensor::empty({6}, DType::f32, dev);
+      ops::run(ops::act_bwd, b, a, dy.to(dev), x.to(dev), dx);
+      const std::vector<float> got = dx.to(Device::cpu()).to_vector<float>();
+      const std::string what = std::string(ops::backend_name(b)) + (a == ops::Act::relu ? " relu" : " relu6");
+      EXPECT_EQ(got[0], 0.f) << what;
+      EXPECT_EQ(got[1], 0.f) << what;
+      EXPECT_EQ(got[2], 2.f) << what;
+      if (a == ops::Act::relu) {
+        EXPECT_TRUE(std::isnan(got[3])) << what;  // inside relu's range: dy as it is
+        EXPECT_EQ(got[4], -inf) << what;
+      } else {
+        EXPECT_EQ(got[3], 0.f) << what;
+        EXPECT_EQ(got[4], 0.f) << what;
+      }
+      EXPECT_TRUE(std::isnan(got[5])) << what;
+    }
+  }
+}
+
+TEST(Autotune, TheLowestMedianOfThreeTimingsWinsAndOneOffTimingsDoNot) {
+  const size_t kMiB = size_t(1) << 20, limit = 256 * kMiB;
+  using T = std::vector<AlgoTiming>;
+  // Algorithm 1 is fastest once (a lucky timing), 2 in the median; 0 slowed by its first
+  // launch once. Each trial lists by its own times, as cudnnFind* does.
+  const std::vector<T> trials = {
+      {{1, true, 0.5f, 0}, {2, true, 0.9f, 0}, {0, true, 3.0f, 0}},
+      {{2, true, 0.8f, 0}, {0, true, 1.0f, 0}, {1, true, 1.5f, 0}},
+      {{2, true, 0.9f, 0}, {0, true, 1.0f, 0}, {1, true, 1.4f, 0}},
+  };
+  EXPECT_EQ(fastest_by_median(trials, limit), 2);
+  EXPECT_EQ(fastest_by_median({trials[0]}, limit), 1);  // one trial: its own fastest
+  // Not fitting the workspace, failing in one trial, or missing from one: never chosen.
+  std::vector<T> big = trials;
+  big[1][0].memory = 300 * kMiB;
+  EXPECT_EQ(fastest_by_median(big, limit), 0);
+  std::vector<T> failed = trials;
+  failed[2][0].ok = false;
+  EXPECT_EQ(fastest_by_median(failed, limit), 0);
+  std::vector<T> missing = trials;
+  missing[1].erase(missing[1].begin());
+  EXPECT_EQ(fastest_by_median(missing, limit), 0);
+  // An algorithm listed twice in a trial (one entry per math mode) counts once there.
+  std::vector<T> twice = trials;
+  for (T& t : twice) t.push_back({2, true, 5.0f, 0});
+  EXPECT_EQ(fastest_by_median(twice, limit), 2);
+  // Equal medians: the first trial's order.
+  const std::vector<T> tie = {{{3, true, 1.f, 0}, {4, true, 1.f, 0}}, {{4, true, 1.f, 0}, {3, true, 1.f, 0}}};
+  EXPECT_EQ(fastest_by_median(tie, limit), 3);
+  // None that qualifies, or nothing timed.
+  std::vector<T> none = trials;
+  for (T& t : none)
+    for (AlgoTiming& a : t) a.ok = false;
+  EXPECT_EQ(fastest_by_median(none, limit), -1);
+  EXPECT_EQ(fastest_by_median({}, limit), -1);
 }
 
 TEST(OpTable, EveryOpHasParityAndGradcheckCases) {

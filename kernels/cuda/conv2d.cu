@@ -8,8 +8,9 @@
 // asks for them, and CUDA refuses them by name).
 // (Batch norm: batchnorm.cu.)
 // A plan per (shapes, params, math mode, dtype) holds the descriptors and, per pass, the
-// algorithm from cudnnGet*Algorithm_v7 (or timed by cudnnFind*, EG_CUDNN_BENCHMARK=1):
-// the fastest whose workspace fits 256 MiB. Workspaces come from the caching allocator.
+// algorithm from cudnnGet*Algorithm_v7 (or timed by cudnnFind*, EG_CUDNN_BENCHMARK=1:
+// Note [Median of three timings] in kernels/autotune.h): the fastest whose workspace fits
+// 256 MiB. Workspaces come from the caching allocator.
 #include <array>
 #include <cstdlib>
 #include <map>
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/autotune.h"
 #include "kernels/cuda/batchnorm16.cuh"
 #include "kernels/cuda/cudnn_desc.cuh"
 
@@ -52,7 +54,7 @@ struct ConvDescs {
   }
 };
 
-// EG_CUDNN_BENCHMARK=1: time the candidate algorithms once per shape (cudnnFind*, as
+// EG_CUDNN_BENCHMARK=1: time the candidate algorithms per shape (cudnnFind*, as
 // torch.backends.cudnn.benchmark) instead of trusting cuDNN's heuristics. Faster steps;
 // the choice depends on timings, so runs are no longer bit-reproducible on the GPU.
 bool cudnn_benchmark() {
@@ -97,13 +99,31 @@ struct ConvPlan {
 
 using ConvKey = std::array<int64_t, 20>;
 
-// First (fastest by cuDNN's heuristics, or by timing) algorithm whose workspace fits.
+// The first (fastest by cuDNN's heuristics) algorithm whose workspace fits.
 template <class Perf>
-std::pair<decltype(Perf::algo), size_t> first_fitting(const Perf* perf, int found, const char* pass) {
+decltype(Perf::algo) first_fitting(const Perf* perf, int found, const char* pass) {
   for (int i = 0; i < found; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace)
-      return {perf[i].algo, perf[i].memory};
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) return perf[i].algo;
   EG_THROW("cuDNN found no ", pass, " convolution algorithm within a ", kMaxWorkspace >> 20, " MiB workspace");
+}
+
+// The algorithm with the lowest median of three timings by `find` (a cudnnFind* call
+// filling perf[16] and found) whose workspace fits: Note [Median of three timings].
+template <class Perf, class Find>
+decltype(Perf::algo) fastest_timed(Find find, const char* pass) {
+  constexpr int kTrials = 3;
+  std::vector<std::vector<AlgoTiming>> trials(kTrials);
+  for (auto& trial : trials) {
+    Perf perf[16];
+    int found = 0;
+    find(perf, &found);
+    for (int i = 0; i < found; ++i)
+      trial.push_back({int(perf[i].algo), perf[i].status == CUDNN_STATUS_SUCCESS, perf[i].time, perf[i].memory});
+  }
+  const int algo = fastest_by_median(trials, kMaxWorkspace);
+  EG_CHECK(algo >= 0, "cuDNN timed no ", pass, " convolution algorithm that ran in all ", kTrials, " trials within a ",
+           kMaxWorkspace >> 20, " MiB workspace");
+  return static_cast<decltype(Perf::algo)>(algo);
 }
 
 // The plan for x [N,C,H,W] and w [K,C/g,R,S] of dtype t, NCHW or NHWC (x, y and w:
@@ -191,13 +211,18 @@ void conv2d_fwd(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, Tens
   {  // the first call with these shapes chooses; other threads use the choice
     std::lock_guard<std::mutex> chosen(c.choosing);
     if (!c.has_fwd) {
-      cudnnConvolutionFwdAlgoPerf_t perf[16];
-      int found = 0;
-      if (cudnn_benchmark())
-        EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
-      else
+      using Perf = cudnnConvolutionFwdAlgoPerf_t;
+      if (cudnn_benchmark()) {
+        auto find = [&](Perf* perf, int* found) {
+          EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, found, perf));
+        };
+        c.fwd = fastest_timed<Perf>(find, "forward");
+      } else {
+        Perf perf[16];
+        int found = 0;
         EG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, &found, perf));
-      c.fwd = first_fitting(perf, found, "forward").first;
+        c.fwd = first_fitting(perf, found, "forward");
+      }
       EG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, c.fwd, &c.fwd_ws));
       c.has_fwd = true;
     }
@@ -229,15 +254,20 @@ void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const 
   {  // the first call with these shapes chooses; other threads use the choice
     std::lock_guard<std::mutex> chosen(c.choosing);
     if (!c.has_bwd_data) {
-      cudnnConvolutionBwdDataAlgoPerf_t perf[16];
-      int found = 0;
-      if (cudnn_benchmark())
-        EG_CUDNN_CHECK(
-            cudnnFindConvolutionBackwardDataAlgorithm(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
-      else
+      using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+      if (cudnn_benchmark()) {
+        auto find = [&](Perf* perf, int* found) {
+          EG_CUDNN_CHECK(
+              cudnnFindConvolutionBackwardDataAlgorithm(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, found, perf));
+        };
+        c.bwd_data = fastest_timed<Perf>(find, "backward-data");
+      } else {
+        Perf perf[16];
+        int found = 0;
         EG_CUDNN_CHECK(
             cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, &found, perf));
-      c.bwd_data = first_fitting(perf, found, "backward-data").first;
+        c.bwd_data = first_fitting(perf, found, "backward-data");
+      }
       EG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, c.bwd_data,
                                                                   &c.bwd_data_ws));
       c.has_bwd_data = true;
@@ -278,15 +308,20 @@ void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tens
     {  // the first call with these shapes chooses; other threads use the choice
       std::lock_guard<std::mutex> chosen(c.choosing);
       if (!c.has_bwd_filter) {
-        cudnnConvolutionBwdFilterAlgoPerf_t perf[16];
-        int found = 0;
-        if (cudnn_benchmark())
-          EG_CUDNN_CHECK(
-              cudnnFindConvolutionBackwardFilterAlgorithm(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
-        else
+        using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+        if (cudnn_benchmark()) {
+          auto find = [&](Perf* perf, int* found) {
+            EG_CUDNN_CHECK(
+                cudnnFindConvolutionBackwardFilterAlgorithm(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, found, perf));
+          };
+          c.bwd_filter = fastest_timed<Perf>(find, "backward-filter");
+        } else {
+          Perf perf[16];
+          int found = 0;
           EG_CUDNN_CHECK(
               cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, &found, perf));
-        c.bwd_filter = first_fitting(perf, found, "backward-filter").first;
+          c.bwd_filter = first_fitting(perf, found, "backward-filter");
+        }
         EG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w,
                                                                       c.bwd_filter, &c.bwd_filter_ws));
         c.has_bwd_filter = true;
