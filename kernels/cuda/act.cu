@@ -18,14 +18,16 @@ __global__ void act_fwd_kernel(int act, const void* x, int tx, void* y, int ty, 
                   : 0.5f * v * (1.f + erff(v * 0.70710678f)));
   }
 }
+// ReLU's and ReLU6's gradients are a select (ref's): 0 outside the linear range, even for
+// a NaN or Inf dy.
 __global__ void act_bwd_kernel(int act, const void* dy, int tdy, const void* x, int tx, void* dx, int tdx, int64_t n) {
   EG_CUDA_LOOP(i, n) {
     const float v = ld(x, tx, i);
-    float g;
-    if (act == 0) g = v > 0.f ? 1.f : 0.f;
-    else if (act == 1) g = (v > 0.f && v < 6.f) ? 1.f : 0.f;
-    else g = 0.5f * (1.f + erff(v * 0.70710678f)) + v * expf(-0.5f * v * v) * 0.39894228f;
-    st(dx, tdx, i, ld(dy, tdy, i) * g);
+    float r;
+    if (act == 0) r = v > 0.f ? ld(dy, tdy, i) : 0.f;
+    else if (act == 1) r = (v > 0.f && v < 6.f) ? ld(dy, tdy, i) : 0.f;
+    else r = ld(dy, tdy, i) * (0.5f * (1.f + erff(v * 0.70710678f)) + v * expf(-0.5f * v * v) * 0.39894228f);
+    st(dx, tdx, i, r);
   }
 }
 }  // namespace

@@ -39,11 +39,16 @@ void fwd(ops::Act a, const Tensor& x, Tensor& y) {
   for (int64_t i = 0; i < x.numel(); ++i) yp[i] = act_value(a, xp[i]);
 }
 
+// ReLU's and ReLU6's gradients are a select, as PyTorch's threshold_backward: where the
+// input is outside the linear range dx is 0 whatever dy is (a NaN or Inf dy there too).
 template <class T>
 void bwd(ops::Act a, const Tensor& dy, const Tensor& x, Tensor& dx) {
   const T *dyp = dy.data<T>(), *xp = x.data<T>();
   T* dxp = dx.data<T>();
-  for (int64_t i = 0; i < x.numel(); ++i) dxp[i] = dyp[i] * act_grad(a, xp[i]);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const T g = act_grad(a, xp[i]);
+    dxp[i] = a == ops::Act::gelu ? dyp[i] * g : (g != T(0) ? dyp[i] : T(0));
+  }
 }
 
 }  // namespace

@@ -108,7 +108,8 @@ void bwd(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& m
 
 // The fused activation, as its own passes: y = act(y) after the forward (ref's own
 // activation, in place); the gradient masked where act_y is at either end of the
-// activation before the backward (a select, as the fast paths: a NaN dy there gives 0).
+// activation before the backward (a select, as ref's act_bwd and the fast paths: a NaN dy
+// there gives 0).
 void act_in_place(ops::BnAct a, Tensor& y) {
   if (a != ops::BnAct::none) act_fwd(ops::unfused(a), y, y);
 }
