@@ -24,6 +24,9 @@ its dynamic loss scaling and PyTorch autocast to torch.float16 with a GradScaler
 users write it; --pytorch-precision sets PyTorch's
 alone (egeria f32 against PyTorch's autocast, say, where egeria has no bf16 on the device).
 --configs picks PyTorch's configurations (e.g. channels_last, to skip a long compile).
+--warmup-repeats N runs N more repeats first and leaves them out of every figure (the
+JSON lists them apart): on the H100 and H200 of 2026-11 the first repeat ran up to 27%
+slower than the next (clocks, first loads), so 1 on a GPU by default, 0 on the CPU.
 PyTorch missing: prints a message and exits 0.
 """
 import argparse
@@ -34,6 +37,11 @@ import subprocess
 import sys
 import time
 
+
+# Each `egeria bench step` run's step times, in the order they ran (warm-up repeats and
+# --cpu-winograd off runs included), kept in the JSON: a slow start shows apart from a
+# slow run.
+STEP_MS = []
 
 # egeria's Transformer presets (models/transformer.cpp): post-LN encoder-decoder, tied
 # embedding and output projection, sinusoidal positions, dropout 0.1, bench step's vocab.
@@ -201,6 +209,7 @@ def bench_egeria(exe, model, bs, threads, device, iters, winograd=None, seq_len=
     out = subprocess.run([exe, "bench", "step", "--model", model, "--batch-size", str(bs), "--threads", str(threads),
                           "--device", device, "--iterations", str(iters)] + extra, check=True, capture_output=True, text=True, env=env)
     j = json.loads(out.stdout.strip().splitlines()[-1])
+    STEP_MS.append(j.get("step_ms"))
     return j["tokens_per_second" if model in TRANSFORMERS else "images_per_second"]
 
 
@@ -213,6 +222,8 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup-repeats", type=int,
+                    help="repeats run first and left out of the figures (default: 1 on a GPU, 0 on the CPU)")
     ap.add_argument("--tf32", action="store_true", help="GPU: allow TF32 in both engines (default: exact f32)")
     ap.add_argument("--seq-len", type=int, default=32, help="Transformers: tokens per sentence (throughput in target tokens)")
     ap.add_argument("--precision", choices=["f32", "bf16", "fp16"], default="f32",
@@ -254,19 +265,28 @@ def main():
             ap.error(f"--configs: {a.configs!r} needs one of contiguous, channels_last (and may add compile)")
     if a.model == "resnet50" and not gpu:
         print("compare_pytorch: note: ResNet-50 at 224 px on the CPU takes seconds a step", file=sys.stderr)
+    warmup = a.warmup_repeats if a.warmup_repeats is not None else (1 if gpu else 0)
+    if a.repeats < 1 or warmup < 0:
+        ap.error("--repeats must be at least 1 and --warmup-repeats at least 0")
     eg, eg_direct, pt = [], [], {c: [] for c in configs}
-    for _ in range(a.repeats):
+    for _ in range(warmup + a.repeats):
         eg.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations, None, a.seq_len))
         if not gpu and PRECISION == "f32" and a.model not in TRANSFORMERS:  # bf16 has no Winograd: "off" is the same run
             eg_direct.append(bench_egeria(a.egeria, a.model, a.batch_size, a.threads, a.device, a.iterations, "off"))
         if torch is not None:
             for c in configs:
                 pt[c].append(bench_torch(a.model, a.batch_size, a.threads, a.iterations, c, a.device, a.seq_len))
+    # The warm-up repeats, apart: every figure below is of the others.
+    warm = {"egeria": eg[:warmup], "egeria_direct": eg_direct[:warmup], **{c: v[:warmup] for c, v in pt.items()}}
+    eg, eg_direct, pt = eg[warmup:], eg_direct[warmup:], {c: v[warmup:] for c, v in pt.items()}
     res = {"model": a.model, "batch_size": a.batch_size, "threads": a.threads, "device": a.device, "tf32": a.tf32,
            "seq_len": a.seq_len if a.model in TRANSFORMERS else None,
            "precision": a.precision, "pytorch_precision": TORCH_PRECISION,
            "egeria_cudnn": a.egeria_cudnn if gpu else None,
-           "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats}
+           "egeria_images_per_second": statistics.median(eg), "repeats": a.repeats, "warmup_repeats": warmup}
+    if warmup:
+        res["warmup_images_per_second"] = {k: v for k, v in warm.items() if v}
+    res["egeria_step_ms_by_run"] = STEP_MS
     if eg_direct:
         res["egeria_direct_images_per_second"] = statistics.median(eg_direct)
     if torch is not None:

@@ -3,6 +3,7 @@
 // for the host; the counts here are the ones to bring down (a step that never waits).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -92,6 +93,10 @@ TEST(HostSyncs, ABenchmarkStepMakesNone) {
     EXPECT_EQ(r.system_frees, 0) << model;
     EXPECT_GT(r.median_host_ms, 0) << model;
     EXPECT_LE(r.median_host_ms, r.median_step_ms) << model;
+    ASSERT_EQ(r.step_ms.size(), 3u) << model;  // every timed step, the median among them
+    std::vector<double> sorted = r.step_ms;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted[1], r.median_step_ms) << model;
   }
 }
 

@@ -260,6 +260,7 @@ int run_cli(int argc, char** argv) {
                           {eg::models::is_translation_model(bo.model) ? "tokens_per_second" : "images_per_second",
                            r.samples_per_second},
                           {"median_step_ms", r.median_step_ms},
+                          {"step_ms", r.step_ms},
                           {"median_host_ms", r.median_host_ms},
                           {"system_allocs", r.system_allocs},
                           {"system_frees", r.system_frees},

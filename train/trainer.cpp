@@ -260,6 +260,7 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.iterations = o.iterations;
   r.world_size = dp.size();
   r.median_step_ms = median(ms);
+  r.step_ms = ms;
   r.median_host_ms = median(host_ms);
   r.system_allocs = int64_t(alloc.stats().system_allocs - timed0.system_allocs);
   r.system_frees = int64_t(alloc.stats().system_frees - timed0.system_frees);

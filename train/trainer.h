@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "train/config.h"
 #include "train/image_task.h"
@@ -66,6 +67,7 @@ struct StepBenchOptions {
 };
 struct StepBench {
   double samples_per_second = 0, median_step_ms = 0;  // samples (target tokens) of every rank
+  std::vector<double> step_ms;  // each timed step's, in order: a slow start shows apart from a slow run
   int iterations = 0, world_size = 1;
   int64_t frozen_units = 0, frozen_parameters = 0, parameters = 0;
   int64_t sync_bytes_per_step = 0;  // all-reduced by each rank
