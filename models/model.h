@@ -73,7 +73,8 @@ struct ModelConfig {
 // Builds a model by name (a built-in one or a registered one); throws eg::Error listing
 // the known names. `g` initialises the weights, and the built-in models' dropout layers
 // (MobileNetV2's head, the Transformers') draw their masks from it (nn::Dropout keeps a
-// pointer to it): it must outlive any training of the model.
+// pointer to it): it must outlive any training of the model (a training forward after
+// it is gone is an error).
 ModelPtr build_model(const ModelConfig& c, Generator& g);
 std::vector<std::string> model_names();  // sorted
 // Whether `name` is one of egeria's own models rather than one a program registered.
