@@ -13,6 +13,9 @@ class ImageSamples final : public SampleSource {
   ImageSamples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug, bool per_sample)
       : d_(std::move(d)), aug_(aug), per_sample_(per_sample) {
     EG_CHECK(d_ && d_->size() > 0, "loader: the dataset is empty");
+    EG_CHECK(d_->images.dim() == 4 && d_->images.size(0) == d_->labels.numel() && d_->labels.dtype() == DType::s64,
+             "loader: a dataset's images must be [N, C, H, W] with N = its s64 labels' count; got images ",
+             shape_str(d_->images.shape()), " and ", d_->labels.numel(), " labels of ", dtype_name(d_->labels.dtype()));
   }
   int64_t size() const override { return d_->size(); }
   Shape sample_shape() const override { return {d_->images.size(1), d_->images.size(2), d_->images.size(3)}; }
@@ -48,6 +51,9 @@ Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o)
 
 Loader::Loader(std::shared_ptr<const SampleSource> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {
   EG_CHECK(data_ && data_->size() > 0, "loader: the dataset is empty");
+  const Shape shape = data_->sample_shape();
+  EG_CHECK(shape.size() == 3 && shape[0] > 0 && shape[1] > 0 && shape[2] > 0,
+           "loader: a sample must be [C, H, W] (SampleSource::sample_shape), got ", shape_str(shape));
   pixels_ = o.pixels && data_->has_pixels();
   EG_CHECK(o.batch_size > 0, "loader: batch size must be positive, got ", o.batch_size);
   EG_CHECK(!o.drop_last || data_->size() >= o.batch_size, "loader: batch size ", o.batch_size,

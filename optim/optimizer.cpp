@@ -5,6 +5,14 @@
 
 namespace eg::optim {
 
+namespace {
+// A parameter moved by Module::to() (its storage, in place) takes its state along: the
+// kernels read both through raw pointers of one device.
+void follow_device(Tensor& state, const Tensor& p) {
+  if (state.defined() && state.device() != p.device()) state = state.to(p.device());
+}
+}  // namespace
+
 Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
   EG_CHECK(lr >= 0 && std::isfinite(lr), "learning rate must be a finite non-negative number, got ", lr);
   for (size_t i = 0; i < params_.size(); ++i)
@@ -131,6 +139,7 @@ void SGD::step() {
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!active(p)) continue;
+    follow_device(momentum_[i], p);
     if (options.momentum > 0 && !momentum_[i].defined()) {  // the buffer starts as the gradient
       last_host_lr_ = true;
       if (skipped()) continue;
@@ -223,6 +232,7 @@ void AdamW::step() {
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!active(p)) continue;
+    follow_device(m_[i], p), follow_device(v_[i], p);
     if (!m_[i].defined()) {
       m_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());
       v_[i] = Tensor::zeros(p.shape(), p.dtype(), p.device());

@@ -27,12 +27,16 @@ nn::ModulePtr conv_block(int64_t in, int64_t out, bool pool, Generator& g) {
 // A user's network: three convolution blocks and a head, each a freezing unit.
 class UserCnn final : public models::Model {
  public:
-  UserCnn(const models::ModelConfig& c, Generator& g) {
+  // dropout > 0: a Dropout before the head's linear layer, drawing from g or (not
+  // from_g) from the process-wide generator.
+  UserCnn(const models::ModelConfig& c, Generator& g, double dropout = 0, bool from_g = true) {
     units_.emplace_back("stem", register_module("stem", conv_block(c.in_channels, 8, false, g)));
     units_.emplace_back("block1", register_module("block1", conv_block(8, 16, true, g)));
     units_.emplace_back("block2", register_module("block2", conv_block(16, 16, true, g)));
     auto head = std::make_shared<nn::Sequential>();
     head->add("pool", std::make_shared<nn::GlobalAvgPool>());
+    if (dropout > 0)
+      head->add("dropout", from_g ? std::make_shared<nn::Dropout>(dropout, g) : std::make_shared<nn::Dropout>(dropout));
     head->add("fc", std::make_shared<nn::Linear>(16, c.num_classes, true, g));
     units_.emplace_back("head", register_module("head", head));
   }
@@ -253,6 +257,51 @@ TEST(Api, UsersDataIsCheckedInItsOwnTerms) {
             std::string::npos);
   EXPECT_NE(fails(quadrant_data(), [](train::TrainConfig& c) { c.model = "users-cnn"; }).find("unknown model"),
             std::string::npos);
+  // Labels 1 to 4 for 4 classes: named with the sample before the loss sees them (on a
+  // GPU the loss would read past its row unchecked), in training and in evaluation.
+  class OffByOne final : public data::SampleSource {
+   public:
+    int64_t size() const override { return 16; }
+    Shape sample_shape() const override { return {1, 16, 16}; }
+    int64_t label(int64_t id) const override { return id % 4 + 1; }
+    void load(int64_t, uint64_t, int64_t, float* out) const override { std::fill(out, out + 256, 0.f); }
+  };
+  d = quadrant_data();
+  d.train = std::make_shared<OffByOne>();
+  std::string msg = fails(d);
+  EXPECT_NE(msg.find("the training sample "), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" has label 4, but labels are 0 to 3 (4 classes)"), std::string::npos) << msg;
+  d = quadrant_data();
+  d.test = std::make_shared<OffByOne>();
+  msg = fails(d, [](train::TrainConfig& c) { c.epochs = 1; });
+  EXPECT_NE(msg.find("the evaluation sample "), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" has label 4, but labels are 0 to 3 (4 classes)"), std::string::npos) << msg;
+  // The model exists once fit has built it.
+  train::ImageTask unbuilt(quadrant_data());
+  msg = testing::error_of([&] { unbuilt.model(); });
+  EXPECT_NE(msg.find("train::fit builds the model"), std::string::npos) << msg;
+}
+
+// fit checkpoints, seeds per rank and replays the generator it gives the builder; a
+// Dropout drawing from another one is refused, naming it and the fix.
+TEST(Api, FitRefusesADropoutThatDrawsFromAnotherGenerator) {
+  for (const bool from_g : {false, true}) {
+    models::register_model("user-cnn-dropout",
+                           [from_g](const models::ModelConfig& c, Generator& g) -> models::ModelPtr {
+                             return std::make_shared<UserCnn>(c, g, 0.2, from_g);
+                           });
+    train::TrainConfig c = user_run(testing::fresh_dir("api_dropout"));
+    c.model = "user-cnn-dropout";
+    c.epochs = 1;
+    train::ImageTask task(quadrant_data());
+    const std::string msg = testing::error_of([&] { train::fit(task, c); });
+    if (from_g) {
+      EXPECT_EQ(msg, "");
+    } else {
+      EXPECT_NE(msg.find("its Dropout 'head.dropout' draws from another generator"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("pass the builder's Generator& g to nn::Dropout"), std::string::npos) << msg;
+    }
+  }
 }
 
 // PyTorch's load_state_dict(strict=False), with a new head of another size left as initialised.

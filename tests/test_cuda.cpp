@@ -110,6 +110,37 @@ TEST(Cuda, RoundTripAndZeroing) {
   EXPECT_TRUE(c.is_cuda());
 }
 
+// A parameter moved by Module::to() takes its optimizer state along (the state made on
+// the CPU would otherwise be read through host pointers by the CUDA kernels, and back).
+TEST(Cuda, OptimizerStateFollowsItsParameterToAnotherDevice) {
+  EG_REQUIRE_GPU();
+  for (const bool adamw : {false, true}) {
+    Generator g1(3), g2(3);
+    nn::Linear moved(4, 3, true, g1), stays(4, 3, true, g2);
+    auto make = [&](nn::Linear& l) -> std::unique_ptr<optim::Optimizer> {
+      if (adamw)
+        return std::make_unique<optim::AdamW>(l.parameters(), 0.01, optim::AdamWOptions{0.9, 0.999, 1e-8, 0.1});
+      return std::make_unique<optim::SGD>(l.parameters(), 0.1, optim::SgdOptions{0.9, 0.0, 0.01, false});
+    };
+    auto opt_moved = make(moved), opt_stays = make(stays);
+    auto step = [](nn::Linear& l, optim::Optimizer& opt, int k) {
+      for (Tensor p : l.parameters()) {
+        Tensor grad = Tensor::full(p.shape(), 0.25 * (k + 1), DType::f32);
+        p.set_grad(grad.to(p.device()));
+      }
+      opt.step();
+    };
+    for (int k = 0; k < 3; ++k) {
+      if (k == 1) moved.to(Device::cuda(0));  // after a step made the state on the CPU
+      if (k == 2) moved.to(Device::cpu());  // and back
+      step(moved, *opt_moved, k);
+      step(stays, *opt_stays, k);
+    }
+    const std::vector<float> a = moved.weight.to_vector<float>(), b = stays.weight.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << (adamw ? "AdamW " : "SGD ") << i;
+  }
+}
+
 // Note [Deferred reads] on a GPU: the value lands in a pinned slot behind the kernels
 // that make it; value() waits for it (a host sync, counted only if it had to wait), a
 // lagged read is never counted; slots are reused once their copies have landed.

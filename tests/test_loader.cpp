@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "data/loader.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -140,6 +141,20 @@ TEST(Loader, RejectsBadOptions) {
   EXPECT_THROW(data::Loader(d, o), Error);
   data::Loader l(d, opts());
   EXPECT_THROW(l.start_epoch(0, 11), Error);
+  // Geometry the workers would index out of bounds with: named, before any worker runs.
+  auto cut = std::make_shared<data::ImageDataset>(*d);
+  cut->images = cut->images.slice(0, 50);  // 103 labels for 50 images
+  std::string msg = testing::error_of([&] { data::Loader(cut, opts()); });
+  EXPECT_NE(msg.find("got images [50, 3, 8, 8] and 103 labels of s64"), std::string::npos) << msg;
+  class Flat final : public data::SampleSource {  // a tabular source: not [C, H, W]
+   public:
+    int64_t size() const override { return 8; }
+    Shape sample_shape() const override { return {784}; }
+    int64_t label(int64_t) const override { return 0; }
+    void load(int64_t, uint64_t, int64_t, float*) const override {}
+  };
+  msg = testing::error_of([&] { data::Loader(std::make_shared<Flat>(), opts()); });
+  EXPECT_NE(msg.find("a sample must be [C, H, W] (SampleSource::sample_shape), got [784]"), std::string::npos) << msg;
 }
 
 // Data-parallel shares: rank r of 3 with batch 4 gets the positions r, r + 3, ... of each

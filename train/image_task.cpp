@@ -9,6 +9,7 @@
 #include <set>
 
 #include "autograd/node.h"
+#include "layers/layers.h"
 #include "train/freezing.h"
 
 namespace eg::train {
@@ -86,6 +87,16 @@ void warn_left_out(const std::vector<std::pair<int64_t, std::string>>& left_out)
   for (auto& [id, reason] : left_out)
     if (warned.insert(reason).second)
       std::fprintf(stderr, "warning: left out (--skip-bad-images): %s\n", reason.c_str());
+}
+
+// A label outside [0, classes) is the data's error, named in its terms before the batch
+// reaches the loss: on a GPU the loss kernels would read another row's logit unchecked,
+// and train on, where the CPU's loss stops with a message about targets.
+void check_labels(const data::Batch& b, int64_t classes, const char* split) {
+  const int64_t* y = b.y.data<int64_t>();
+  for (int64_t i = 0; i < b.y.numel(); ++i)
+    EG_CHECK(y[i] >= 0 && y[i] < classes, "the ", split, " sample ", b.ids[size_t(i)], " has label ", y[i],
+             ", but labels are 0 to ", classes - 1, " (", classes, " classes)");
 }
 
 }  // namespace
@@ -207,6 +218,14 @@ void ImageTask::build_model() {
   // checkpoint, as the translation task's.
   gen_ = Generator(c_.seed);
   model_ = models::build_model(model_config(), gen_);
+  // One that draws from another generator (a layer's default, the process-wide one) would
+  // be outside the checkpoint (no exact resume), the same on every rank, and shared with
+  // the reference model's builds on their thread (a data race).
+  for (auto& [name, mod] : model_->named_modules())
+    if (auto* d = dynamic_cast<nn::Dropout*>(mod); d && d->p > 0)
+      EG_CHECK(d->gen == &gen_, "model '", c_.model, "': its Dropout '", name, "' draws from another generator than ",
+               "the one its builder was given; pass the builder's Generator& g to nn::Dropout (and to ",
+               "nn::MultiHeadAttention)");
   model_->to(dev_);
 }
 
@@ -246,6 +265,7 @@ bool ImageTask::next_batch() {
   }
   if (!loader_->next(batch_)) return false;
   warn_left_out(batch_.left_out);
+  check_labels(batch_, data_.num_classes, "training");
   left_out_here_ += int64_t(batch_.left_out.size());
   if (staged_ && !batch_.ids.empty()) x_up_->stage(batch_.x), y_up_->stage(batch_.y);
   return true;
@@ -361,6 +381,7 @@ Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Co
     counts[3] += double(b.left_out.size());
     if (b.ids.empty()) continue;  // this rank's share of a short last batch, or all left out
     Tensor logits = m.forward(b.x.to(dev));
+    check_labels(b, logits.size(1), "evaluation");
     counts[0] += fn::cross_entropy(logits, b.y.to(dev)).item() * double(b.y.numel());
     const std::vector<int64_t> pred = fn::argmax(logits).to_vector<int64_t>();
     for (int64_t i = 0; i < b.y.numel(); ++i) {

@@ -57,7 +57,11 @@ class ImageTask : public Task {
   ImageTask() = default;  // the data named by --dataset
   explicit ImageTask(ImageData user_data);  // a user's; TrainConfig::dataset only names it in the logs
   void setup(const TrainConfig& c, dist::Communicator& comm) override;
-  models::Model& model() override { return *model_; }
+  models::Model& model() override {
+    EG_CHECK(model_, "ImageTask::model(): train::fit builds the model (from TrainConfig::model); to start from ",
+             "weights, set TrainConfig::init_from");
+    return *model_;
+  }
   Generator& generator() override { return gen_; }
   void configure_freezing(freeze::PolicyConfig& pc) const override;
   void attach(FreezeRun& fr) override;

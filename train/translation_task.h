@@ -42,7 +42,11 @@ class TranslationTask : public Task {
   // the tokenizer): tests train small models this way.
   explicit TranslationTask(std::optional<models::TransformerConfig> arch = std::nullopt) : arch_(std::move(arch)) {}
   void setup(const TrainConfig& c, dist::Communicator& comm) override;
-  models::Model& model() override { return *model_; }
+  models::Model& model() override {
+    EG_CHECK(model_, "TranslationTask::model(): train::fit builds the model (from TrainConfig::model); to start from ",
+             "weights, set TrainConfig::init_from");
+    return *model_;
+  }
   std::string description() const override;
   nlohmann::json resolved() const override;
   Generator& generator() override { return gen_; }
