@@ -144,7 +144,7 @@ TEST(Loader, RejectsBadOptions) {
   // Geometry the workers would index out of bounds with: named, before any worker runs.
   auto cut = std::make_shared<data::ImageDataset>(*d);
   cut->images = cut->images.slice(0, 50);  // 103 labels for 50 images
-  std::string msg = testing::error_of([&] { data::Loader(cut, opts()); });
+  std::string msg = eg::testing::error_of([&] { data::Loader(cut, opts()); });
   EXPECT_NE(msg.find("got images [50, 3, 8, 8] and 103 labels of s64"), std::string::npos) << msg;
   class Flat final : public data::SampleSource {  // a tabular source: not [C, H, W]
    public:
@@ -153,7 +153,7 @@ TEST(Loader, RejectsBadOptions) {
     int64_t label(int64_t) const override { return 0; }
     void load(int64_t, uint64_t, int64_t, float*) const override {}
   };
-  msg = testing::error_of([&] { data::Loader(std::make_shared<Flat>(), opts()); });
+  msg = eg::testing::error_of([&] { data::Loader(std::make_shared<Flat>(), opts()); });
   EXPECT_NE(msg.find("a sample must be [C, H, W] (SampleSource::sample_shape), got [784]"), std::string::npos) << msg;
 }
 
