@@ -28,6 +28,7 @@
 #include "freeze/controller.h"
 #include "freeze/plasticity.h"
 #include "kernels/ops.h"
+#include "layers/layers.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "quant/reference.h"
