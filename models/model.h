@@ -86,7 +86,9 @@ bool is_translation_model(const std::string& name);
 // A model's builder: a new model for the configuration (its classes, input channels and
 // size come from the data), initialised from `g`. Egeria builds its reference model
 // through it too, then loads a snapshot of the training weights, so it must build the
-// same architecture whenever it is called with the same configuration.
+// same architecture whenever it is called with the same configuration. It is kept for the
+// life of the process and called again on the reference's thread: capture by value.
+// train::fit refuses a model whose Dropout draws from another generator than `g`.
 using ModelBuilder = std::function<ModelPtr(const ModelConfig&, Generator&)>;
 // Makes a user's model known by `name` to build_model, and so to train::fit, the
 // freezing policies and `--model` of a CLI built with it. A built-in name is refused;
