@@ -22,6 +22,7 @@ Tensor Conv2d::forward(const Tensor& x) {
   EG_CHECK(x.dim() == 4 && x.size(1) == in_channels, "Conv2d(", in_channels, " -> ", out_channels,
            "): expected input [N, ", in_channels, ", H, W], got ", shape_str(x.shape()));
   if (forward_override) return forward_override(x);
+  if (is_training()) check_registered(weight, "weight"), check_registered(bias, "bias");
   return fn::conv2d(x, weight, bias, params);
 }
 
@@ -56,6 +57,7 @@ Tensor BatchNorm2d::forward(const Tensor& x, ops::BnAct act, const Tensor& resid
     const Tensor h = residual.defined() ? fn::add(x, residual) : x;
     return act == ops::BnAct::none ? h : fn::activation(h, ops::unfused(act));
   }
+  if (is_training()) check_registered(weight, "weight"), check_registered(bias, "bias");
   // See Note [Frozen BatchNorm semantics].
   bool batch_stats = is_training() && (!is_frozen() || frozen_batch_stats);
   return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, act, residual);
@@ -69,6 +71,7 @@ Linear::Linear(int64_t in, int64_t out, bool b, Generator& g) : in_features(in),
 
 Tensor Linear::forward(const Tensor& x) {
   if (forward_override) return forward_override(x);
+  if (is_training()) check_registered(weight, "weight"), check_registered(bias, "bias");
   return fn::linear(x, weight, bias);
 }
 

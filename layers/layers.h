@@ -126,7 +126,10 @@ class Dropout : public Module {
 class Embedding : public Module {
  public:
   Embedding(int64_t num, int64_t dim, Generator& g = default_generator());  // N(0, 1) init
-  Tensor forward(const Tensor& ids) override { return fn::embedding(ids, weight); }
+  Tensor forward(const Tensor& ids) override {
+    if (is_training()) check_registered(weight, "weight");
+    return fn::embedding(ids, weight);
+  }
   std::string type_name() const override { return "Embedding"; }
   Tensor weight;
 };
@@ -134,7 +137,10 @@ class Embedding : public Module {
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5);
-  Tensor forward(const Tensor& x) override { return fn::layer_norm(x, weight, bias, eps); }
+  Tensor forward(const Tensor& x) override {
+    if (is_training()) check_registered(weight, "weight"), check_registered(bias, "bias");
+    return fn::layer_norm(x, weight, bias, eps);
+  }
   std::string type_name() const override { return "LayerNorm"; }
   Tensor weight, bias;
   double eps;

@@ -10,6 +10,16 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t) {
   return params_.back().second;
 }
 
+void Module::check_registered(const Tensor& field, const char* name) const {
+  for (auto& [n, t] : params_)
+    if (n == name) {
+      EG_CHECK(field.is_same(t), type_name(), ": its ", name, " was replaced by another tensor, which the ",
+               "optimizer, state dicts and device moves do not see; write into it in place (copy_, zero_) or use ",
+               "load_state_dict");
+      return;
+    }
+}
+
 Tensor& Module::register_buffer(const std::string& name, Tensor t) {
   buffers_.emplace_back(name, t);
   return buffers_.back().second;

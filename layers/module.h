@@ -70,6 +70,10 @@ class Module {
     return m;
   }
   virtual void on_freeze_changed() {}
+  // Throws when a layer's public field (weight, bias) no longer holds the parameter
+  // registered as `name`: reassigned rather than written into, it would be trained and
+  // used by forward while the optimizer, state dicts and device moves see the old one.
+  void check_registered(const Tensor& field, const char* name) const;
 
   bool training_ = true;
   bool frozen_ = false;
@@ -90,7 +94,10 @@ class Sequential : public Module {
   ModulePtr add(const std::string& name, ModulePtr m);
   Tensor forward(const Tensor& x) override;
   size_t size() const { return children().size(); }
-  ModulePtr operator[](size_t i) const { return children()[i].second; }
+  ModulePtr operator[](size_t i) const {
+    EG_CHECK(i < children().size(), "Sequential: no module ", i, " (it has ", children().size(), ")");
+    return children()[i].second;
+  }
   std::string type_name() const override { return "Sequential"; }
 };
 

@@ -188,6 +188,34 @@ TEST(Layers, ADropoutWhoseGeneratorIsGoneSaysSoInsteadOfReadingFreedMemory) {
   EXPECT_EQ(values(none(x)), values(x));
 }
 
+// PyTorch's `layer.weight = nn.Parameter(...)` habit: here a reassigned field would be
+// used by forward while the optimizer, state dicts and device moves keep the registered
+// tensor, so a training forward refuses it; writing into the parameter is the way.
+TEST(Layers, AReassignedParameterFieldIsAnErrorInTraining) {
+  nn::Linear lin(4, 3);
+  const Tensor x = Tensor::ones({2, 4});
+  lin.weight.copy_(Tensor::zeros({3, 4}));  // in place: the registered tensor itself
+  EXPECT_NO_THROW(lin(x));
+  lin.weight = Tensor::zeros({3, 4});
+  std::string msg = error_of([&] { lin(x); });
+  EXPECT_NE(msg.find("Linear: its weight was replaced by another tensor"), std::string::npos) << msg;
+  lin.eval();  // an inference copy may carry its own tensors (the references' folded weights)
+  EXPECT_NO_THROW(lin(x));
+  nn::Conv2d conv(2, 2, 3, {1, 1, 1, 1, true});
+  conv.bias = Tensor::zeros({2});
+  msg = error_of([&] { conv(Tensor::ones({1, 2, 4, 4})); });
+  EXPECT_NE(msg.find("Conv2d: its bias was replaced"), std::string::npos) << msg;
+  nn::BatchNorm2d bn(2);
+  bn.weight = Tensor::ones({2});
+  EXPECT_NE(error_of([&] {
+              bn(Tensor::ones({2, 2, 3, 3}));
+            }).find("BatchNorm2d: its weight was replaced"),
+            std::string::npos);
+  nn::LayerNorm ln(4);
+  ln.bias = Tensor::zeros({4});
+  EXPECT_NE(error_of([&] { ln(x); }).find("LayerNorm: its bias was replaced"), std::string::npos);
+}
+
 TEST(Layers, WindowLargerThanInputIsAnError) {
   nn::Conv2d conv(1, 1, 3, {2, 0, 1, 1, false});
   EXPECT_THROW(conv(Tensor::zeros({1, 1, 2, 2})), Error);
