@@ -37,6 +37,10 @@ class Fp32Reference : public ReferenceModel {
   void load(const ModelFactory& make, const std::map<std::string, Tensor>& snap, Device dev = Device::cpu()) {
     dev_ = dev;
     model_ = make();
+    // The copy is folded, converted and put in eval mode in place: a factory that hands
+    // out a model someone else holds (the training one) would have it changed under them.
+    EG_CHECK(model_ && model_.use_count() == 1, "reference model: the factory must build a new model for it ",
+             model_ ? "(it returned one that is also held elsewhere)" : "(it returned none)");
     model_->load_state_dict(snap);
     model_->to(dev);
     model_->eval();

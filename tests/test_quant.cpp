@@ -18,6 +18,7 @@
 #include "optim/optimizer.h"
 #include "quant/int8.h"
 #include "quant/reference.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -366,6 +367,27 @@ TEST(QuantReference, ARestoredCalibrationQuantisesAsTheOriginal) {
   bad["no.such.conv"] = quant::ActRange{-1.f, 1.f, 1};
   EXPECT_THROW(b->set_calibration(bad), Error);
   EXPECT_TRUE(quant::make_reference("fp32", mc, snap)->calibration().empty());
+}
+
+// A reference folds, converts and puts its copy in eval mode in place: a factory that
+// hands out a model held elsewhere (the training one) is refused, the model untouched.
+TEST(QuantReference, AFactoryMustBuildANewModel) {
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  Generator g(1);
+  auto m = models::build_model(mc, g);
+  const auto snap = m->state_dict();
+  for (const char* precision : {"fp32", "int8"}) {
+    const std::string msg = eg::testing::error_of([&] {
+      quant::make_reference(
+          precision, [m] { return m; }, snap, Device::cpu());
+    });
+    EXPECT_NE(msg.find("the factory must build a new model for it (it returned one that is also held elsewhere)"),
+              std::string::npos)
+        << precision << ": " << msg;
+    EXPECT_TRUE(m->is_training()) << precision;
+  }
+  EXPECT_NO_THROW(quant::make_reference("int8", quant::model_factory(mc), snap, Device::cpu()));
 }
 
 // --freeze-reference-scope unit: a reference run on a unit's input (the output of the
