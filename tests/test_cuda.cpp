@@ -111,6 +111,24 @@ TEST(Cuda, RoundTripAndZeroing) {
   EXPECT_TRUE(c.is_cuda());
 }
 
+// A class index outside the logits' columns, not checked on the host for device targets,
+// makes the loss NaN (which stops a training run) instead of reading another row.
+TEST(Cuda, ACrossEntropyTargetOutsideTheClassesGivesANaNLoss) {
+  EG_REQUIRE_GPU();
+  Generator g(2);
+  const Tensor logits = Tensor::randn({4, 5}, g).to(Device::cuda(0));
+  for (const int64_t bad : {int64_t(5), int64_t(-2)}) {
+    const Tensor target = Tensor::from_vector<int64_t>({0, bad, 4, 2}, {4}).to(Device::cuda(0));
+    EXPECT_TRUE(std::isnan(fn::cross_entropy(logits, target).item())) << bad;
+  }
+  const Tensor fine = Tensor::from_vector<int64_t>({0, 1, 4, 2}, {4});
+  EXPECT_NEAR(fn::cross_entropy(logits, fine.to(Device::cuda(0))).item(),
+              fn::cross_entropy(logits.to(Device::cpu()), fine).item(), 1e-5);
+  // -100, the ignored index, is not out of range.
+  const Tensor ignored = Tensor::from_vector<int64_t>({0, -100, 4, 2}, {4}).to(Device::cuda(0));
+  EXPECT_TRUE(std::isfinite(fn::cross_entropy(logits, ignored).item()));
+}
+
 // A parameter moved by Module::to() takes its optimizer state along (the state made on
 // the CPU would otherwise be read through host pointers by the CUDA kernels, and back).
 TEST(Cuda, OptimizerStateFollowsItsParameterToAnotherDevice) {

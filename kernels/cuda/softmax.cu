@@ -48,7 +48,9 @@ __global__ void ce_fwd_kernel(const float* logits, const int64_t* target, float*
       const float l = m + logf(s);
       lse[r] = l;
       const int64_t t = target[r];
-      row_loss[r] = t == ignore ? 0.f : (1.f - ls) * (l - in[t]) + ls * (l - sum / float(c));
+      // A target outside the classes (checked on the host only for CPU targets) makes the
+      // loss NaN, which stops a run, instead of reading another row's logit.
+      row_loss[r] = t == ignore ? 0.f : t < 0 || t >= c ? NAN : (1.f - ls) * (l - in[t]) + ls * (l - sum / float(c));
     }
   }
 }
