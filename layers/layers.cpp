@@ -97,7 +97,7 @@ Tensor Dropout::forward(const Tensor& x) {
   EG_CHECK(!gen_lifetime_.expired(), "Dropout(p=", p, "): the Generator it was built with (nn::Dropout's, or the one ",
            "given to models::build_model) has been destroyed; keep it alive while the model trains, or build with ",
            "default_generator()");
-  return fn::dropout(x, p, true, *gen);
+  return fn::dropout(x, p, true, *gen_);
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, Generator& g) {

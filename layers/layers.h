@@ -113,13 +113,15 @@ class Flatten : public Module {  // [N, ...] -> [N, prod(...)]
 // an error that says so, not a read of freed memory.
 class Dropout : public Module {
  public:
-  explicit Dropout(double p, Generator& g = default_generator()) : p(p), gen(&g), gen_lifetime_(g.lifetime()) {}
+  explicit Dropout(double p, Generator& g = default_generator()) : p(p), gen_(&g), gen_lifetime_(g.lifetime()) {}
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Dropout"; }
+  // The generator it draws from (compared, not read: it may be gone).
+  const Generator* draws_from() const { return gen_; }
   double p;
-  Generator* gen;
 
  private:
+  Generator* gen_;
   std::weak_ptr<const void> gen_lifetime_;
 };
 
