@@ -88,7 +88,7 @@ bool is_translation_model(const std::string& name);
 // through it too, then loads a snapshot of the training weights, so it must build the
 // same architecture whenever it is called with the same configuration. It is kept for the
 // life of the process and called again on the reference's thread: capture by value.
-// train::fit refuses a model whose Dropout draws from another generator than `g`.
+// train::fit refuses an image model whose Dropout (p > 0) draws from another generator.
 using ModelBuilder = std::function<ModelPtr(const ModelConfig&, Generator&)>;
 // Makes a user's model known by `name` to build_model, and so to train::fit, the
 // freezing policies and `--model` of a CLI built with it. A built-in name is refused;

@@ -205,6 +205,7 @@ int64_t convert_to_fp16(nn::Module& m, Device gpu) {
 }
 
 int64_t fold_batchnorm(nn::Module& m) {
+  m.eval();  // an inference copy: its convolutions now hold new tensors (Module::check_registered)
   int64_t folded = 0;
   const auto& ch = m.children();
   for (size_t i = 0; i + 1 < ch.size(); ++i) {

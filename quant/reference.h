@@ -52,7 +52,7 @@ class ReferenceModel {
 // Folds every BatchNorm2d that a module registers right after a Conv2d (the order in
 // which the built-in models also run them) into that convolution's weight and bias,
 // using the running statistics; the BatchNorm then passes its input through. For
-// inference copies only. Returns the number of pairs folded.
+// inference copies only: puts the module in eval mode. Returns the number of pairs folded.
 int64_t fold_batchnorm(nn::Module& m);
 
 // Turns an inference copy of a model into its int8 version in place: eval mode, batch

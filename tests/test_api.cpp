@@ -257,8 +257,8 @@ TEST(Api, UsersDataIsCheckedInItsOwnTerms) {
             std::string::npos);
   EXPECT_NE(fails(quadrant_data(), [](train::TrainConfig& c) { c.model = "users-cnn"; }).find("unknown model"),
             std::string::npos);
-  // Labels 1 to 4 for 4 classes: named with the sample before the loss sees them (on a
-  // GPU the loss would read past its row unchecked), in training and in evaluation.
+  // Labels 1 to 4 for 4 classes: named with their sample (the loss alone names a target
+  // index on the CPU, gives a NaN on a GPU), in training and in evaluation.
   class OffByOne final : public data::SampleSource {
    public:
     int64_t size() const override { return 16; }

@@ -154,6 +154,9 @@ TEST(Cuda, OptimizerStateFollowsItsParameterToAnotherDevice) {
       if (k == 2) moved.to(Device::cpu());  // and back
       step(moved, *opt_moved, k);
       step(stays, *opt_stays, k);
+      // The state itself moved (a GPU that reads host memory would train right without).
+      const Tensor state = opt_moved->state_dict().at(adamw ? "0.exp_avg" : "0.momentum");
+      EXPECT_EQ(state.device(), moved.weight.device()) << (adamw ? "AdamW" : "SGD") << " step " << k;
     }
     const std::vector<float> a = moved.weight.to_vector<float>(), b = stays.weight.to_vector<float>();
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << (adamw ? "AdamW " : "SGD ") << i;

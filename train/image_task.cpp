@@ -89,9 +89,8 @@ void warn_left_out(const std::vector<std::pair<int64_t, std::string>>& left_out)
       std::fprintf(stderr, "warning: left out (--skip-bad-images): %s\n", reason.c_str());
 }
 
-// A label outside [0, classes) is the data's error, named in its terms before the batch
-// reaches the loss: on a GPU the loss kernels would read another row's logit unchecked,
-// and train on, where the CPU's loss stops with a message about targets.
+// A label outside [0, classes) is the data's error, named in its terms with its sample:
+// the loss sees only a row (the CPU's names a target index, the GPU's gives a NaN loss).
 void check_labels(const data::Batch& b, int64_t classes, const char* split) {
   const int64_t* y = b.y.data<int64_t>();
   for (int64_t i = 0; i < b.y.numel(); ++i)
@@ -369,7 +368,13 @@ namespace {
 // Accuracy and mean loss over the loader's batches, reduced over the ranks from counts.
 Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Communicator* comm, PerClass* per_class) {
   autograd::NoGradGuard ng;
-  const bool was_training = m.is_training();
+  struct Restore {  // training mode back however the evaluation ends (an error a caller catches)
+    models::Model& m;
+    bool was;
+    ~Restore() {
+      if (was) m.train();
+    }
+  } restore{m, m.is_training()};
   m.eval();
   l.start_epoch(0);
   data::Batch b;
@@ -404,7 +409,6 @@ Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Co
     for (size_t k = 0; k < classes; ++k)
       per_class->correct[k] = int64_t(counts[4 + 2 * k]), per_class->total[k] = int64_t(counts[5 + 2 * k]);
   }
-  if (was_training) m.train();
   Metrics r = {{"accuracy", counts[1] / std::max(counts[2], 1.0)}, {"loss", counts[0] / std::max(counts[2], 1.0)}};
   if (counts[3] > 0) r["images_left_out"] = counts[3];
   return r;

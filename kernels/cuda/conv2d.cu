@@ -109,18 +109,27 @@ decltype(Perf::algo) first_fitting(const Perf* perf, int found, const char* pass
 
 // The algorithm with the lowest median of three timings by `find` (a cudnnFind* call
 // filling perf[16] and found) whose workspace fits: Note [Median of three timings].
+// cudnnFind* times an algorithm in each math mode it has (tensor cores or not); the plan
+// runs in its descriptor's, so the timings in that mode decide (all of them, should
+// cuDNN report none in it).
 template <class Perf, class Find>
-decltype(Perf::algo) fastest_timed(Find find, const char* pass) {
+decltype(Perf::algo) fastest_timed(Find find, cudnnConvolutionDescriptor_t conv, const char* pass) {
   constexpr int kTrials = 3;
-  std::vector<std::vector<AlgoTiming>> trials(kTrials);
-  for (auto& trial : trials) {
+  cudnnMathType_t math{};
+  EG_CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &math));
+  std::vector<std::vector<AlgoTiming>> in_mode(kTrials), any_mode(kTrials);
+  for (int t = 0; t < kTrials; ++t) {
     Perf perf[16];
     int found = 0;
     find(perf, &found);
-    for (int i = 0; i < found; ++i)
-      trial.push_back({int(perf[i].algo), perf[i].status == CUDNN_STATUS_SUCCESS, perf[i].time, perf[i].memory});
+    for (int i = 0; i < found; ++i) {
+      const AlgoTiming a{int(perf[i].algo), perf[i].status == CUDNN_STATUS_SUCCESS, perf[i].time, perf[i].memory};
+      any_mode[size_t(t)].push_back(a);
+      if (perf[i].mathType == math) in_mode[size_t(t)].push_back(a);
+    }
   }
-  const int algo = fastest_by_median(trials, kMaxWorkspace);
+  int algo = fastest_by_median(in_mode, kMaxWorkspace);
+  if (algo < 0) algo = fastest_by_median(any_mode, kMaxWorkspace);
   EG_CHECK(algo >= 0, "cuDNN timed no ", pass, " convolution algorithm that ran in all ", kTrials, " trials within a ",
            kMaxWorkspace >> 20, " MiB workspace");
   return static_cast<decltype(Perf::algo)>(algo);
@@ -216,7 +225,7 @@ void conv2d_fwd(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, Tens
         auto find = [&](Perf* perf, int* found) {
           EG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c.d.x.d, c.d.w, c.d.conv, c.d.y.d, 16, found, perf));
         };
-        c.fwd = fastest_timed<Perf>(find, "forward");
+        c.fwd = fastest_timed<Perf>(find, c.d.conv, "forward");
       } else {
         Perf perf[16];
         int found = 0;
@@ -260,7 +269,7 @@ void conv2d_bwd_data(const Tensor& dy_in, const Tensor& w_in, Tensor& dx, const 
           EG_CUDNN_CHECK(
               cudnnFindConvolutionBackwardDataAlgorithm(h, c.d.w, c.d.y.d, c.d.conv, c.d.x.d, 16, found, perf));
         };
-        c.bwd_data = fastest_timed<Perf>(find, "backward-data");
+        c.bwd_data = fastest_timed<Perf>(find, c.d.conv, "backward-data");
       } else {
         Perf perf[16];
         int found = 0;
@@ -314,7 +323,7 @@ void conv2d_bwd_weight(const Tensor& dy_in, const Tensor& x_in, Tensor& dw, Tens
             EG_CUDNN_CHECK(
                 cudnnFindConvolutionBackwardFilterAlgorithm(h, c.d.x.d, c.d.y.d, c.d.conv, c.d.w, 16, found, perf));
           };
-          c.bwd_filter = fastest_timed<Perf>(find, "backward-filter");
+          c.bwd_filter = fastest_timed<Perf>(find, c.d.conv, "backward-filter");
         } else {
           Perf perf[16];
           int found = 0;
