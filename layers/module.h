@@ -49,7 +49,9 @@ class Module {
   void to(Device d);
   Device device() const;
 
-  // Parameters and buffers by dotted name ("layer1.0.conv1.weight").
+  // Parameters and buffers by dotted name ("layer1.0.conv1.weight"): the live tensors, as
+  // PyTorch's (training goes on changing them; clone() each to keep a copy, e.g. the best
+  // weights so far).
   std::map<std::string, Tensor> state_dict() const;
   // Copies values in. strict: every key must match both ways. Names the first
   // mismatch (missing, unexpected, or wrong shape) in the error.
