@@ -222,9 +222,9 @@ void ImageTask::build_model() {
   // the reference model's builds on their thread (a data race).
   for (auto& [name, mod] : model_->named_modules())
     if (auto* d = dynamic_cast<nn::Dropout*>(mod); d && d->p > 0)
-      EG_CHECK(d->draws_from() == &gen_, "model '", c_.model, "': its Dropout '", name, "' draws from another generator than ",
-               "the one its builder was given; pass the builder's Generator& g to nn::Dropout (and to ",
-               "nn::MultiHeadAttention)");
+      EG_CHECK(d->draws_from() == &gen_, "model '", c_.model, "': its Dropout '", name,
+               "' draws from another generator than the one its builder was given; pass the builder's ",
+               "Generator& g to nn::Dropout (and to nn::MultiHeadAttention)");
   model_->to(dev_);
 }
 
