@@ -25,8 +25,9 @@ users write it; --pytorch-precision sets PyTorch's
 alone (egeria f32 against PyTorch's autocast, say, where egeria has no bf16 on the device).
 --configs picks PyTorch's configurations (e.g. channels_last, to skip a long compile).
 --warmup-repeats N runs N more repeats first and leaves them out of every figure (the
-JSON lists them apart): on the H100 and H200 of 2026-11 the first repeat ran up to 27%
-slower than the next (clocks, first loads), so 1 on a GPU by default, 0 on the CPU.
+JSON lists them apart): on the H100 and H200 of 2026-11 egeria's first ResNet-50 repeat
+ran 15-28% slower than the next with its algorithms timed, PyTorch's up to 8%, so 1 on a
+GPU by default, 0 on the CPU.
 PyTorch missing: prints a message and exits 0.
 """
 import argparse
