@@ -214,6 +214,9 @@ TEST(Layers, AReassignedParameterFieldIsAnErrorInTraining) {
   nn::LayerNorm ln(4);
   ln.bias = Tensor::zeros({4});
   EXPECT_NE(error_of([&] { ln(x); }).find("LayerNorm: its bias was replaced"), std::string::npos);
+  nn::Sequential seq({std::make_shared<nn::Linear>(4, 3)});
+  EXPECT_EQ(seq[0]->type_name(), "Linear");
+  EXPECT_NE(error_of([&] { seq[1]; }).find("Sequential: no module 1 (it has 1)"), std::string::npos);
 }
 
 TEST(Layers, WindowLargerThanInputIsAnError) {
