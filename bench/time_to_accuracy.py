@@ -58,6 +58,7 @@ import lzma
 import os
 import re
 import statistics
+import shutil
 import subprocess
 import sys
 
@@ -158,6 +159,9 @@ def run(args, model, policy, rep=0):
     if os.path.exists(summary):
         check_scope(out, policy)
         return out
+    # An unfinished run is run again from the beginning (its wall time is a measurement):
+    # egeria refuses a new run over an earlier one's checkpoints, so its directory goes first.
+    shutil.rmtree(out, ignore_errors=True)
     cmd = [args.egeria, "train", "--model", model, "--dataset", "fashion-mnist", "--epochs", str(args.epochs),
            "--threads", str(args.threads), "--seed", str(seed), "--freeze", policy_args(policy)[0],
            "--out", out, "--lr-schedule", "step", "--checkpoint-every", "0"] + policy_args(policy)[1:]

@@ -81,6 +81,20 @@ ok
 cmp "$work/full/model.safetensors" "$work/replay/model.safetensors" || fail "--config did not reproduce the run"
 grep -q '"out": "'"$work/replay"'"' "$work/replay/config.json" || fail "--out beside --config was not taken"
 ok
+# --- a finished run is never started over: refused, its files as they were
+sum_before=$(sha256sum "$work/full/model.safetensors" "$work/full/metrics.jsonl")
+out=$("$egeria" "${args[@]}" --lr 0.5 --out "$work/full" 2>&1) && fail "a new run over a finished one accepted"
+grep -q -- "holds an earlier run (checkpoint.safetensors, model.safetensors, summary.json" <<<"$out" \
+  || fail "new run over a finished one message: $out"
+[ "$(sha256sum "$work/full/model.safetensors" "$work/full/metrics.jsonl")" = "$sum_before" ] \
+  || fail "a refused run changed the finished run's files"
+ok
+# --- more threads than CPUs: refused, not a crash or a crawl
+out=$("$egeria" train --threads 100000 --out "$work/t" 2>&1) && fail "--threads 100000 accepted"
+grep -q -- "--threads must be 0 (all cores) or a count up to this machine's" <<<"$out" || fail "threads message: $out"
+out=$("$egeria" bench step --threads -1 2>&1) && fail "bench step --threads -1 accepted"
+grep -q -- "--threads must be 0 (all cores)" <<<"$out" || fail "bench threads message: $out"
+ok
 # --- egeria report: a finished run (here one without freezing) beside another; an unfinished one refused
 out=$("$egeria" report --out "$work/full" --against "$work/replay") || fail "report failed: $out"
 grep -q "^Accuracy: final test accuracy" <<<"$out" || fail "report has no accuracy line: $out"

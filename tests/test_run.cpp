@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -384,6 +385,85 @@ TEST(Run, ResumeFallsBackToAnOlderCheckpoint) {
   EXPECT_NE(out.find("resuming from the older checkpoint '" + d + "/checkpoint-4.safetensors'"), std::string::npos)
       << out;
   expect_same_run(full, d);
+}
+
+// Note [A run directory is never overwritten]: a new run over an earlier run's results,
+// and a --resume that finds no checkpoint beside them, stop before touching anything.
+TEST(Run, ANewRunNeverStartsOverAnEarlierRunsResults) {
+  const std::string d = tmpdir("no_overwrite");
+  auto c = image_run(d);
+  c.freezing.policy = "none";
+  c.epochs = 1;
+  ASSERT_TRUE(train::run_training(c).completed);
+  std::map<std::string, std::string> before;
+  for (const char* f : {"model.safetensors", "summary.json", "metrics.jsonl", "config.json", "checkpoint.safetensors"})
+    before[f] = eg::testing::slurp(d + "/" + f);
+  auto unchanged = [&](const char* when) {
+    for (auto& [f, bytes] : before) {
+      EXPECT_EQ(eg::testing::slurp(d + "/" + f), bytes) << f << ", " << when;
+    }
+  };
+  c.lr *= 2;  // a different run, as a user who forgot --resume might start
+  std::string m = eg::testing::error_of([&] { train::run_training(c); });
+  EXPECT_NE(m.find("--out '" + d + "' holds an earlier run (checkpoint.safetensors, model.safetensors, summary.json"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("--resume continues it"), std::string::npos) << m;
+  unchanged("after a new run was refused");
+
+  std::remove((d + "/checkpoint.safetensors").c_str());
+  before.erase("checkpoint.safetensors");
+  c.resume = true;
+  m = eg::testing::error_of([&] { train::run_training(c); });
+  EXPECT_NE(m.find("--resume: '" + d +
+                   "' has no checkpoint to resume, but holds an earlier run's results "
+                   "(model.safetensors, summary.json)"),
+            std::string::npos)
+      << m;
+  unchanged("after a resume without a checkpoint was refused");
+
+  // What a run killed before its first checkpoint leaves is started over.
+  const std::string killed = tmpdir("no_overwrite_killed");
+  std::ofstream(killed + "/config.json") << "{}\n";
+  std::ofstream(killed + "/metrics.jsonl") << "{\"type\":\"killed-run\"}\n";
+  c = image_run(killed);
+  c.freezing.policy = "none";
+  c.epochs = 1;
+  ASSERT_TRUE(train::run_training(c).completed);
+  for (const json& line : jsonl(killed + "/metrics.jsonl")) EXPECT_NE(line.value("type", ""), "killed-run");
+  EXPECT_NE(eg::testing::slurp(killed + "/config.json"), "{}\n");
+}
+
+// A model whose evaluation loss is not finite while its training losses are (here its
+// batch norms' running variances, which only evaluation reads) stops the run at the
+// epoch's end, as a training loss would: named, and nothing of the epoch saved.
+TEST(Run, ANonFiniteEvaluationLossStopsTheRunBeforeItSaves) {
+  const std::string first = tmpdir("nan_eval_from"), d = tmpdir("nan_eval");
+  auto c = eg::testing::small_image_run(first);
+  c.freezing.policy = "none";
+  c.epochs = 1;
+  ASSERT_TRUE(train::run_training(c).completed);
+  train::TensorMap w = train::load_safetensors(first + "/model.safetensors");
+  int poisoned = 0;
+  for (auto& [name, t] : w)
+    if (name.size() > 12 && name.compare(name.size() - 12, 12, ".running_var") == 0) {
+      t.data<float>()[0] = NAN;
+      ++poisoned;
+    }
+  ASSERT_GT(poisoned, 0);
+  train::save_safetensors(d + "/poisoned.safetensors", w);
+  c.out = d + "/run";
+  c.init_from = d + "/poisoned.safetensors";
+  const std::string m = eg::testing::error_of([&] { train::run_training(c); });
+  EXPECT_NE(m.find("the test loss became nan at step 16 (epoch 1): the model's weights or batch-norm statistics are "
+                   "no longer finite; stopped without saving"),
+            std::string::npos)
+      << m;
+  for (const char* f : {"model.safetensors", "summary.json", "best.safetensors"})
+    EXPECT_FALSE(std::ifstream(c.out + "/" + f).good()) << f;
+  bool logged = false;
+  for (const json& line : jsonl(c.out + "/metrics.jsonl")) logged = logged || line.value("type", "") == "error";
+  EXPECT_TRUE(logged) << "the stop is in metrics.jsonl";
 }
 
 TEST(Run, ValidationSplitChoosesTheBestEpoch) {

@@ -2,6 +2,8 @@
 // atomic writes that leave the previous file whole when the disk fills.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <fstream>
@@ -55,6 +57,39 @@ TEST(Safetensors, TruncatedAndCorruptFilesAreNamed) {
   std::ofstream(d + "/bad.safetensors", std::ios::binary) << bad;
   EXPECT_THROW(train::load_safetensors(d + "/bad.safetensors"), Error);
   EXPECT_THROW(train::load_safetensors(d + "/none.safetensors"), Error);
+  // What a user may point --resume, --init-from or eval at by mistake, named as such.
+  EXPECT_NE(eg::testing::error_of([&] { train::load_safetensors(d); }).find("' is a directory, not a safetensors file"),
+            std::string::npos);
+  std::ofstream(d + "/text.safetensors") << "not a checkpoint at all";
+  EXPECT_NE(eg::testing::error_of([&] {
+              train::load_safetensors(d + "/text.safetensors");
+            }).find("' is not a safetensors file, or is truncated: its first 8 bytes give a header of"),
+            std::string::npos);
+  const std::string header = R"({"__metadata__":{"epoch":5}})";
+  std::string meta(8, '\0');
+  for (int i = 0; i < 8; ++i) meta[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+  std::ofstream(d + "/meta.safetensors", std::ios::binary) << meta + header;
+  train::Metadata m;
+  EXPECT_NE(eg::testing::error_of([&] {
+              train::load_safetensors(d + "/meta.safetensors", &m);
+            }).find("meta.safetensors' has a corrupt header: its metadata 'epoch' is not a string"),
+            std::string::npos);
+}
+
+// A temporary file of a process killed while writing is removed by the next run in the
+// directory; one of a running process (this one) is not.
+TEST(Safetensors, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
+  const std::string d = tmpdir("st_stale");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = d + "/checkpoint.safetensors.tmp." + std::to_string(dead);
+  const std::string live = d + "/config.json.tmp." + std::to_string(::getpid());
+  for (const std::string& f : {stale, live, d + "/notes.tmp.txt"}) std::ofstream(f) << "x";
+  train::remove_stale_temporaries(d);
+  EXPECT_FALSE(std::ifstream(stale).good());
+  EXPECT_TRUE(std::ifstream(live).good());
+  EXPECT_TRUE(std::ifstream(d + "/notes.tmp.txt").good());
 }
 
 TEST(Safetensors, AFailedWriteLeavesThePreviousFileIntact) {
@@ -77,6 +112,7 @@ TEST(Safetensors, AFailedWriteLeavesThePreviousFileIntact) {
   }
   setrlimit(RLIMIT_FSIZE, &old);
   EXPECT_NE(msg.find("the previous file, if any, is unchanged"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("over the process's file size limit, ulimit -f"), std::string::npos) << msg;
   EXPECT_EQ(slurp(p), before);
   EXPECT_EQ(std::system(("ls '" + d + "' | grep -q tmp").c_str()) == 0, false) << "temporary file left behind";
 }

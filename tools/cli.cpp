@@ -6,6 +6,8 @@
 //   egeria report --out runs/r20 --against runs/r20-none
 //   egeria bench step --model resnet56 --batch-size 128 --device cpu
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -83,11 +85,31 @@ std::vector<std::pair<const Option*, CLI::Option*>> add_train_options(CLI::App* 
   return added;
 }
 
+// CLI11's range validators name their bound as a 300-digit number: the same checks, in
+// the words the training options use ("--iterations: must be positive, got 0").
+CLI::Validator at_least(double lo, bool strict, const char* says) {
+  return CLI::Validator(
+      [lo, strict, says](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          const double v = std::stod(s, &used);
+          if (used == s.size() && std::isfinite(v) && (strict ? v > lo : v >= lo)) return "";
+        } catch (const std::exception&) {  // not a number: said below
+        }
+        return std::string("must be ") + says + ", got " + s;
+      },
+      "");
+}
+const CLI::Validator kPositive = at_least(0, true, "positive"), kNonNegative = at_least(0, false, "0 or more");
+
 }  // namespace
 
 namespace eg {
 
 int run_cli(int argc, char** argv) {
+  // Over a file size limit (ulimit -f) a write would kill the process without a word;
+  // ignored, it fails with EFBIG, and the atomic writes say so, the previous file kept.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"egeria: DNN training with knowledge-guided layer freezing"};
   app.require_subcommand(1);
 
@@ -108,7 +130,7 @@ int run_cli(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "evaluate a run's checkpoint on its test split");
   eval->add_option("--out", eval_out, "the run's output directory")->required();
   eval->add_option("--data-dir", eval_data);
-  eval->add_option("--test-limit", eval_limit)->check(CLI::NonNegativeNumber);
+  eval->add_option("--test-limit", eval_limit)->check(kNonNegative);
   bool eval_per_class = false;
   eval->add_flag("--per-class", eval_per_class, "image models: the accuracy of each class too (per_class in the JSON)");
   std::string eval_precision = "fp32";
@@ -120,7 +142,7 @@ int run_cli(int argc, char** argv) {
                    "int8: calibrate each convolution's input scale on the first N test batches, then keep it; 0: "
                    "every batch its own scales")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
 
   std::string report_out, report_against;
   auto* report = app.add_subcommand("report", "what a finished run froze, when and why, and what it saved");
@@ -136,9 +158,7 @@ int run_cli(int argc, char** argv) {
   bench->require_subcommand(1);
   auto* step = bench->add_subcommand("step", "training-step throughput (JSON line)");
   step->add_option("--model", bo.model)->capture_default_str();
-  step->add_option("--batch-size", bo.batch_size, "per rank under mpirun")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  step->add_option("--batch-size", bo.batch_size, "per rank under mpirun")->capture_default_str()->check(kPositive);
   step->add_option("--device", bo.device)->capture_default_str();
   std::string bunits = "auto";
   step->add_option("--freeze-modules", bunits, "the freezing units --frozen-units counts in: auto or layers")
@@ -147,20 +167,20 @@ int run_cli(int argc, char** argv) {
   step->add_option("--seq-len", bo.seq_len,
                    "Transformers: tokens per source and target sentence (throughput in target tokens)")
       ->capture_default_str();
-  step->add_option("--iterations", bo.iterations)->capture_default_str()->check(CLI::PositiveNumber);
+  step->add_option("--iterations", bo.iterations)->capture_default_str()->check(kPositive);
   step->add_option("--threads", bo.threads)->capture_default_str();
   step->add_option(
           "--frozen-units", bo.frozen_units,
           "freeze the first N freezing units (the paper's partition): out of backward and of the gradient sync")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   std::string boverlap = "on";
   step->add_option("--grad-sync-overlap", boverlap, eg::train::option("--grad-sync-overlap").help)
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
   step->add_option("--bucket-cap-mb", bo.bucket_cap_mb, eg::train::option("--bucket-cap-mb").help)
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   std::string bprecision = "f32";
   step->add_option("--precision", bprecision, eg::train::option("--precision").help)
       ->capture_default_str()

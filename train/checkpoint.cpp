@@ -27,6 +27,9 @@ void make_dirs(const std::string& dir) {
     }
     if (i < dir.size()) cur += dir[i];
   }
+  struct stat st {};
+  EG_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--out '", dir,
+           "' is not a directory (a file of that name is in the way)");
 }
 
 bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
@@ -104,11 +107,17 @@ std::vector<std::pair<int64_t, std::string>> Checkpoints::numbered() const {
 
 bool Checkpoints::any() const { return file_exists(newest_path()) || !numbered().empty(); }
 
-void Checkpoints::start_fresh() {
-  for (auto& l : logs_) std::ofstream(out_ + "/" + l, std::ios::trunc);
-  for (auto& [step, p] : numbered()) std::remove(p.c_str());
+std::vector<std::string> Checkpoints::results() const {
+  std::vector<std::string> r;
   for (const char* f : {"checkpoint.safetensors", "best.safetensors", "model.safetensors", "summary.json"})
-    std::remove((out_ + "/" + f).c_str());
+    if (file_exists(out_ + "/" + f)) r.push_back(f);
+  for (auto& [step, p] : numbered()) r.push_back(fs::path(p).filename().string());
+  return r;
+}
+
+void Checkpoints::start_fresh() {
+  EG_CHECK(results().empty(), "a new run over an earlier run's results in '", out_, "'");
+  for (auto& l : logs_) std::ofstream(out_ + "/" + l, std::ios::trunc);
   last_step_ = -1;
 }
 
@@ -118,7 +127,7 @@ void Checkpoints::cut_logs(const Checkpoint& ck) {
     if (lengths.contains(l)) truncate_log(out_ + "/" + l, lengths[l].get<int64_t>());
 }
 
-Checkpoint Checkpoints::load() {
+Checkpoint Checkpoints::load(const std::string& who) {
   std::vector<std::string> paths;
   if (file_exists(newest_path())) paths.push_back(newest_path());
   for (auto& [step, p] : numbered()) paths.push_back(p);
@@ -129,15 +138,17 @@ Checkpoint Checkpoints::load() {
       c = read(paths[i]);
     } catch (const Error& e) {
       reasons += std::string("\n  ") + e.what();
-      std::printf("--resume: '%s' cannot be read (%s)%s\n", paths[i].c_str(), e.what(),
+      std::printf("%s: '%s' cannot be read (%s)%s\n", who.c_str(), paths[i].c_str(), e.what(),
                   i + 1 < paths.size() ? "; trying the previous checkpoint" : "");
       continue;
     }
-    if (i > 0) std::printf("--resume: resuming from the older checkpoint '%s'\n", paths[i].c_str());
+    if (i > 0)
+      std::printf("%s: %s the older checkpoint '%s'\n", who.c_str(), who == "--resume" ? "resuming from" : "reading",
+                  paths[i].c_str());
     last_step_ = i == 0 && paths[0] == newest_path() ? c.state.value("step", int64_t(-1)) : -1;
     return c;
   }
-  EG_THROW("--resume: no checkpoint in '", out_, "' can be read:", reasons);
+  EG_THROW(who, ": no checkpoint in '", out_, "' can be read:", reasons);
 }
 
 void Checkpoints::save(const TensorMap& tensors, json state, const json& config, int64_t step) {

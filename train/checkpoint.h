@@ -39,14 +39,18 @@ class Checkpoints {
 
   std::string newest_path() const { return out_ + "/checkpoint.safetensors"; }
   bool any() const;  // is there a checkpoint to resume from?
-  // A fresh run: empties the logs and removes what a previous run in the directory left
-  // (checkpoints, best.safetensors, model.safetensors, summary.json), so that none of it
-  // is taken for this run's.
+  // The files of an earlier run's results in the directory (checkpoints,
+  // best.safetensors, model.safetensors, summary.json), by name: a new run refuses to
+  // start over them (Note [A run directory is never overwritten] in train/run_setup.cpp).
+  std::vector<std::string> results() const;
+  // A fresh run in a directory without results(): empties the logs a run killed before
+  // its first checkpoint left, so that none of them is taken for this run's.
   void start_fresh();
   // Loads the newest readable checkpoint, saying so when it falls back past one that
   // cannot be read (throws with every reason when none can). The logs are left as they
-  // are until cut_logs(), once the resume has been checked.
-  Checkpoint load();
+  // are until cut_logs(), once the resume has been checked. `who` begins its messages
+  // (the flag or command that reads it).
+  Checkpoint load(const std::string& who = "--resume");
   // Cuts the logs back to the lengths `ck` recorded (Note [Logs on resume]).
   void cut_logs(const Checkpoint& ck);
   // Writes a checkpoint of step `step` atomically, the logs' lengths added to `state`;

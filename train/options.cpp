@@ -2,8 +2,10 @@
 // its group in --help, what a resume may do with it, how its value is read and written,
 // its own rule and its recipe defaults (the builders: train/option_rows.h). The command
 // line, config.json, validation, the recipes and the resume check all come from here.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -17,6 +19,14 @@ using json = nlohmann::json;
 
 namespace {
 using namespace rows;
+
+// Threads beyond the machine's CPUs only slow a step (64 on 2 cores: 50x), and
+// thousands of them cannot all start: refused, naming the count.
+void check_cpu_count(const char* flag, int v, const char* zero) {
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  EG_CHECK(v >= 0 && v <= cpus, flag, " must be ", zero, " or a count up to this machine's ", cpus,
+           " CPUs (more threads than CPUs only slow training), got ", v);
+}
 
 std::vector<Option> make_options() {
   using G = OptionGroup;
@@ -43,11 +53,11 @@ std::vector<Option> make_options() {
       }));
   t.push_back(number("--seed", "seed", G::run, F, "seed of the initialisation, shuffling and augmentation",
                      &TrainConfig::seed));
-  t.push_back(number("--threads", "threads", G::run, OnResume::warn,
-                     "CPU threads (0: all cores, or 1 when training on a GPU, whose loader then takes the other "
-                     "cores; config.json records the count used)",
-                     &TrainConfig::threads,
-                     Rule<int>{[](int v) { return v >= 0; }, "0 (all cores) or a positive count"}));
+  t.push_back(checked(number("--threads", "threads", G::run, OnResume::warn,
+                             "CPU threads (0: all cores, or 1 when training on a GPU, whose loader then takes the "
+                             "other cores; config.json records the count used)",
+                             &TrainConfig::threads),
+                      [](const TrainConfig& c) { check_cpu_count("--threads", c.threads, "0 (all cores)"); }));
   t.push_back(choice("--cpu-winograd", "cpu_winograd", G::run, F,
                      "Winograd for the CPU's 3x3 convolutions with >= 32 channels where oneDNN has it (AVX-512); "
                      "off: all direct, as PyTorch (default on, or off when EG_CPU_WINOGRAD=0; config.json records "
@@ -165,12 +175,13 @@ std::vector<Option> make_options() {
                      "whole run (stateless, as --freeze-cache on needs)",
                      &TrainConfig::augment_mode,
                      Names<AugmentMode>{{"epoch", AugmentMode::epoch}, {"sample", AugmentMode::sample}}));
-  t.push_back(number("--workers", "workers", G::data, Free,
-                     "data loader threads, decoding and augmenting ahead of the step (0: the rank's cores less the "
-                     "training threads, at least 1; config.json records the count used)",
-                     &TrainConfig::workers,
-                     Rule<int>{[](int v) { return v >= 0; },
-                               "0 (one less than the cores a rank has, at least 1) or a positive count"}));
+  t.push_back(checked(number("--workers", "workers", G::data, Free,
+                             "data loader threads, decoding and augmenting ahead of the step (0: the rank's cores "
+                             "less the training threads, at least 1; config.json records the count used)",
+                             &TrainConfig::workers),
+                      [](const TrainConfig& c) {
+    check_cpu_count("--workers", c.workers, "0 (the cores a rank has less its training threads)");
+  }));
   // ---- optimisation
   t.push_back(
       recipe(number("--batch-size", "batch_size", G::optimisation, F,

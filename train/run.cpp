@@ -61,6 +61,28 @@ Metadata weights_metadata(const TrainConfig& c, const json& config, Metadata mor
   return more;
 }
 
+std::string last_good_checkpoint(const Run& r) {
+  return r.ckpts->any() ? "'" + r.ckpts->newest_path() + "'" : std::string("absent (none was written yet)");
+}
+
+// An evaluation's loss that is not finite: the weights or the batch norms' running
+// statistics are, though every training loss was (a step's batch statistics can stay
+// finite while the running ones overflow). Such a model is no result: the run stops as
+// for a training loss, before this epoch's checkpoint, model or best epoch is written.
+void check_evaluation(const Run& r, Split s, const Metrics& m) {
+  const auto loss = m.find("loss");
+  if (loss == m.end() || std::isfinite(loss->second)) return;
+  const LoopState& st = r.state;
+  r.log({{"type", "error"},
+         {"step", st.step},
+         {"epoch", st.epoch + 1},
+         {std::string(split_name(s)) + "_loss", std::to_string(loss->second)}});
+  EG_THROW("the ", split_name(s), " loss became ", loss->second, " at step ", st.step, " (epoch ", st.epoch + 1,
+           "): the model's weights or batch-norm statistics are no longer finite; stopped without saving. The last "
+           "good checkpoint is ",
+           last_good_checkpoint(r), ". Try a lower --lr", r.c.warmup_steps > 0 ? " or a longer --warmup-steps." : ".");
+}
+
 Metrics evaluate(Run& r, Split s, bool loss_only = false) {
   autograd::NoGradGuard ng;
   autograd::Autocast ac(r.c.precision);
@@ -68,6 +90,7 @@ Metrics evaluate(Run& r, Split s, bool loss_only = false) {
   r.model->eval();
   Metrics m = loss_only ? r.task.evaluate_loss(s) : r.task.evaluate(s);
   r.model->train();
+  check_evaluation(r, s, m);
   return m;
 }
 
@@ -76,8 +99,7 @@ Metrics evaluate(Run& r, Split s, bool loss_only = false) {
 [[noreturn]] void stop_not_finite(const Run& r, bool loss, double v, int64_t step, int64_t epoch, int64_t batch) {
   r.log({{"type", "error"}, {"step", step}, {"epoch", epoch + 1}, {loss ? "loss" : "grad_norm", std::to_string(v)}});
   EG_THROW("the ", loss ? "training loss" : "gradient norm", " became ", v, " at step ", step, " (epoch ", epoch + 1,
-           ", batch ", batch, "); stopped without saving. The last good checkpoint is ",
-           r.ckpts->any() ? "'" + r.ckpts->newest_path() + "'" : std::string("absent (none was written yet)"),
+           ", batch ", batch, "); stopped without saving. The last good checkpoint is ", last_good_checkpoint(r),
            ". Try a lower --lr", r.c.warmup_steps > 0 ? " or a longer --warmup-steps." : ".");
 }
 

@@ -44,6 +44,37 @@ void set_up_process(Run& r) {
   c.tf32 = allow_tf32() ? Switch::on : Switch::off;
 }
 
+// Note [A run directory is never overwritten]
+// A run starting from the beginning in a directory that holds an earlier run's results
+// (a checkpoint, model.safetensors, best.safetensors, summary.json) would have to delete
+// them before its own first checkpoint, or its logs and the old checkpoints would be
+// taken for one run's on a later --resume. Deleting them lost a user's work whenever the
+// new run was not meant (a forgotten --resume), failed (a diverging learning rate, a
+// bad flag found late) or was killed before its first checkpoint; and with --resume, a
+// run whose checkpoint had been removed by hand started over its finished model. So the
+// run refuses, on every rank, before anything in the directory is touched, as Hugging
+// Face's Trainer refuses an output_dir that is not empty: the user continues the run
+// (--resume), names another --out, or removes the directory. A directory left by a run
+// killed before its first checkpoint (config.json and the logs only) is started over.
+namespace {
+void refuse_earlier_results(Run& r) {
+  const std::vector<std::string> held = r.ckpts->results();
+  Tensor any = Tensor::from_vector(std::vector<int64_t>{held.empty() ? 0 : 1}, {1});
+  r.dp.comm().all_reduce(any, dist::ReduceOp::max);
+  if (any.item() == 0) return;
+  std::string names;
+  for (const std::string& f : held) names += (names.empty() ? "" : ", ") + f;
+  if (names.empty()) names = "seen by another rank";
+  if (r.c.resume)
+    EG_THROW("--resume: '", r.c.out, "' has no checkpoint to resume, but holds an earlier run's results (", names,
+             "); nothing was changed: to train that run again from the beginning, remove them or the directory, "
+             "or give another --out");
+  EG_THROW("--out '", r.c.out, "' holds an earlier run (", names,
+           "); nothing was changed: --resume continues it, and a new run needs another --out (or the directory "
+           "removed first)");
+}
+}  // namespace
+
 std::optional<Checkpoint> plan_resume(Run& r) {
   TrainConfig& c = r.c;
   r.ckpts = std::make_unique<Checkpoints>(c.out, c.keep_checkpoints,
@@ -54,7 +85,10 @@ std::optional<Checkpoint> plan_resume(Run& r) {
   r.dp.comm().all_reduce(seen, dist::ReduceOp::min);
   EG_CHECK(found.item() == seen.item(), "--resume: some ranks see a checkpoint in '", c.out,
            "' and others do not; --out must be on storage every rank reads");
-  if (found.item() == 0) return std::nullopt;
+  if (found.item() == 0) {
+    refuse_earlier_results(r);
+    return std::nullopt;
+  }
   Checkpoint ck = r.ckpts->load();
   const int64_t W = r.dp.size(), saved_world = ck.state.value("world_size", int64_t(1));
   const int64_t saved_batch = ck.config.value("batch_size", c.batch_size), global = saved_batch * saved_world;
@@ -93,7 +127,10 @@ void build_run(Run& r, bool resuming) {
   if (const std::string d = r.dp.describe(c.batch_size, c.threads); r.lead() && !d.empty())
     std::printf("%s\n", d.c_str());
 
-  if (r.lead()) make_dirs(c.out);
+  if (r.lead()) {
+    make_dirs(c.out);
+    remove_stale_temporaries(c.out);
+  }
   r.metrics = c.out + "/metrics.jsonl";
   freeze::PolicyConfig pc = policy_config(c);
   r.task.configure_freezing(pc);

@@ -1,10 +1,12 @@
 #include "train/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -53,6 +55,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
       ::unlink(tmp.c_str());
       EG_THROW("writing '", path, "' failed after ", done, " of ", bytes.size(),
                " bytes: ", n == 0 ? "no progress" : std::strerror(e), e == ENOSPC ? " (the disk is full)" : "",
+               e == EFBIG ? " (over the process's file size limit, ulimit -f)" : "",
                "; the previous file, if any, is unchanged");
     }
     done += size_t(n);
@@ -72,6 +75,18 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
+  }
+}
+
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || at + 5 >= name.size()) continue;
+    const std::string pid = name.substr(at + 5);
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH) std::filesystem::remove(e.path(), ec);
   }
 }
 
@@ -98,9 +113,13 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
 }
 
 TensorMap load_safetensors(const std::string& path, Metadata* meta) {
+  std::error_code ec;
+  EG_CHECK(!std::filesystem::is_directory(path, ec), "'", path, "' is a directory, not a safetensors file");
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   EG_CHECK(f.good(), "cannot open '", path, "': no such file or not readable");
-  const auto size = uint64_t(f.tellg());
+  const std::streamoff end = f.tellg();
+  EG_CHECK(end >= 0, "cannot read '", path, "': not a regular file");
+  const auto size = uint64_t(end);
   f.seekg(0);
   std::string b(size, '\0');
   f.read(b.data(), std::streamsize(size));
@@ -108,7 +127,9 @@ TensorMap load_safetensors(const std::string& path, Metadata* meta) {
   EG_CHECK(size >= 8, "'", path, "' is truncated (", size, " bytes): not a safetensors file");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(b[size_t(i)])) << (8 * i);
-  EG_CHECK(n <= size - 8, "'", path, "' is truncated: header of ", n, " bytes but the file has ", size);
+  EG_CHECK(n <= size - 8, "'", path,
+           "' is not a safetensors file, or is truncated: its first 8 bytes give a header of ", n,
+           " bytes, and the file has ", size);
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(b.substr(8, n));
@@ -120,7 +141,10 @@ TensorMap load_safetensors(const std::string& path, Metadata* meta) {
   for (auto& [name, v] : h.items()) {
     if (name == "__metadata__") {
       if (meta)
-        for (auto& [k, s] : v.items()) (*meta)[k] = s.get<std::string>();
+        for (auto& [k, s] : v.items()) {
+          EG_CHECK(s.is_string(), "'", path, "' has a corrupt header: its metadata '", k, "' is not a string");
+          (*meta)[k] = s.get<std::string>();
+        }
       continue;
     }
     try {

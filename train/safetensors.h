@@ -22,7 +22,10 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
 // missing, truncated, bad header, unknown dtype, offsets out of range.
 TensorMap load_safetensors(const std::string& path, Metadata* meta = nullptr);
 
-// Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync dir).
+// Writes `bytes` to `path` atomically (temp file PATH.tmp.PID, fsync, rename, fsync dir).
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// Removes the temporary files in `dir` that write_file_atomic calls of processes no
+// longer running left (killed while writing): PATH.tmp.PID with no process PID.
+void remove_stale_temporaries(const std::string& dir);
 
 }  // namespace eg::train

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
@@ -75,7 +76,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
   Checkpoints ckpts(out, 1, {});
   EG_CHECK(ckpts.any(), "cannot open '", ckpts.newest_path(), "': no checkpoint in '", out, "'");
-  const Checkpoint ck = ckpts.load();
+  const Checkpoint ck = ckpts.load("eval");
   const json& cfg = ck.config;
   if (models::is_translation_model(cfg.at("model")))
     return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
@@ -179,6 +180,12 @@ BenchBatch bench_batch(const StepBenchOptions& o, const models::ModelConfig& mc,
 StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   using Clock = std::chrono::steady_clock;
   EG_CHECK(o.batch_size > 0 && o.iterations > 0, "bench step: batch size and iterations must be positive");
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  EG_CHECK(o.threads >= 0 && o.threads <= cpus, "bench step: --threads must be 0 (all cores) or a count up to this ",
+           "machine's ", cpus, " CPUs, got ", o.threads);
+  EG_CHECK(o.seq_len > 0, "bench step: --seq-len must be positive, got ", o.seq_len);
+  EG_CHECK(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0, "bench step: --bucket-cap-mb must be a positive ",
+           "number of MiB, got ", o.bucket_cap_mb);
   set_num_threads(o.threads);
   dist::Strategy dp(comm, o.device, o.sync);
   const Device dev = dp.device();
