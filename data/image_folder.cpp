@@ -59,6 +59,8 @@ ImageFolder scan_image_folder(const std::string& dir, const std::vector<std::str
                "' that the training split does not have");
     f.classes = *classes;
   } else {
+    EG_CHECK(found.size() >= 2, "image folder '", dir, "' has one class folder ('", found.front(),
+             "'): a classifier learns from at least two (", dir, "/<class>/<image>, a folder per class)");
     f.classes = found;
   }
   for (auto& c : found) {

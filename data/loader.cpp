@@ -180,7 +180,18 @@ void Loader::worker_loop() {
           index = i, f = &b;
           break;
         }
-      if (!f) index = issued_++, f = &open_batch(index);
+      if (!f) {
+        index = issued_++;
+        try {
+          f = &open_batch(index);
+        } catch (...) {  // its memory: raised when the batch is consumed, as a sample's errors
+          building_.erase(index);
+          failed_[index] = std::current_exception();
+          l.unlock();
+          cv_.notify_all();
+          continue;
+        }
+      }
       // A few samples a claim: enough to keep the lock out of the way of cheap samples
       // (in-memory images), few enough that every worker gets some of a batch.
       const int64_t chunk = std::clamp<int64_t>(f->n / (2 * int64_t(opt_.workers)), 1, 16);

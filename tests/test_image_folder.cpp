@@ -105,6 +105,10 @@ TEST(ImageFolder, ClassesAreSortedFolderNamesAndFilesTheirImages) {
   write_image(flat + "/0.jpg", 8, 8, 0, 0, 0, true);
   e = error_of([&] { data::scan_image_folder(flat); });
   EXPECT_NE(e.find("has no class folders"), std::string::npos) << e;
+  fs::create_directories(flat + "/cat");
+  write_image(flat + "/cat/0.jpg", 8, 8, 0, 0, 0, true);
+  e = error_of([&] { data::scan_image_folder(flat); });  // trained, it would report 100% accuracy
+  EXPECT_NE(e.find("has one class folder ('cat'): a classifier learns from at least two"), std::string::npos) << e;
 }
 
 TEST(ImageFolder, RandomResizedCropIsAPureFunctionOfSeedEpochAndId) {
@@ -325,6 +329,23 @@ std::vector<nlohmann::json> step_lines(const std::string& dir) {
 }
 
 }  // namespace
+
+// Splits of different image sizes (a test set of another dataset) are named, not trained on.
+TEST(ImageFolder, IdxSplitsOfDifferentImageSizesAreRefused) {
+  const std::string idx = eg::testing::fresh_dir("idx_sizes");
+  write_idx(idx + "/train-images-idx3-ubyte", {32, 28, 28}, std::vector<uint8_t>(32 * 28 * 28, 7));
+  write_idx(idx + "/train-labels-idx1-ubyte", {32}, std::vector<uint8_t>(32, 1));
+  write_idx(idx + "/t10k-images-idx3-ubyte", {8, 32, 32}, std::vector<uint8_t>(8 * 32 * 32, 7));
+  write_idx(idx + "/t10k-labels-idx1-ubyte", {8}, std::vector<uint8_t>(8, 1));
+  train::TrainConfig c = eg::testing::small_image_run(eg::testing::fresh_dir("idx_sizes_run"));
+  c.dataset = "fashion-mnist";
+  c.data_dir = idx;
+  c.train_limit = c.test_limit = 0;
+  const std::string e = eg::testing::error_of([&] { train::run_training(c); });
+  EXPECT_NE(e.find("dataset fashion-mnist: the test images are [1, 32, 32] and the training images [1, 28, 28]"),
+            std::string::npos)
+      << e;
+}
 
 // Fashion-MNIST written as a folder of grey PNGs, and the same images in IDX form in the
 // folder's order: with augmentation off, ResNet-20 trained from the folder (1 channel,

@@ -157,6 +157,29 @@ TEST(Loader, RejectsBadOptions) {
   EXPECT_NE(msg.find("a sample must be [C, H, W] (SampleSource::sample_shape), got [784]"), std::string::npos) << msg;
 }
 
+// A batch whose memory cannot be had stops the loader with the allocator's error when
+// the batch is consumed, as a sample's error does (it ended the process from the worker).
+TEST(Loader, ABatchTooLargeForMemoryIsAnErrorWhereItIsConsumed) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "ASan aborts on a request this large instead of failing it";
+#endif
+  class Huge final : public data::SampleSource {
+   public:
+    int64_t size() const override { return 4; }
+    Shape sample_shape() const override { return {1, int64_t(1) << 20, int64_t(1) << 20}; }  // 4 TiB of f32
+    int64_t label(int64_t) const override { return 0; }
+    void load(int64_t, uint64_t, int64_t, float*) const override {}
+  };
+  data::LoaderOptions o;
+  o.batch_size = 2;
+  o.workers = 2;
+  data::Loader l(std::make_shared<Huge>(), o);
+  l.start_epoch(0);
+  data::Batch b;
+  const std::string msg = eg::testing::error_of([&] { l.next(b); });
+  EXPECT_NE(msg.find("out of host memory"), std::string::npos) << msg;
+}
+
 // Data-parallel shares: rank r of 3 with batch 4 gets the positions r, r + 3, ... of each
 // global batch of 12 that one process with batch 12 loads, with the same augmentation.
 TEST(Loader, RanksTakeInterleavedSharesOfTheOneProcessBatches) {

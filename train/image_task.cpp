@@ -116,9 +116,15 @@ ImageSplits in_memory_splits(const TrainConfig& c) {
   data::AugmentOptions aug{0, false, info.norm};
   if (c.augment) aug.crop_padding = train->images.size(2) >= 32 ? 4 : 2, aug.hflip = true;
   s.train = data::image_samples(train, aug, c.augment_mode == AugmentMode::sample);
-  s.test = data::image_samples(
-      std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false)),
-      {0, false, info.norm});
+  auto test =
+      std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false));
+  const auto geometry = [](const data::ImageDataset& d) {
+    return Shape(d.images.shape().begin() + 1, d.images.shape().end());
+  };
+  EG_CHECK(geometry(*test) == geometry(*train), "dataset ", c.dataset, ": the test images are ",
+           shape_str(geometry(*test)), " and the training images ", shape_str(geometry(*train)),
+           " ([channels, height, width]); both splits must have the same size");
+  s.test = data::image_samples(test, {0, false, info.norm});
   s.eval_batch = 500, s.eval_workers = 1;
   return s;
 }
@@ -404,6 +410,8 @@ Metrics evaluate_batches(models::Model& m, data::Loader& l, Device dev, dist::Co
     comm->all_reduce(t);
     counts = t.to_vector<double>();
   }
+  EG_CHECK(counts[2] > 0 || counts[3] == 0, "evaluation: all ", int64_t(counts[3]),
+           " images of the split were left out as unreadable (--skip-bad-images): there is nothing to evaluate");
   if (per_class) {
     per_class->correct.assign(classes, 0);
     for (size_t k = 0; k < classes; ++k)

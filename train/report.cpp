@@ -289,9 +289,7 @@ std::string against_text(const json& s, const std::string& against) {
   return r;
 }
 
-}  // namespace
-
-std::string run_report(const std::string& dir, const std::string& against) {
+std::string report_text(const std::string& dir, const std::string& against) {
   const json s = read_json(dir + "/summary.json", "summary.json (the run has not finished)");
   const json cfg = is_dir(dir) ? read_json(dir + "/config.json", "config.json") : json::object();
   const std::vector<json> metrics = read_lines(dir + "/metrics.jsonl"), log = read_lines(dir + "/freeze.jsonl");
@@ -344,6 +342,17 @@ std::string run_report(const std::string& dir, const std::string& against) {
   r += "Accuracy: " + quality(s) + fmt(", %.1f s of training", s.value("train_seconds", 0.0)) + "\n";
   if (!against.empty()) r += against_text(s, against);
   return r;
+}
+
+}  // namespace
+
+std::string run_report(const std::string& dir, const std::string& against) {
+  try {
+    return report_text(dir, against);
+  } catch (const json::exception& e) {  // a field of the wrong type: a file edited by hand, or another program's
+    EG_THROW("report: a field in the files of '", dir, "' (summary.json, config.json, the logs)",
+             against.empty() ? "" : " or of '" + against + "'", " is not what egeria writes there: ", e.what());
+  }
 }
 
 }  // namespace eg::train
