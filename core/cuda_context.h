@@ -41,13 +41,14 @@ void reorder_nhwc(const void* src, void* dst, int64_t n, int64_t c, int64_t l, s
 // A failed CUDA call also sets the thread's last error, which the next launch check
 // (after_launch) would report as its kernel's: it is cleared here, where it is reported
 // (a sticky error, a kernel's fault, stays: every later call reports it).
-#define EG_CUDA_CHECK(expr)                                                                                            \
-  do {                                                                                                                 \
-    const cudaError_t eg_cuda_status_ = (expr);                                                                        \
-    if (eg_cuda_status_ != cudaSuccess) {                                                                              \
-      (void)cudaGetLastError();                                                                                        \
-      ::eg::detail::throw_error(__FILE__, __LINE__, #expr, ::eg::detail::concat(cudaGetErrorString(eg_cuda_status_))); \
-    }                                                                                                                  \
+#define EG_CUDA_CHECK(expr)                                                                              \
+  do {                                                                                                   \
+    const cudaError_t eg_cuda_status_ = (expr);                                                          \
+    if (eg_cuda_status_ != cudaSuccess) {                                                                \
+      (void)cudaGetLastError();                                                                          \
+      ::eg::detail::throw_error(__FILE__, __LINE__,                                                      \
+                                ::eg::detail::concat(#expr, ": ", cudaGetErrorString(eg_cuda_status_))); \
+    }                                                                                                    \
   } while (0)
 #define EG_CUDNN_CHECK(expr) EG_CHECK_GEN(expr, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
 #define EG_CUBLAS_CHECK(expr) EG_CHECK_GEN(expr, CUBLAS_STATUS_SUCCESS, ::eg::cuda::cublas_status_string)

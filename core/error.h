@@ -19,24 +19,25 @@ std::string concat(const A&... a) {
   (os << ... << a);
   return os.str();
 }
-[[noreturn]] void throw_error(const char* file, int line, const char* expr, const std::string& msg);
+[[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
 }  // namespace detail
 
 }  // namespace eg
 
-// EG_CHECK(cond, "message", value, ...): throws eg::Error naming the condition.
-#define EG_CHECK(cond, ...)                                                                               \
-  do {                                                                                                    \
-    if (!(cond)) ::eg::detail::throw_error(__FILE__, __LINE__, #cond, ::eg::detail::concat(__VA_ARGS__)); \
+// EG_CHECK(cond, "message", value, ...): throws eg::Error with the message and where it
+// was raised (the condition is not shown: the message says it in the user's terms).
+#define EG_CHECK(cond, ...)                                                                        \
+  do {                                                                                             \
+    if (!(cond)) ::eg::detail::throw_error(__FILE__, __LINE__, ::eg::detail::concat(__VA_ARGS__)); \
   } while (0)
 
-#define EG_THROW(...) ::eg::detail::throw_error(__FILE__, __LINE__, nullptr, ::eg::detail::concat(__VA_ARGS__))
+#define EG_THROW(...) ::eg::detail::throw_error(__FILE__, __LINE__, ::eg::detail::concat(__VA_ARGS__))
 
 // One generic check for library status codes; specialised per library as
 // EG_CUDA_CHECK, EG_CUDNN_CHECK, EG_CUBLAS_CHECK, EG_NCCL_CHECK (core/cuda_context.h).
-#define EG_CHECK_GEN(expr, success, to_string)                                                           \
-  do {                                                                                                   \
-    auto eg_status_ = (expr);                                                                            \
-    if (eg_status_ != (success))                                                                         \
-      ::eg::detail::throw_error(__FILE__, __LINE__, #expr, ::eg::detail::concat(to_string(eg_status_))); \
+#define EG_CHECK_GEN(expr, success, to_string)                                                                 \
+  do {                                                                                                         \
+    auto eg_status_ = (expr);                                                                                  \
+    if (eg_status_ != (success))                                                                               \
+      ::eg::detail::throw_error(__FILE__, __LINE__, ::eg::detail::concat(#expr, ": ", to_string(eg_status_))); \
   } while (0)

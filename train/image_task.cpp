@@ -148,6 +148,13 @@ ImageSplits folder_splits(const TrainConfig& c) {
   if (train.left_out + test.left_out > 0)
     s.description +=
         "; " + std::to_string(train.left_out + test.left_out) + " files not named *.jpg, *.jpeg or *.png left out";
+  // The limit keeps the first images in class order (as the IDX datasets' first images):
+  // a small one may hold a few classes only, which the user should see.
+  const int64_t kept = int64_t(std::set<int64_t>(train.labels.begin(), train.labels.end()).size());
+  if (kept < int64_t(train.classes.size()))
+    s.description += "; note: --train-limit " + std::to_string(c.train_limit) +
+                     " keeps the first images in class order, which hold " + std::to_string(kept) + " of the " +
+                     std::to_string(train.classes.size()) + " classes";
   // Without augmentation training sees the evaluation's centre crops.
   s.train = std::make_shared<data::FolderSamples>(std::move(train), folder_transform(c, c.augment));
   s.test = std::make_shared<data::FolderSamples>(std::move(test), folder_transform(c, false));
