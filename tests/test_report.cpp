@@ -183,6 +183,18 @@ TEST(Report, NamesWhatIsMissingOrBroken) {
   } catch (const eg::Error& e) {
     EXPECT_NE(std::string(e.what()).find("line 10 of '" + r + "/freeze.jsonl'"), std::string::npos) << e.what();
   }
+  // A summary.json edited by hand, or another program's: named, not a json exception alone.
+  const std::string h = hand_made_run();
+  write(h + "/summary.json", "{}");
+  EXPECT_NE(eg::testing::error_of([&] {
+              eg::train::run_report(h);
+            }).find("report: '" + h + "/summary.json' is not a summary egeria wrote"),
+            std::string::npos);
+  write(h + "/summary.json", json{{"model", 5}, {"steps", 400}}.dump());
+  EXPECT_NE(eg::testing::error_of([&] { eg::train::run_report(h); })
+                .find("report: a field in the files of '" + h +
+                      "' (summary.json, config.json, the logs) is not what egeria writes there"),
+            std::string::npos);
 }
 
 }  // namespace

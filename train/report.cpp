@@ -291,6 +291,8 @@ std::string against_text(const json& s, const std::string& against) {
 
 std::string report_text(const std::string& dir, const std::string& against) {
   const json s = read_json(dir + "/summary.json", "summary.json (the run has not finished)");
+  EG_CHECK(s.is_object() && s.contains("model") && s.contains("steps"), "report: '", dir,
+           "/summary.json' is not a summary egeria wrote (it has no \"model\" and \"steps\")");
   const json cfg = is_dir(dir) ? read_json(dir + "/config.json", "config.json") : json::object();
   const std::vector<json> metrics = read_lines(dir + "/metrics.jsonl"), log = read_lines(dir + "/freeze.jsonl");
   const std::string policy = s.value("freeze", "none");
