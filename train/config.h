@@ -120,6 +120,9 @@ TrainConfig default_config(const std::string& model, const std::string& dataset 
 // Every problem named in the flag's terms (eg::Error): each option's own rule
 // (Option::check), then the rules between options.
 void validate(const TrainConfig& c);
+// A thread count's rule (--threads, --workers, bench step's --threads): 0 for the
+// default (`zero` says what it is) or up to the machine's CPUs; throws eg::Error naming `flag`.
+void check_cpu_count(const char* flag, int v, const char* zero);
 // The rule validate() cannot check before the GPU is known: a 16-bit precision on a GPU
 // that has its kernels (cuDNN's bf16 from compute capability 8.0, f16 from 7.0).
 void check_precision_on(Device d, DType precision);

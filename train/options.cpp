@@ -20,14 +20,6 @@ using json = nlohmann::json;
 namespace {
 using namespace rows;
 
-// Threads beyond the machine's CPUs only slow a step (64 on 2 cores: 50x), and
-// thousands of them cannot all start: refused, naming the count.
-void check_cpu_count(const char* flag, int v, const char* zero) {
-  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
-  EG_CHECK(v >= 0 && v <= cpus, flag, " must be ", zero, " or a count up to this machine's ", cpus,
-           " CPUs (more threads than CPUs only slow training), got ", v);
-}
-
 std::vector<Option> make_options() {
   using G = OptionGroup;
   const OnResume F = OnResume::fixed, Free = OnResume::free;
@@ -352,6 +344,14 @@ std::vector<Option> make_options() {
 }
 
 }  // namespace
+
+// Threads beyond the machine's CPUs only slow a step (64 on 2 cores: 50x), and
+// thousands of them cannot all start: refused, naming the count.
+void check_cpu_count(const char* flag, int v, const char* zero) {
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  EG_CHECK(v >= 0 && v <= cpus, flag, " must be ", zero, " or a count up to this machine's ", cpus,
+           " CPUs (more threads than CPUs only slow training), got ", v);
+}
 
 const std::vector<Option>& options() {
   static const std::vector<Option> table = make_options();

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
@@ -177,15 +176,19 @@ BenchBatch bench_batch(const StepBenchOptions& o, const models::ModelConfig& mc,
 }
 }  // namespace
 
-StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
-  using Clock = std::chrono::steady_clock;
+namespace {
+void check_options(const StepBenchOptions& o) {
   EG_CHECK(o.batch_size > 0 && o.iterations > 0, "bench step: batch size and iterations must be positive");
-  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
-  EG_CHECK(o.threads >= 0 && o.threads <= cpus, "bench step: --threads must be 0 (all cores) or a count up to this ",
-           "machine's ", cpus, " CPUs, got ", o.threads);
+  check_cpu_count("bench step: --threads", o.threads, "0 (all cores)");
   EG_CHECK(o.seq_len > 0, "bench step: --seq-len must be positive, got ", o.seq_len);
   EG_CHECK(std::isfinite(o.bucket_cap_mb) && o.bucket_cap_mb > 0, "bench step: --bucket-cap-mb must be a positive ",
            "number of MiB, got ", o.bucket_cap_mb);
+}
+}  // namespace
+
+StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
+  using Clock = std::chrono::steady_clock;
+  check_options(o);
   set_num_threads(o.threads);
   dist::Strategy dp(comm, o.device, o.sync);
   const Device dev = dp.device();
