@@ -146,10 +146,43 @@ const DatasetInfo& dataset_info(const std::string& name) {
   EG_THROW("unknown dataset '", name, "' (known: ", known, ")");
 }
 
+namespace {
+
+ImageDataset select_classes(const ImageDataset& d, const std::vector<int64_t>& classes, const DatasetInfo& info) {
+  std::vector<int64_t> relabel(size_t(info.classes), -1);
+  for (size_t i = 0; i < classes.size(); ++i) {
+    const int64_t k = classes[i];
+    EG_CHECK(k >= 0 && k < info.classes, "--classes: ", info.name, " has classes 0 to ", info.classes - 1, ", not ", k);
+    EG_CHECK(relabel[size_t(k)] < 0, "--classes names class ", k, " twice");
+    relabel[size_t(k)] = int64_t(i);
+  }
+  const int64_t n = d.size(), per = d.images.numel() / std::max<int64_t>(n, 1);
+  const uint8_t* src = d.images.data<uint8_t>();
+  const int64_t* lab = d.labels.data<int64_t>();
+  std::vector<int64_t> keep;
+  for (int64_t i = 0; i < n; ++i)
+    if (lab[i] >= 0 && lab[i] < info.classes && relabel[size_t(lab[i])] >= 0) keep.push_back(i);
+  Shape shape = d.images.shape();
+  shape[0] = int64_t(keep.size());
+  ImageDataset out;
+  out.images = Tensor::empty(shape, DType::u8);
+  out.labels = Tensor::empty({int64_t(keep.size())}, DType::s64);
+  uint8_t* dst = out.images.data<uint8_t>();
+  int64_t* dl = out.labels.data<int64_t>();
+  for (size_t j = 0; j < keep.size(); ++j) {
+    std::memcpy(dst + int64_t(j) * per, src + keep[j] * per, size_t(per));
+    dl[j] = relabel[size_t(lab[keep[j]])];
+  }
+  return out;
+}
+
+}  // namespace
+
 ImageDataset load_image_dataset(const DatasetSpec& spec, bool train) {
   const DatasetInfo& info = dataset_info(spec.name);
   EG_CHECK(info.read, "dataset ", spec.name, " is not an in-memory image dataset");
   ImageDataset d = info.read(spec.dir, train);
+  if (!spec.classes.empty()) d = select_classes(d, spec.classes, info);
   if (spec.limit > 0 && spec.limit < d.size()) {
     d.images = d.images.slice(0, spec.limit);
     d.labels = d.labels.slice(0, spec.limit);

@@ -62,7 +62,10 @@ const DatasetInfo& dataset_info(const std::string& name);
 struct DatasetSpec {
   std::string name;
   std::string dir;
-  int64_t limit = 0;  // use the first N samples (0: all)
+  int64_t limit = 0;  // use the first N samples (0: all), counted after `classes`
+  // Keep the samples of these classes only, relabelled 0, 1, ... in this order (a
+  // transfer task's classes); empty: all. Each must be one of the dataset's, once.
+  std::vector<int64_t> classes;
 };
 ImageDataset load_image_dataset(const DatasetSpec& spec, bool train);
 

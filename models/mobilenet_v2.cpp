@@ -67,8 +67,19 @@ MobileNetV2::MobileNetV2(int64_t classes, int64_t in_ch, int64_t image, double w
     for (int64_t i = 0; i < cfg[st][2]; ++i) {
       int64_t stride = i == 0 ? cfg[st][3] : 1;
       if (small && st == 1 && i == 0) stride = 1;
-      add_unit("block" + std::to_string(idx++),
-               std::make_shared<InvertedResidual>(c, out, stride, cfg[st][0], g, h, flops_));
+      const std::string block = "block" + std::to_string(idx), tv = "features." + std::to_string(idx + 1);
+      ++idx;
+      add_unit(block, std::make_shared<InvertedResidual>(c, out, stride, cfg[st][0], g, h, flops_));
+      // torchvision's InvertedResidual.conv: [ConvBNReLU expand,] ConvBNReLU depthwise, conv, BN
+      const bool expand = cfg[st][0] != 1;
+      const std::string first = tv + ".conv." + (expand ? "1" : "0");
+      if (expand)
+        tv_.modules.insert(tv_.modules.end(), {{block + ".body.expand.conv", tv + ".conv.0.0"},
+                                               {block + ".body.expand.bn", tv + ".conv.0.1"}});
+      tv_.modules.insert(tv_.modules.end(), {{block + ".body.depthwise.conv", first + ".0"},
+                                             {block + ".body.depthwise.bn", first + ".1"},
+                                             {block + ".body.project.conv", tv + ".conv." + (expand ? "2" : "1")},
+                                             {block + ".body.project.bn", tv + ".conv." + (expand ? "3" : "2")}});
       c = out;
     }
   }
@@ -80,6 +91,18 @@ MobileNetV2::MobileNetV2(int64_t classes, int64_t in_ch, int64_t image, double w
   head->add("fc", std::make_shared<nn::Linear>(last, classes, true, g));
   flops_ += 2.0 * double(last * classes);
   add_unit("head", head);
+  // See Note [torchvision names]: torchvision.models.mobilenet_v2(width_mult=width).
+  tv_.model = "mobilenet_v2";
+  const std::string last_features = "features." + std::to_string(idx + 1);
+  tv_.modules.insert(tv_.modules.end(), {{"stem.conv", "features.0.0"},
+                                         {"stem.bn", "features.0.1"},
+                                         {"head.conv.conv", last_features + ".0"},
+                                         {"head.conv.bn", last_features + ".1"},
+                                         {"head.fc", "classifier.1"}});
+  if (small)
+    tv_.differs =
+        "built for images of 64 pixels or fewer: stride 1 in the stem and in the first downsampling "
+        "stage, where torchvision's has stride 2";
 }
 
 Tensor MobileNetV2::forward(const Tensor& x) {

@@ -19,6 +19,7 @@ class MobileNetV2 : public Model {
   double flops_per_sample() const override { return flops_; }
   std::vector<double> module_flops() const override { return module_flops_; }
   std::string type_name() const override { return "MobileNetV2"; }
+  TorchvisionNames torchvision() const override { return tv_; }
 
  private:
   void add_unit(const std::string& name, nn::ModulePtr m) {
@@ -31,6 +32,7 @@ class MobileNetV2 : public Model {
   std::vector<std::pair<std::string, nn::ModulePtr>> units_;
   double flops_ = 0;
   std::vector<double> module_flops_;  // flops_ added since the previous unit, per unit
+  TorchvisionNames tv_;  // Note [torchvision names]
 };
 
 }  // namespace eg::models

@@ -25,6 +25,23 @@ struct Capture {
   }
 };
 
+// Note [torchvision names]
+// A built-in model that torchvision also has (resnet18/34/50/101, mobilenet_v2) says how
+// its module paths read there: pairs of (egeria's path, torchvision's path), e.g.
+// ("stem.conv", "conv1"), so that "stem.conv.weight" is torchvision's "conv1.weight"; a
+// tensor takes the pair of its longest matching path. Tensor layouts are PyTorch's
+// already (OIHW convolutions, [out, in] linears). The table is the model's own, in its
+// file, beside the code that names the modules, so the two change together.
+struct TorchvisionNames {
+  std::string model;  // torchvision's builder ("resnet50", "mobilenet_v2"); empty: none
+  // Empty when the network computes what torchvision's does; else how it differs (the
+  // 32x32 variants' stems), so that an export, which would compute something else
+  // there, is refused with the reason.
+  std::string differs;
+  std::vector<std::pair<std::string, std::string>> modules;
+  bool any() const { return !model.empty(); }
+};
+
 class Model : public nn::Module {
  public:
   // Front to back. Freezing a prefix of this list freezes the front of the network.
@@ -56,6 +73,9 @@ class Model : public nn::Module {
   // Egeria's reference model compares. The default runs layer modules [0, layer] of a
   // sequential model.
   virtual Tensor layer_output(const Tensor& x, const Tensor& x2, int64_t layer);
+  // The same network in torchvision's state-dict names (models/torchvision.h); a model
+  // with no torchvision counterpart returns an empty one.
+  virtual TorchvisionNames torchvision() const { return {}; }
 };
 
 using ModelPtr = std::shared_ptr<Model>;

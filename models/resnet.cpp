@@ -191,9 +191,20 @@ std::shared_ptr<ResNet> ResNet::imagenet(int depth, int64_t classes, int64_t in_
       nn::ModulePtr blk =
           bottleneck ? nn::ModulePtr(std::make_shared<Bottleneck>(s.c, widths[st], stride, g, s, r->flops_))
                      : nn::ModulePtr(std::make_shared<BasicBlock>(s.c, widths[st], stride, false, g, s, r->flops_));
-      r->add_unit("layer" + std::to_string(st + 1) + "." + std::to_string(b), blk);
+      const std::string name = "layer" + std::to_string(st + 1) + "." + std::to_string(b);
+      r->add_unit(name, blk);
+      r->tv_.modules.emplace_back(name, name);  // conv1, bn1, ... as torchvision's blocks
+      for (auto& [child, m] : blk->children())  // a basic block's projection is torchvision's downsample
+        if (child == "shortcut") r->tv_.modules.emplace_back(name + ".shortcut", name + ".downsample");
     }
   r->add_unit("head", head(s.c, classes, g, r->flops_));
+  // See Note [torchvision names]: torchvision.models.resnetN.
+  r->tv_.model = "resnet" + std::to_string(depth);
+  r->tv_.modules.insert(r->tv_.modules.end(), {{"stem.conv", "conv1"}, {"stem.bn", "bn1"}, {"head.fc", "fc"}});
+  if (small)
+    r->tv_.differs =
+        "built for images of 64 pixels or fewer: a 3x3 stride-1 stem without max pooling, where "
+        "torchvision's has a 7x7 stride-2 convolution and a 3x3 max pooling";
   return r;
 }
 

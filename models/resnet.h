@@ -21,6 +21,7 @@ class ResNet : public Model {
   double flops_per_sample() const override { return flops_; }
   std::vector<double> module_flops() const override { return module_flops_; }
   std::string type_name() const override { return "ResNet"; }
+  TorchvisionNames torchvision() const override { return tv_; }
 
   static std::shared_ptr<ResNet> cifar(int depth, int64_t num_classes, int64_t in_channels, Generator& g);
   static std::shared_ptr<ResNet> imagenet(int depth, int64_t num_classes, int64_t in_channels, int64_t image_size,
@@ -31,6 +32,7 @@ class ResNet : public Model {
   std::vector<std::pair<std::string, nn::ModulePtr>> units_;
   double flops_ = 0;
   std::vector<double> module_flops_;  // flops_ added since the previous unit, per unit
+  TorchvisionNames tv_;  // the ImageNet family's (Note [torchvision names])
 };
 
 }  // namespace eg::models

@@ -337,7 +337,7 @@ TEST(DatasetTable, RowsDescribeWhatTheirReadersGive) {
     }
   }
   const data::DatasetInfo& s = data::dataset_info("synthetic");
-  const data::ImageDataset test = data::load_image_dataset({"synthetic", "", 100}, false);
+  const data::ImageDataset test = data::load_image_dataset({"synthetic", "", 100, {}}, false);
   ASSERT_EQ(test.size(), 100);
   for (int64_t i = 0; i < test.size(); ++i) EXPECT_LT(test.labels.data<int64_t>()[i], s.classes);
   // Sample 0 through image_samples without augmentation: (x / 255 - mean) / std, channel by channel.

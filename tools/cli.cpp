@@ -24,6 +24,7 @@
 #include "models/model.h"
 #include "quant/reference.h"
 #include "tools/cli.h"
+#include "train/export.h"
 #include "train/report.h"
 #include "train/trainer.h"
 
@@ -153,6 +154,18 @@ int run_cli(int argc, char** argv) {
                    "whose accuracy and training time are shown beside")
       ->check(CLI::ExistingPath);
 
+  std::string export_out, export_format = "torchvision", export_to;
+  auto* exp = app.add_subcommand("export", "write a run's weights for another framework (torchvision's state dict)");
+  exp->add_option("--out", export_out, "the run's output directory")->required()->check(CLI::ExistingDirectory);
+  exp->add_option("--format", export_format,
+                  "torchvision: the names and tensors torchvision.models.<model>().load_state_dict(strict=True) "
+                  "takes (resnet18, resnet50, mobilenetv2 at more than 64 pixels)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"torchvision"}));
+  exp->add_option("--to", export_to, "the safetensors file to write (safetensors.torch.load_file reads it)")
+      ->required()
+      ->option_text("FILE");
+
   eg::train::StepBenchOptions bo;
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -258,6 +271,10 @@ int run_cli(int argc, char** argv) {
         j["per_class"] = pc;
       }
       std::printf("%s\n", j.dump().c_str());
+    } else if (*exp) {
+      const auto r = eg::train::export_weights(export_out, export_format, export_to);
+      std::printf("%s: %lld tensors of %s written to %s, in torchvision's names: torchvision.models.%s\n",
+                  r.from.c_str(), (long long)r.tensors, r.model.c_str(), export_to.c_str(), r.model.c_str());
     } else if (*report) {
       std::printf("%s", eg::train::run_report(report_out, report_against).c_str());
     } else if (*step) {

@@ -170,47 +170,4 @@ void Checkpoints::save(const TensorMap& tensors, json state, const json& config,
   for (size_t i = size_t(keep_ - 1); i < old.size(); ++i) std::remove(old[i].second.c_str());
 }
 
-InitFromReport init_from(nn::Module& m, const std::string& path) {
-  TensorMap file = load_safetensors(path);
-  const bool checkpoint =
-      std::any_of(file.begin(), file.end(), [](auto& kv) { return kv.first.rfind("model/", 0) == 0; });
-  if (checkpoint) {  // a run's checkpoint: its model's tensors, without the optimizer's and the policy's
-    TensorMap model;
-    for (auto& [k, t] : file)
-      if (k.rfind("model/", 0) == 0) model[k.substr(6)] = t;
-    file = std::move(model);
-  }
-  InitFromReport r;
-  const TensorMap own = m.state_dict();
-  TensorMap take;
-  for (auto& [k, t] : own) {
-    auto it = file.find(k);
-    if (it == file.end()) r.missing.push_back(k);
-    else if (it->second.shape() != t.shape())
-      r.mismatched.push_back(k + " " + shape_str(it->second.shape()) + " vs " + shape_str(t.shape()));
-    else take[k] = it->second;
-  }
-  for (auto& [k, t] : file)
-    if (!own.count(k)) r.unexpected.push_back(k);
-  EG_CHECK(!take.empty(), "--init-from '", path, "': none of its ", file.size(), " tensors fits this model (",
-           r.text(path), ")");
-  m.load_state_dict(take, false);
-  r.loaded = int64_t(take.size());
-  return r;
-}
-
-std::string InitFromReport::text(const std::string& path) const {
-  auto list = [](const std::vector<std::string>& v) {
-    std::string t;
-    for (size_t i = 0; i < v.size() && i < 8; ++i) t += (i ? ", " : "") + v[i];
-    if (v.size() > 8) t += ", ... (" + std::to_string(v.size()) + " in all)";
-    return t;
-  };
-  std::string t = "--init-from " + path + ": " + std::to_string(loaded) + " tensors loaded";
-  if (!missing.empty()) t += "; missing from the file, left as initialised: " + list(missing);
-  if (!mismatched.empty()) t += "; other shapes, left as initialised: " + list(mismatched);
-  if (!unexpected.empty()) t += "; not in the model, ignored: " + list(unexpected);
-  return t;
-}
-
 }  // namespace eg::train

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "layers/module.h"
+#include "train/init_from.h"
 #include "train/safetensors.h"
 
 namespace eg::train {
@@ -64,19 +65,5 @@ class Checkpoints {
   std::vector<std::string> logs_;
   int64_t last_step_ = -1;  // the step of checkpoint.safetensors, when this process knows it
 };
-
-// --init-from: a run starts from the weights in `path` (a model.safetensors or
-// best.safetensors, or a checkpoint, whose "model/" tensors are taken), copied into `m`
-// where a name and its shape match, as PyTorch's load_state_dict(strict=False), with
-// tensors whose shape differs (a new head) left at their initialisation too. Throws when
-// the file cannot be read or none of its tensors fits the model.
-struct InitFromReport {
-  int64_t loaded = 0;
-  std::vector<std::string> missing;  // in the model, not in the file: left as initialised
-  std::vector<std::string> unexpected;  // in the file, not in the model: ignored
-  std::vector<std::string> mismatched;  // in both with other shapes: left as initialised
-  std::string text(const std::string& path) const;  // what a user is told
-};
-InitFromReport init_from(nn::Module& m, const std::string& path);
 
 }  // namespace eg::train

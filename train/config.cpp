@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
-#include "core/gpu_info.h"
 #include "core/error.h"
+#include "core/gpu_info.h"
 #include "data/dataset.h"
 #include "freeze/policy.h"
 #include "models/model.h"
@@ -99,6 +99,12 @@ void validate(const TrainConfig& c) {
              c.model);
   }
   const bool folder = dataset_is(c, data::DataKind::image_folder);
+  EG_CHECK(c.classes.empty() || dataset_is(c, data::DataKind::images), "--classes applies to the in-memory image ",
+           "datasets (fashion-mnist, mnist, cifar10, cifar100); ",
+           folder ? "an image folder's classes are its class folders: give --data-dir a folder of those you want"
+                  : c.dataset + " has no classes");
+  EG_CHECK(c.init_exclude.empty() || !c.init_from.empty(), "--init-exclude applies to --init-from's weights; ",
+           "no --init-from was given");
   EG_CHECK(c.image_size == 0 || folder, "--image-size applies to --dataset imagefolder; ", c.dataset,
            " has images of its own size");
   EG_CHECK(

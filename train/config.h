@@ -60,6 +60,8 @@ struct TrainConfig {
   int64_t eval_every = 0;  // steps between loss-only evaluations of the first split (0: epoch ends only)
   int64_t stop_after_steps = 0;  // testing: end this invocation after N steps (as if killed)
   std::string init_from;  // a fresh run starts from these weights (safetensors; train/checkpoint.h)
+  std::vector<std::string> init_exclude;  // ... except these tensors or modules (train/init_from.h)
+  std::vector<int64_t> classes;  // IDX datasets: keep these classes, relabelled 0.. in this order (empty: all)
   // ---- data
   std::string dataset = "fashion-mnist", data_dir;
   int64_t train_limit = 0, test_limit = 0;

@@ -103,9 +103,9 @@ void check_labels(const data::Batch& b, int64_t classes, const char* split) {
 ImageSplits in_memory_splits(const TrainConfig& c) {
   const data::DatasetInfo& info = data::dataset_info(c.dataset);
   ImageSplits s;
-  s.num_classes = info.classes;
-  auto train =
-      std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.train_limit}, true));
+  s.num_classes = c.classes.empty() ? info.classes : int64_t(c.classes.size());
+  auto train = std::make_shared<data::ImageDataset>(
+      data::load_image_dataset({c.dataset, c.data_dir, c.train_limit, c.classes}, true));
   if (c.val_fraction > 0) {
     EG_CHECK(train->size() >= 2, "--val-fraction needs at least 2 training images, got ", train->size());
     auto [valid, rest] = hold_out(*train, c.val_fraction, c.seed);
@@ -116,8 +116,8 @@ ImageSplits in_memory_splits(const TrainConfig& c) {
   data::AugmentOptions aug{0, false, info.norm};
   if (c.augment) aug.crop_padding = train->images.size(2) >= 32 ? 4 : 2, aug.hflip = true;
   s.train = data::image_samples(train, aug, c.augment_mode == AugmentMode::sample);
-  auto test =
-      std::make_shared<data::ImageDataset>(data::load_image_dataset({c.dataset, c.data_dir, c.test_limit}, false));
+  auto test = std::make_shared<data::ImageDataset>(
+      data::load_image_dataset({c.dataset, c.data_dir, c.test_limit, c.classes}, false));
   const auto geometry = [](const data::ImageDataset& d) {
     return Shape(d.images.shape().begin() + 1, d.images.shape().end());
   };
@@ -169,6 +169,9 @@ ImageSplits user_splits(ImageData d, const TrainConfig& c) {
            " class names for ", d.num_classes, " classes");
   EG_CHECK(c.val_fraction == 0, "--val-fraction holds out images of a built-in dataset; give a user's validation ",
            "samples as ImageData::valid");
+  EG_CHECK(c.classes.empty(),
+           "--classes selects classes of a built-in dataset; give a user's samples of the "
+           "classes wanted");
   const Shape shape = d.train->sample_shape();
   EG_CHECK(shape.size() == 3 && shape[0] > 0 && shape[1] > 0 && shape[1] == shape[2],
            "ImageData: a sample must be f32 [C, H, W] with H == W, the training samples' shape is ", shape_str(shape));
@@ -267,6 +270,8 @@ void ImageTask::attach(FreezeRun& fr) {
 }
 
 nlohmann::json ImageTask::resolved() const { return data_.resolved; }
+
+Shape ImageTask::sample_shape() const { return data_.train ? data_.train->sample_shape() : Shape{}; }
 
 std::string ImageTask::description() const { return data_.description; }
 

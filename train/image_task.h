@@ -80,6 +80,7 @@ class ImageTask : public Task {
   void save_state(nlohmann::json& state) override;  // images_left_out, summed over the ranks
   void load_state(const nlohmann::json& state) override;
   nlohmann::json resolved() const override;
+  Shape sample_shape() const override;
   std::string description() const override;
 
  private:

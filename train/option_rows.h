@@ -203,6 +203,34 @@ Option number_list(const char* flag, const char* key, OptionGroup g, OnResume r,
   return o;
 }
 
+// Names separated by commas (a JSON array in config.json); "" is none.
+template <class F>
+Option text_list(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, F m,
+                 std::string value_text = "A,B,...") {
+  Option o = row(flag, key, g, r, std::move(help), std::move(value_text));
+  o.get = [m](const TrainConfig& c) { return json(at(m, c)); };
+  o.set = [m, f = std::string(flag)](TrainConfig& c, const json& j) {
+    std::vector<std::string> v;
+    if (j.is_array()) {
+      for (auto& e : j) {
+        EG_CHECK(e.is_string(), f, " must be names, got ", e.dump());
+        v.push_back(e.get<std::string>());
+      }
+    } else {
+      EG_CHECK(j.is_string(), f, " must be names separated by commas, got ", j.dump());
+      const std::string s = j.get<std::string>();
+      for (size_t b = 0; b < s.size();) {
+        const size_t e = std::min(s.find(',', b), s.size());
+        EG_CHECK(e > b, f, " has an empty name in '", s, "'");
+        v.push_back(s.substr(b, e - b));
+        b = e + 1;
+      }
+    }
+    at(m, c) = std::move(v);
+  };
+  return o;
+}
+
 // A flag without a value: giving it sets the field to `when_given`.
 template <class F>
 Option flag_switch(const char* flag, const char* key, OptionGroup g, OnResume r, std::string help, F m,

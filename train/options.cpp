@@ -99,9 +99,15 @@ std::vector<Option> make_options() {
                      "report the time to reach this test accuracy (0..1 or 0..100)", &TrainConfig::target_accuracy,
                      Rule<double>{[](double v) { return v >= 0 && v <= 100; }, "in [0, 1] or [0, 100]"}));
   t.push_back(text("--init-from", "init_from", G::run, F,
-                   "start from the weights in FILE (a model.safetensors, best.safetensors or checkpoint) where names "
-                   "and shapes match, saying which were missing, of other shapes or not in the model",
+                   "start from the weights in FILE (a model.safetensors, best.safetensors or checkpoint, or a "
+                   "torchvision state dict of resnet18/50 or mobilenet_v2 in safetensors: "
+                   "tools/torch-to-safetensors) where names and shapes match, saying which were missing, of "
+                   "other shapes (a new head) or not in the model",
                    &TrainConfig::init_from, "FILE"));
+  t.push_back(text_list("--init-exclude", "init_exclude", G::run, F,
+                        "with --init-from: leave these tensors or modules at their initialisation even where the "
+                        "file has them in the same shape (a head initialised afresh: head, or torchvision's fc)",
+                        &TrainConfig::init_exclude, "NAME,..."));
   t.push_back(number("--stop-after-steps", "stop_after_steps", G::hidden, Free,
                      "testing: end this invocation after N steps, as if killed", &TrainConfig::stop_after_steps,
                      Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
@@ -114,6 +120,15 @@ std::vector<Option> make_options() {
              [](TrainConfig& c, int) {
     if (recipe_of(c) == Recipe::transformer) c.dataset = "en-es";
       }));
+  t.push_back(checked(number_list("--classes", "select_classes", G::data, F,
+                                  "IDX datasets (fashion-mnist, mnist): keep only these classes, relabelled 0, 1, "
+                                  "... in the order given (a transfer task: 5,6,7,8,9)",
+                                  &TrainConfig::classes, "K1,K2,..."),
+                      [](const TrainConfig& c) {
+    for (size_t i = 0; i < c.classes.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        EG_CHECK(c.classes[i] != c.classes[j], "--classes names class ", c.classes[i], " twice");
+  }));
   t.push_back(text("--data-dir", "data_dir", G::data, Free,
                    "dataset directory (fashion-mnist defaults to Debian's package, en-es to datasets/en-es)",
                    &TrainConfig::data_dir, "DIR"));

@@ -55,8 +55,12 @@ std::string metrics_text(Split s, const Metrics& m) {
 
 // The weights files' safetensors metadata: the model, the dataset and (image folders) its
 // class names, as a JSON array, so that the weights say what their outputs mean.
-Metadata weights_metadata(const TrainConfig& c, const json& config, Metadata more = {}) {
+Metadata weights_metadata(const Run& r, Metadata more = {}) {
+  const TrainConfig& c = r.c;
+  const json& config = r.config;
   more["model"] = c.model, more["dataset"] = c.dataset;
+  if (const Shape s = r.task.sample_shape(); !s.empty())
+    more["sample_shape"] = json(s).dump();  // --init-from checks it
   if (config.contains("classes")) more["classes"] = config["classes"].dump();
   return more;
 }
@@ -281,7 +285,7 @@ void end_epoch(Run& r) {
     st.best = by_split;
     if (r.lead() && splits.front() == Split::valid)
       save_safetensors(r.c.out + "/best.safetensors", r.model->state_dict(),
-                       weights_metadata(r.c, r.config, {{"epoch", std::to_string(st.epoch + 1)}}));
+                       weights_metadata(r, {{"epoch", std::to_string(st.epoch + 1)}}));
   }
   const double target = r.c.target_accuracy > 1 ? r.c.target_accuracy / 100 : r.c.target_accuracy;
   if (target > 0 && metric(by_split, "test", "accuracy") >= target && st.time_to_target < 0)
@@ -370,7 +374,7 @@ Summary finish(Run& r) {
   r.task.summarize(sj);
   r.freezing->summarize(sj, st.step, st.train_seconds);
   if (r.lead()) {
-    save_safetensors(r.c.out + "/model.safetensors", r.model->state_dict(), weights_metadata(r.c, r.config));
+    save_safetensors(r.c.out + "/model.safetensors", r.model->state_dict(), weights_metadata(r));
     write_file_atomic(r.c.out + "/summary.json", sj.dump(2) + "\n");
   }
   Summary s;

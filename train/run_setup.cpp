@@ -110,7 +110,7 @@ void build_run(Run& r, bool resuming) {
   r.task.setup(c, r.dp.comm());
   r.model = &r.task.model();
   if (!c.init_from.empty() && !resuming) {  // a resume takes the checkpoint's weights instead
-    const InitFromReport rep = init_from(*r.model, c.init_from);
+    const InitFromReport rep = init_from(*r.model, c.init_from, {c.init_exclude, r.task.sample_shape()});
     if (r.lead()) std::printf("%s\n", rep.text(c.init_from).c_str());
   }
   if (r.dp.rank() > 0) r.task.generator().set_state(r.dp.rank_seed(c.seed), 0);

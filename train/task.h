@@ -64,6 +64,9 @@ class Task {
   virtual void configure_freezing(freeze::PolicyConfig&) const {}
   // Called once the loop's freezing state exists (the activation cache attaches here).
   virtual void attach(FreezeRun&) {}
+  // One input sample's shape ([C, H, W] for images), written beside a run's weights and
+  // checked when a run starts from them (--init-from); empty where samples vary (sentences).
+  virtual Shape sample_shape() const { return {}; }
   // Units of the throughput: "images" or "tokens" (logged as "<unit>_per_second").
   virtual std::string unit() const { return "images"; }
 

@@ -114,13 +114,14 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
     if (per_class) r.classes = classes;
     return r;
   }
-  data::ImageDataset test =
-      data::load_image_dataset({dataset, data_dir.empty() ? cfg.value("data_dir", "") : data_dir, test_limit}, false);
+  const std::vector<int64_t> selected = cfg.value("select_classes", std::vector<int64_t>{});  // --classes
+  data::ImageDataset test = data::load_image_dataset(
+      {dataset, data_dir.empty() ? cfg.value("data_dir", "") : data_dir, test_limit, selected}, false);
   models::ModelConfig mc;
   mc.name = cfg.at("model");
   mc.in_channels = test.images.size(1);
   mc.image_size = test.images.size(2);
-  mc.num_classes = data::dataset_info(dataset).classes;
+  mc.num_classes = selected.empty() ? data::dataset_info(dataset).classes : int64_t(selected.size());
   Generator g(0);
   auto m = models::build_model(mc, g);
   m->load_state_dict(model_tensors(ck.tensors));

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Fine-tuning with freezing on a transfer task from real data (Egeria §2.3, §6.2), rerunnable.
+
+  bench/fine_tune.py --egeria build/egeria [--models resnet20] [--seeds 0,1,2]
+      [--budgets 6000,30000] [--policies none,static,autofreeze,egeria,egeria-cache]
+      [--static-k 1,2,3] [--epochs 10] [--pretrain-epochs 10] [--threads 2]
+      [--pretrained datasets/pretrained] [--out runs/ft] [--step-costs FILE] [--extra "..."]
+
+The task: Fashion-MNIST's classes 0-4 (T-shirt, trouser, pullover, dress, coat) are the
+pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the new one.
+1. Pretraining, once per model (cached in --pretrained: delete a model's folder to redo
+   it): the from-scratch recipe (`egeria train`'s defaults: SGD 0.1, step decay) on the
+   30,000 training images of classes 0-4, seed 0, --pretrain-epochs epochs.
+2. Fine-tuning, for each budget (the first N training images of classes 5-9), seed and
+   policy: --init-from the pretrained model.safetensors with its head initialised
+   afresh (--init-exclude head), the fine-tuning recipe of docs/fine-tuning.md (SGD 0.01,
+   linear decay to 0 after a 5% linear warmup), the test images of classes 5-9.
+   `static` runs once per K of --static-k (the first K freezing units frozen from step
+   0: what a careful practitioner hand-tunes); the table keeps the best K (the fastest
+   to the target at the target accuracy, else the most accurate).
+Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
+`none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
+step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
+backward FLOPs saved and the reference's overhead; then the means over the seeds. The
+tables go to OUT/table.md and OUT/table.json. Runs already complete in OUT are reused.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import time_to_accuracy as tta  # noqa: E402  (records, epoch times, modelled step costs)
+
+NEAR = tta.NEAR  # 0.3 pt: "to within 0.3 pt of none's final accuracy"
+PRETRAIN_CLASSES, TASK_CLASSES = "0,1,2,3,4", "5,6,7,8,9"
+BATCH = 128  # egeria train's default --batch-size
+
+
+def recipe(budget, epochs):
+    """docs/fine-tuning.md's recipe: SGD at a tenth of the from-scratch LR, linear decay to 0
+    after a linear warmup over the first 5% of the steps, the head initialised afresh."""
+    warmup = max(1, round(0.05 * (budget // BATCH) * epochs))
+    return ["--lr", "0.01", "--lr-schedule", "linear", "--warmup-steps", str(warmup), "--init-exclude", "head"]
+
+
+POLICIES = {"none": ["none"], "autofreeze": ["autofreeze"], "egeria": ["egeria"],
+            "egeria-cache": ["egeria", "--freeze-cache", "on", "--freeze-bn", "running", "--augment-mode", "sample"]}
+
+
+def train(args, cmd, out):
+    if os.path.exists(os.path.join(out, "summary.json")):
+        return out
+    shutil.rmtree(out, ignore_errors=True)  # an unfinished run is run again: its wall time is a measurement
+    cmd = [args.egeria, "train", "--dataset", "fashion-mnist", "--threads", str(args.threads),
+           "--checkpoint-every", "0", "--out", out] + cmd
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+    return out
+
+
+def pretrained(args, model):
+    out = os.path.join(args.pretrained, f"{model}-fashion-mnist-{PRETRAIN_CLASSES.replace(',', '')}")
+    train(args, ["--model", model, "--classes", PRETRAIN_CLASSES, "--epochs", str(args.pretrain_epochs),
+                 "--seed", "0", "--freeze", "none"], out)
+    return os.path.join(out, "model.safetensors")
+
+
+def fine_tune(args, model, budget, seed, policy, k=None):
+    name = f"{model}-b{budget}-s{seed}-{policy}" + (f"{k}" if k is not None else "")
+    flags = POLICIES[policy] if policy != "static" else ["static", "--static-modules", str(k), "--static-epoch", "0"]
+    cmd = ["--model", model, "--classes", TASK_CLASSES, "--train-limit", str(budget), "--epochs", str(args.epochs),
+           "--seed", str(seed), "--init-from", pretrained(args, model), "--freeze", flags[0]] + flags[1:] + recipe(budget, args.epochs)
+    if args.extra:
+        cmd += args.extra.split()
+    return train(args, cmd, os.path.join(args.out, name))
+
+
+def summary(out):
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def row(out, target, base, costs):
+    s = summary(out)
+    r = {"run": os.path.basename(out), "final_accuracy": s["final_test_accuracy"], "train_seconds": s["train_seconds"],
+         "time_to_target": tta.time_to_accuracy(out, target),
+         "backward_flops_saved": s.get("backward_flops_saved_fraction", 0.0),
+         "reference_overhead": s.get("reference_overhead_fraction", 0.0)}
+    if costs:
+        r["modelled_time_to_target"] = tta.modelled_time_to_accuracy(out, target, costs)
+    for key in ("time_to_target", "modelled_time_to_target"):
+        if key in r:
+            mine, theirs = r[key], base.get(key)
+            r["speedup" if key == "time_to_target" else "modelled_speedup"] = (
+                theirs / mine if mine and theirs else None)
+    return r
+
+
+def fmt(v, pct=False, x=False):
+    if v is None:
+        return "—"
+    return f"{100 * v:.2f}" if pct else (f"{v:.2f}×" if x else f"{v:.1f}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--egeria", default="build/egeria")
+    p.add_argument("--models", default="resnet20")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--budgets", default="6000,30000")
+    p.add_argument("--policies", default="none,static,autofreeze,egeria,egeria-cache")
+    p.add_argument("--static-k", default="1,2,3", help="static: the numbers of front units to sweep")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--pretrain-epochs", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--pretrained", default="datasets/pretrained")
+    p.add_argument("--out", default="runs/ft")
+    p.add_argument("--step-costs", default="")
+    p.add_argument("--extra", default="", help="flags added to every fine-tuning run")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args()
+    costs = tta.load_step_costs(args.step_costs) if args.step_costs else None
+    policies = args.policies.split(",")
+    for pol in policies:
+        if pol != "static" and pol not in POLICIES:
+            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)})")
+    table = {"runs": [], "means": []}
+    lines = ["| model | budget | policy | seeds | final acc. % | wall s | to target s (wall) | speedup (wall) |"
+             + (" speedup (modelled) |" if costs else "") + " backward FLOPs saved | reference overhead |",
+             "|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if costs else "") + "---:|---:|"]
+    for model in args.models.split(","):
+        for budget in (int(b) for b in args.budgets.split(",")):
+            by_policy = {}
+            for seed in (int(s) for s in args.seeds.split(",")):
+                base_out = fine_tune(args, model, budget, seed, "none")
+                target = summary(base_out)["final_test_accuracy"] - NEAR
+                base = row(base_out, target, {}, costs)
+                for pol in policies:
+                    if pol == "static":
+                        cands = [row(fine_tune(args, model, budget, seed, "static", int(k)), target, base, costs)
+                                 for k in args.static_k.split(",")]
+                        # The best K: the fastest to the target among those that reach it, else the most accurate.
+                        reached = [c for c in cands if c["time_to_target"] is not None]
+                        r = (min(reached, key=lambda c: c["time_to_target"]) if reached
+                             else max(cands, key=lambda c: c["final_accuracy"]))
+                        r["static_sweep"] = [c["run"] for c in cands]
+                    else:
+                        r = row(fine_tune(args, model, budget, seed, pol), target, base, costs)
+                    r.update(model=model, budget=budget, seed=seed, policy=pol, target=target)
+                    table["runs"].append(r)
+                    by_policy.setdefault(pol, []).append(r)
+            for pol, rs in by_policy.items():
+                def mean(key):
+                    vals = [r.get(key) for r in rs]
+                    return None if any(v is None for v in vals) else statistics.mean(vals)
+                m = {k: mean(k) for k in ("final_accuracy", "train_seconds", "time_to_target", "speedup",
+                                          "modelled_speedup", "backward_flops_saved", "reference_overhead")}
+                m.update(model=model, budget=budget, policy=pol, seeds=len(rs),
+                         static_k=[r["run"].rsplit("static", 1)[1] for r in rs] if pol == "static" else None)
+                table["means"].append(m)
+                lines.append(f"| {model} | {budget} | {pol}" + (f" (best K per seed: {','.join(m['static_k'])})"
+                                                                 if pol == "static" else "")
+                             + f" | {len(rs)} | {fmt(m['final_accuracy'], pct=True)} | {fmt(m['train_seconds'])} | "
+                             f"{fmt(m['time_to_target'])} | {fmt(m['speedup'], x=True)} |"
+                             + (f" {fmt(m['modelled_speedup'], x=True)} |" if costs else "")
+                             + f" {fmt(m['backward_flops_saved'], pct=True)}% | "
+                             f"{fmt(m['reference_overhead'], pct=True)}% |")
+    os.makedirs(args.out, exist_ok=True)
+    text = ("Means over the seeds; the target is each seed's `none` run's final accuracy less 0.3 pt, times at "
+            "epoch ends; a mean with a dash has a seed that never reached it.\n\n" + "\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "table.json"), "w") as f:
+        json.dump(table, f, indent=1)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
