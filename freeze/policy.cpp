@@ -201,6 +201,9 @@ class EgeriaPolicy : public FreezePolicy {
         if (d == Decision::end_bootstrap) refresh(m, s.step, s.lr);
       }
     } else {
+      // Without bootstrapping (Note [Bootstrapping a pretrained network]) the first
+      // step's network is the first reference.
+      if (!snapshot_) refresh(m, s.step, s.lr);
       // The step's LR first: a first phase that ends here applies its held freezes at
       // this step, before the readings (which may have been taken n steps ago).
       tracker_.observe_lr(s.step, s.lr);
@@ -288,7 +291,8 @@ class EgeriaPolicy : public FreezePolicy {
   static TrackerOptions with_interval(const PolicyConfig& c, int64_t modules) {
     TrackerOptions o = c.tracker;
     if (o.interval <= 0) o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window);
-    if (o.bootstrap_interval < 0) o.bootstrap_interval = o.interval;  // the paper's: every n
+    if (o.bootstrap_interval == 0 && o.pretrained) o.bootstrap_interval = kNoBootstrapping;  // see the Note
+    if (o.bootstrap_interval == -1) o.bootstrap_interval = o.interval;  // the paper's: every n
     if (o.bootstrap_interval == 0)
       o.bootstrap_interval =
           default_bootstrap_interval(std::max<int64_t>(1, c.total_steps), c.steps_per_epoch, o.interval);

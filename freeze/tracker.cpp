@@ -75,8 +75,11 @@ FreezeTracker::FreezeTracker(int64_t num_modules, TrackerOptions o) : opt_(o), n
   EG_CHECK(o.unfreeze_lr_factor > 1, "the unfreezing LR factor must be above 1, got ", o.unfreeze_lr_factor);
   EG_CHECK(o.freeze_last_phase || o.final_lr >= 0,
            "not freezing in the last LR phase needs the run's final LR (TrackerOptions::final_lr)");
+  EG_CHECK(o.bootstrap_interval >= kNoBootstrapping, "the bootstrapping interval must be auto (0), n (-1), none (-2) ",
+           "or a positive number of iterations, got ", o.bootstrap_interval);
   window_ = o.window;
   kept_.resize(size_t(num_modules));
+  bootstrapping_ = o.bootstrap_interval != kNoBootstrapping;
 }
 
 Event FreezeTracker::event(const char* type, int64_t step, double lr) const {

@@ -85,8 +85,12 @@ enum class RefreezeTolerance { remeasure, keep, scaled };
 struct TrackerOptions {
   int64_t interval = 0;  // n: iterations between evaluations (0: derive, see default_interval)
   // Iterations between the bootstrapping stage's loss checks (0: derive, see
-  // default_bootstrap_interval; -1: n, the paper).
+  // default_bootstrap_interval, or no bootstrapping when `pretrained`; -1: n, the paper;
+  // -2: no bootstrapping, Note [Bootstrapping a pretrained network]).
   int64_t bootstrap_interval = 0;
+  // The run starts from a pretrained network's weights (--init-from): the auto
+  // bootstrapping interval is then none.
+  bool pretrained = false;
   int64_t window = 10;  // W: stale readings to freeze; moving-average and fit window
   int64_t min_window = 1;  // halving W after an unfreeze stops here (1: the paper)
   double tolerance_coef = 0.2;  // T = coef x the largest |slope| of a module's first 3 fits
@@ -132,6 +136,18 @@ int64_t default_interval(int64_t total_iterations, int64_t modules, int64_t wind
 // --freeze-bootstrap-interval sets it (n: the paper's check, at the run's own n).
 // Measured, 10 epochs, seeds 0-2, against the check every n: docs/time-to-accuracy.md.
 int64_t default_bootstrap_interval(int64_t total_iterations, int64_t steps_per_epoch, int64_t interval);
+
+// Note [Bootstrapping a pretrained network]
+// Bootstrapping waits out the critical period of training from scratch, in which every
+// layer still changes fast (§4.2.2). A fine-tuning run starts past it: the front of a
+// pretrained network is already trained, and what falls fast is the loss of a new head.
+// The 10% rule reads that fall as a critical period of the whole network: on the
+// transfer task of docs/fine-tuning.md (ResNet-20, 6,000 images, 10 epochs) the loss
+// fell by more than 10% from each epoch to the next until epoch 7, and nothing could
+// freeze before the last 30% of the run. So with --init-from the auto interval is no
+// bootstrapping (-2): the reference is the network after its first step, and readings
+// start there. --freeze-bootstrap-interval auto|n|N|off sets it either way.
+constexpr int64_t kNoBootstrapping = -2;
 
 // Least-squares slope of ys against 0, 1, 2, ...; 0 for fewer than two points.
 double fit_slope(const std::vector<double>& ys);

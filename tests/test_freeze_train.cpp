@@ -920,6 +920,40 @@ TEST(FreezeTrainer, TheBootstrappingCheckSpansATenthOfAShortRun) {
   EXPECT_EQ(sum["freeze_stats"]["interval"], 2);
 }
 
+// A run that starts from pretrained weights (--init-from) skips bootstrapping by default:
+// the first step's network is the reference and readings start at once (Note
+// [Bootstrapping a pretrained network]); "off" asks the same of any run.
+TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
+  const std::string pre = tmpdir("boot_pre"), d = tmpdir("boot_fine");
+  auto p = run_cfg(pre, "none");
+  p.epochs = 1;
+  ASSERT_TRUE(train::run_training(p).completed);
+  auto c = run_cfg(d, "egeria");
+  c.freezing.tracker.bootstrap_interval = 0;  // auto
+  c.init_from = pre + "/model.safetensors";
+  ASSERT_TRUE(train::run_training(c).completed);
+  const auto log = jsonl(d + "/freeze.jsonl");
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.front()["type"], "refresh") << log.front().dump();
+  EXPECT_EQ(log.front()["step"], 1);
+  int64_t evaluations = 0;
+  for (auto& j : log) {
+    EXPECT_NE(j["type"], "bootstrap") << j.dump();
+    evaluations += j["type"] == "evaluation";
+  }
+  EXPECT_GT(evaluations, 0);
+  auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
+  EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], freeze::kNoBootstrapping);
+  EXPECT_NE(train::run_report(d, "").find("from the first step, without bootstrapping"), std::string::npos);
+
+  train::TrainConfig o;
+  train::set_option(o, "--freeze-bootstrap-interval", "off");
+  EXPECT_EQ(o.freezing.tracker.bootstrap_interval, freeze::kNoBootstrapping);
+  EXPECT_FALSE(freeze::FreezeTracker(3, train::policy_config(o).tracker).bootstrapping());
+  freeze::TrackerOptions scratch;
+  EXPECT_TRUE(freeze::FreezeTracker(3, scratch).bootstrapping());
+}
+
 TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
   train::TrainConfig c;
   for (auto [flag, text] : {std::pair{"--freeze", "egeria"},

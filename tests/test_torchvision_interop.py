@@ -13,6 +13,7 @@ way: egeria's model, trained a few steps, written in torchvision's names, conver
 """
 import importlib.machinery
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -156,6 +157,42 @@ def main():
         with torch.no_grad():
             err = relative_error(st.load_safetensors(os.path.join(d, "y72.safetensors"))["y"], back.eval()(x72))
         check(err <= TOLERANCE, "egeria export: torchvision's outputs are egeria's (max relative error %.2e)" % err)
+        # egeria eval --init-from of a torchvision-trained resnet18: PyTorch's accuracy and loss on the same
+        # images (80-pixel images, 70-pixel centre crops: egeria's evaluation resizes to 70 / 0.875 = 80, a no-op).
+        import torchvision.transforms as T
+        tf = T.Compose([T.CenterCrop(70), T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+        noisy = os.path.join(d, "noisy")
+        g = torch.Generator().manual_seed(3)
+        for split in ("train", "val"):
+            for k in range(3):
+                os.makedirs(os.path.join(noisy, split, "class%d" % k))
+                for i in range(8):
+                    px = (torch.rand(80, 80, 3, generator=g) * 160 + 40 * k).clamp(0, 255).to(torch.uint8)
+                    Image.fromarray(px.numpy()).save(os.path.join(noisy, split, "class%d" % k, "%d.png" % i))
+        data = torchvision.datasets.ImageFolder(os.path.join(noisy, "train"), tf)
+        torch.manual_seed(4)
+        m = torchvision.models.resnet18(num_classes=3)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        xs, ys = torch.stack([x for x, _ in data]), torch.tensor([y for _, y in data])
+        for step in range(4):
+            loss = torch.nn.functional.cross_entropy(m.train()(xs), ys)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        val = torchvision.datasets.ImageFolder(os.path.join(noisy, "val"), tf)
+        xv, yv = torch.stack([x for x, _ in val]), torch.tensor([y for _, y in val])
+        with torch.no_grad():
+            logits = m.eval()(xv)
+        want_acc = float((logits.argmax(1) == yv).float().mean())
+        want_loss = float(torch.nn.functional.cross_entropy(logits, yv))
+        torch.save(m.state_dict(), os.path.join(d, "noisy.pth"))
+        run([TOOL, os.path.join(d, "noisy.pth"), os.path.join(d, "noisy.safetensors")])
+        p = run([cli, "eval", "--init-from", os.path.join(d, "noisy.safetensors"), "--model", "resnet18",
+                 "--dataset", "imagefolder", "--data-dir", noisy, "--image-size", "70"])
+        got = json.loads(p.stdout.strip().splitlines()[-1])
+        check(abs(got["test_accuracy"] - want_acc) < 1e-6 and abs(got["test_loss"] - want_loss) <= 1e-4 * want_loss,
+              "egeria eval --init-from a torchvision-trained resnet18: accuracy %.4f and loss %.6f, PyTorch's %.4f "
+              "and %.6f" % (got["test_accuracy"], got["test_loss"], want_acc, want_loss))
         p = run([cli, "train", "--model", "resnet18", "--dataset", "fashion-mnist", "--train-limit", "64",
                  "--batch-size", "16", "--epochs", "1", "--init-from", tv18, "--out", os.path.join(d, "run_fm")], expect_ok=False)
         check(p.returncode != 0 and "ImageNet-sized images" in p.stderr,

@@ -126,10 +126,31 @@ int run_cli(int argc, char** argv) {
       ->group("Run")
       ->check(CLI::ExistingFile);
 
-  std::string eval_out, eval_data;
+  std::string eval_out, eval_data, eval_init;
   int64_t eval_limit = 0;
-  auto* eval = app.add_subcommand("eval", "evaluate a run's checkpoint on its test split");
-  eval->add_option("--out", eval_out, "the run's output directory")->required();
+  auto* eval = app.add_subcommand("eval", "evaluate a run's checkpoint, or a weights file, on its test split");
+  auto* eval_run = eval->add_option("--out", eval_out, "the run's output directory");
+  eg::train::WeightsEval weights_eval;
+  std::string eval_classes;
+  auto* eval_file =
+      eval->add_option("--init-from", eval_init,
+                       "instead of a run: these weights (torchvision's, in safetensors, or a model.safetensors) "
+                       "with --model, --dataset and its options")
+          ->option_text("FILE")
+          ->check(CLI::ExistingFile)
+          ->excludes(eval_run);
+  eval_run->excludes(eval_file);
+  eval->add_option("--model", weights_eval.model, "with --init-from: the model the weights are of")->needs(eval_file);
+  eval->add_option("--dataset", weights_eval.dataset, "with --init-from: the dataset to evaluate on")
+      ->capture_default_str()
+      ->needs(eval_file);
+  eval->add_option("--image-size", weights_eval.image_size,
+                   "with --init-from and --dataset imagefolder: the centre crop's side (0: 224)")
+      ->check(kNonNegative)
+      ->needs(eval_file);
+  eval->add_option("--classes", eval_classes, "with --init-from and an IDX dataset: as train's --classes")
+      ->option_text("K1,K2,...")
+      ->needs(eval_file);
   eval->add_option("--data-dir", eval_data);
   eval->add_option("--test-limit", eval_limit)->check(kNonNegative);
   bool eval_per_class = false;
@@ -257,8 +278,21 @@ int run_cli(int argc, char** argv) {
             100 * s.final_test_accuracy, (long long)s.best_epoch, 100 * s.best_test_accuracy, s.train_seconds,
             s.images_per_second, c.out.c_str());
     } else if (*eval) {
-      auto r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration,
-                                              eval_per_class);
+      if (eval_out.empty() && eval_init.empty())
+        throw eg::Error("egeria eval needs --out DIR (a run) or --init-from FILE (weights, with --model)");
+      eg::train::EvalResult r;
+      if (!eval_init.empty()) {
+        if (weights_eval.model.empty()) throw eg::Error("eval --init-from needs --model, the model the weights are of");
+        eg::train::TrainConfig parsed;  // --classes as train reads it
+        if (!eval_classes.empty()) eg::train::set_option(parsed, "--classes", eval_classes);
+        weights_eval.classes = parsed.classes;
+        weights_eval.data_dir = eval_data;
+        r = eg::train::evaluate_weights(eval_init, weights_eval, eval_limit, eval_precision, eval_calibration,
+                                        eval_per_class);
+      } else {
+        r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration,
+                                           eval_per_class);
+      }
       nlohmann::json j =
           r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
                         : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss}, {"samples", r.samples}};

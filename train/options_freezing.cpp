@@ -38,25 +38,27 @@ void add_freezing_options(std::vector<Option>& t) {
     Option o = row("--freeze-bootstrap-interval", "freeze_bootstrap_interval", G::freezing, F,
                    "egeria: iterations between the bootstrapping stage's checks, each comparing the mean training loss "
                    "over its iterations with the previous check's: auto (an epoch, or a tenth of a shorter run, and at "
-                   "least n), n (every n iterations, the paper) or a number",
-                   "auto|n|N");
+                   "least n; none for a run that starts from --init-from's pretrained weights), n (every n "
+                   "iterations, the paper), a number, or off (no bootstrapping: readings from the first step)",
+                   "auto|n|N|off");
     // config.json keeps TrainConfig's number (0: auto, -1: n), as runs before the table did.
     o.get = [](const TrainConfig& c) { return json(c.freezing.tracker.bootstrap_interval); };
     o.set = [](TrainConfig& c, const json& j) {
       if (j == "auto" || j == 0) return void(c.freezing.tracker.bootstrap_interval = 0);
       if (j == "n" || j == -1) return void(c.freezing.tracker.bootstrap_interval = -1);
+      if (j == "off" || j == -2) return void(c.freezing.tracker.bootstrap_interval = freeze::kNoBootstrapping);
       int64_t v = 0;
       try {
         v = to_number<int64_t>("--freeze-bootstrap-interval", j);
       } catch (const Error&) {
       }
-      EG_CHECK(v >= 1, "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got ",
+      EG_CHECK(v >= 1, "--freeze-bootstrap-interval must be auto, n, off or a positive number of iterations, got ",
                j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
       c.freezing.tracker.bootstrap_interval = v;
     };
     o.check = [](const TrainConfig& c) {
-      EG_CHECK(c.freezing.tracker.bootstrap_interval >= -1,
-               "--freeze-bootstrap-interval must be auto, n or a positive number of iterations, got ",
+      EG_CHECK(c.freezing.tracker.bootstrap_interval >= freeze::kNoBootstrapping,
+               "--freeze-bootstrap-interval must be auto, n, off or a positive number of iterations, got ",
                c.freezing.tracker.bootstrap_interval);
     };
     t.push_back(o);

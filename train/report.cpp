@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "freeze/tracker.h"
 
 namespace eg::train {
 
@@ -316,10 +317,13 @@ std::string report_text(const std::string& dir, const std::string& against) {
   if (policy != "none") {
     const json st = s.value("freeze_stats", json::object());
     if (policy == "egeria") {
+      const bool no_boot = st.value("bootstrap_interval", int64_t(0)) == freeze::kNoBootstrapping;
       r +=
-          fmt("What froze and why (plasticity read every n = %lld steps once bootstrapping ended; a unit freezes "
-              "when W readings in a row find the slope of its smoothed plasticity under its tolerance T):\n",
-              (long long)st.value("interval", int64_t(0)));
+          fmt("What froze and why (plasticity read every n = %lld steps %s; a unit freezes when W readings in a row "
+              "find the slope of its smoothed plasticity under its tolerance T):\n",
+              (long long)st.value("interval", int64_t(0)),
+              no_boot ? "from the first step, without bootstrapping (a pretrained network: --init-from)"
+                      : "once bootstrapping ended");
       egeria_story(log, units, cfg.value("freeze_tolerance", 0.0), r);
     } else {
       r += "What froze:\n";

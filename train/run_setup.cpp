@@ -135,6 +135,7 @@ void build_run(Run& r, bool resuming) {
   freeze::PolicyConfig pc = policy_config(c);
   r.task.configure_freezing(pc);
   pc.total_steps = c.epochs * r.steps_per_epoch;
+  pc.tracker.pretrained = !c.init_from.empty();
   pc.steps_per_epoch = r.steps_per_epoch;
   pc.tracker.final_lr = r.sched->lr_at(std::max<int64_t>(pc.total_steps - 1, 0));
   r.freezing = std::make_unique<FreezeRun>(c, *r.model, pc, c.out, r.dp);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "autograd/autocast.h"
@@ -70,15 +71,14 @@ EvalResult evaluate_translation_checkpoint(const Checkpoint& ck, const std::stri
 
 }  // namespace
 
-EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit,
-                               const std::string& precision, int64_t calibration_batches, bool per_class) {
-  EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
-  Checkpoints ckpts(out, 1, {});
-  EG_CHECK(ckpts.any(), "cannot open '", ckpts.newest_path(), "': no checkpoint in '", out, "'");
-  const Checkpoint ck = ckpts.load("eval");
-  const json& cfg = ck.config;
-  if (models::is_translation_model(cfg.at("model")))
-    return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
+namespace {
+
+// An image model described by `cfg` (a run's config.json, or eval's flags) evaluated on
+// its dataset's test split (an image folder's val/), its weights put in by `load`.
+using LoadWeights = std::function<void(models::Model&, const Shape& sample_shape)>;
+EvalResult evaluate_image_model(const json& cfg, const LoadWeights& load, const std::string& data_dir,
+                                int64_t test_limit, const std::string& precision, int64_t calibration_batches,
+                                bool per_class) {
   const std::string dataset = cfg.at("dataset");
   if (data::dataset_info(dataset).kind ==
       data::DataKind::image_folder) {  // its val/ split, with the run's classes and crop size
@@ -104,7 +104,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
     mc.num_classes = int64_t(classes.size());
     Generator g(0);
     auto m = models::build_model(mc, g);
-    m->load_state_dict(model_tensors(ck.tensors));
+    load(*m, {t.channels, t.size, t.size});
     if (precision == "int8") quant::convert_to_int8(*m, calibration_batches);
     EvalResult r{};
     if (per_class) r.per_class.total.resize(classes.size());
@@ -124,7 +124,7 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   mc.num_classes = selected.empty() ? data::dataset_info(dataset).classes : int64_t(selected.size());
   Generator g(0);
   auto m = models::build_model(mc, g);
-  m->load_state_dict(model_tensors(ck.tensors));
+  load(*m, Shape(test.images.shape().begin() + 1, test.images.shape().end()));
   if (precision == "int8") quant::convert_to_int8(*m, calibration_batches);
   EvalResult r{};
   if (per_class) r.per_class.total.resize(size_t(mc.num_classes));
@@ -132,6 +132,41 @@ EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_d
   r.accuracy = e.at("accuracy"), r.loss = e.at("loss"), r.samples = test.size();
   for (size_t k = 0; per_class && k < r.per_class.total.size(); ++k) r.classes.push_back(std::to_string(k));
   return r;
+}
+
+}  // namespace
+
+EvalResult evaluate_checkpoint(const std::string& out, const std::string& data_dir, int64_t test_limit,
+                               const std::string& precision, int64_t calibration_batches, bool per_class) {
+  EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
+  Checkpoints ckpts(out, 1, {});
+  EG_CHECK(ckpts.any(), "cannot open '", ckpts.newest_path(), "': no checkpoint in '", out, "'");
+  const Checkpoint ck = ckpts.load("eval");
+  if (models::is_translation_model(ck.config.at("model")))
+    return evaluate_translation_checkpoint(ck, data_dir, test_limit, precision);
+  return evaluate_image_model(
+      ck.config, [&](models::Model& m, const Shape&) { m.load_state_dict(model_tensors(ck.tensors)); }, data_dir,
+      test_limit, precision, calibration_batches, per_class);
+}
+
+EvalResult evaluate_weights(const std::string& file, const WeightsEval& w, int64_t test_limit,
+                            const std::string& precision, int64_t calibration_batches, bool per_class) {
+  EG_CHECK(precision == "fp32" || precision == "int8", "eval: unknown precision '", precision, "' (fp32, int8)");
+  EG_CHECK(!models::is_translation_model(w.model),
+           "eval --init-from: image models only; a Transformer is "
+           "evaluated from its run (eval --out DIR)");
+  json cfg = {{"model", w.model}, {"dataset", w.dataset}, {"data_dir", w.data_dir}, {"image_size", w.image_size}};
+  if (!w.classes.empty()) cfg["select_classes"] = w.classes;
+  if (data::dataset_info(w.dataset).kind == data::DataKind::image_folder) {
+    EG_CHECK(!w.data_dir.empty(), "eval --dataset imagefolder needs --data-dir DIR (DIR/val/<class>/*)");
+    cfg["classes"] = data::scan_image_folder(w.data_dir + "/val").classes;  // sorted, as torchvision's ImageFolder
+  }
+  const LoadWeights load = [&](models::Model& m, const Shape& shape) {
+    const InitFromReport r = init_from(m, file, {{}, shape});
+    EG_CHECK(r.missing.empty() && r.mismatched.empty(), "eval --init-from '", file,
+             "' does not hold every tensor of this model, for these classes: ", r.text(file));
+  };
+  return evaluate_image_model(cfg, load, w.data_dir, test_limit, precision, calibration_batches, per_class);
 }
 
 namespace {

@@ -47,6 +47,19 @@ EvalResult evaluate_checkpoint(const std::string& out_dir, const std::string& da
                                int64_t calibration_batches = 3,  // quant::kCalibrationBatches
                                bool per_class = false);
 
+// `egeria eval --init-from FILE`: weights without their run (torchvision's, or a
+// model.safetensors), on a dataset's test split (an image folder's val/, its classes
+// sorted as torchvision's ImageFolder sorts them); every tensor of the model must be in
+// the file.
+struct WeightsEval {
+  std::string model, dataset = "fashion-mnist", data_dir;
+  int64_t image_size = 0;  // image folders: the centre crop's side (0: 224)
+  std::vector<int64_t> classes;  // IDX datasets: --classes
+};
+EvalResult evaluate_weights(const std::string& file, const WeightsEval& w, int64_t test_limit,
+                            const std::string& precision = "fp32", int64_t calibration_batches = 3,
+                            bool per_class = false);
+
 // One training step's throughput (median over iterations after warm-up): forward,
 // backward and the optimizer on random data of the model's input size. On several ranks
 // (`comm`, under mpirun) it is the data-parallel step of train/run.cpp: the per-step
