@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""bench/fine_tune.py's rows and its choice of the best static K, on hand-made run folders.
+
+python3 tests/test_fine_tune.py (ctest: Bench.FineTuneTable)
+"""
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+spec = importlib.util.spec_from_file_location("fine_tune", os.path.join(HERE, "..", "bench", "fine_tune.py"))
+ft = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ft)
+
+
+class FineTuneTable(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def make_run(self, name, accuracies, seconds_per_epoch, saved=0.0):
+        out = os.path.join(self.dir.name, name)
+        os.makedirs(out)
+        with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+            for e, acc in enumerate(accuracies):
+                f.write(json.dumps({"type": "epoch", "epoch": e + 1, "step": 10 * (e + 1), "test_accuracy": acc,
+                                    "train_seconds": seconds_per_epoch * (e + 1)}) + "\n")
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump({"model": "resnet20", "final_test_accuracy": accuracies[-1],
+                       "train_seconds": seconds_per_epoch * len(accuracies), "backward_flops_saved_fraction": saved,
+                       "reference_overhead_fraction": 0.01}, f)
+        return out
+
+    def test_speedup_is_against_the_seeds_none_run_at_its_target(self):
+        none = self.make_run("none", [0.90, 0.95, 0.97], 10.0)
+        target = 0.97 - ft.NEAR
+        base = ft.row(none, target, {}, None)
+        self.assertEqual(base["time_to_target"], 30.0)  # 0.95 is below 0.967
+        fast = ft.row(self.make_run("egeria", [0.91, 0.968, 0.969], 8.0, 0.3), target, base, None)
+        self.assertEqual(fast["time_to_target"], 16.0)
+        self.assertAlmostEqual(fast["speedup"], 30.0 / 16.0)
+        never = ft.row(self.make_run("static1", [0.9, 0.95, 0.96], 5.0), target, base, None)
+        self.assertIsNone(never["time_to_target"])
+        self.assertIsNone(never["speedup"])
+
+    def test_best_static_k_is_the_fastest_that_reaches_the_target_else_the_most_accurate(self):
+        k1 = {"run": "static1", "time_to_target": 20.0, "final_accuracy": 0.97}
+        k2 = {"run": "static2", "time_to_target": 12.0, "final_accuracy": 0.968}
+        k3 = {"run": "static3", "time_to_target": None, "final_accuracy": 0.95}
+        best = ft.best_static([k1, k2, k3])
+        self.assertEqual(best["run"], "static2")
+        self.assertEqual(best["static_sweep"], ["static1", "static2", "static3"])
+        none_reach = ft.best_static([dict(k1, time_to_target=None), dict(k3, final_accuracy=0.96)])
+        self.assertEqual(none_reach["run"], "static1")
+
+    def test_the_recipe_warms_up_over_five_percent_of_the_steps(self):
+        r = ft.recipe(6000, 10)  # 46 steps an epoch
+        self.assertEqual(r[r.index("--warmup-steps") + 1], "23")
+        self.assertIn("--init-exclude", r)
+
+
+if __name__ == "__main__":
+    unittest.main()
