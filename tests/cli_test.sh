@@ -36,7 +36,7 @@ out=$("$egeria" train --freeze egeria --freeze-refreeze-tolerance first3 2>&1) &
 grep -q -- "--freeze-refreeze-tolerance" <<<"$out" || fail "freeze-refreeze-tolerance message: $out"; ok
 for v in 0 -3 often 12x; do
   out=$("$egeria" train --freeze egeria --freeze-bootstrap-interval "$v" 2>&1) && fail "--freeze-bootstrap-interval $v accepted"
-  grep -q -- "--freeze-bootstrap-interval must be auto, n or a positive number" <<<"$out" \
+  grep -q -- "--freeze-bootstrap-interval must be auto, n, off or a positive number" <<<"$out" \
     || fail "freeze-bootstrap-interval $v message: $out"
   ok
 done

@@ -945,6 +945,13 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], freeze::kNoBootstrapping);
   EXPECT_NE(train::run_report(d, "").find("from the first step, without bootstrapping"), std::string::npos);
+  // Killed right after the first step's reference was taken, and again later, resumed:
+  // the same readings and weights as the run that was never stopped.
+  auto k = c;
+  k.out = tmpdir("boot_fine_killed");
+  ASSERT_TRUE(run_killed_twice(k, 1, 20));
+  expect_same_weights(d, k.out);
+  EXPECT_EQ(readings(k.out), readings(d));
 
   train::TrainConfig o;
   train::set_option(o, "--freeze-bootstrap-interval", "off");

@@ -53,7 +53,7 @@ std::string metrics_text(Split s, const Metrics& m) {
   return t;
 }
 
-// The weights files' safetensors metadata: the model, the dataset and (image folders) its
+// The weights files' safetensors metadata: the model, the dataset, the sample shape (images) and (image folders) its
 // class names, as a JSON array, so that the weights say what their outputs mean.
 Metadata weights_metadata(const Run& r, Metadata more = {}) {
   const TrainConfig& c = r.c;
