@@ -103,6 +103,78 @@ CLI::Validator at_least(double lo, bool strict, const char* says) {
 }
 const CLI::Validator kPositive = at_least(0, true, "positive"), kNonNegative = at_least(0, false, "0 or more");
 
+// `egeria eval`: a run's checkpoint (--out) or a weights file (--init-from) on a test split.
+struct EvalArgs {
+  std::string out, data_dir, init_from, classes, precision = "fp32";
+  int64_t test_limit = 0, calibration = eg::quant::kCalibrationBatches;
+  bool per_class = false;
+  eg::train::WeightsEval weights;
+};
+
+CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
+  CLI::App* eval = app.add_subcommand("eval", "evaluate a run's checkpoint, or a weights file, on its test split");
+  auto* eval_run = eval->add_option("--out", a.out, "the run's output directory");
+  auto* eval_file =
+      eval->add_option("--init-from", a.init_from,
+                       "instead of a run: these weights (torchvision's, in safetensors, or a model.safetensors) "
+                       "with --model, --dataset and its options")
+          ->option_text("FILE")
+          ->check(CLI::ExistingFile)
+          ->excludes(eval_run);
+  eval_run->excludes(eval_file);
+  eval->add_option("--model", a.weights.model, "with --init-from: the model the weights are of")->needs(eval_file);
+  eval->add_option("--dataset", a.weights.dataset, "with --init-from: the dataset to evaluate on")
+      ->capture_default_str()
+      ->needs(eval_file);
+  eval->add_option("--image-size", a.weights.image_size,
+                   "with --init-from and --dataset imagefolder: the centre crop's side (0: 224)")
+      ->check(kNonNegative)
+      ->needs(eval_file);
+  eval->add_option("--classes", a.classes, "with --init-from and an IDX dataset: as train's --classes")
+      ->option_text("K1,K2,...")
+      ->needs(eval_file);
+  eval->add_option("--data-dir", a.data_dir);
+  eval->add_option("--test-limit", a.test_limit)->check(kNonNegative);
+  eval->add_flag("--per-class", a.per_class, "image models: the accuracy of each class too (per_class in the JSON)");
+  eval->add_option("--precision", a.precision, "fp32, or int8: the int8 reference model Egeria would build from it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "int8"}));
+  eval->add_option("--calibration-batches", a.calibration,
+                   "int8: calibrate each convolution's input scale on the first N test batches, then keep it; 0: "
+                   "every batch its own scales")
+      ->capture_default_str()
+      ->check(kNonNegative);
+  return eval;
+}
+
+nlohmann::json run_eval(EvalArgs a) {
+  if (a.out.empty() && a.init_from.empty())
+    throw eg::Error("egeria eval needs --out DIR (a run) or --init-from FILE (weights, with --model)");
+  eg::train::EvalResult r;
+  if (!a.init_from.empty()) {
+    if (a.weights.model.empty()) throw eg::Error("eval --init-from needs --model, the model the weights are of");
+    eg::train::TrainConfig parsed;  // --classes as train reads it
+    if (!a.classes.empty()) eg::train::set_option(parsed, "--classes", a.classes);
+    a.weights.classes = parsed.classes;
+    a.weights.data_dir = a.data_dir;
+    r = eg::train::evaluate_weights(a.init_from, a.weights, a.test_limit, a.precision, a.calibration, a.per_class);
+  } else {
+    r = eg::train::evaluate_checkpoint(a.out, a.data_dir, a.test_limit, a.precision, a.calibration, a.per_class);
+  }
+  nlohmann::json j = r.translation
+                         ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
+                         : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss}, {"samples", r.samples}};
+  if (!r.classes.empty()) {
+    nlohmann::json pc = nlohmann::json::object();
+    for (size_t k = 0; k < r.classes.size(); ++k)
+      pc[r.classes[k]] = {
+          {"accuracy", r.per_class.total[k] ? double(r.per_class.correct[k]) / double(r.per_class.total[k]) : 0.0},
+          {"samples", r.per_class.total[k]}};
+    j["per_class"] = pc;
+  }
+  return j;
+}
+
 }  // namespace
 
 namespace eg {
@@ -126,45 +198,8 @@ int run_cli(int argc, char** argv) {
       ->group("Run")
       ->check(CLI::ExistingFile);
 
-  std::string eval_out, eval_data, eval_init;
-  int64_t eval_limit = 0;
-  auto* eval = app.add_subcommand("eval", "evaluate a run's checkpoint, or a weights file, on its test split");
-  auto* eval_run = eval->add_option("--out", eval_out, "the run's output directory");
-  eg::train::WeightsEval weights_eval;
-  std::string eval_classes;
-  auto* eval_file =
-      eval->add_option("--init-from", eval_init,
-                       "instead of a run: these weights (torchvision's, in safetensors, or a model.safetensors) "
-                       "with --model, --dataset and its options")
-          ->option_text("FILE")
-          ->check(CLI::ExistingFile)
-          ->excludes(eval_run);
-  eval_run->excludes(eval_file);
-  eval->add_option("--model", weights_eval.model, "with --init-from: the model the weights are of")->needs(eval_file);
-  eval->add_option("--dataset", weights_eval.dataset, "with --init-from: the dataset to evaluate on")
-      ->capture_default_str()
-      ->needs(eval_file);
-  eval->add_option("--image-size", weights_eval.image_size,
-                   "with --init-from and --dataset imagefolder: the centre crop's side (0: 224)")
-      ->check(kNonNegative)
-      ->needs(eval_file);
-  eval->add_option("--classes", eval_classes, "with --init-from and an IDX dataset: as train's --classes")
-      ->option_text("K1,K2,...")
-      ->needs(eval_file);
-  eval->add_option("--data-dir", eval_data);
-  eval->add_option("--test-limit", eval_limit)->check(kNonNegative);
-  bool eval_per_class = false;
-  eval->add_flag("--per-class", eval_per_class, "image models: the accuracy of each class too (per_class in the JSON)");
-  std::string eval_precision = "fp32";
-  eval->add_option("--precision", eval_precision, "fp32, or int8: the int8 reference model Egeria would build from it")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "int8"}));
-  int64_t eval_calibration = eg::quant::kCalibrationBatches;
-  eval->add_option("--calibration-batches", eval_calibration,
-                   "int8: calibrate each convolution's input scale on the first N test batches, then keep it; 0: "
-                   "every batch its own scales")
-      ->capture_default_str()
-      ->check(kNonNegative);
+  EvalArgs ea;
+  auto* eval = add_eval(app, ea);
 
   std::string report_out, report_against;
   auto* report = app.add_subcommand("report", "what a finished run froze, when and why, and what it saved");
@@ -278,33 +313,7 @@ int run_cli(int argc, char** argv) {
             100 * s.final_test_accuracy, (long long)s.best_epoch, 100 * s.best_test_accuracy, s.train_seconds,
             s.images_per_second, c.out.c_str());
     } else if (*eval) {
-      if (eval_out.empty() && eval_init.empty())
-        throw eg::Error("egeria eval needs --out DIR (a run) or --init-from FILE (weights, with --model)");
-      eg::train::EvalResult r;
-      if (!eval_init.empty()) {
-        if (weights_eval.model.empty()) throw eg::Error("eval --init-from needs --model, the model the weights are of");
-        eg::train::TrainConfig parsed;  // --classes as train reads it
-        if (!eval_classes.empty()) eg::train::set_option(parsed, "--classes", eval_classes);
-        weights_eval.classes = parsed.classes;
-        weights_eval.data_dir = eval_data;
-        r = eg::train::evaluate_weights(eval_init, weights_eval, eval_limit, eval_precision, eval_calibration,
-                                        eval_per_class);
-      } else {
-        r = eg::train::evaluate_checkpoint(eval_out, eval_data, eval_limit, eval_precision, eval_calibration,
-                                           eval_per_class);
-      }
-      nlohmann::json j =
-          r.translation ? nlohmann::json{{"test_bleu", r.bleu}, {"test_loss", r.loss}, {"samples", r.samples}}
-                        : nlohmann::json{{"test_accuracy", r.accuracy}, {"test_loss", r.loss}, {"samples", r.samples}};
-      if (!r.classes.empty()) {
-        nlohmann::json pc = nlohmann::json::object();
-        for (size_t k = 0; k < r.classes.size(); ++k)
-          pc[r.classes[k]] = {
-              {"accuracy", r.per_class.total[k] ? double(r.per_class.correct[k]) / double(r.per_class.total[k]) : 0.0},
-              {"samples", r.per_class.total[k]}};
-        j["per_class"] = pc;
-      }
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", run_eval(ea).dump().c_str());
     } else if (*exp) {
       const auto r = eg::train::export_weights(export_out, export_format, export_to);
       std::printf("%s: %lld tensors of %s written to %s, in torchvision's names: torchvision.models.%s\n",

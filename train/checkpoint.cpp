@@ -34,6 +34,13 @@ void make_dirs(const std::string& dir) {
 
 bool file_exists(const std::string& p) { return std::ifstream(p).good(); }
 
+TensorMap model_tensors(const TensorMap& checkpoint) {
+  TensorMap model;
+  for (auto& [k, t] : checkpoint)
+    if (k.rfind("model/", 0) == 0) model[k.substr(6)] = t;
+  return model;
+}
+
 void append_json_line(const std::string& path, const json& line) {
   std::ofstream f(path, std::ios::app);
   f << line.dump() << "\n";

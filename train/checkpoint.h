@@ -26,6 +26,10 @@ bool file_exists(const std::string& path);
 // Appends one JSON line; throws naming the file when it cannot (disk full).
 void append_json_line(const std::string& path, const nlohmann::json& line);
 
+// A checkpoint's model tensors ("model/<name>"), named as the model names them, without
+// the optimizer's and the policy's.
+TensorMap model_tensors(const TensorMap& checkpoint);
+
 struct Checkpoint {
   std::string path;
   TensorMap tensors;

@@ -25,10 +25,7 @@ TensorMap run_weights(const std::string& dir, Metadata& meta, std::string& from)
   EG_CHECK(ckpts.any(), "export: '", dir, "' holds no model.safetensors, best.safetensors or checkpoint");
   const Checkpoint ck = ckpts.load("export");
   from = ck.path;
-  TensorMap model;
-  for (auto& [k, t] : ck.tensors)
-    if (k.rfind("model/", 0) == 0) model[k.substr(6)] = t;
-  return model;
+  return model_tensors(ck.tensors);
 }
 
 // What the run's model was built for: its classes and its input's [C, H, W].

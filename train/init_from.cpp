@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "models/torchvision.h"
+#include "train/checkpoint.h"
 #include "train/safetensors.h"
 
 namespace eg::train {
@@ -22,13 +23,11 @@ std::string join(const std::vector<std::string>& v) {
   return t;
 }
 
-// The file's model tensors: a checkpoint's "model/" ones, without the optimizer's and the policy's.
+// The file's model tensors: all of a weights file's, a checkpoint's "model/" ones.
 TensorMap model_tensors_of(TensorMap file) {
-  if (std::none_of(file.begin(), file.end(), [](auto& kv) { return kv.first.rfind("model/", 0) == 0; })) return file;
-  TensorMap model;
-  for (auto& [k, t] : file)
-    if (k.rfind("model/", 0) == 0) model[k.substr(6)] = t;
-  return model;
+  const bool checkpoint =
+      std::any_of(file.begin(), file.end(), [](auto& kv) { return kv.first.rfind("model/", 0) == 0; });
+  return checkpoint ? model_tensors(file) : file;
 }
 
 // The sample shape a run recorded beside its weights (sample_shape in model.safetensors).

@@ -38,13 +38,6 @@ Summary run_translation(const TrainConfig& c, const models::TransformerConfig* a
 
 namespace {
 
-TensorMap model_tensors(const TensorMap& all) {
-  TensorMap ms;
-  for (auto& [k, t] : all)
-    if (k.rfind("model/", 0) == 0) ms[k.substr(6)] = t;
-  return ms;
-}
-
 EvalResult evaluate_translation_checkpoint(const Checkpoint& ck, const std::string& data_dir, int64_t test_limit,
                                            const std::string& precision) {
   const json& cfg = ck.config;
