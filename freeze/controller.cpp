@@ -85,7 +85,7 @@ void PlasticityController::build_reference(const Input& in) {
   if (in.snap != built_from_) {
     ref_.reset();
     built_from_.reset();
-    ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap, opt_.gpu, opt_.calibration_batches);
+    ref_ = quant::make_reference(opt_.precision, make_model_, *in.snap, opt_.gpu, opt_.calibration_batches, opt_.bn);
     const bool restore = in.snap == restored_for_;
     quant::Calibration cal = std::exchange(restored_, {});
     restored_for_.reset();  // once, whether or not it applies cleanly

@@ -85,6 +85,9 @@ struct ControllerOptions {
   int capacity = 2;  // queue capacity, in evaluations
   // int8: convolution inputs calibrated on this many batches (0: per batch; Note [Static activation scales]).
   int64_t calibration_batches = quant::kCalibrationBatches;
+  // The reference's batch norms: the snapshot's running statistics, or each batch's own
+  // (Note [The reference's batch norm] in quant/reference.h).
+  quant::ReferenceBn bn = quant::ReferenceBn::running;
   // The reference forward runs only while the CPU load of the whole machine is at most
   // this share (1: always). `cpu_load` measures it (empty: CpuLoadProbe, /proc/stat).
   double max_cpu_load = 1.0;

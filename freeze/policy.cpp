@@ -279,6 +279,7 @@ class EgeriaPolicy : public FreezePolicy {
               {"bootstrap_interval", bootstrap_n()},
               {"window", tracker_.window()},
               {"reference", c_.reference.precision},
+              {"reference_bn", c_.reference.bn == quant::ReferenceBn::batch ? "batch" : "running"},
               {"unit_scope_submissions", unit_scope_submissions_},
               {"reference_max_cpu_load", ctl_->max_cpu_load()},
               {"reference_deferred", ctl_->deferred()},

@@ -58,6 +58,8 @@ Tensor BatchNorm2d::forward(const Tensor& x, ops::BnAct act, const Tensor& resid
     return act == ops::BnAct::none ? h : fn::activation(h, ops::unfused(act));
   }
   if (is_training()) check_registered(weight, "weight"), check_registered(bias, "bias");
+  if (eval_batch_stats && !is_training())  // the statistics passed are copies: nothing updates the module's
+    return fn::batch_norm(x, weight, bias, running_mean.clone(), running_var.clone(), true, 0.0, eps, act, residual);
   // See Note [Frozen BatchNorm semantics].
   bool batch_stats = is_training() && (!is_frozen() || frozen_batch_stats);
   return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, act, residual);

@@ -61,6 +61,11 @@ class BatchNorm2d : public Module {
   // True once folded into the convolution before it (quant/): forward returns x.
   bool folded = false;
   bool frozen_batch_stats = false;  // see the Note
+  // An inference copy (eval mode) that still normalises each batch with that batch's own
+  // statistics, as training mode does, leaving its running statistics untouched: the
+  // reference model of --freeze-reference-bn batch (Note [The reference's batch norm]
+  // in quant/reference.h). Such a batch norm is never folded.
+  bool eval_batch_stats = false;
 };
 
 class Linear : public Module {

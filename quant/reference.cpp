@@ -14,8 +14,9 @@ namespace {
 
 class Fp32Reference : public ReferenceModel {
  public:
-  Fp32Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, Device dev = Device::cpu()) {
-    load(make, snap, dev);
+  Fp32Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, ReferenceBn bn,
+                Device dev = Device::cpu()) {
+    load(make, snap, bn, dev);
   }
   Tensor activation(const Tensor& x, int64_t module, const Tensor& x2) override {
     const int64_t n = int64_t(model_->layer_modules().size());
@@ -34,7 +35,8 @@ class Fp32Reference : public ReferenceModel {
 
  protected:
   Fp32Reference() = default;
-  void load(const ModelFactory& make, const std::map<std::string, Tensor>& snap, Device dev = Device::cpu()) {
+  void load(const ModelFactory& make, const std::map<std::string, Tensor>& snap, ReferenceBn bn,
+            Device dev = Device::cpu()) {
     dev_ = dev;
     model_ = make();
     // The copy is folded, converted and put in eval mode in place: a factory that hands
@@ -44,6 +46,9 @@ class Fp32Reference : public ReferenceModel {
     model_->load_state_dict(snap);
     model_->to(dev);
     model_->eval();
+    if (bn == ReferenceBn::batch)  // before any conversion: these are not folded
+      for (auto& [name, mod] : model_->named_modules())
+        if (auto* b = dynamic_cast<nn::BatchNorm2d*>(mod)) b->eval_batch_stats = true;
   }
   models::ModelPtr model_;
   Device dev_ = Device::cpu();
@@ -56,8 +61,9 @@ class Fp32Reference : public ReferenceModel {
 // products) stay f32: they are a small share of the FLOPs.
 class Int8Reference : public Fp32Reference {
  public:
-  Int8Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, int64_t calibration_batches) {
-    load(make, snap);
+  Int8Reference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, int64_t calibration_batches,
+                ReferenceBn bn) {
+    load(make, snap, bn);
     convert_to_int8(*model_, calibration_batches, &observers_);
   }
   std::string precision() const override { return "int8"; }
@@ -86,8 +92,8 @@ class Int8Reference : public Fp32Reference {
 // in f16 for inference, and the same split as the int8 reference.
 class Fp16GpuReference : public Fp32Reference {
  public:
-  Fp16GpuReference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, Device gpu) {
-    load(make, snap, gpu);
+  Fp16GpuReference(const ModelFactory& make, const std::map<std::string, Tensor>& snap, ReferenceBn bn, Device gpu) {
+    load(make, snap, bn, gpu);
     convert_to_fp16(*model_, gpu);
   }
   std::string precision() const override { return "fp16-gpu"; }
@@ -211,7 +217,7 @@ int64_t fold_batchnorm(nn::Module& m) {
   for (size_t i = 0; i + 1 < ch.size(); ++i) {
     auto* conv = dynamic_cast<nn::Conv2d*>(ch[i].second.get());
     auto* bn = dynamic_cast<nn::BatchNorm2d*>(ch[i + 1].second.get());
-    if (conv && bn && !bn->folded && bn->weight.numel() == conv->out_channels) {
+    if (conv && bn && !bn->folded && !bn->eval_batch_stats && bn->weight.numel() == conv->out_channels) {
       fold_into(*conv, *bn);
       ++folded;
     }
@@ -231,14 +237,14 @@ std::vector<std::string> reference_precisions() { return {"int8", "fp32", "fp32-
 
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make,
                                                const std::map<std::string, Tensor>& snapshot, Device gpu,
-                                               int64_t calibration_batches) {
-  if (precision == "fp32") return std::make_unique<Fp32Reference>(make, snapshot);
-  if (precision == "int8") return std::make_unique<Int8Reference>(make, snapshot, calibration_batches);
+                                               int64_t calibration_batches, ReferenceBn bn) {
+  if (precision == "fp32") return std::make_unique<Fp32Reference>(make, snapshot, bn);
+  if (precision == "int8") return std::make_unique<Int8Reference>(make, snapshot, calibration_batches, bn);
   if (precision == "fp32-gpu" || precision == "fp16-gpu") {
     EG_CHECK(gpu.is_cuda() && cuda_available(), "the ", precision, " reference model needs a CUDA GPU (",
              built_with_cuda() ? "none is visible" : "this build has no CUDA support", "); use int8 or fp32");
-    if (precision == "fp32-gpu") return std::make_unique<Fp32Reference>(make, snapshot, gpu);
-    return std::make_unique<Fp16GpuReference>(make, snapshot, gpu);
+    if (precision == "fp32-gpu") return std::make_unique<Fp32Reference>(make, snapshot, bn, gpu);
+    return std::make_unique<Fp16GpuReference>(make, snapshot, bn, gpu);
   }
   EG_THROW("unknown reference precision '", precision, "' (int8, fp32, fp32-gpu, fp16-gpu)");
 }

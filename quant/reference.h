@@ -46,12 +46,29 @@ class ReferenceModel {
   virtual void set_calibration(const Calibration&) {}
 };
 
+// Note [The reference's batch norm]
+// The paper's int8 reference folds each batch norm into its convolution with the
+// snapshot's running statistics (the inference form), while the training model's front,
+// in training mode, normalises each batch with that batch's own statistics. A reading
+// then measures, beside the weights' change since the snapshot, the gap between the
+// snapshot's running statistics (an average over its last few dozen batches) and this
+// batch's. With ReferenceBn::batch the reference's batch norms normalise each batch
+// with its own statistics, as the training front does, and the reading is the change
+// of the weights alone: right after a refresh it is the quantisation error (0 in
+// fp32), and it grows with the distance the front moves since, the sawtooth Note
+// [Egeria's freezing decisions] in freeze/tracker.h assumes. Such batch norms are not
+// folded: the int8 reference then runs its convolutions in int8 and their batch norms
+// (with the activation they carry) in f32, one pass more for each. Measured:
+// docs/freezing.md, "The reference's batch norm".
+enum class ReferenceBn { running, batch };
+
 // Builds a reference of `precision` from a snapshot of a model's state (copied: the
 // caller may keep training). `make_model` builds an untrained model of the same
 // architecture (the overload with a ModelConfig uses models::build_model).
 // Folds every BatchNorm2d that a module registers right after a Conv2d (the order in
 // which the built-in models also run them) into that convolution's weight and bias,
-// using the running statistics; the BatchNorm then passes its input through. For
+// using the running statistics; the BatchNorm then passes its input through. One that
+// normalises with each batch's statistics (eval_batch_stats) is left as it is. For
 // inference copies only: puts the module in eval mode. Returns the number of pairs folded.
 int64_t fold_batchnorm(nn::Module& m);
 
@@ -73,11 +90,12 @@ int64_t convert_to_fp16(nn::Module& m, Device gpu);
 
 using ModelFactory = std::function<models::ModelPtr()>;
 // `gpu`: the CUDA device of the "-gpu" precisions (ignored by the CPU ones);
-// `calibration_batches`: int8's, as convert_to_int8.
+// `calibration_batches`: int8's, as convert_to_int8; `bn`: Note [The reference's batch norm].
 std::unique_ptr<ReferenceModel> make_reference(const std::string& precision, const ModelFactory& make_model,
                                                const std::map<std::string, Tensor>& snapshot,
                                                Device gpu = Device::cuda(0),
-                                               int64_t calibration_batches = kCalibrationBatches);
+                                               int64_t calibration_batches = kCalibrationBatches,
+                                               ReferenceBn bn = ReferenceBn::running);
 // The precisions make_reference knows; "-gpu" ones run on the GPU.
 std::vector<std::string> reference_precisions();
 inline bool reference_on_gpu(const std::string& precision) {

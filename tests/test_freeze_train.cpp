@@ -945,6 +945,9 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], freeze::kNoBootstrapping);
   EXPECT_NE(train::run_report(d, "").find("from the first step, without bootstrapping"), std::string::npos);
+  EXPECT_EQ(sum["freeze_stats"]["reference_bn"], "batch") << "auto: a pretrained run's";
+  EXPECT_NE(train::run_report(d, "").find("against a reference whose batch norms take each batch's statistics"),
+            std::string::npos);
   // Killed right after the first step's reference was taken, and again later, resumed:
   // the same readings and weights as the run that was never stopped.
   auto k = c;
@@ -959,6 +962,24 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   EXPECT_FALSE(freeze::FreezeTracker(3, train::policy_config(o).tracker).bootstrapping());
   freeze::TrackerOptions scratch;
   EXPECT_TRUE(freeze::FreezeTracker(3, scratch).bootstrapping());
+}
+
+// --freeze-reference-bn auto (Note [The reference's batch norm]): each batch's own
+// statistics for a run from pretrained weights, the snapshot's running ones otherwise;
+// running or batch asks for either.
+TEST(FreezeTrainer, TheReferencesBatchNormFollowsThePretrainedWeightsUnlessSet) {
+  train::TrainConfig c;
+  train::set_option(c, "--freeze", "egeria");
+  EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::running);
+  c.init_from = "pretrained.safetensors";
+  EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::batch);
+  train::set_option(c, "--freeze-reference-bn", "running");
+  EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::running);
+  c.init_from.clear();
+  train::set_option(c, "--freeze-reference-bn", "batch");
+  EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::batch);
+  const std::string msg = eg::testing::error_of([&] { train::set_option(c, "--freeze-reference-bn", "folded"); });
+  EXPECT_NE(msg.find("--freeze-reference-bn"), std::string::npos) << msg;
 }
 
 TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {

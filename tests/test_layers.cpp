@@ -104,6 +104,26 @@ TEST(Layers, FrozenBatchNormCanKeepBatchStatistics) {
   }
 }
 
+// An inference copy with eval_batch_stats (the reference of --freeze-reference-bn batch)
+// normalises each batch with its own statistics, as training mode does, bit for bit,
+// and leaves its running statistics as they were.
+TEST(Layers, AnEvalBatchNormCanNormaliseWithTheBatchsStatistics) {
+  Generator g(6);
+  Tensor x = Tensor::randn({16, 3, 4, 4}, g);
+  x = fn::add(fn::mul(x, Tensor::full({1}, 3.0f)), Tensor::full({1}, 2.0f));  // far from the running (0, 1)
+  nn::BatchNorm2d training(3), copy(3);
+  copy.eval();
+  copy.eval_batch_stats = true;
+  copy.fused_act = training.fused_act = ops::BnAct::relu;
+  autograd::NoGradGuard ng;
+  const auto want = training(x).to_vector<float>();
+  EXPECT_EQ(copy(x).to_vector<float>(), want);
+  EXPECT_EQ(copy.running_mean.to_vector<float>(), std::vector<float>(3, 0.f));
+  EXPECT_EQ(copy.running_var.to_vector<float>(), std::vector<float>(3, 1.f));
+  copy.eval_batch_stats = false;
+  EXPECT_NE(copy(x).to_vector<float>(), want) << "without it, eval mode's running statistics (so the test can tell)";
+}
+
 // A batch norm with its activation fused (ResNet's ReLU, MobileNetV2's ReLU6) computes
 // act(bn(x)) and its gradients: the values of a batch norm and the activation module
 // after it, bit for bit, in f32 and in bf16 (whose 32 channels run the blocked loops on the

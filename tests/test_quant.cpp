@@ -416,6 +416,68 @@ TEST(QuantReference, AUnitRunFromItsInputReadsWhatTheNetworkReads) {
   EXPECT_THROW(f32->activation_from(x, 0, modules + 1), Error);
 }
 
+// Note [The reference's batch norm]: with ReferenceBn::batch the reference reads, on a
+// batch, what the training model (training mode: each batch's own statistics) reads from
+// the same weights: fp32 to rounding, int8 (batch norms unfolded, in f32 after its int8
+// convolutions) within the int8 reference's bound; with running statistics (the paper's
+// folded form) the same weights read far from it, more than the plasticity of 10 steps
+// in some modules (EG_PRINT_REFERENCE_ERRORS=1 prints them).
+TEST(QuantReference, WithBatchStatisticsTheReferenceReadsWhatTheTrainingModelReads) {
+  for (const char* model : {"resnet20", "mobilenetv2"}) {
+    SCOPED_TRACE(model);
+    Tensor x = images(64, 1, 28, 9);
+    auto m = model_with_stats(model, x, 21);
+    const models::ModelConfig mc = config_for(model, x);
+    const auto snap = m->state_dict();
+    auto f32 =
+        quant::make_reference("fp32", quant::model_factory(mc), snap, Device::cpu(), 3, quant::ReferenceBn::batch);
+    auto i8 =
+        quant::make_reference("int8", quant::model_factory(mc), snap, Device::cpu(), 3, quant::ReferenceBn::batch);
+    auto folded = quant::make_reference("int8", mc, snap);
+    // Batches of other images than the statistics' (a shifted normalisation: as new data
+    // the pretrained statistics were not taken on).
+    auto shifted = [](uint64_t seed) {
+      return data::normalize_images(data::synthetic_images(64, 1, 28, 10, seed).images, 0.3, 0.35);
+    };
+    Tensor xb = shifted(31);
+    for (uint64_t b = 0; b < 3; ++b) {  // int8's calibration
+      autograd::NoGradGuard ng;
+      (void)i8->activation(shifted(100 + b), int64_t(m->layer_modules().size()) - 1);
+      (void)folded->activation(shifted(100 + b), int64_t(m->layer_modules().size()) - 1);
+    }
+    for (auto& [n, mod] : m->named_modules())
+      if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->momentum = 0;  // reading leaves the model as it is
+    m->train();
+    autograd::NoGradGuard ng;
+    const int64_t modules = int64_t(m->layer_modules().size()) - 1;
+    double worst_running = 0;
+    for (int64_t k = 0; k < modules; ++k) {
+      Tensor want = m->layer_output(xb, Tensor(), k).to_plain(), got = f32->activation(xb, k).to_plain();
+      ASSERT_EQ(got.shape(), want.shape());
+      const double scale = max_abs(want);
+      const auto g = got.to_vector<float>(), w = want.to_vector<float>();
+      for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-5 * scale) << "fp32 module " << k << " at " << i;
+      const double err = freeze::sp_loss(i8->activation(xb, k), want),
+                   running = freeze::sp_loss(folded->activation(xb, k), want);
+      EXPECT_LT(err, std::string(model) == "resnet20" ? 2e-6 : 5e-4) << "int8 module " << k;
+      worst_running = std::max(worst_running, running / std::max(err, 1e-12));
+      if (std::getenv("EG_PRINT_REFERENCE_ERRORS"))
+        std::printf("%s module %lld: batch int8 %.3g, running int8 %.3g\n", model, (long long)k, err, running);
+    }
+    EXPECT_GT(worst_running, 10) << "running statistics read far from the training model (so the test can tell)";
+  }
+}
+
+// Batch norms that normalise with each batch's statistics are not folded.
+TEST(QuantReference, BatchStatisticsAreNotFolded) {
+  Tensor x = images(8, 3, 32, 3);
+  auto m = model_with_stats("resnet20", x, 5);
+  int64_t bns = 0;
+  for (auto& [n, mod] : m->named_modules())
+    if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->eval_batch_stats = (bns++ % 2 == 0);
+  EXPECT_EQ(quant::fold_batchnorm(*m), bns / 2);
+}
+
 TEST(QuantReference, Fp16GpuActivationsAgreeWithFp32WithinAnSpLossBoundOnCuda) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU present";
   expect_reference_agrees("fp16-gpu");

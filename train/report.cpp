@@ -319,11 +319,14 @@ std::string report_text(const std::string& dir, const std::string& against) {
     if (policy == "egeria") {
       const bool no_boot = st.value("bootstrap_interval", int64_t(0)) == freeze::kNoBootstrapping;
       r +=
-          fmt("What froze and why (plasticity read every n = %lld steps %s; a unit freezes when W readings in a row "
-              "find the slope of its smoothed plasticity under its tolerance T):\n",
+          fmt("What froze and why (plasticity read every n = %lld steps %s%s; a unit freezes when W readings in a "
+              "row find the slope of its smoothed plasticity under its tolerance T):\n",
               (long long)st.value("interval", int64_t(0)),
               no_boot ? "from the first step, without bootstrapping (a pretrained network: --init-from)"
-                      : "once bootstrapping ended");
+                      : "once bootstrapping ended",
+              st.value("reference_bn", "") == "batch"
+                  ? ", against a reference whose batch norms take each batch's statistics"
+                  : "");
       egeria_story(log, units, cfg.value("freeze_tolerance", 0.0), r);
     } else {
       r += "What froze:\n";
