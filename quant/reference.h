@@ -58,8 +58,9 @@ class ReferenceModel {
 // fp32), and it grows with the distance the front moves since, the sawtooth Note
 // [Egeria's freezing decisions] in freeze/tracker.h assumes. Such batch norms are not
 // folded: the int8 reference then runs its convolutions in int8 and their batch norms
-// (with the activation they carry) in f32, one pass more for each. Measured:
-// docs/freezing.md, "The reference's batch norm".
+// (with the activation they carry) in f32, one pass more for each. running stays the
+// default: measured, batch froze less at the same accuracy and cost more
+// (docs/results/2026-12-02-reference-batch-norm.md).
 enum class ReferenceBn { running, batch };
 
 // Builds a reference of `precision` from a snapshot of a model's state (copied: the

@@ -945,9 +945,7 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], freeze::kNoBootstrapping);
   EXPECT_NE(train::run_report(d, "").find("from the first step, without bootstrapping"), std::string::npos);
-  EXPECT_EQ(sum["freeze_stats"]["reference_bn"], "batch") << "auto: a pretrained run's";
-  EXPECT_NE(train::run_report(d, "").find("against a reference whose batch norms take each batch's statistics"),
-            std::string::npos);
+  EXPECT_EQ(sum["freeze_stats"]["reference_bn"], "running") << "the default, pretrained or not";
   // Killed right after the first step's reference was taken, and again later, resumed:
   // the same readings and weights as the run that was never stopped.
   auto k = c;
@@ -964,20 +962,24 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   EXPECT_TRUE(freeze::FreezeTracker(3, scratch).bootstrapping());
 }
 
-// --freeze-reference-bn auto (Note [The reference's batch norm]): each batch's own
-// statistics for a run from pretrained weights, the snapshot's running ones otherwise;
-// running or batch asks for either.
-TEST(FreezeTrainer, TheReferencesBatchNormFollowsThePretrainedWeightsUnlessSet) {
+// --freeze-reference-bn (Note [The reference's batch norm]): the snapshot's running
+// statistics by default, pretrained or not; batch asks for each batch's own.
+TEST(FreezeTrainer, TheReferencesBatchNormIsRunningUnlessSet) {
   train::TrainConfig c;
   train::set_option(c, "--freeze", "egeria");
-  EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::running);
   c.init_from = "pretrained.safetensors";
-  EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::batch);
-  train::set_option(c, "--freeze-reference-bn", "running");
   EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::running);
-  c.init_from.clear();
   train::set_option(c, "--freeze-reference-bn", "batch");
   EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::batch);
+  auto r = run_cfg(tmpdir("reference_bn_batch"), "egeria");  // a run with it: readings, told by the report
+  r.freezing.reference_bn = freeze::ReferenceBnMode::batch;
+  r.freezing.tracker.bootstrap_interval = freeze::kNoBootstrapping;
+  ASSERT_TRUE(train::run_training(r).completed);
+  auto sum = nlohmann::json::parse(std::ifstream(r.out + "/summary.json"));
+  EXPECT_EQ(sum["freeze_stats"]["reference_bn"], "batch");
+  EXPECT_GT(sum["freeze_stats"]["evaluations_completed"].get<int64_t>(), 0);
+  EXPECT_NE(train::run_report(r.out, "").find("against a reference whose batch norms take each batch's statistics"),
+            std::string::npos);
   const std::string msg = eg::testing::error_of([&] { train::set_option(c, "--freeze-reference-bn", "folded"); });
   EXPECT_NE(msg.find("--freeze-reference-bn"), std::string::npos) << msg;
 }

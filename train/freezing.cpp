@@ -24,10 +24,8 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   freeze::PolicyConfig pc(c.freezing);
   pc.model.name = c.model;
   pc.device = Device::parse(c.device);
-  using M = freeze::ReferenceBnMode;
-  const bool batch =
-      c.freezing.reference_bn == M::batch || (c.freezing.reference_bn == M::automatic && !c.init_from.empty());
-  pc.reference.bn = batch ? quant::ReferenceBn::batch : quant::ReferenceBn::running;
+  pc.reference.bn = c.freezing.reference_bn == freeze::ReferenceBnMode::batch ? quant::ReferenceBn::batch
+                                                                              : quant::ReferenceBn::running;
   return pc;
 }
 

@@ -147,11 +147,9 @@ void add_freezing_options(std::vector<Option>& t) {
   t.push_back(choice("--freeze-reference-bn", "freeze_reference_bn", G::reference, F,
                      "egeria: the reference's batch norms normalise with the snapshot's running statistics, folded "
                      "(running, the paper) or with each batch's own, as the training front does (batch: a reading "
-                     "measures the weights' change alone); auto: batch for a run from --init-from's weights, else "
-                     "running",
+                     "measures the weights' change alone)",
                      EG_FIELD(freezing.reference_bn),
-                     Names<freeze::ReferenceBnMode>{{"auto", freeze::ReferenceBnMode::automatic},
-                                                    {"running", freeze::ReferenceBnMode::running},
+                     Names<freeze::ReferenceBnMode>{{"running", freeze::ReferenceBnMode::running},
                                                     {"batch", freeze::ReferenceBnMode::batch}}));
   {
     Option o = row("--freeze-reference-max-load", "freeze_reference_max_load", G::reference, F,
