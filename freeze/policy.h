@@ -32,8 +32,6 @@
 namespace eg::freeze {
 
 enum class FrozenBn { batch, running };  // Note [Frozen BatchNorm semantics]
-// The reference's batch norms (Note [The reference's batch norm] in quant/reference.h).
-enum class ReferenceBnMode { running, batch };
 enum class ReferenceScope { unit, network };  // Note [The reference's scope]
 
 // The freezing options as a user sets them: a TrainConfig holds one (`freezing`), the
@@ -50,8 +48,6 @@ struct FreezeOptions {
   // comes from reference_max_load (max_cpu_load()), when the policy starts.
   ControllerOptions reference;
   ReferenceScope reference_scope = ReferenceScope::unit;
-  // Resolved into reference.bn when the policy is configured (train::policy_config).
-  ReferenceBnMode reference_bn = ReferenceBnMode::running;
   // The reference forward runs only while the machine's CPU load is at most this
   // percentage; 0 is "auto": 50 when training on a GPU with apply_on_arrival, as the
   // paper, else 100 (never waiting: CPU training keeps the cores busy by design, and

@@ -972,7 +972,7 @@ TEST(FreezeTrainer, TheReferencesBatchNormIsRunningUnlessSet) {
   train::set_option(c, "--freeze-reference-bn", "batch");
   EXPECT_EQ(train::policy_config(c).reference.bn, quant::ReferenceBn::batch);
   auto r = run_cfg(tmpdir("reference_bn_batch"), "egeria");  // a run with it: readings, told by the report
-  r.freezing.reference_bn = freeze::ReferenceBnMode::batch;
+  r.freezing.reference.bn = quant::ReferenceBn::batch;
   r.freezing.tracker.bootstrap_interval = freeze::kNoBootstrapping;
   ASSERT_TRUE(train::run_training(r).completed);
   auto sum = nlohmann::json::parse(std::ifstream(r.out + "/summary.json"));

@@ -24,8 +24,6 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   freeze::PolicyConfig pc(c.freezing);
   pc.model.name = c.model;
   pc.device = Device::parse(c.device);
-  pc.reference.bn = c.freezing.reference_bn == freeze::ReferenceBnMode::batch ? quant::ReferenceBn::batch
-                                                                              : quant::ReferenceBn::running;
   return pc;
 }
 

@@ -144,13 +144,13 @@ void add_freezing_options(std::vector<Option>& t) {
                      "images through the front unit (network, the paper); Transformers always run network",
                      EG_FIELD(freezing.reference_scope),
                      Names<ReferenceScope>{{"unit", ReferenceScope::unit}, {"network", ReferenceScope::network}}));
-  t.push_back(choice("--freeze-reference-bn", "freeze_reference_bn", G::reference, F,
-                     "egeria: the reference's batch norms normalise with the snapshot's running statistics, folded "
-                     "(running, the paper) or with each batch's own, as the training front does (batch: a reading "
-                     "measures the weights' change alone)",
-                     EG_FIELD(freezing.reference_bn),
-                     Names<freeze::ReferenceBnMode>{{"running", freeze::ReferenceBnMode::running},
-                                                    {"batch", freeze::ReferenceBnMode::batch}}));
+  t.push_back(choice(
+      "--freeze-reference-bn", "freeze_reference_bn", G::reference, F,
+      "egeria: the reference's batch norms normalise with the snapshot's running statistics, folded "
+      "(running, the paper) or with each batch's own, as the training front does (batch: a reading "
+      "measures the weights' change alone)",
+      EG_FIELD(freezing.reference.bn),
+      Names<quant::ReferenceBn>{{"running", quant::ReferenceBn::running}, {"batch", quant::ReferenceBn::batch}}));
   {
     Option o = row("--freeze-reference-max-load", "freeze_reference_max_load", G::reference, F,
                    "egeria: run the reference forward only while the machine's CPU load is at most this percentage "
