@@ -291,7 +291,8 @@ class EgeriaPolicy : public FreezePolicy {
  private:
   static TrackerOptions with_interval(const PolicyConfig& c, int64_t modules) {
     TrackerOptions o = c.tracker;
-    if (o.interval <= 0) o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window);
+    if (o.interval <= 0)
+      o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window, o.pretrained);  // see the Note
     if (o.bootstrap_interval == 0 && o.pretrained) o.bootstrap_interval = kNoBootstrapping;  // see the Note
     if (o.bootstrap_interval == -1) o.bootstrap_interval = o.interval;  // the paper's: every n
     if (o.bootstrap_interval == 0)

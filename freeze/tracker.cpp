@@ -9,9 +9,10 @@ namespace eg::freeze {
 
 using json = nlohmann::json;
 
-int64_t default_interval(int64_t total, int64_t modules, int64_t window) {
+int64_t default_interval(int64_t total, int64_t modules, int64_t window, bool pretrained) {
   EG_CHECK(total > 0 && modules > 0 && window > 0, "default_interval: iterations, modules and window must be positive");
-  return std::max<int64_t>(kMinDefaultInterval, int64_t(double(total) / double(2 * window) / double(modules) / 1.75));
+  return std::max<int64_t>(pretrained ? kMinPretrainedInterval : kMinDefaultInterval,
+                           int64_t(double(total) / double(2 * window) / double(modules) / 1.75));
 }
 
 int64_t default_bootstrap_interval(int64_t total, int64_t steps_per_epoch, int64_t interval) {

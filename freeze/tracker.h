@@ -117,8 +117,25 @@ struct TrackerOptions {
 // of the quickstart's training time, 1.9 s of it waiting for readings. The paper warns
 // the same way: "further reducing n could consume more CPUs and potentially slow down
 // the training" (§6.4). --freeze-interval sets any n >= 1.
+// A run from pretrained weights has its own, lower floor: Note [n for a pretrained network].
 constexpr int64_t kMinDefaultInterval = 10;
-int64_t default_interval(int64_t total_iterations, int64_t modules, int64_t window);
+constexpr int64_t kMinPretrainedInterval = 3;
+int64_t default_interval(int64_t total_iterations, int64_t modules, int64_t window, bool pretrained = false);
+
+// Note [n for a pretrained network]
+// Algorithm 1 cannot freeze a unit before about 2W + 3 of its readings: W for the
+// first full moving average, 3 fits for T, then W stale ones; and the next unit
+// starts from none. At the floor of 10 a 460-step fine-tuning run (docs/fine-tuning.md's
+// ResNet-20 task: 6 units, W = 10) could freeze its front unit at step ~230 at the
+// earliest, and at the defaults froze it in its last third or not at all, though a
+// pretrained front is stable from its first steps (the paper: a pretrained model's
+// front needs few iterations, §2.3). Neither of the floor's two reasons holds there
+// as it does from scratch: a pretrained run has no bootstrapping check to be made of
+// single batches (Note [Bootstrapping a pretrained network]), and its reference's
+// share of the time is what a reading every n steps costs against a run that freezes
+// from its first third. So with --init-from the guideline's floor is
+// kMinPretrainedInterval. Measured on that task (3 seeds, against n = 2 and 10, and
+// W = 5): docs/freezing.md, "n for a pretrained network".
 
 // Note [The bootstrapping check's span]
 // Bootstrapping ends when the mean training loss over one check's span differs by less

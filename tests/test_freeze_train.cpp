@@ -946,6 +946,20 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], freeze::kNoBootstrapping);
   EXPECT_NE(train::run_report(d, "").find("from the first step, without bootstrapping"), std::string::npos);
   EXPECT_EQ(sum["freeze_stats"]["reference_bn"], "running") << "the default, pretrained or not";
+  // n from the guideline: a pretrained run's floor is lower than one from scratch
+  // (Note [n for a pretrained network]); this run's guideline gives less than either.
+  auto a = c;
+  a.out = tmpdir("boot_fine_auto_n");
+  a.freezing.tracker.interval = 0;
+  ASSERT_TRUE(train::run_training(a).completed);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(a.out + "/summary.json"))["freeze_stats"]["interval"],
+            freeze::kMinPretrainedInterval);
+  auto scratch_n = a;
+  scratch_n.out = tmpdir("boot_scratch_auto_n");
+  scratch_n.init_from.clear();
+  ASSERT_TRUE(train::run_training(scratch_n).completed);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(scratch_n.out + "/summary.json"))["freeze_stats"]["interval"],
+            freeze::kMinDefaultInterval);
   // Killed right after the first step's reference was taken, and again later, resumed:
   // the same readings and weights as the run that was never stopped.
   auto k = c;

@@ -27,6 +27,12 @@ TEST(Tracker, DefaultIntervalFollowsThePapersGuideline) {
   EXPECT_EQ(default_interval(100, 50, 10), kMinDefaultInterval);
   EXPECT_EQ(default_interval(79, 4, 10), kMinDefaultInterval);
   EXPECT_EQ(default_interval(3500, 4, 10), 25);  // above the floor: the guideline alone
+  // From pretrained weights the floor is lower (Note [n for a pretrained network]): the
+  // fine-tuning task's 460 steps of 6 units, whose guideline is 2.
+  EXPECT_EQ(default_interval(460, 6, 10), kMinDefaultInterval);
+  EXPECT_EQ(default_interval(460, 6, 10, true), kMinPretrainedInterval);
+  EXPECT_LT(kMinPretrainedInterval, kMinDefaultInterval);
+  EXPECT_EQ(default_interval(78000, 7, 10, true), 318);  // above both floors: the guideline alone
 }
 
 TEST(Tracker, TheBootstrappingCheckSpansAnEpochATenthOfAShortRunAndAtLeastN) {

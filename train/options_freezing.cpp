@@ -31,7 +31,7 @@ void add_freezing_options(std::vector<Option>& t) {
                    EG_FIELD(freezing.unit_regex), "REGEX"));
   t.push_back(number("--freeze-interval", "freeze_interval", G::freezing, F,
                      "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least "
-                     "10; autofreeze, one epoch)",
+                     "10, or 3 for a run from --init-from's pretrained weights; autofreeze, one epoch)",
                      EG_FIELD(freezing.tracker.interval),
                      Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   {
