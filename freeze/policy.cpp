@@ -247,7 +247,11 @@ class EgeriaPolicy : public FreezePolicy {
     losses_.clear();
     loss_sum_ = j.value("loss_sum", 0.0);
     loss_n_ = j.value("loss_n", int64_t(0));
-    bootstrap_n_ = j.contains("bootstrap_interval") ? int64_t(0) : n();
+    // An auto n or bootstrapping span is the checkpoint's: the build that started the run
+    // may have derived another, and the run's readings so far are at its steps.
+    if (c_.tracker.interval <= 0 && j.contains("interval")) resumed_n_ = j.at("interval").get<int64_t>();
+    if (!j.contains("bootstrap_interval")) bootstrap_n_ = n();
+    else if (c_.tracker.bootstrap_interval <= 0) bootstrap_n_ = std::max<int64_t>(0, j.at("bootstrap_interval").get<int64_t>());
     stale_results_ = j.value("stale_results", int64_t(0));
     std::vector<PlasticityController::Result> pending;
     for (auto& p : j.value("pending", json::array()))
@@ -300,9 +304,10 @@ class EgeriaPolicy : public FreezePolicy {
           default_bootstrap_interval(std::max<int64_t>(1, c.total_steps), c.steps_per_epoch, o.interval);
     return o;
   }
-  int64_t n() const { return tracker_.options().interval; }
+  int64_t n() const { return resumed_n_ > 0 ? resumed_n_ : tracker_.options().interval; }
   // Steps between bootstrapping checks (Note [The bootstrapping check's span]); a
-  // checkpoint from before it existed resumes with its run's n, as it had.
+  // checkpoint from before it existed resumes with its run's n, as it had, and one with
+  // an auto span with its own.
   int64_t bootstrap_n() const { return bootstrap_n_ > 0 ? bootstrap_n_ : tracker_.options().bootstrap_interval; }
   // The controller works in layer modules: the reference runs up to the front unit's
   // last, from the images or, given the unit's input, from the unit's first.
@@ -356,7 +361,8 @@ class EgeriaPolicy : public FreezePolicy {
   mutable std::vector<DeferredScalar> losses_;
   mutable double loss_sum_ = 0;
   double snapshot_seconds_ = 0;
-  int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's, from before the option
+  int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's
+  int64_t resumed_n_ = 0;  // > 0: a resumed checkpoint's auto n
   int64_t loss_n_ = 0, stale_results_ = 0;
   int64_t unit_scope_submissions_ = 0;  // evaluations whose reference ran the front unit only
   std::vector<json> log_;

@@ -188,4 +188,47 @@ TEST(Partition, PoliciesTakeNoReadingFromAStepThatTrainedNothing) {
   EXPECT_NEAR(evaluations[0].at("grad_norm_change").get<double>(), 1.0, 1e-6);
 }
 
+// A run with an auto n (or bootstrapping span) resumes with its checkpoint's: the build
+// that started it may have derived another (n for a pretrained network was 10 before
+// Note [n for a pretrained network]), and its readings so far are at that n's steps.
+// A set n is the run's own: a resume with another is refused before the policy starts.
+TEST(Partition, AnAutoIntervalResumesAsTheCheckpointHasIt) {
+  auto m = model("resnet20", 16);
+  freeze::PolicyConfig c;
+  c.policy = "egeria";
+  c.model.name = "resnet20";
+  c.model.image_size = 16;
+  c.partition = freeze::make_partition(*m, freeze::PartitionMode::automatic);
+  c.total_steps = 100;
+  c.steps_per_epoch = 10;
+  c.tracker.pretrained = true;
+  c.reference.synchronous = true;
+  const int64_t layers = int64_t(m->layer_modules().size());
+  auto started = freeze::make_policy(c, layers);
+  ASSERT_EQ(started->stats().at("interval"), freeze::kMinPretrainedInterval);
+  nlohmann::json saved = started->state();
+  saved["interval"] = 10;  // as the earlier build wrote it
+  auto resumed = freeze::make_policy(c, layers);
+  resumed->load_state(saved);
+  EXPECT_EQ(resumed->stats().at("interval"), 10);
+  EXPECT_EQ(resumed->state().at("interval"), 10) << "and checkpoints it again";
+
+  c.tracker.pretrained = false;  // from scratch: the auto span between bootstrapping checks too
+  saved = freeze::make_policy(c, layers)->state();
+  ASSERT_EQ(saved.at("bootstrap_interval"), 10);
+  saved["interval"] = 5;
+  saved["bootstrap_interval"] = 7;
+  resumed = freeze::make_policy(c, layers);
+  resumed->load_state(saved);
+  EXPECT_EQ(resumed->stats().at("interval"), 5);
+  EXPECT_EQ(resumed->stats().at("bootstrap_interval"), 7);
+
+  c.tracker.interval = 4;  // set: the run's own
+  c.tracker.bootstrap_interval = 8;
+  resumed = freeze::make_policy(c, layers);
+  resumed->load_state(saved);
+  EXPECT_EQ(resumed->stats().at("interval"), 4);
+  EXPECT_EQ(resumed->stats().at("bootstrap_interval"), 8);
+}
+
 }  // namespace
