@@ -4,7 +4,7 @@
   bench/fine_tune_translation.py --egeria build/egeria [--tasks es-web,web-es]
       [--model transformer-small] [--datasets datasets] [--pretrained datasets/pretrained]
       [--pretrain-epochs 4] [--budget 3000] [--epochs 5] [--lr 5e-4]
-      [--policies none,egeria,autofreeze,static] [--seeds 1,2,3] [--eval-every 25]
+      [--policies none,egeria,autofreeze,static] [--static-k 2,4,6] [--seeds 1,2,3] [--eval-every 25]
       [--threads 2] [--out runs/ft-translation] [--extra "..."] [--step-costs FILE] [--keep DIR]
 
 The tasks (docs/fine-tuning.md, "The translation tasks' data"; `tools/get-data` writes them):
@@ -28,7 +28,9 @@ The tasks (docs/fine-tuning.md, "The translation tasks' data"; `tools/get-data` 
    the model's own LR (--lr, AdamW), linear decay to 0 after a linear warmup over the first 5% of
    the steps; every layer module its own freezing unit. Its table (time to within 1% of `none`'s
    final valid perplexity, wall and, with --step-costs, modelled; test BLEU; the reference's
-   overhead) goes to OUT/TASK/table.md and table.json.
+   overhead) goes to OUT/TASK/table.md and table.json. `static` is a sweep: a row per K of
+   --static-k (static-kK: the front K units, of transformer-small's 6 encoder and 6 decoder
+   layers, frozen from the first step), the best of which is what a careful practitioner keeps.
 """
 import argparse
 import filecmp
@@ -127,6 +129,7 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=64, help="egeria train's Transformer default")
     p.add_argument("--lr", type=float, default=5e-4, help="egeria train's Transformer default")
     p.add_argument("--policies", default="none,egeria,autofreeze,static")
+    p.add_argument("--static-k", default="2,4,6", help="static: the numbers of front units to sweep")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--threads", type=int, default=2)
@@ -135,6 +138,9 @@ def main(argv=None):
     p.add_argument("--step-costs", default="", help="as translation_time_to_quality.py's")
     p.add_argument("--keep", default="", help="as translation_time_to_quality.py's, a folder per task beneath")
     args = p.parse_args(argv)
+    policies = []
+    for pol in (q for q in args.policies.split(",") if q):
+        policies += [f"static-k{k}" for k in args.static_k.split(",") if k] if pol == "static" else [pol]
     tasks = [t for t in args.tasks.split(",") if t]
     for t in tasks:
         if t not in TASKS:
@@ -144,7 +150,7 @@ def main(argv=None):
         model_file = os.path.join(pretrain(args, data), "model.safetensors")
         data_dir = task_data(args, task, tokenizer(args, data))
         extra = " ".join(recipe(args, model_file, data_dir) + args.extra.split())
-        sub = ["--egeria", args.egeria, "--data-dir", data_dir, "--model", args.model, "--policies", args.policies,
+        sub = ["--egeria", args.egeria, "--data-dir", data_dir, "--model", args.model, "--policies", ",".join(policies),
                "--seeds", args.seeds, "--epochs", str(args.epochs), "--eval-every", str(args.eval_every),
                "--threads", str(args.threads), "--out", os.path.join(args.out, task), "--extra", extra]
         if args.step_costs:

@@ -36,7 +36,8 @@ speedup if the front k units were frozen from the first step.
 
 A policy name with -bootn appended (egeria-bootn) runs Egeria with its bootstrapping
 checked every n steps, the paper's check (--freeze-bootstrap-interval n), instead of
-every epoch (the default).
+every epoch (the default). static-kK (static-k2) freezes the front K units from the first
+step (--freeze static --static-modules K --static-epoch 0), one K of a practitioner's sweep.
 """
 import argparse
 import json
@@ -125,10 +126,16 @@ def keep(args, d):
 
 
 def policy_args(policy):
-    """The policy's --freeze value and its flags: a policy name, or one with -bootn appended
-    (Egeria's bootstrapping checked every n steps, the paper's check, instead of every epoch)."""
+    """The policy's --freeze value and its flags: a policy name, one with -bootn appended
+    (Egeria's bootstrapping checked every n steps, the paper's check, instead of every epoch),
+    or static-kK (the front K units frozen from the first step, a hand-tuned static K)."""
     if policy.endswith("-bootn"):
         return policy_args(policy[:-len("-bootn")]) + ["--freeze-bootstrap-interval", "n"]
+    if policy.startswith("static-k"):
+        k = policy[len("static-k"):]
+        if not k.isdigit() or int(k) < 1:
+            sys.exit(f"translation_time_to_quality: '{policy}': static-kK takes a number of units K >= 1")
+        return ["--freeze", "static", "--static-modules", k, "--static-epoch", "0"]
     return ["--freeze", policy]
 
 

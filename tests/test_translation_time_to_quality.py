@@ -170,6 +170,12 @@ class TranslationTimeToQuality(unittest.TestCase):
         self.assertEqual(plain[plain.index("--freeze") + 1], "static")
         self.assertNotIn("--freeze-bootstrap-interval", plain)
         self.assertEqual(ttq.run_dir("o", MODEL, "egeria-bootn", 1), os.path.join("o", MODEL + "-egeria-bootn-s1"))
+        swept = ttq.command(args, "static-k4", 1, "out")  # one K of a static sweep, frozen from step 0
+        self.assertEqual(swept[swept.index("--freeze") + 1], "static")
+        self.assertEqual(swept[swept.index("--static-modules") + 1], "4")
+        self.assertEqual(swept[swept.index("--static-epoch") + 1], "0")
+        with self.assertRaises(SystemExit):
+            ttq.command(args, "static-kx", 1, "out")
 
 
 if __name__ == "__main__":
