@@ -1,17 +1,12 @@
 #include "freeze/policy.h"
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
+#include <string>
+#include <utility>
 
-#include "autograd/node.h"
 #include "core/error.h"
-#include "freeze/controller.h"
-#include "kernels/ops.h"
+#include "freeze/policies.h"
 
 namespace eg::freeze {
-
-using json = nlohmann::json;
 
 bool apply_frozen_prefix(models::Model& m, int64_t k) {
   bool changed = false;
@@ -30,346 +25,6 @@ bool apply_frozen_prefix(models::Model& m, int64_t k) {
   return changed;
 }
 
-namespace {
-
-class NonePolicy : public FreezePolicy {
- public:
-  void after_step(const StepInfo&, const Tensor&, const Tensor&, models::Model&) override {}
-  int64_t frozen_prefix() const override { return 0; }
-};
-
-// Freezes the first K modules at the start of epoch E.
-class StaticPolicy : public FreezePolicy {
- public:
-  StaticPolicy(const PolicyConfig& c, int64_t modules) {
-    k_ = c.static_modules >= 0 ? c.static_modules : modules / 2;
-    epoch_ = c.static_epoch >= 0 ? c.static_epoch : (c.steps_per_epoch ? c.total_steps / c.steps_per_epoch / 2 : 0);
-    EG_CHECK(k_ < modules, "--freeze static: ", k_, " modules would freeze the whole model (it has ", modules,
-             "; the last is never frozen)");
-  }
-  void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model&) override {
-    const int64_t want = s.epoch >= epoch_ || (s.step > 0 && epoch_ == 0) ? k_ : 0;
-    if (want != prefix_) log_.push_back({{"type", "freeze"}, {"step", s.step}, {"modules", want}, {"lr", s.lr}});
-    prefix_ = want;
-  }
-  int64_t frozen_prefix() const override { return prefix_; }
-  std::vector<json> take_log() override { return std::exchange(log_, {}); }
-  json state() const override { return {{"prefix", prefix_}}; }
-  void load_state(const json& j) override { prefix_ = j.value("prefix", int64_t(0)); }
-
- private:
-  int64_t k_, epoch_, prefix_ = 0;
-  std::vector<json> log_;
-};
-
-// FreezeOut's schedule: module i stops training at fraction t_i of the run.
-class FreezeOutPolicy : public FreezePolicy {
- public:
-  FreezeOutPolicy(const PolicyConfig& c, int64_t modules)
-      : total_(c.total_steps), modules_(modules), t0_(c.freezeout_t0) {
-    EG_CHECK(t0_ > 0 && t0_ <= 1, "--freezeout-t0 must be in (0, 1], got ", t0_);
-  }
-  void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model&) override {
-    int64_t k = 0;
-    for (int64_t i = 0; i + 1 < modules_; ++i) {
-      const double ti = t0_ + (1 - t0_) * double(i) / double(std::max<int64_t>(1, modules_ - 1));
-      if (double(s.step) >= ti * double(total_)) k = i + 1;
-    }
-    if (k != prefix_) log_.push_back({{"type", "freeze"}, {"step", s.step}, {"modules", k}, {"lr", s.lr}});
-    prefix_ = k;
-  }
-  int64_t frozen_prefix() const override { return prefix_; }
-  std::vector<json> take_log() override { return std::exchange(log_, {}); }
-  json state() const override { return {{"prefix", prefix_}}; }
-  void load_state(const json& j) override { prefix_ = j.value("prefix", int64_t(0)); }
-
- private:
-  int64_t total_, modules_;
-  double t0_;
-  int64_t prefix_ = 0;
-  std::vector<json> log_;
-};
-
-// Gradient-norm change (AutoFreeze): every n steps, for each active module, the
-// relative change of its gradient norm since the previous evaluation; the front module
-// freezes when its change is at or below the given percentile of the active modules'.
-class AutoFreezePolicy : public FreezePolicy {
- public:
-  AutoFreezePolicy(const PolicyConfig& c, int64_t modules)
-      // AutoFreeze compares gradient norms between evaluations far apart: by default once
-      // an epoch. (At Egeria's n, a few steps, "at or below the median change" is close
-      // to a coin flip, and every module froze within an epoch.)
-      : n_(c.tracker.interval > 0  ? c.tracker.interval
-           : c.steps_per_epoch > 0 ? c.steps_per_epoch
-                                   : default_interval(std::max<int64_t>(1, c.total_steps), modules, c.tracker.window)),
-        pct_(c.autofreeze_percentile),
-        modules_(modules),
-        partition_(c.partition),
-        prev_(size_t(modules), -1.0) {
-    EG_CHECK(pct_ > 0 && pct_ < 100, "--autofreeze-percentile must be in (0, 100), got ", pct_);
-  }
-  void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model& m) override {
-    // A step that trained nothing has zero gradients: the reading waits for the next one that trained.
-    due_ = due_ || s.step % n_ == 0;
-    if (!due_ || !s.trained) return;
-    due_ = false;
-    auto layers = m.layer_modules();
-    std::vector<double> change;
-    double front_change = -1;
-    for (int64_t i = prefix_; i < modules_; ++i) {
-      double ss = 0;
-      const FreezeUnit& u = partition_.units()[size_t(i)];
-      for (int64_t l = u.begin; l < u.end; ++l)
-        for (auto& p : layers[size_t(l)].second->parameters()) {
-          if (!p.grad().defined()) continue;
-          Tensor out = Tensor::empty({1}, p.grad().dtype(), p.grad().device());
-          ops::call(ops::sum_squares, p.grad(), out);
-          ss += out.item();
-        }
-      const double norm = std::sqrt(ss);
-      if (prev_[size_t(i)] > 0) {
-        const double c = std::abs(norm - prev_[size_t(i)]) / prev_[size_t(i)];
-        change.push_back(c);
-        if (i == prefix_) front_change = c;
-      }
-      prev_[size_t(i)] = norm;
-    }
-    if (front_change < 0 || change.size() < 2 || prefix_ + 1 >= modules_) return;
-    std::vector<double> sorted = change;
-    std::sort(sorted.begin(), sorted.end());
-    const double cut = sorted[size_t(std::floor(pct_ / 100.0 * double(sorted.size() - 1)))];
-    json e = {{"type", "evaluation"},  {"step", s.step}, {"module", prefix_}, {"grad_norm_change", front_change},
-              {"percentile_cut", cut}, {"lr", s.lr}};
-    log_.push_back(e);
-    if (front_change <= cut) {
-      log_.push_back({{"type", "freeze"}, {"step", s.step}, {"module", prefix_}, {"lr", s.lr}});
-      ++prefix_;
-    }
-  }
-  int64_t frozen_prefix() const override { return prefix_; }
-  std::vector<json> take_log() override { return std::exchange(log_, {}); }
-  json state() const override { return {{"prefix", prefix_}, {"prev", prev_}, {"due", due_}}; }
-  void load_state(const json& j) override {
-    prefix_ = j.value("prefix", int64_t(0));
-    if (j.contains("prev")) prev_ = j["prev"].get<std::vector<double>>();
-    due_ = j.value("due", false);
-  }
-
- private:
-  int64_t n_;
-  double pct_;
-  int64_t modules_, prefix_ = 0;
-  bool due_ = false;  // a reading is due and waits for a step that trained
-  Partition partition_;
-  std::vector<double> prev_;
-  std::vector<json> log_;
-};
-
-std::shared_ptr<const Snapshot> take_snapshot(const models::Model& m) {
-  auto s = std::make_shared<Snapshot>();
-  for (auto& [k, t] : m.state_dict()) (*s)[k] = t.to(Device::cpu()).clone();
-  return s;
-}
-
-class EgeriaPolicy : public FreezePolicy {
- public:
-  EgeriaPolicy(const PolicyConfig& c, int64_t modules) : c_(c), tracker_(modules, with_interval(c, modules)) {
-    ControllerOptions o = c.reference;
-    if (c.device.is_cuda()) o.gpu = c.device;
-    o.max_cpu_load = c.max_cpu_load(c.device);
-    tracker_.custom_unfreeze = c.unfreeze_hook;
-    ctl_ = std::make_unique<PlasticityController>(c.make_model ? c.make_model : quant::model_factory(c.model), o);
-  }
-
-  int64_t capture_module(int64_t step) const override {
-    if (tracker_.bootstrapping() || tracker_.done() || !ctl_->has_snapshot()) return -1;
-    return (step + 1) % n() == 0 ? c_.partition.last_layer(tracker_.front()) : -1;
-  }
-
-  void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) override {
-    if (s.trained) {  // a step that trained nothing has no loss (not a loss of 0)
-      losses_.push_back(s.loss);  // read when summed (Note [Deferred reads]), in step order
-      ++loss_n_;
-      if (losses_.size() > 64) add_losses(false);
-    }
-    if (tracker_.bootstrapping()) {
-      if (s.step % bootstrap_n() == 0 && loss_n_ > 0) {
-        add_losses(true);
-        const Decision d = tracker_.bootstrap_check(s.step, loss_sum_ / double(loss_n_), s.lr);
-        loss_sum_ = 0;
-        loss_n_ = 0;
-        if (d == Decision::end_bootstrap) refresh(m, s.step, s.lr);
-      }
-    } else {
-      // Without bootstrapping (Note [Bootstrapping a pretrained network]) the first
-      // step's network is the first reference.
-      if (!snapshot_) refresh(m, s.step, s.lr);
-      // The step's LR first: a first phase that ends here applies its held freezes at
-      // this step, before the readings (which may have been taken n steps ago).
-      tracker_.observe_lr(s.step, s.lr);
-      if (c_.apply_on_arrival) {
-        if (captured.defined()) submit(s, x, captured);
-        act_on(ctl_->poll(), s, m);
-      } else if (captured.defined()) {
-        // The previous evaluation, n steps ago, is acted on now, whenever it finished:
-        // the decisions do not depend on the machine's timing. With the reference far
-        // cheaper than n training steps, drain() almost never waits (wait_seconds says).
-        const int64_t captured_layer = c_.partition.last_layer(tracker_.front());
-        ctl_->drain();
-        act_on(ctl_->poll(), s, m);
-        const int64_t front_layer = c_.partition.last_layer(tracker_.front());
-        if (captured_layer == front_layer) submit(s, x, captured);
-        else ++stale_results_;  // the front moved on while this step ran: its output is no reading
-      }
-      tracker_.check_lr(s.step, s.lr);
-    }
-    for (auto& e : tracker_.take_events()) log_.push_back(e.to_json());
-  }
-  int64_t frozen_prefix() const override { return tracker_.frozen(); }
-  std::vector<json> take_log() override { return std::exchange(log_, {}); }
-
-  json state() const override {
-    ctl_->drain();
-    add_losses(true);
-    json pending = json::array();
-    for (auto& r : ctl_->pending()) pending.push_back({r.step, r.module, r.plasticity});
-    return {{"tracker", tracker_.state()},
-            {"loss_sum", loss_sum_},
-            {"loss_n", loss_n_},
-            {"interval", n()},
-            {"bootstrap_interval", bootstrap_n()},
-            {"pending", pending},
-            {"stale_results", stale_results_},
-            {"reference_calibration", calibration_json()}};
-  }
-  void load_state(const json& j) override {
-    tracker_.load_state(j.at("tracker"));
-    losses_.clear();
-    loss_sum_ = j.value("loss_sum", 0.0);
-    loss_n_ = j.value("loss_n", int64_t(0));
-    // An auto n or bootstrapping span is the checkpoint's: the build that started the run
-    // may have derived another, and the run's readings so far are at its steps.
-    if (c_.tracker.interval <= 0 && j.contains("interval")) resumed_n_ = j.at("interval").get<int64_t>();
-    if (!j.contains("bootstrap_interval")) bootstrap_n_ = n();
-    else if (c_.tracker.bootstrap_interval <= 0) bootstrap_n_ = std::max<int64_t>(0, j.at("bootstrap_interval").get<int64_t>());
-    stale_results_ = j.value("stale_results", int64_t(0));
-    std::vector<PlasticityController::Result> pending;
-    for (auto& p : j.value("pending", json::array()))
-      pending.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>()});
-    ctl_->restore_pending(std::move(pending));
-    restored_calibration_.clear();
-    const json cal = j.value("reference_calibration", json::object());  // (a temporary would dangle in the loop)
-    for (auto& [name, r] : cal.items())
-      restored_calibration_[name] = {r.at(0).get<float>(), r.at(1).get<float>(), r.at(2).get<int64_t>()};
-  }
-  std::map<std::string, Tensor> state_tensors() const override { return snapshot_ ? *snapshot_ : Snapshot(); }
-  void load_state_tensors(const std::map<std::string, Tensor>& t) override {
-    if (t.empty()) return;
-    snapshot_ = std::make_shared<Snapshot>(t);
-    ctl_->set_snapshot(snapshot_);
-    ctl_->restore_calibration(snapshot_, std::exchange(restored_calibration_, {}));
-  }
-  void quiesce() override { ctl_->drain(); }
-  json stats() const override {
-    json j = {{"evaluations_completed", ctl_->completed()},
-              {"evaluations_dropped", ctl_->dropped()},
-              {"stale_results", stale_results_},
-              {"reference_cpu_seconds", ctl_->background_cpu_seconds()},
-              {"reference_gpu_seconds", ctl_->reference_gpu_seconds()},
-              {"evaluation_wait_seconds", ctl_->wait_seconds()},
-              {"apply", c_.apply_on_arrival ? "arrival" : "next"},
-              {"snapshot_seconds", snapshot_seconds_},
-              {"interval", n()},
-              {"bootstrap_interval", bootstrap_n()},
-              {"window", tracker_.window()},
-              {"reference", c_.reference.precision},
-              {"reference_bn", c_.reference.bn == quant::ReferenceBn::batch ? "batch" : "running"},
-              {"unit_scope_submissions", unit_scope_submissions_},
-              {"reference_max_cpu_load", ctl_->max_cpu_load()},
-              {"reference_deferred", ctl_->deferred()},
-              {"reference_deferred_seconds", ctl_->deferred_seconds()}};
-    if (const std::string e = ctl_->first_error(); !e.empty()) j["first_evaluation_error"] = e;
-    return j;
-  }
-
- private:
-  static TrackerOptions with_interval(const PolicyConfig& c, int64_t modules) {
-    TrackerOptions o = c.tracker;
-    if (o.interval <= 0)
-      o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window, o.pretrained);  // see the Note
-    if (o.bootstrap_interval == 0 && o.pretrained) o.bootstrap_interval = kNoBootstrapping;  // see the Note
-    if (o.bootstrap_interval == -1) o.bootstrap_interval = o.interval;  // the paper's: every n
-    if (o.bootstrap_interval == 0)
-      o.bootstrap_interval =
-          default_bootstrap_interval(std::max<int64_t>(1, c.total_steps), c.steps_per_epoch, o.interval);
-    return o;
-  }
-  int64_t n() const { return resumed_n_ > 0 ? resumed_n_ : tracker_.options().interval; }
-  // Steps between bootstrapping checks (Note [The bootstrapping check's span]); a
-  // checkpoint from before it existed resumes with its run's n, as it had, and one with
-  // an auto span with its own.
-  int64_t bootstrap_n() const { return bootstrap_n_ > 0 ? bootstrap_n_ : tracker_.options().bootstrap_interval; }
-  // The controller works in layer modules: the reference runs up to the front unit's
-  // last, from the images or, given the unit's input, from the unit's first.
-  void submit(const StepInfo& s, const Tensor& x, const Tensor& captured) {
-    const FreezeUnit& u = c_.partition.units().at(size_t(tracker_.front()));
-    if (s.unit_input.defined() && u.begin > 0)
-      unit_scope_submissions_ += ctl_->submit(s.step, u.end - 1, x, captured, s.x2, s.unit_input, u.begin);
-    else ctl_->submit(s.step, u.end - 1, x, captured, s.x2);
-  }
-  void act_on(const std::vector<PlasticityController::Result>& results, const StepInfo& s, models::Model& m) {
-    for (auto& r : results) {
-      // A reading for a unit that is no longer the front (frozen or unfrozen since) is stale.
-      if (r.module != c_.partition.last_layer(tracker_.front())) {
-        ++stale_results_;
-        continue;
-      }
-      tracker_.check_plasticity(r.step, r.plasticity, s.lr);
-      if (tracker_.refresh_due()) refresh(m, s.step, s.lr);
-    }
-  }
-  void refresh(models::Model& m, int64_t step, double lr) {
-    auto t0 = std::chrono::steady_clock::now();
-    snapshot_ = take_snapshot(m);
-    ctl_->set_snapshot(snapshot_);
-    snapshot_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tracker_.reference_refreshed(step, lr);
-  }
-
-  PolicyConfig c_;
-  FreezeTracker tracker_;
-  std::unique_ptr<PlasticityController> ctl_;
-  // The int8 reference's calibration for the current snapshot, as [lo, hi, batches]
-  // by convolution (after drain()).
-  json calibration_json() const {
-    json j = json::object();
-    for (auto& [name, r] : ctl_->calibration_for(snapshot_)) j[name] = {r.lo, r.hi, r.batches};
-    return j;
-  }
-  std::shared_ptr<const Snapshot> snapshot_;
-  quant::Calibration restored_calibration_;  // load_state's, until load_state_tensors restores the snapshot
-  // The step losses since the last bootstrapping check: loss_sum_ holds those read so far,
-  // losses_ the rest, read lagged (a later step's kernels are queued behind each but the
-  // newest); `all` reads the newest too (a host sync on a GPU, at check steps and
-  // checkpoints only).
-  void add_losses(bool all) const {
-    if (losses_.empty()) return;
-    const size_t n = all ? losses_.size() : losses_.size() - 1;
-    for (size_t i = 0; i < n; ++i) loss_sum_ += all ? losses_[i].value() : losses_[i].lagged_value();
-    losses_.erase(losses_.begin(), losses_.begin() + std::ptrdiff_t(n));
-  }
-  mutable std::vector<DeferredScalar> losses_;
-  mutable double loss_sum_ = 0;
-  double snapshot_seconds_ = 0;
-  int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's
-  int64_t resumed_n_ = 0;  // > 0: a resumed checkpoint's auto n
-  int64_t loss_n_ = 0, stale_results_ = 0;
-  int64_t unit_scope_submissions_ = 0;  // evaluations whose reference ran the front unit only
-  std::vector<json> log_;
-};
-
-}  // namespace
-
 double FreezeOptions::max_cpu_load(Device training) const {
   // auto: the paper's gate where it fits, beside GPU training whose results are acted
   // on when they arrive; acting at the next evaluation, training waits for each result
@@ -378,7 +33,33 @@ double FreezeOptions::max_cpu_load(Device training) const {
   return reference_max_load / 100;
 }
 
-std::vector<std::string> policy_names() { return {"none", "static", "freezeout", "autofreeze", "egeria"}; }
+namespace {
+
+class NonePolicy : public FreezePolicy {
+ public:
+  void after_step(const StepInfo&, const Tensor&, const Tensor&, models::Model&) override {}
+  int64_t frozen_prefix() const override { return 0; }
+};
+
+std::unique_ptr<FreezePolicy> make_none_policy(const PolicyConfig&, int64_t) { return std::make_unique<NonePolicy>(); }
+
+// --freeze's values, in the order the help lists them (freeze/policies.h).
+const struct {
+  const char* name;
+  std::unique_ptr<FreezePolicy> (*make)(const PolicyConfig&, int64_t units);
+} kPolicies[] = {{"none", make_none_policy},
+                 {"static", make_static_policy},
+                 {"freezeout", make_freezeout_policy},
+                 {"autofreeze", make_autofreeze_policy},
+                 {"egeria", make_egeria_policy}};
+
+}  // namespace
+
+std::vector<std::string> policy_names() {
+  std::vector<std::string> names;
+  for (auto& p : kPolicies) names.push_back(p.name);
+  return names;
+}
 
 std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& cin, int64_t layers) {
   EG_CHECK(layers >= 2, "layer freezing needs a model with at least two layer modules");
@@ -390,13 +71,11 @@ std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& cin, int64_t layer
   }
   EG_CHECK(c.partition.units().back().end == layers, "the freezing units cover ", c.partition.units().back().end,
            " layer modules, but the model has ", layers);
-  const int64_t modules = c.partition.size();
-  if (c.policy == "none") return std::make_unique<NonePolicy>();
-  if (c.policy == "static") return std::make_unique<StaticPolicy>(c, modules);
-  if (c.policy == "freezeout") return std::make_unique<FreezeOutPolicy>(c, modules);
-  if (c.policy == "autofreeze") return std::make_unique<AutoFreezePolicy>(c, modules);
-  if (c.policy == "egeria") return std::make_unique<EgeriaPolicy>(c, modules);
-  EG_THROW("--freeze: unknown policy '", c.policy, "' (none, static, freezeout, autofreeze, egeria)");
+  for (auto& p : kPolicies)
+    if (c.policy == p.name) return p.make(c, c.partition.size());
+  std::string names;
+  for (auto& p : kPolicies) names += std::string(names.empty() ? "" : ", ") + p.name;
+  EG_THROW("--freeze: unknown policy '", c.policy, "' (", names, ")");
 }
 
 }  // namespace eg::freeze

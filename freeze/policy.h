@@ -13,6 +13,8 @@
 //               of the active modules' changes
 //   egeria      the paper: plasticity against a reference model, Algorithm 1
 //               (freeze/tracker.h), evaluated asynchronously (freeze/controller.h)
+// Each behind this interface in a file of its own, freeze/policy_NAME.cpp (none, the
+// baseline, beside make_policy's table in freeze/policy.cpp): freeze/policies.h.
 #pragma once
 #include <cstdint>
 #include <functional>
