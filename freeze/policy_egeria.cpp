@@ -99,7 +99,8 @@ class EgeriaPolicy : public FreezePolicy {
     // may have derived another, and the run's readings so far are at its steps.
     if (c_.tracker.interval <= 0 && j.contains("interval")) resumed_n_ = j.at("interval").get<int64_t>();
     if (!j.contains("bootstrap_interval")) bootstrap_n_ = n();
-    else if (c_.tracker.bootstrap_interval <= 0) bootstrap_n_ = std::max<int64_t>(0, j.at("bootstrap_interval").get<int64_t>());
+    else if (c_.tracker.bootstrap_interval <= 0)
+      bootstrap_n_ = std::max<int64_t>(0, j.at("bootstrap_interval").get<int64_t>());
     stale_results_ = j.value("stale_results", int64_t(0));
     std::vector<PlasticityController::Result> pending;
     for (auto& p : j.value("pending", json::array()))
@@ -144,7 +145,8 @@ class EgeriaPolicy : public FreezePolicy {
   static TrackerOptions with_interval(const PolicyConfig& c, int64_t modules) {
     TrackerOptions o = c.tracker;
     if (o.interval <= 0)
-      o.interval = default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window, o.pretrained);  // see the Note
+      o.interval =
+          default_interval(std::max<int64_t>(1, c.total_steps), modules, o.window, o.pretrained);  // see the Note
     if (o.bootstrap_interval == 0 && o.pretrained) o.bootstrap_interval = kNoBootstrapping;  // see the Note
     if (o.bootstrap_interval == -1) o.bootstrap_interval = o.interval;  // the paper's: every n
     if (o.bootstrap_interval == 0)
