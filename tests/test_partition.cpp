@@ -37,6 +37,18 @@ void expect_well_formed(const models::Model& m, const freeze::Partition& p) {
   EXPECT_EQ(p.units().back().end - p.units().back().begin, 1) << "the head is a unit of its own";
 }
 
+// Egeria on `m` (resnet20 at 16 px), a 100-step run, its reference read synchronously.
+freeze::PolicyConfig egeria_config(const models::Model& m) {
+  freeze::PolicyConfig c;
+  c.policy = "egeria";
+  c.model.name = "resnet20";
+  c.model.image_size = 16;
+  c.partition = freeze::make_partition(m, freeze::PartitionMode::automatic);
+  c.total_steps = 100;
+  c.reference.synchronous = true;
+  return c;
+}
+
 TEST(Partition, AutoSplitsResNet56AsThePaperDoes) {
   // Fig. 11: layer1 (5% of the parameters) and layer2 (20%) are evaluated whole, layer3
   // (75%) is split into similar-sized units, and its last unit once more: 7 units and
@@ -140,15 +152,9 @@ TEST(Partition, PoliciesCountInUnits) {
 // check), and AutoFreeze's reading waits for the next step that trained.
 TEST(Partition, PoliciesTakeNoReadingFromAStepThatTrainedNothing) {
   auto m = model("resnet20", 16);
-  freeze::PolicyConfig c;
-  c.policy = "egeria";
-  c.model.name = "resnet20";
-  c.model.image_size = 16;
-  c.partition = freeze::make_partition(*m, freeze::PartitionMode::automatic);
-  c.total_steps = 100;
+  freeze::PolicyConfig c = egeria_config(*m);
   c.tracker.interval = 1;
   c.tracker.bootstrap_interval = 2;
-  c.reference.synchronous = true;
   const int64_t layers = int64_t(m->layer_modules().size());
   auto egeria = freeze::make_policy(c, layers);
   const std::vector<std::pair<double, bool>> steps = {{2.0, true},  {2.0, true},  {1.0, true}, {0.0, false},
@@ -194,15 +200,9 @@ TEST(Partition, PoliciesTakeNoReadingFromAStepThatTrainedNothing) {
 // A set n is the run's own: a resume with another is refused before the policy starts.
 TEST(Partition, AnAutoIntervalResumesAsTheCheckpointHasIt) {
   auto m = model("resnet20", 16);
-  freeze::PolicyConfig c;
-  c.policy = "egeria";
-  c.model.name = "resnet20";
-  c.model.image_size = 16;
-  c.partition = freeze::make_partition(*m, freeze::PartitionMode::automatic);
-  c.total_steps = 100;
+  freeze::PolicyConfig c = egeria_config(*m);
   c.steps_per_epoch = 10;
   c.tracker.pretrained = true;
-  c.reference.synchronous = true;
   const int64_t layers = int64_t(m->layer_modules().size());
   auto started = freeze::make_policy(c, layers);
   ASSERT_EQ(started->stats().at("interval"), freeze::kMinPretrainedInterval);
