@@ -12,6 +12,10 @@
 // TrainStepFrozenCached: the same step with the frozen prefix's output read from the
 // activation cache (cache/, --freeze-cache on): gathered for the batch's 128 sample
 // ids, then the active modules only.
+// TrainStepFrozenSet: a set of units frozen that is not a prefix (Note [Frozen sets] in
+// freeze/policy.h): unit u alone, behind the trainable units before it, and every body
+// unit but the first. Such a unit runs its backward to its input and skips its weight
+// gradients and update: the step saves less than the prefix of as many units.
 // EG_BENCH_DEVICE=cuda:0 runs on the GPU (the CUDA caching allocator's figures).
 #include <benchmark/benchmark.h>
 
@@ -38,7 +42,7 @@ Device bench_device() {
 
 Allocator& allocator_of(const Device& d) { return d.is_cpu() ? cpu_allocator() : cuda_allocator(d.index); }
 
-void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k, bool cached) {
+void BM_TrainStepFrozen(benchmark::State& st, const char* name, freeze::UnitSet set, bool cached) {
   const Device dev = bench_device();
   models::ModelConfig mc;
   mc.name = name;
@@ -47,12 +51,12 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k, bool 
   m->to(dev);
   m->train();
   const auto part = freeze::make_partition(*m, freeze::PartitionMode::automatic);
-  if (k >= part.size()) {
-    st.SkipWithError("k is past the last body unit");
+  if (!set.empty() && set.back() >= part.size() - 1) {
+    st.SkipWithError("a unit past the last body unit");
     return;
   }
-  const int64_t layers = part.layer_prefix(k);
-  freeze::apply_frozen_prefix(*m, layers);
+  const int64_t layers = part.layer_prefix(freeze::prefix_length(set));
+  freeze::apply_frozen_layers(*m, part.layers_of(set));
   optim::SGD opt(m->parameters(), 0.1, {0.9, 0, 5e-4, false});
   const int64_t b = 128;
   Tensor x = Tensor::randn({b, 3, 32, 32}, g).to(dev);
@@ -87,12 +91,17 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, int64_t k, bool 
   const double peak = double(a.stats().peak_allocated);
   for (auto _ : st) benchmark::DoNotOptimize(step());
   int64_t frozen = 0;
-  for (int64_t i = 0; i < k; ++i) frozen += part.units()[size_t(i)].params;
+  std::string names;
+  for (int64_t u : set)
+    frozen += part.units()[size_t(u)].params, names += (names.empty() ? "" : ", ") + part.units()[size_t(u)].name;
   st.counters["img/s"] = benchmark::Counter(double(b), benchmark::Counter::kIsIterationInvariantRate);
   st.counters["peak_MiB"] = peak / (1 << 20);
   st.counters["step_MiB"] = (peak - before) / (1 << 20);
   st.counters["frozen_params"] = double(frozen) / double(m->num_parameters());
-  st.SetLabel(k == 0 ? std::string("nothing frozen") : "frozen through " + part.units()[size_t(k - 1)].name);
+  const int64_t k = int64_t(set.size());
+  if (k == 0) st.SetLabel("nothing frozen");
+  else if (freeze::prefix_length(set) == k) st.SetLabel("frozen through " + part.units()[size_t(k - 1)].name);
+  else st.SetLabel("frozen: " + names);
 }
 
 void register_all() {
@@ -106,9 +115,19 @@ void register_all() {
         benchmark::RegisterBenchmark(
             (std::string(cached ? "TrainStepFrozenCached/" : "TrainStepFrozen/") + name + "/k:" + std::to_string(k))
                 .c_str(),
-            BM_TrainStepFrozen, name, k, cached)
+            BM_TrainStepFrozen, name, freeze::first_units(k), cached)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
+    std::vector<std::pair<std::string, freeze::UnitSet>> sets;
+    for (int64_t u = 1; u + 1 < units; ++u) sets.push_back({"units:" + std::to_string(u), {u}});
+    freeze::UnitSet body;
+    for (int64_t u = 1; u + 1 < units; ++u) body.push_back(u);
+    sets.push_back({"units:1-" + std::to_string(units - 2), body});
+    for (auto& [label, set] : sets)
+      benchmark::RegisterBenchmark((std::string("TrainStepFrozenSet/") + name + "/" + label).c_str(),
+                                   BM_TrainStepFrozen, name, set, false)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   }
 }
 

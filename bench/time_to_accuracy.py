@@ -199,7 +199,12 @@ def time_to_accuracy(out, acc):
 
 def frozen_records(out):
     """[(step, units frozen after it)] from the run's step records (every --log-every steps)."""
-    return [(r["step"], r.get("frozen_modules", 0)) for r in records_of(out) if r.get("type") == "step"]
+    steps = [r for r in records_of(out) if r.get("type") == "step"]
+    for r in steps:
+        if "frozen_units" in r:  # the step costs are of frozen fronts (eg_bench_freeze's k)
+            raise SystemExit(f"{out}: step {r['step']} ran with units {r['frozen_units']} frozen, not a front; "
+                             "the step-cost model covers fronts only")
+    return [(r["step"], r.get("frozen_modules", 0)) for r in steps]
 
 
 def load_step_costs(path):

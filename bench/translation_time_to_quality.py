@@ -171,6 +171,9 @@ def analyse(d, costs=None):
             # The step's tokens at the cost of the prefix frozen during it: the line's
             # frozen_modules is after the step, so the step ran with the previous line's.
             t += float(m["tokens"]) * costs[k]
+            if "frozen_units" in m:  # the step costs are of frozen fronts
+                raise SystemExit(f"{d}: step {m['step']} ran with units {m['frozen_units']} frozen, not a front; "
+                                 "the step-cost model covers fronts only")
             k = int(m.get("frozen_modules", 0))
             modelled[m["step"]] = t * (1 + overhead)
         elif m["type"] in ("eval", "epoch") and "valid_loss" in m:

@@ -23,6 +23,16 @@ int64_t Partition::layer_prefix(int64_t k) const {
   return units_[size_t(k - 1)].end;
 }
 
+std::vector<int64_t> Partition::layers_of(const std::vector<int64_t>& units) const {
+  std::vector<int64_t> layers;
+  for (int64_t u : units) {
+    EG_CHECK(u >= 0 && u < size(), "frozen unit ", u, ", but the partition has ", size());
+    for (int64_t i = units_[size_t(u)].begin; i < units_[size_t(u)].end; ++i) layers.push_back(i);
+  }
+  std::sort(layers.begin(), layers.end());
+  return layers;
+}
+
 std::vector<std::string> Partition::names() const {
   std::vector<std::string> n;
   for (auto& u : units_) n.push_back(u.name);

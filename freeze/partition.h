@@ -51,6 +51,8 @@ class Partition {
   int64_t size() const { return int64_t(units_.size()); }
   // Layer modules in the first k units (the layer-module prefix to freeze).
   int64_t layer_prefix(int64_t k) const;
+  // The layer modules of these units, ascending.
+  std::vector<int64_t> layers_of(const std::vector<int64_t>& units) const;
   // The layer module whose output is unit u's output.
   int64_t last_layer(int64_t u) const { return units_.at(size_t(u)).end - 1; }
   std::vector<std::string> names() const;

@@ -8,11 +8,25 @@
 
 namespace eg::freeze {
 
-bool apply_frozen_prefix(models::Model& m, int64_t k) {
+UnitSet first_units(int64_t k) {
+  UnitSet s;
+  for (int64_t u = 0; u < k; ++u) s.push_back(u);
+  return s;
+}
+
+int64_t prefix_length(const UnitSet& s) {
+  int64_t p = 0;
+  while (p < int64_t(s.size()) && s[size_t(p)] == p) ++p;
+  return p;
+}
+
+bool apply_frozen_layers(models::Model& m, const std::vector<int64_t>& layers) {
   bool changed = false;
   int64_t i = 0;
+  size_t next = 0;  // the first of `layers` not yet passed
   for (auto& [name, mod] : m.layer_modules()) {
-    const bool want = i++ < k;
+    while (next < layers.size() && layers[next] < i) ++next;
+    const bool want = next < layers.size() && layers[next] == i++;
     if (want == mod->is_frozen()) continue;
     changed = true;
     if (want) {
@@ -23,6 +37,12 @@ bool apply_frozen_prefix(models::Model& m, int64_t k) {
     }
   }
   return changed;
+}
+
+bool apply_frozen_prefix(models::Model& m, int64_t k) {
+  std::vector<int64_t> layers;
+  for (int64_t i = 0; i < k; ++i) layers.push_back(i);
+  return apply_frozen_layers(m, layers);
 }
 
 double FreezeOptions::max_cpu_load(Device training) const {
@@ -38,7 +58,7 @@ namespace {
 class NonePolicy : public FreezePolicy {
  public:
   void after_step(const StepInfo&, const Tensor&, const Tensor&, models::Model&) override {}
-  int64_t frozen_prefix() const override { return 0; }
+  UnitSet frozen_units() const override { return {}; }
 };
 
 std::unique_ptr<FreezePolicy> make_none_policy(const PolicyConfig&, int64_t) { return std::make_unique<NonePolicy>(); }

@@ -1,9 +1,9 @@
 // Freezing policies: what `egeria train --freeze` selects. A policy watches training
-// (loss, LR, activations, gradients) and decides how many front layer modules are
-// frozen; the trainer applies the decision (apply_frozen_prefix) and logs the events.
+// (loss, LR, activations, gradients) and decides which units are frozen; the trainer
+// applies the decision (apply_frozen_layers) and logs the events.
 //
 //   none        never freezes (the baseline)
-//   static      freezes the first K modules at epoch E
+//   static      freezes the first K units at epoch E, or a set of units (--static-units)
 //   freezeout   Brock et al. 2017: module i freezes at fraction t_i of training,
 //               t_i = t0 + (1 - t0) i / (L - 1) (linear schedule; their per-layer LR
 //               annealing to zero is not applied, the run's LR schedule is kept)
@@ -34,6 +34,19 @@
 namespace eg::freeze {
 
 enum class FrozenBn { batch, running };  // Note [Frozen BatchNorm semantics]
+
+// Note [Frozen sets]
+// What is frozen is a set of units, ascending unit indices. Its prefix (units 0 .. p-1
+// all in it) runs as the paper's frozen front: under no-grad, no backward at all, its
+// outputs cacheable. A frozen unit behind a trainable one still runs the backward to its
+// input, for the units before it, but computes no weight gradients (its parameters do
+// not require grad, so the autograd nodes skip them), takes no optimizer step and is in
+// no gradient bucket, so its parameters stay bitwise as they were and data-parallel
+// ranks do not send them. The policies of the paper freeze prefixes; --freeze static
+// with --static-units freezes any set.
+using UnitSet = std::vector<int64_t>;
+UnitSet first_units(int64_t k);  // {0, 1, ..., k - 1}
+int64_t prefix_length(const UnitSet& s);  // p: units 0 .. p - 1 are all in s
 enum class ReferenceScope { unit, network };  // Note [The reference's scope]
 
 // The freezing options as a user sets them: a TrainConfig holds one (`freezing`), the
@@ -68,6 +81,7 @@ struct FreezeOptions {
   // config.json and a resume cannot check it.
   std::function<bool(int64_t, double)> unfreeze_hook;
   int64_t static_modules = -1, static_epoch = -1;  // static (-1: half the modules / epochs)
+  std::vector<int64_t> static_units;  // static: this set instead of the front static_modules
   double freezeout_t0 = 0.5;
   double autofreeze_percentile = 50;
   // The activation cache of the frozen prefix (cache/, the paper's §4.3): skips the
@@ -125,8 +139,8 @@ class FreezePolicy {
   // batch on the host, the reference model's (both undefined when no capture was asked
   // for); gradients are still in place.
   virtual void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) = 0;
-  // Number of front units that should be frozen now.
-  virtual int64_t frozen_prefix() const = 0;
+  // The units that should be frozen now (Note [Frozen sets]).
+  virtual UnitSet frozen_units() const = 0;
   // Decisions and evaluations since the last call, as freeze.jsonl lines.
   virtual std::vector<nlohmann::json> take_log() { return {}; }
   // Everything needed to continue the same decisions after a resume.
@@ -147,7 +161,10 @@ class FreezePolicy {
 std::unique_ptr<FreezePolicy> make_policy(const PolicyConfig& c, int64_t num_modules);
 std::vector<std::string> policy_names();
 
-// Freezes modules [0, k) and unfreezes the rest (frozen parameters drop their
-// gradients: they own no gradient memory while frozen). Returns true on a change.
+// Freezes the layer modules `layers` (ascending indices) and unfreezes the rest (frozen
+// parameters drop their gradients: they own no gradient memory while frozen). Returns
+// true on a change.
+bool apply_frozen_layers(models::Model& m, const std::vector<int64_t>& layers);
+// Freezes layer modules [0, k) and unfreezes the rest.
 bool apply_frozen_prefix(models::Model& m, int64_t k);
 }  // namespace eg::freeze

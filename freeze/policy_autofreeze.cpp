@@ -69,7 +69,7 @@ class AutoFreezePolicy : public FreezePolicy {
       ++prefix_;
     }
   }
-  int64_t frozen_prefix() const override { return prefix_; }
+  UnitSet frozen_units() const override { return first_units(prefix_); }
   std::vector<json> take_log() override { return std::exchange(log_, {}); }
   json state() const override { return {{"prefix", prefix_}, {"prev", prev_}, {"due", due_}}; }
   void load_state(const json& j) override {

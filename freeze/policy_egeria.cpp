@@ -73,7 +73,7 @@ class EgeriaPolicy : public FreezePolicy {
     }
     for (auto& e : tracker_.take_events()) log_.push_back(e.to_json());
   }
-  int64_t frozen_prefix() const override { return tracker_.frozen(); }
+  UnitSet frozen_units() const override { return first_units(tracker_.frozen()); }
   std::vector<json> take_log() override { return std::exchange(log_, {}); }
 
   json state() const override {

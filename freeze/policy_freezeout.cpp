@@ -27,7 +27,7 @@ class FreezeOutPolicy : public FreezePolicy {
     if (k != prefix_) log_.push_back({{"type", "freeze"}, {"step", s.step}, {"modules", k}, {"lr", s.lr}});
     prefix_ = k;
   }
-  int64_t frozen_prefix() const override { return prefix_; }
+  UnitSet frozen_units() const override { return first_units(prefix_); }
   std::vector<json> take_log() override { return std::exchange(log_, {}); }
   json state() const override { return {{"prefix", prefix_}}; }
   void load_state(const json& j) override { prefix_ = j.value("prefix", int64_t(0)); }

@@ -1,5 +1,6 @@
 #include "freeze/policies.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/error.h"
@@ -10,27 +11,46 @@ using json = nlohmann::json;
 
 namespace {
 
-// Freezes the first K modules at the start of epoch E.
+// Freezes the first K units, or the set --static-units names, at the start of epoch E.
 class StaticPolicy : public FreezePolicy {
  public:
-  StaticPolicy(const PolicyConfig& c, int64_t modules) {
-    k_ = c.static_modules >= 0 ? c.static_modules : modules / 2;
+  StaticPolicy(const PolicyConfig& c, int64_t units) {
     epoch_ = c.static_epoch >= 0 ? c.static_epoch : (c.steps_per_epoch ? c.total_steps / c.steps_per_epoch / 2 : 0);
-    EG_CHECK(k_ < modules, "--freeze static: ", k_, " modules would freeze the whole model (it has ", modules,
-             "; the last is never frozen)");
+    if (c.static_units.empty()) {
+      const int64_t k = c.static_modules >= 0 ? c.static_modules : units / 2;
+      EG_CHECK(k < units, "--freeze static: ", k, " units would freeze the whole model (it has ", units,
+               "; the last is never frozen)");
+      set_ = first_units(k);
+      return;
+    }
+    set_ = c.static_units;
+    std::sort(set_.begin(), set_.end());
+    for (size_t i = 0; i < set_.size(); ++i) {
+      EG_CHECK(set_[i] >= 0 && set_[i] < units - 1, "--static-units: unit ", set_[i],
+               " is out of range: the model has ", units, " freezing units, 0 to ", units - 2,
+               " can freeze (the last, the head, never does)");
+      EG_CHECK(i == 0 || set_[i] != set_[i - 1], "--static-units names unit ", set_[i], " twice");
+    }
   }
   void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model&) override {
-    const int64_t want = s.epoch >= epoch_ || (s.step > 0 && epoch_ == 0) ? k_ : 0;
-    if (want != prefix_) log_.push_back({{"type", "freeze"}, {"step", s.step}, {"modules", want}, {"lr", s.lr}});
-    prefix_ = want;
+    const bool on = s.epoch >= epoch_ || (s.step > 0 && epoch_ == 0);
+    if (on != on_ && !set_.empty()) {
+      json e = {{"type", "freeze"}, {"step", s.step}, {"modules", on ? int64_t(set_.size()) : 0}, {"lr", s.lr}};
+      if (on && prefix_length(set_) != int64_t(set_.size())) e["units"] = set_;
+      log_.push_back(std::move(e));
+    }
+    on_ = on;
   }
-  int64_t frozen_prefix() const override { return prefix_; }
+  UnitSet frozen_units() const override { return on_ ? set_ : UnitSet(); }
   std::vector<json> take_log() override { return std::exchange(log_, {}); }
-  json state() const override { return {{"prefix", prefix_}}; }
-  void load_state(const json& j) override { prefix_ = j.value("prefix", int64_t(0)); }
+  // "prefix" as checkpoints before frozen sets had it (the number of units frozen then).
+  json state() const override { return {{"prefix", on_ ? int64_t(set_.size()) : 0}, {"on", on_}}; }
+  void load_state(const json& j) override { on_ = j.contains("on") ? j["on"].get<bool>() : j.value("prefix", 0) > 0; }
 
  private:
-  int64_t k_, epoch_, prefix_ = 0;
+  int64_t epoch_;
+  UnitSet set_;  // what freezes at epoch_
+  bool on_ = false;
   std::vector<json> log_;
 };
 

@@ -90,9 +90,11 @@ bool same_on_every_rank(dist::Communicator& w, const std::string& bytes) {
 
 // The image task, recording the frozen prefix each step's forward ran with.
 struct RecordingImageTask : train::ImageTask {
-  std::vector<int64_t> frozen;
+  std::vector<int64_t> frozen;  // layer modules under no-grad, a step each
+  std::vector<freeze::UnitSet> sets;  // the frozen units, a step each
   train::StepOutput training_step(train::FreezeRun& fr) override {
     frozen.push_back(fr.frozen_layers());
+    sets.push_back(fr.frozen_units());
     return ImageTask::training_step(fr);
   }
 };
@@ -216,25 +218,32 @@ void check_bf16_sync(dist::Communicator& w, const std::string& work) {
   }
 }
 
-// Each step's all-reduced bytes are the unfrozen parameters' bytes, exactly.
+// Each step's all-reduced bytes are the unfrozen parameters' bytes, exactly. "static-set":
+// units 1 and 3 frozen behind trainable ones (Note [Frozen sets]), whose bytes are not sent.
 void check_freezing(dist::Communicator& w, const std::string& work, const std::string& policy) {
   RecordingImageTask task;
   auto c = image_config(work + "/" + policy);
-  c.freezing.policy = policy;
+  c.freezing.policy = policy == "static-set" ? "static" : policy;
   c.epochs = 4;
   c.milestones = {3};
   if (policy == "static") {
     c.freezing.static_modules = 2;
     c.freezing.static_epoch = 1;
+  } else if (policy == "static-set") {
+    c.freezing.static_units = {1, 3};
+    c.freezing.static_epoch = 1;
   } else {
     eg::testing::use_fast_egeria(c);
   }
   train::fit(task, c, w);
-  check(same_on_every_rank(w, json(task.frozen).dump()), policy + ": the ranks froze differently");
+  check(same_on_every_rank(w, json(task.sets).dump()), policy + ": the ranks froze differently");
   check(same_on_every_rank(w, model_bytes(task.model())), policy + ": the weights differ across ranks");
   int64_t most = 0;
-  for (int64_t k : task.frozen) most = std::max(most, k);
+  for (auto& set : task.sets) most = std::max(most, int64_t(set.size()));
   check(most > 0, policy + ": nothing froze");
+  if (policy == "static-set")
+    check(task.sets.back() == freeze::UnitSet{1, 3} && task.frozen.back() == 0,
+          "static-set: units 1 and 3 frozen at the end, no prefix under no-grad: " + json(task.sets.back()).dump());
   if (rank != 0) return;
   const json sj = json::parse(std::ifstream(c.out + "/summary.json"));
   std::vector<int64_t> unit_params;
@@ -242,19 +251,21 @@ void check_freezing(dist::Communicator& w, const std::string& work, const std::s
   for (auto& u : sj["freeze_units"]) unit_params.push_back(u["params"]), total += u["params"].get<int64_t>();
   check(total == sj["parameters"].get<int64_t>(), "the units hold every parameter");
   const auto steps = jsonl(c.out + "/metrics.jsonl", "step");
-  int64_t frozen_units = 0, checked = 0;
-  for (auto& s : steps) {  // a line's frozen_modules is after its step; its bytes were sent with the one before
+  freeze::UnitSet frozen_units;
+  int64_t checked = 0;
+  for (auto& s : steps) {  // a line's frozen set is after its step; its bytes were sent with the one before
     int64_t expect = total;
-    for (int64_t u = 0; u < frozen_units; ++u) expect -= unit_params[size_t(u)];
+    for (int64_t u : frozen_units) expect -= unit_params[size_t(u)];
     const int64_t got = s["gradient_sync_bytes"];
     if (got != expect * 4)
-      check(false, policy + ": step " + s["step"].dump() + " sent " + std::to_string(got) + " bytes with " +
-                       std::to_string(frozen_units) + " units frozen, expected " + std::to_string(expect * 4));
+      check(false, policy + ": step " + s["step"].dump() + " sent " + std::to_string(got) + " bytes with units " +
+                       json(frozen_units).dump() + " frozen, expected " + std::to_string(expect * 4));
     ++checked;
-    frozen_units = s["frozen_modules"];
+    frozen_units = s.contains("frozen_units") ? s["frozen_units"].get<freeze::UnitSet>()
+                                              : freeze::first_units(s["frozen_modules"].get<int64_t>());
   }
   check(checked == int64_t(task.frozen.size()), policy + ": a step line per step");
-  std::printf("%s: %lld steps, up to %lld layer modules frozen; bytes per step %lld unfrozen, %lld at the end\n",
+  std::printf("%s: %lld steps, up to %lld units frozen; bytes per step %lld unfrozen, %lld at the end\n",
               policy.c_str(), (long long)checked, (long long)most, (long long)(total * 4),
               (long long)steps.back()["gradient_sync_bytes"].get<int64_t>());
 }
@@ -319,6 +330,7 @@ int main(int argc, char** argv) {
     check_batchnorm(w, work);
     check_bf16_sync(w, work);
     check_freezing(w, work, "static");
+    check_freezing(w, work, "static-set");
     check_freezing(w, work, "egeria");
     check_skip_bad(w, work);
     std::printf("dist_train_check rank %d: %d passed, %d failed\n", rank, passed, failed);

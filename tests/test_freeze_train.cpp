@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -127,6 +128,35 @@ TEST(FreezeMechanics, WithBatchStatisticsAFrozenPrefixsParametersAreBitwiseUncha
         << units[size_t(i)].first << ": batch statistics, so the running statistics move";
   }
   EXPECT_NE(params(k), before[size_t(k)]) << "the unit after the prefix did not train";
+}
+
+// A frozen set that is not a prefix (Note [Frozen sets]): layer modules 2 and 3 frozen
+// behind the trainable 0 and 1. Their parameters and statistics stay bitwise as they
+// were and own no gradient, while the backward still reaches the modules before them.
+TEST(FreezeMechanics, AFrozenUnitBehindTrainableOnesIsBitwiseUnchangedAndTheFrontStillTrains) {
+  auto m = small_resnet(1);
+  optim::SGD opt(m->parameters(), 0.1, {0.9, 0, 5e-4, true});
+  for (uint64_t s = 0; s < 3; ++s) step(*m, opt, 0, s);  // momentum buffers exist
+  const std::vector<int64_t> frozen = {2, 3};
+  ASSERT_TRUE(freeze::apply_frozen_layers(*m, frozen));
+  EXPECT_FALSE(freeze::apply_frozen_layers(*m, frozen)) << "the same set again changes nothing";
+  auto units = m->layer_modules();
+  std::vector<std::map<std::string, std::vector<float>>> before;
+  for (auto& u : units) before.push_back(values(*u.second));
+  for (uint64_t s = 3; s < 13; ++s) step(*m, opt, 0, s);
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (i == 2 || i == 3) {
+      EXPECT_EQ(values(*units[i].second), before[i]) << units[i].first << " changed while frozen";
+      for (auto& p : units[i].second->parameters()) EXPECT_FALSE(p.grad().defined()) << units[i].first;
+    } else {
+      EXPECT_NE(values(*units[i].second), before[i]) << units[i].first << " did not train";
+    }
+  }
+  // Unfrozen again, they train.
+  ASSERT_TRUE(freeze::apply_frozen_layers(*m, {}));
+  const auto held = values(*units[2].second);
+  step(*m, opt, 0, 13);
+  EXPECT_NE(values(*units[2].second), held);
 }
 
 TEST(FreezeMechanics, UnfreezingKeepsTheFrozenParametersOptimizerState) {
@@ -868,6 +898,102 @@ TEST(FreezeTrainer, ResumeRefusesOtherFreezingUnits) {
   EXPECT_TRUE(sum_units());
   auto sum = nlohmann::json::parse(std::ifstream(d + "/summary.json"));
   EXPECT_EQ(sum["freeze_units"].size(), 11u);  // resnet20: stem, 9 blocks, head
+}
+
+// --freeze static --static-units 1,3: two units behind trainable ones freeze at epoch 1
+// and stay bitwise as they were there; the stem before them and the units between and
+// after train on; the set is in freeze.jsonl, the step lines, the summary and the report;
+// a run killed while they are frozen resumes to the uninterrupted run's weights.
+TEST(FreezeTrainer, AStaticSetBehindTrainableUnitsFreezesLogsAndResumesBitIdentically) {
+  auto cfg = [](const std::string& d) {
+    train::TrainConfig c = run_cfg(d, "static");
+    c.freezing.static_units = {3, 1};  // any order
+    c.freezing.static_epoch = 1;
+    return c;
+  };
+  const std::string a = tmpdir("static_set_full"), b = tmpdir("static_set_killed"), at = tmpdir("static_set_at17");
+  auto s = train::run_training(cfg(a));
+  ASSERT_TRUE(s.completed);
+  // Where they froze: after step 17, the first of epoch 1 (16 steps an epoch).
+  train::TrainConfig c17 = cfg(at);
+  c17.stop_after_steps = 17;
+  c17.checkpoint_every = 1;
+  ASSERT_FALSE(train::run_training(c17).completed);
+  std::map<std::string, Tensor> then;
+  for (auto& [k, t] : train::load_safetensors(at + "/checkpoint.safetensors"))
+    if (k.rfind("model/", 0) == 0) then[k.substr(6)] = t;
+  auto end = train::load_safetensors(a + "/model.safetensors");
+  models::ModelConfig mc;
+  mc.name = "resnet20";
+  Generator g(1);
+  auto m = models::build_model(mc, g);
+  const auto layers = m->layer_modules();
+  ASSERT_EQ(layers.size(), 11u);  // one unit per layer module (run_cfg)
+  for (size_t i = 0; i + 1 < layers.size(); ++i)
+    for (auto& [name, p] : layers[i].second->named_parameters()) {
+      const std::string key = layers[i].first + "." + name;
+      ASSERT_TRUE(end.count(key) && then.count(key)) << key;
+      if (i == 1 || i == 3)
+        EXPECT_EQ(end.at(key).to_vector<float>(), then.at(key).to_vector<float>()) << key << " changed while frozen";
+      else EXPECT_NE(end.at(key).to_vector<float>(), then.at(key).to_vector<float>()) << key << " did not train";
+    }
+  auto log = jsonl(a + "/freeze.jsonl");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0]["step"], 17);
+  EXPECT_EQ(log[0]["units"], nlohmann::json::array({1, 3}));
+  int64_t set_lines = 0;  // the step lines (one every log_every steps) after step 17 name the set
+  for (auto& j : jsonl(a + "/metrics.jsonl")) {
+    if (j["type"] != "step") continue;
+    ASSERT_EQ(j.contains("frozen_units"), j["step"].get<int64_t>() > 17) << j.dump();
+    if (!j.contains("frozen_units")) continue;
+    ++set_lines;
+    EXPECT_EQ(j["frozen_units"], nlohmann::json::array({1, 3}));
+    EXPECT_EQ(j["frozen_modules"], 2);
+  }
+  EXPECT_GE(set_lines, 1);
+  auto sum = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
+  EXPECT_EQ(sum["frozen_units_final"], nlohmann::json::array({1, 3}));
+  EXPECT_EQ(sum["frozen_modules_final"], 2);
+  // Half of the two units' backward (their weight gradients), for 47 of the 64 steps.
+  const double saved = sum["backward_flops_saved_fraction"];
+  EXPECT_GT(saved, 0.0);
+  EXPECT_LT(saved, 0.5 * 2.0 / 9.0);
+  EXPECT_NE(s.freeze_report.find("frozen at the end: layer1.0, layer1.2 (2 of 10 units"), std::string::npos)
+      << s.freeze_report;
+  const std::string story = train::run_report(a);
+  EXPECT_NE(story.find("frozen: layer1.0, layer1.2"), std::string::npos) << story;
+
+  ASSERT_TRUE(run_killed_twice(cfg(b), 10, 15));  // killed before the freeze and while frozen
+  expect_same_weights(a, b);
+}
+
+// Bad sets are named before training starts.
+TEST(FreezeTrainer, AStaticSetOutOfRangeOrTwiceOrWithStaticModulesIsRefused) {
+  auto refused = [](std::function<void(train::TrainConfig&)> set, const std::string& want) {
+    train::TrainConfig c = run_cfg(tmpdir("static_set_bad"), "static");
+    set(c);
+    try {
+      train::run_training(c);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_FALSE(std::filesystem::exists(c.out + "/metrics.jsonl")) << "it trained first";
+      return;
+    }
+    ADD_FAILURE() << "not refused: " << want;
+  };
+  refused(
+      [](train::TrainConfig& c) {
+    c.freezing.static_units = {2, 10};
+      },
+      "--static-units: unit 10 is out of range: the model has 11 freezing units, 0 to 9 can freeze");
+  refused([](train::TrainConfig& c) { c.freezing.static_units = {4, 4}; }, "--static-units names unit 4 twice");
+  refused([](train::TrainConfig& c) { c.freezing.static_units = {-1}; }, "--static-units: unit -1 is negative");
+  refused(
+      [](train::TrainConfig& c) {
+    c.freezing.static_units = {1};
+    c.freezing.static_modules = 2;
+      },
+      "--static-units and --static-modules both say what static freezes");
 }
 
 // A run whose readings were taken with one reference scope does not resume with the

@@ -139,7 +139,7 @@ TEST(Partition, PoliciesCountInUnits) {
   c.static_epoch = 0;
   auto pol = freeze::make_policy(c, int64_t(m->layer_modules().size()));
   pol->after_step({1, 0, 0.1, 2.0, Tensor(), Tensor()}, Tensor(), Tensor(), *m);
-  EXPECT_EQ(pol->frozen_prefix(), 2);
+  EXPECT_EQ(pol->frozen_units(), freeze::first_units(2));
   EXPECT_EQ(c.partition.layer_prefix(2), c.partition.units()[1].end);
   // A partition that does not cover the model is refused.
   freeze::PolicyConfig bad = c;

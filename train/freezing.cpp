@@ -61,21 +61,46 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
       if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
 }
 
-int64_t FreezeRun::rank0s(int64_t k) const {
-  if (dp_.size() == 1) return k;
-  Tensor t = Tensor::from_vector(std::vector<int64_t>{k}, {1});
+freeze::UnitSet FreezeRun::rank0s(const freeze::UnitSet& s) const {
+  if (dp_.size() == 1) return s;
+  std::vector<int64_t> flags(size_t(part_.size()), 0);
+  for (int64_t u : s) flags.at(size_t(u)) = 1;
+  Tensor t = Tensor::from_vector(flags, {int64_t(flags.size())});
   dp_.comm().broadcast(t, 0);
-  return t.data<int64_t>()[0];
+  freeze::UnitSet r;
+  for (int64_t u = 0; u < part_.size(); ++u)
+    if (t.data<int64_t>()[u]) r.push_back(u);
+  return r;
 }
 
 double FreezeRun::frozen_share(const std::vector<double>& share) const {
   double v = 0;
-  for (int64_t i = 0; i < frozen_ && i < int64_t(share.size()); ++i) v += share[size_t(i)];
+  for (int64_t u : frozen_)
+    if (u < int64_t(share.size())) v += share[size_t(u)];
   return v;
 }
 
+double FreezeRun::prefix_share(const std::vector<double>& share) const {
+  double v = 0;
+  for (int64_t u = 0; u < freeze::prefix_length(frozen_) && u < int64_t(share.size()); ++u) v += share[size_t(u)];
+  return v;
+}
+
+// Note [Backward FLOPs a frozen set saves]
+// The share of the backward FLOPs a step skips, in forward FLOPs as the units' shares
+// count them: the frozen prefix runs no backward at all, its whole share; a frozen unit
+// behind a trainable one still computes the gradient of its input and skips its weight
+// gradients, half its share (a convolution's or a linear layer's input and weight
+// gradients each cost about its forward).
+double FreezeRun::backward_saved_share() const {
+  const double prefix = prefix_share(unit_flops_);
+  return prefix + 0.5 * (frozen_share(unit_flops_) - prefix);
+}
+
 json FreezeRun::step_fields() const {
-  return {{"frozen_modules", frozen_}, {"active_param_fraction", 1 - frozen_share(unit_params_)}};
+  json j = {{"frozen_modules", int64_t(frozen_.size())}, {"active_param_fraction", 1 - frozen_share(unit_params_)}};
+  if (freeze::prefix_length(frozen_) != int64_t(frozen_.size())) j["frozen_units"] = frozen_;
+  return j;
 }
 
 void FreezeRun::use_cache(const std::string& dir, int64_t train_samples, bool force_disk) {
@@ -112,7 +137,7 @@ Tensor FreezeRun::cached_forward(const Tensor& x, const std::vector<int64_t>& id
   hit_samples_ += p.hits;
   miss_samples_ += n - p.hits;
   hit_batches_ += p.hits == n;
-  fwd_flops_saved_sum_ += double(p.hits) / double(n) * frozen_share(unit_flops_);
+  fwd_flops_saved_sum_ += double(p.hits) / double(n) * prefix_share(unit_flops_);
   if (capture_.input_layer == k - 1) capture_.input = p.h;
   return model_.forward_layers(p.h, k, -1, k, &capture_);
 }
@@ -129,7 +154,7 @@ void FreezeRun::prefetch(const std::vector<int64_t>& next_ids) {
 }
 
 void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
-  flops_saved_sum_ += frozen_share(unit_flops_);
+  flops_saved_sum_ += backward_saved_share();
   const auto t0 = std::chrono::steady_clock::now();
   if (lead_) {
     freeze::StepInfo si = s;
@@ -149,9 +174,10 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   }
   capture_ = models::Capture();
   host_x_ = nullptr, host_x2_ = Tensor();
-  frozen_ = rank0s(lead_ ? policy_->frozen_prefix() : frozen_);
-  if (freeze::apply_frozen_prefix(model_, frozen_layers())) {
-    ++generation_;
+  const int64_t prefix = frozen_layers();
+  frozen_ = rank0s(lead_ ? policy_->frozen_units() : frozen_);
+  if (freeze::apply_frozen_layers(model_, part_.layers_of(frozen_))) {
+    if (frozen_layers() != prefix) ++generation_;
     dp_.average_running_stats(model_);
     if (cache_ && frozen_layers() == 0) cache_->release();  // unfrozen: its entries are dead weight
     json j = {{"type", "freeze"}, {"step", s.step}, {"epoch", s.epoch + 1}, {"train_seconds", train_seconds}};
@@ -185,10 +211,10 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   if (lead_) {
     if (saved.contains("freeze")) policy_->load_state(saved["freeze"]);
     policy_->load_state_tensors(fs);
-    frozen_ = policy_->frozen_prefix();
+    frozen_ = policy_->frozen_units();
   }
   frozen_ = rank0s(frozen_);  // the policy's state is rank 0's alone
-  freeze::apply_frozen_prefix(model_, frozen_layers());
+  freeze::apply_frozen_layers(model_, part_.layers_of(frozen_));
   ++generation_;  // the cache starts empty after a resume: its file went with the process
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
   seconds_ = saved.value("freeze_seconds", 0.0);
@@ -198,12 +224,16 @@ std::string freeze_report(const json& sj) {
   const std::string policy = sj.value("freeze", "none");
   if (policy == "none" || !sj.contains("freeze_units")) return "";
   const json& units = sj["freeze_units"];
-  const int64_t frozen = sj.value("frozen_modules_final", int64_t(0));
+  // The frozen set; a summary from before frozen sets says the number of front units.
+  freeze::UnitSet set = sj.contains("frozen_units_final")
+                            ? sj["frozen_units_final"].get<freeze::UnitSet>()
+                            : freeze::first_units(sj.value("frozen_modules_final", int64_t(0)));
+  const int64_t frozen = int64_t(set.size());
   // The last unit is the head, which never freezes.
   const int64_t freezable = std::max<int64_t>(0, int64_t(units.size()) - 1);
   std::string what;
-  for (int64_t u = 0; u < frozen && u < int64_t(units.size()); ++u)
-    what += (u ? ", " : "") + units[size_t(u)].value("name", "?");
+  for (int64_t u : set)
+    if (u < int64_t(units.size())) what += (what.empty() ? "" : ", ") + units[size_t(u)].value("name", "?");
   char buf[512];
   std::string r = "freezing (" + policy + "): ";
   if (frozen == 0) {
@@ -240,7 +270,8 @@ double reference_overhead_fraction(double policy_seconds, double background_cpu_
 void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   json st = policy_->stats();
   sj["frozen_fraction_final"] = frozen_share(unit_params_);
-  sj["frozen_modules_final"] = frozen_;
+  sj["frozen_modules_final"] = int64_t(frozen_.size());
+  sj["frozen_units_final"] = frozen_;
   sj["freeze_units"] = part_.to_json();
   sj["backward_flops_saved_fraction"] = steps > 0 ? flops_saved_sum_ / double(steps) : 0.0;
   sj["reference_overhead_fraction"] =

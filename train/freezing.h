@@ -39,10 +39,11 @@ double reference_overhead_fraction(double policy_seconds, double background_cpu_
 // Note [Freezing across ranks]
 // In data-parallel training the policy (and Egeria's reference model) runs on rank 0
 // alone, the paper's single controller: it sees the global loss, and the gradients after
-// their all-reduce. After every step rank 0 broadcasts the number of frozen units, and
+// their all-reduce. After every step rank 0 broadcasts the frozen units, and
 // every rank applies it before the next forward, so all ranks freeze and unfreeze at the
 // same step and rebuild the same gradient buckets (the loop checks their layout before
-// each all-reduce). BatchNorm running statistics are averaged over the ranks whenever the
+// each all-reduce). The broadcast is the frozen set (Note [Frozen sets]), a flag per
+// unit. BatchNorm running statistics are averaged over the ranks whenever the
 // frozen set changes, since a frozen prefix may run on them (--freeze-bn running). Only
 // rank 0 writes the logs.
 class FreezeRun {
@@ -52,8 +53,10 @@ class FreezeRun {
   FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyConfig pc, const std::string& out_dir,
             const dist::Strategy& strategy);
 
-  // Layer modules (not units) to run under no-grad now.
-  int64_t frozen_layers() const { return part_.layer_prefix(frozen_); }
+  // Layer modules (not units) to run under no-grad now: the frozen set's prefix (Note
+  // [Frozen sets] in freeze/policy.h).
+  int64_t frozen_layers() const { return part_.layer_prefix(freeze::prefix_length(frozen_)); }
+  const freeze::UnitSet& frozen_units() const { return frozen_; }
 
   // --freeze-cache on: keep the frozen prefix's outputs for the `train_samples` training
   // samples (image models; the trainer validated the configuration), in memory when
@@ -111,8 +114,10 @@ class FreezeRun {
   void summarize(nlohmann::json& summary, int64_t steps, double train_seconds) const;
 
  private:
-  double frozen_share(const std::vector<double>& share) const;
-  int64_t rank0s(int64_t k) const;  // rank 0's k, on every rank (collective)
+  double frozen_share(const std::vector<double>& share) const;  // of the frozen set's units
+  double prefix_share(const std::vector<double>& share) const;  // of its prefix's
+  double backward_saved_share() const;  // Note [Backward FLOPs a frozen set saves]
+  freeze::UnitSet rank0s(const freeze::UnitSet& s) const;  // rank 0's set, on every rank (collective)
   // --freeze-reference-scope unit: the layer module whose output is the input of the unit
   // that ends at layer module `capture` (-1: none, or the unit starts the network).
   int64_t unit_input_layer(int64_t capture) const;
@@ -120,7 +125,7 @@ class FreezeRun {
   models::Model& model_;
   const dist::Strategy& dp_;
   const bool lead_;  // rank 0: runs the policy and writes the logs
-  int64_t frozen_ = 0;  // units frozen now, as every rank agreed
+  freeze::UnitSet frozen_;  // units frozen now, as every rank agreed
   freeze::Partition part_;
   std::unique_ptr<freeze::FreezePolicy> policy_;
   std::vector<double> unit_params_, unit_flops_;  // shares of the model's parameters / forward FLOPs
@@ -134,7 +139,7 @@ class FreezeRun {
   std::function<Tensor()> host_x_;
   Tensor host_x2_;
   models::Capture capture_;
-  int64_t generation_ = 0;  // bumped whenever the frozen set changes: the cache's key
+  int64_t generation_ = 0;  // bumped whenever the frozen prefix changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
 };

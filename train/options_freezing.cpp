@@ -114,6 +114,15 @@ void add_freezing_options(std::vector<Option>& t) {
                      EG_FIELD(freezing.reference.threads), Rule<int>{[](int v) { return v >= 1; }, "at least 1"}));
   t.push_back(number("--static-modules", "static_modules", G::freezing, F,
                      "static: number of front units to freeze (-1: half)", EG_FIELD(freezing.static_modules)));
+  t.push_back(checked(number_list("--static-units", "static_units", G::freezing, F,
+                                  "static: these units freeze instead of a front (0 is the first; any set, e.g. 0,2,5: "
+                                  "a unit behind a trainable one skips its weight gradients and update)",
+                                  EG_FIELD(freezing.static_units), "U1,U2,..."),
+                      [](const TrainConfig& c) {
+    EG_CHECK(c.freezing.static_units.empty() || c.freezing.static_modules < 0,
+             "--static-units and --static-modules both say what static freezes: give one");
+    for (int64_t u : c.freezing.static_units) EG_CHECK(u >= 0, "--static-units: unit ", u, " is negative");
+  }));
   t.push_back(number("--static-epoch", "static_epoch", G::freezing, F, "static: epoch at which they freeze (-1: half)",
                      EG_FIELD(freezing.static_epoch)));
   t.push_back(number("--freezeout-t0", "freezeout_t0", G::freezing, F,

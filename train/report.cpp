@@ -82,6 +82,11 @@ struct Units {
     for (int64_t u = 0; u < k && u < int64_t(names.size()); ++u) s += (u ? ", " : "") + names[size_t(u)];
     return s.empty() ? "nothing" : s;
   }
+  std::string list(const std::vector<int64_t>& set) const {
+    std::string s;
+    for (int64_t u : set) s += (s.empty() ? "" : ", ") + name(u);
+    return s.empty() ? "nothing" : s;
+  }
   std::string name(int64_t u) const {
     return u >= 0 && u < int64_t(names.size()) ? names[size_t(u)] : "unit " + std::to_string(u);
   }
@@ -176,7 +181,9 @@ void other_story(const std::vector<json>& log, const Units& units, std::string& 
     if (e.value("type", "") != "freeze") continue;
     const std::string at = fmt("- step %lld (epoch %lld): ", (long long)e.value("step", int64_t(0)),
                                (long long)e.value("epoch", int64_t(0)));
-    if (e.contains("modules")) {
+    if (e.contains("units")) {
+      r += at + "frozen: " + units.list(e["units"].get<std::vector<int64_t>>()) + "\n";
+    } else if (e.contains("modules")) {
       r += at + "frozen: " + units.prefix(e["modules"].get<int64_t>()) + "\n";
     } else {
       const int64_t m = e.value("module", int64_t(0));
@@ -191,26 +198,36 @@ void other_story(const std::vector<json>& log, const Units& units, std::string& 
   }
 }
 
-// Median milliseconds a step took with each frozen prefix, from pairs of consecutive step
-// lines within one epoch between which the frozen prefix did not change; and how many steps
-// ran with each prefix.
-void step_times(const std::vector<json>& metrics, int64_t total_steps, std::map<int64_t, std::vector<double>>& ms,
-                std::map<int64_t, int64_t>& steps) {
+// The frozen set a metrics line says: its frozen_units, or (a prefix) its number of front units.
+std::vector<int64_t> frozen_set(const json& j) {
+  if (j.contains("frozen_units")) return j["frozen_units"].get<std::vector<int64_t>>();
+  std::vector<int64_t> s;
+  for (int64_t u = 0; u < j.value("frozen_modules", int64_t(0)); ++u) s.push_back(u);
+  return s;
+}
+
+using StepsBySet = std::map<std::vector<int64_t>, int64_t>;
+
+// Median milliseconds a step took with each frozen set, from pairs of consecutive step
+// lines within one epoch between which the frozen set did not change; and how many steps
+// ran with each set.
+void step_times(const std::vector<json>& metrics, int64_t total_steps,
+                std::map<std::vector<int64_t>, std::vector<double>>& ms, StepsBySet& steps) {
   const json* prev = nullptr;
-  int64_t k = 0, from = 0;
+  std::vector<int64_t> k;
+  int64_t from = 0;
   for (auto& j : metrics) {
     const std::string type = j.value("type", "");
     if (type == "freeze") {
       const int64_t s = j.value("step", int64_t(0));
       steps[k] += s - from;
-      from = s, k = j.value("frozen_modules", int64_t(0));
+      from = s, k = frozen_set(j);
       prev = nullptr;
     } else if (type == "step") {
-      if (prev && prev->value("epoch", -1) == j.value("epoch", -2) &&
-          prev->value("frozen_modules", -1) == j.value("frozen_modules", -2)) {
+      if (prev && prev->value("epoch", -1) == j.value("epoch", -2) && frozen_set(*prev) == frozen_set(j)) {
         const double dt = j.value("train_seconds", 0.0) - prev->value("train_seconds", 0.0);
         const int64_t ds = j.value("step", int64_t(0)) - prev->value("step", int64_t(0));
-        if (ds > 0 && dt > 0) ms[j.value("frozen_modules", int64_t(0))].push_back(1000 * dt / double(ds));
+        if (ds > 0 && dt > 0) ms[frozen_set(j)].push_back(1000 * dt / double(ds));
       }
       prev = &j;
     } else if (type == "epoch") {
@@ -220,29 +237,29 @@ void step_times(const std::vector<json>& metrics, int64_t total_steps, std::map<
   steps[k] += total_steps - from;
 }
 
-// The step times of each frozen prefix, against nothing frozen, from the step lines, and
+// The step times of each frozen set, against nothing frozen, from the step lines, and
 // what the frozen steps saved at those medians.
 std::string step_time_text(const std::vector<json>& metrics, const json& s, const Units& units, int64_t steps_total) {
   std::string r;
-  std::map<int64_t, std::vector<double>> ms;
-  std::map<int64_t, int64_t> steps;
+  std::map<std::vector<int64_t>, std::vector<double>> ms;
+  StepsBySet steps;
   step_times(metrics, steps_total, ms, steps);
-  if (ms.count(0)) {
-    const double base = median(ms[0]);
+  const std::vector<int64_t> none;
+  if (ms.count(none)) {
+    const double base = median(ms[none]);
     double saved = 0;
     bool timed = false;  // a frozen prefix's steps timed
     r += fmt("; a step took %.1f ms (median) with nothing frozen", base);
     for (auto& [k, v] : ms) {
-      if (k == 0 || steps[k] <= 0) continue;
+      if (k.empty() || steps[k] <= 0) continue;
       timed = true;
       const double m = median(v);
       saved += double(steps[k]) * (base - m) / 1000;
-      r += fmt(", %.1f ms with %s frozen (%lld steps, %.2fx)", m, units.prefix(k).c_str(), (long long)steps[k],
-               base / m);
+      r += fmt(", %.1f ms with %s frozen (%lld steps, %.2fx)", m, units.list(k).c_str(), (long long)steps[k], base / m);
     }
     for (auto& [k, n] : steps)
-      if (k > 0 && n > 0 && !ms.count(k))
-        r += fmt(", not measured with %s frozen (%lld steps, too few between log lines)", units.prefix(k).c_str(),
+      if (!k.empty() && n > 0 && !ms.count(k))
+        r += fmt(", not measured with %s frozen (%lld steps, too few between log lines)", units.list(k).c_str(),
                  (long long)n);
     const double train = s.value("train_seconds", 0.0);
     // A frozen prefix timed slower than nothing frozen is said as such, not as a negative saving: its
@@ -332,8 +349,11 @@ std::string report_text(const std::string& dir, const std::string& against) {
       r += "What froze:\n";
       other_story(log, units, r);
     }
-    const int64_t fin = s.value("frozen_modules_final", int64_t(0));
-    r += fmt("- frozen at the end: %s", units.prefix(fin).c_str());
+    std::vector<int64_t> fin_set = s.contains("frozen_units_final")
+                                       ? s["frozen_units_final"].get<std::vector<int64_t>>()
+                                       : frozen_set({{"frozen_modules", s.value("frozen_modules_final", int64_t(0))}});
+    const int64_t fin = int64_t(fin_set.size());
+    r += fmt("- frozen at the end: %s", units.list(fin_set).c_str());
     if (fin > 0)
       r += fmt(" (%lld of %zu units, %.1f%% of the parameters)", (long long)fin, units.names.size() - 1,
                100 * s.value("frozen_fraction_final", 0.0));
