@@ -18,21 +18,18 @@
 
 namespace eg::freeze {
 
-namespace {
-
 int64_t thread_cpu_ns() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// `renice`: false for the thread that launches a GPU reference's kernels: niced on a
-// machine whose cores are all busy (the reason to put the reference on the GPU), it would
-// wait for a core, and the training with it at the next evaluation step.
-void background_thread_setup(const ControllerOptions& o, bool renice = true) {
+void background_thread_setup(const ControllerOptions& o, bool renice) {
   omp_set_num_threads(std::max(1, o.threads));
   if (renice && o.nice > 0) (void)setpriority(PRIO_PROCESS, pid_t(syscall(SYS_gettid)), o.nice);  // best effort
 }
+
+namespace {
 
 void idle() { std::this_thread::sleep_for(std::chrono::microseconds(500)); }
 

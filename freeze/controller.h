@@ -94,6 +94,14 @@ struct ControllerOptions {
   std::function<double()> cpu_load;
 };
 
+// A background thread of the freezing policies starts with this: o.threads OpenMP
+// threads, o.nice added niceness (best effort). `renice`: false for the thread that
+// launches a GPU reference's kernels: niced on a machine whose cores are all busy (the
+// reason to put the reference on the GPU), it would wait for a core, and the training
+// with it at the next evaluation step.
+void background_thread_setup(const ControllerOptions& o, bool renice = true);
+int64_t thread_cpu_ns();  // CPU time of the calling thread
+
 // The share of the machine's CPU time (all cores) spent busy over a short interval,
 // from /proc/stat: each call compares with the previous call's sample, or, when that
 // is older than a second (or there is none), with one taken `window` earlier.

@@ -67,11 +67,9 @@ std::unique_ptr<FreezePolicy> make_none_policy(const PolicyConfig&, int64_t) { r
 const struct {
   const char* name;
   std::unique_ptr<FreezePolicy> (*make)(const PolicyConfig&, int64_t units);
-} kPolicies[] = {{"none", make_none_policy},
-                 {"static", make_static_policy},
-                 {"freezeout", make_freezeout_policy},
-                 {"autofreeze", make_autofreeze_policy},
-                 {"egeria", make_egeria_policy}};
+} kPolicies[] = {{"none", make_none_policy},           {"static", make_static_policy},
+                 {"freezeout", make_freezeout_policy}, {"autofreeze", make_autofreeze_policy},
+                 {"egeria", make_egeria_policy},       {"smartfrz", make_smartfrz_policy}};
 
 }  // namespace
 

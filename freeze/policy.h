@@ -13,6 +13,9 @@
 //               of the active modules' changes
 //   egeria      the paper: plasticity against a reference model, Algorithm 1
 //               (freeze/tracker.h), evaluated asynchronously (freeze/controller.h)
+//   smartfrz    Li et al. 2023: an attention predictor, trained offline, reads each
+//               active unit's tailored weight history at every freezing stage and
+//               names the units that freeze (freeze/smartfrz.h); prefix or any order
 // Each behind this interface in a file of its own, freeze/policy_NAME.cpp (none, the
 // baseline, beside make_policy's table in freeze/policy.cpp): freeze/policies.h.
 #pragma once
@@ -49,6 +52,20 @@ UnitSet first_units(int64_t k);  // {0, 1, ..., k - 1}
 int64_t prefix_length(const UnitSet& s);  // p: units 0 .. p - 1 are all in s
 enum class ReferenceScope { unit, network };  // Note [The reference's scope]
 
+// --freeze smartfrz (freeze/policy_smartfrz.cpp, Note [SmartFRZ's freezing stage]).
+enum class SmartFrzOrder { prefix, any };
+struct SmartFrzOptions {
+  std::string predictor;  // its file (train/ loads it into PolicyConfig); empty: the installed one
+  SmartFrzOrder order = SmartFrzOrder::prefix;
+  int64_t window = 0;  // records in a unit's window (0: the predictor's)
+  int64_t record_every = 0;  // steps between records (0: an epoch's steps / window, at least 1)
+  int64_t stage_every = 0;  // steps between freezing stages (0: an epoch's, or a tenth of the run)
+  double threshold = 0.5;  // a unit freezes when the predictor's P(freeze) is at least this
+  // For tests and embedders, not an option: replaces the predictor, given the units and
+  // their windows' features [units, window, tailor]; returns P(freeze) per unit.
+  std::function<std::vector<double>(const std::vector<int64_t>& units, const Tensor& windows)> predict;
+};
+
 // The freezing options as a user sets them: a TrainConfig holds one (`freezing`), the
 // rows of the option table (train/options.cpp) point into it, and the policies, the
 // tracker (`tracker`) and the controller (`reference`) read it as it is. A new freezing
@@ -84,6 +101,7 @@ struct FreezeOptions {
   std::vector<int64_t> static_units;  // static: this set instead of the front static_modules
   double freezeout_t0 = 0.5;
   double autofreeze_percentile = 50;
+  SmartFrzOptions smartfrz;
   // The activation cache of the frozen prefix (cache/, the paper's §4.3): skips the
   // prefix's forward for samples seen since the last freeze; needs bn running and
   // per-sample augmentation (or none).
@@ -110,6 +128,11 @@ struct PolicyConfig : FreezeOptions {
   quant::ModelFactory make_model;
   int64_t total_steps = 0, steps_per_epoch = 0;
   Device device = Device::cpu();  // the training device (a "-gpu" reference runs there)
+  uint64_t seed = 0;  // the run's (smartfrz: the positions it records)
+  // smartfrz: the predictor file's tensors and metadata, as train/ read them
+  // (SmartFrzOptions::predictor names the file).
+  std::map<std::string, Tensor> smartfrz_weights;
+  std::map<std::string, std::string> smartfrz_metadata;
 };
 
 struct StepInfo {

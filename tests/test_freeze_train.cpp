@@ -456,18 +456,7 @@ std::vector<std::string> readings(const std::string& dir) {
   return r;
 }
 
-// Runs c killed after `first` steps, resumed and killed again after `second` more, and
-// resumed to the end; true when the last run completed.
-bool run_killed_twice(train::TrainConfig c, int64_t first, int64_t second) {
-  c.checkpoint_every = 1;
-  c.stop_after_steps = first;
-  EXPECT_FALSE(train::run_training(c).completed);
-  c.resume = true;
-  c.stop_after_steps = second;
-  EXPECT_FALSE(train::run_training(c).completed);
-  c.stop_after_steps = 0;
-  return train::run_training(c).completed;
-}
+using eg::testing::run_killed_twice;
 
 void expect_same_weights(const std::string& a, const std::string& b) {
   auto wa = train::load_safetensors(a + "/model.safetensors"), wb = train::load_safetensors(b + "/model.safetensors");

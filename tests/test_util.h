@@ -85,6 +85,19 @@ inline void run_stopped_and_resumed(train::TrainConfig c, int64_t stop) {
   ASSERT_TRUE(train::run_training(c).completed);
 }
 
+// Runs c killed after `first` steps, resumed and killed again after `second` more, and
+// resumed to the end; true when the last run completed.
+inline bool run_killed_twice(train::TrainConfig c, int64_t first, int64_t second) {
+  c.checkpoint_every = 1;
+  c.stop_after_steps = first;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.resume = true;
+  c.stop_after_steps = second;
+  EXPECT_FALSE(train::run_training(c).completed);
+  c.stop_after_steps = 0;
+  return train::run_training(c).completed;
+}
+
 // Every tensor of run a's model.safetensors is run b's, bit for bit.
 inline void expect_same_weights(const std::string& a, const std::string& b) {
   const auto wa = train::load_safetensors(a + "/model.safetensors"),

@@ -11,6 +11,7 @@
 #include "layers/layers.h"
 #include "quant/reference.h"
 #include "train/checkpoint.h"
+#include "train/safetensors.h"
 
 namespace eg::train {
 
@@ -24,6 +25,12 @@ freeze::PolicyConfig policy_config(const TrainConfig& c) {
   freeze::PolicyConfig pc(c.freezing);
   pc.model.name = c.model;
   pc.device = Device::parse(c.device);
+  pc.seed = c.seed;
+  if (c.freezing.policy == "smartfrz" && !c.freezing.smartfrz.predict && !c.freezing.smartfrz.predictor.empty()) try {
+      pc.smartfrz_weights = load_safetensors(c.freezing.smartfrz.predictor, &pc.smartfrz_metadata);
+    } catch (const Error& e) {
+      EG_THROW("--smartfrz-predictor: ", e.what());
+    }
   return pc;
 }
 
@@ -274,9 +281,9 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   sj["frozen_units_final"] = frozen_;
   sj["freeze_units"] = part_.to_json();
   sj["backward_flops_saved_fraction"] = steps > 0 ? flops_saved_sum_ / double(steps) : 0.0;
-  sj["reference_overhead_fraction"] =
-      reference_overhead_fraction(seconds_, st.value("reference_cpu_seconds", 0.0), num_threads(),
-                                  reference_on_training_cores_, train_seconds, st.value("reference_gpu_seconds", 0.0));
+  sj["reference_overhead_fraction"] = reference_overhead_fraction(
+      seconds_, st.value("reference_cpu_seconds", 0.0) + st.value("predictor_cpu_seconds", 0.0), num_threads(),
+      reference_on_training_cores_, train_seconds, st.value("reference_gpu_seconds", 0.0));
   sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
   if (st.contains("reference")) st["reference_scope"] = unit_scope_ ? "unit" : "network";
   sj["freeze_stats"] = st;

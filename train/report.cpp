@@ -198,6 +198,30 @@ void other_story(const std::vector<json>& log, const Units& units, std::string& 
   }
 }
 
+// SmartFRZ's stages and what each froze, with the predictor's probabilities behind it.
+void smartfrz_story(const std::vector<json>& log, const Units& units, double threshold, std::string& r) {
+  int64_t stages = 0;
+  for (auto& e : log) {
+    const std::string type = e.value("type", "");
+    if (type == "stage") {
+      ++stages;
+      continue;
+    }
+    if (type != "freeze" || !e.contains("froze")) continue;
+    const auto froze = e["froze"].get<std::vector<int64_t>>();
+    const auto p = e.value("p_freeze", std::vector<double>());
+    std::string what;
+    for (size_t i = 0; i < froze.size(); ++i)
+      what += fmt("%s%s (%.2f)", i ? ", " : "", units.name(froze[i]).c_str(), i < p.size() ? p[i] : 0.0);
+    r +=
+        fmt("- step %lld (epoch %lld): froze %s, P(freeze) at or over %.2f at the stage of step %lld; frozen: %s\n",
+            (long long)e.value("step", int64_t(0)), (long long)e.value("epoch", int64_t(0)), what.c_str(), threshold,
+            (long long)e.value("stage_step", int64_t(0)), units.list(e.value("units", std::vector<int64_t>())).c_str());
+  }
+  if (stages == 0) r += "- no freezing stage found a full window\n";
+  else r += fmt("- %lld freezing stages\n", (long long)stages);
+}
+
 // The frozen set a metrics line says: its frozen_units, or (a prefix) its number of front units.
 std::vector<int64_t> frozen_set(const json& j) {
   if (j.contains("frozen_units")) return j["frozen_units"].get<std::vector<int64_t>>();
@@ -345,6 +369,14 @@ std::string report_text(const std::string& dir, const std::string& against) {
                   ? ", against a reference whose batch norms take each batch's statistics"
                   : "");
       egeria_story(log, units, cfg.value("freeze_tolerance", 0.0), r);
+    } else if (policy == "smartfrz") {
+      r +=
+          fmt("What froze and why (the %s predictor read each active unit's last %lld records of %lld weights, "
+              "one every %lld steps, at a stage every %lld steps; order %s):\n",
+              st.value("predictor", "?").c_str(), (long long)st.value("window", int64_t(0)),
+              (long long)st.value("tailor", int64_t(0)), (long long)st.value("record_every", int64_t(0)),
+              (long long)st.value("stage_every", int64_t(0)), st.value("order", "?").c_str());
+      smartfrz_story(log, units, st.value("threshold", 0.5), r);
     } else {
       r += "What froze:\n";
       other_story(log, units, r);
@@ -364,6 +396,9 @@ std::string report_text(const std::string& dir, const std::string& against) {
     r += step_time_text(metrics, s, units, steps_total);
     if (st.contains("reference"))
       r += fmt("; the reference model (%s) cost %.1f%% of the training time", st.value("reference", "?").c_str(),
+               100 * s.value("reference_overhead_fraction", 0.0));
+    if (policy == "smartfrz")
+      r += fmt("; its recording and predictor cost %.1f%% of the training time",
                100 * s.value("reference_overhead_fraction", 0.0));
     r += "\n";
   }

@@ -1,0 +1,396 @@
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "autograd/node.h"
+#include "core/error.h"
+#include "freeze/policies.h"
+#include "freeze/smartfrz.h"
+
+namespace eg::freeze {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Note [SmartFRZ's freezing stage]
+// Every stage_every steps the units still training whose windows are full (Note
+// [SmartFRZ's weight histories]) go to the predictor, on a background thread as Egeria's
+// reference (niced, --freeze-threads threads), and its answer is acted on one step later,
+// waiting for it there if it is late: the decisions do not depend on the machine's
+// timing, and a resumed run makes the same ones. Order prefix freezes the front units
+// the predictor names, up to the first one it keeps (a prefix, as Egeria's: no backward
+// at all, and the activation cache can serve it); order any freezes every unit it names
+// (Note [Frozen sets]: a unit behind trainable ones skips its weight gradients and
+// update). The last unit (the head) never freezes. A frozen unit is no longer recorded
+// and does not unfreeze: SmartFRZ describes no unfreezing.
+struct StageResult {
+  int64_t step = 0;  // the stage's
+  std::vector<int64_t> units;
+  std::vector<double> p;  // P(freeze), a unit each
+};
+
+// The predictor's thread: one stage at a time.
+class PredictorWorker {
+ public:
+  using Predict = std::function<std::vector<double>(const std::vector<int64_t>&, const Tensor&)>;
+  PredictorWorker(Predict predict, ControllerOptions o) : predict_(std::move(predict)), o_(o) {
+    if (!o_.synchronous) thread_ = std::thread([this] { loop(); });
+  }
+  ~PredictorWorker() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  PredictorWorker(const PredictorWorker&) = delete;
+  PredictorWorker& operator=(const PredictorWorker&) = delete;
+
+  void submit(int64_t step, std::vector<int64_t> units, Tensor windows) {
+    if (o_.synchronous) {
+      const int64_t t0 = thread_cpu_ns();
+      result_ = StageResult{step, units, predict_(units, windows)};
+      cpu_ns_ += thread_cpu_ns() - t0;
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      job_ = Job{step, std::move(units), std::move(windows)};
+    }
+    cv_.notify_all();
+  }
+  // The submitted stage's answer, waiting for it if need be.
+  StageResult wait() {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return result_.has_value() || !error_.empty(); });
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EG_CHECK(error_.empty(), "--freeze smartfrz: the predictor failed: ", error_);
+    StageResult r = std::move(*result_);
+    result_.reset();
+    return r;
+  }
+  double cpu_seconds() const { return double(cpu_ns_.load()) * 1e-9; }
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  struct Job {
+    int64_t step;
+    std::vector<int64_t> units;
+    Tensor windows;
+  };
+  void loop() {
+    background_thread_setup(o_);
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [this] { return stop_ || job_.has_value(); });
+      if (stop_) return;
+      Job j = std::move(*job_);
+      job_.reset();
+      l.unlock();
+      StageResult r{j.step, j.units, {}};
+      std::string err;
+      const int64_t t0 = thread_cpu_ns();
+      try {
+        r.p = predict_(j.units, j.windows);
+        if (r.p.size() != j.units.size())
+          err = "it gave " + std::to_string(r.p.size()) + " answers for " + std::to_string(j.units.size()) + " units";
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      cpu_ns_ += thread_cpu_ns() - t0;
+      l.lock();
+      if (err.empty()) result_ = std::move(r);
+      else error_ = err;
+      cv_.notify_all();
+    }
+  }
+
+  Predict predict_;
+  ControllerOptions o_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Job> job_;
+  std::optional<StageResult> result_;
+  std::string error_;
+  bool stop_ = false;
+  std::atomic<int64_t> cpu_ns_{0};
+  double wait_seconds_ = 0;
+  std::thread thread_;  // last: started once the rest exists
+};
+
+// A unit's last `window` records, oldest first once read.
+struct Window {
+  std::vector<float> rows;  // window x tailor, a ring
+  int64_t count = 0, head = 0;
+  void push(const std::vector<float>& r, int64_t window) {
+    const size_t t = r.size();
+    if (rows.size() != size_t(window) * t) rows.assign(size_t(window) * t, 0.0f);
+    std::copy(r.begin(), r.end(), rows.begin() + std::ptrdiff_t(size_t(head) * t));
+    head = (head + 1) % window;
+    count = std::min(count + 1, window);
+  }
+  Tensor chronological(int64_t window, int64_t tailor) const {
+    std::vector<float> out(size_t(count * tailor));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = (head - count + i + window) % window;
+      std::copy(rows.begin() + row * tailor, rows.begin() + (row + 1) * tailor, out.begin() + i * tailor);
+    }
+    return Tensor::from_vector(out, {count, tailor});
+  }
+  void clear() { *this = Window(); }
+};
+
+class SmartFrzPolicy : public FreezePolicy {
+ public:
+  SmartFrzPolicy(const PolicyConfig& c, int64_t units) : c_(c), units_(units), frozen_flag_(size_t(units), false) {
+    const SmartFrzOptions& o = c.smartfrz;
+    EG_CHECK(o.threshold > 0 && o.threshold < 1, "--smartfrz-threshold must be in (0, 1), got ", o.threshold);
+    PredictorWorker::Predict predict = o.predict;
+    file_ = o.predictor.empty() ? "(the installed predictor)" : o.predictor;
+    if (!predict) {
+      EG_CHECK(!c.smartfrz_weights.empty(), "--freeze smartfrz needs a trained predictor: --smartfrz-predictor FILE");
+      geometry_ = SmartFrzGeometry::from_metadata(c.smartfrz_metadata, file_);
+      auto p = std::make_shared<SmartFrzPredictor>(geometry_);
+      p->load(c.smartfrz_weights, file_);
+      p->eval();
+      predict = [p](const std::vector<int64_t>&, const Tensor& w) { return p->freeze_probability(w); };
+    }
+    window_ = o.window > 0 ? o.window : geometry_.window;
+    EG_CHECK(window_ >= 2, "--smartfrz-window must be at least 2 (the newest record queries the older ones), got ",
+             window_);
+    const int64_t epoch = c.steps_per_epoch, total = c.total_steps;
+    record_every_ = o.record_every > 0 ? o.record_every
+                    : epoch > 0        ? std::max<int64_t>(1, epoch / window_)
+                                       : std::max<int64_t>(1, total / (10 * window_));
+    stage_every_ = o.stage_every > 0 ? o.stage_every : epoch > 0 ? epoch : std::max<int64_t>(1, total / 10);
+    if (total > 0) {
+      EG_CHECK(window_ * record_every_ <= total, "--freeze smartfrz: a window of ", window_, " records, one every ",
+               record_every_, " steps, takes ", window_ * record_every_, " steps to fill, and the run has only ", total,
+               ": no freezing stage could decide (--smartfrz-window, --smartfrz-record-every)");
+      EG_CHECK(stage_every_ <= total, "--smartfrz-stage-every ", stage_every_, " is longer than the run (", total,
+               " steps): no freezing stage would run");
+    }
+    ControllerOptions w = c.reference;
+    worker_ = std::make_unique<PredictorWorker>(std::move(predict), w);
+    windows_.resize(size_t(units));
+  }
+
+  void after_step(const StepInfo& s, const Tensor&, const Tensor&, models::Model& m) override {
+    if (pending_) {
+      ready_ = worker_->wait();
+      pending_ = false;
+    }
+    if (ready_) act(*std::exchange(ready_, std::nullopt), s);
+    if (positions_.empty()) tailor(m);
+    if (s.step % record_every_ == 0) record(m);
+    if (s.step % stage_every_ == 0) stage(s);
+  }
+  UnitSet frozen_units() const override { return frozen_; }
+  std::vector<json> take_log() override { return std::exchange(log_, {}); }
+
+  json state() const override {
+    drain();
+    json counts = json::array();
+    for (auto& w : windows_) counts.push_back(w.count);
+    json j = {{"frozen", frozen_}, {"counts", counts}, {"stages", stages_}, {"records", records_}};
+    if (ready_) j["ready"] = {{"step", ready_->step}, {"units", ready_->units}, {"p", ready_->p}};
+    return j;
+  }
+  void load_state(const json& j) override {
+    frozen_ = j.value("frozen", UnitSet());
+    std::fill(frozen_flag_.begin(), frozen_flag_.end(), false);
+    for (int64_t u : frozen_) frozen_flag_.at(size_t(u)) = true;
+    stages_ = j.value("stages", int64_t(0));
+    records_ = j.value("records", int64_t(0));
+    ready_.reset();
+    if (j.contains("ready"))
+      ready_ = StageResult{j["ready"].at("step").get<int64_t>(), j["ready"].at("units").get<std::vector<int64_t>>(),
+                           j["ready"].at("p").get<std::vector<double>>()};
+    for (auto& w : windows_) w.clear();
+  }
+  std::map<std::string, Tensor> state_tensors() const override {
+    std::map<std::string, Tensor> t;
+    for (size_t u = 0; u < windows_.size(); ++u)
+      if (windows_[u].count > 0)
+        t["smartfrz/window/" + std::to_string(u)] = windows_[u].chronological(window_, tailor_n());
+    return t;
+  }
+  void load_state_tensors(const std::map<std::string, Tensor>& t) override {
+    for (auto& [k, v] : t) {
+      if (k.rfind("smartfrz/window/", 0) != 0) continue;
+      const size_t u = size_t(std::stoll(k.substr(16)));
+      EG_CHECK(u < windows_.size() && v.dim() == 2 && v.size(0) <= window_ && v.size(1) == tailor_n(),
+               "--freeze smartfrz: the checkpoint's window ", k, " ", shape_str(v.shape()), " does not fit this run (",
+               window_, " records of ", tailor_n(), " weights)");
+      const std::vector<float> rows = v.to_vector<float>();
+      windows_[u].clear();
+      for (int64_t i = 0; i < v.size(0); ++i)
+        windows_[u].push({rows.begin() + i * v.size(1), rows.begin() + (i + 1) * v.size(1)}, window_);
+    }
+  }
+  void quiesce() override { drain(); }
+  json stats() const override {
+    return {{"stages", stages_},
+            {"records", records_},
+            {"window", window_},
+            {"record_every", record_every_},
+            {"stage_every", stage_every_},
+            {"tailor", tailor_n()},
+            {"order", c_.smartfrz.order == SmartFrzOrder::prefix ? "prefix" : "any"},
+            {"threshold", c_.smartfrz.threshold},
+            {"predictor", file_},
+            {"record_seconds", record_seconds_},
+            {"predictor_cpu_seconds", worker_->cpu_seconds()},
+            {"predictor_wait_seconds", worker_->wait_seconds()}};
+  }
+
+ private:
+  int64_t tailor_n() const { return geometry_.tailor; }
+  void drain() const {
+    if (!pending_) return;
+    ready_ = worker_->wait();
+    pending_ = false;
+  }
+
+  // Note [SmartFRZ's weight histories]: each unit's positions, as embedding ids by parameter.
+  void tailor(models::Model& m) {
+    const auto layers = m.layer_modules();
+    positions_.assign(size_t(units_), {});
+    for (int64_t u = 0; u + 1 < units_; ++u) {
+      const FreezeUnit& fu = c_.partition.units()[size_t(u)];
+      std::vector<Tensor> params, all;
+      for (int64_t l = fu.begin; l < fu.end; ++l)
+        for (auto& p : layers[size_t(l)].second->parameters()) {
+          all.push_back(p);
+          if (p.dim() >= 2) params.push_back(p);
+        }
+      if (params.empty()) params = all;
+      if (params.empty()) continue;  // a unit without parameters: nothing to record, never frozen
+      std::vector<int64_t> numels;
+      for (auto& p : params) numels.push_back(p.numel());
+      const auto pos = tailor_positions(numels, tailor_n(), c_.seed, u);
+      Unit& r = positions_[size_t(u)];
+      r.params = params;
+      r.ids.resize(params.size());
+      r.slots.resize(params.size());
+      std::vector<std::vector<int64_t>> offsets(params.size());
+      for (size_t i = 0; i < pos.size(); ++i) {
+        offsets[size_t(pos[i].param)].push_back(pos[i].offset);
+        r.slots[size_t(pos[i].param)].push_back(int64_t(i));
+      }
+      for (size_t j = 0; j < params.size(); ++j)
+        if (!offsets[j].empty())
+          r.ids[j] = Tensor::from_vector(offsets[j], {int64_t(offsets[j].size())}, params[j].device());
+    }
+  }
+  void record(models::Model&) {
+    const auto t0 = std::chrono::steady_clock::now();
+    autograd::NoGradGuard ng;
+    std::vector<float> row(static_cast<size_t>(tailor_n()));
+    for (int64_t u = 0; u + 1 < units_; ++u) {
+      const Unit& r = positions_[size_t(u)];
+      if (frozen_flag_[size_t(u)] || r.params.empty()) continue;
+      for (size_t j = 0; j < r.params.size(); ++j) {
+        if (!r.ids[j].defined()) continue;
+        const Tensor& p = r.params[j];
+        Tensor v = fn::embedding(r.ids[j], fn::reshape(p, {p.numel(), 1})).to(Device::cpu());
+        if (v.dtype() != DType::f32) v = v.to(DType::f32);
+        const std::vector<float> vals = v.to_vector<float>();
+        for (size_t i = 0; i < vals.size(); ++i) row[size_t(r.slots[j][i])] = vals[i];
+      }
+      windows_[size_t(u)].push(row, window_);
+    }
+    ++records_;
+    record_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  void stage(const StepInfo& s) {
+    std::vector<int64_t> units;
+    std::vector<float> feats;
+    for (int64_t u = 0; u + 1 < units_; ++u) {
+      if (frozen_flag_[size_t(u)] || windows_[size_t(u)].count < window_) continue;
+      const Tensor f = smartfrz_features(windows_[size_t(u)].chronological(window_, tailor_n()), geometry_.gain);
+      const std::vector<float> v = f.to_vector<float>();
+      feats.insert(feats.end(), v.begin(), v.end());
+      units.push_back(u);
+    }
+    if (units.empty()) return;
+    const int64_t n = int64_t(units.size());
+    worker_->submit(s.step, std::move(units), Tensor::from_vector(feats, {n, window_, tailor_n()}));
+    pending_ = true;
+    ++stages_;
+  }
+  void act(const StageResult& r, const StepInfo& s) {
+    log_.push_back({{"type", "stage"}, {"step", r.step}, {"units", r.units}, {"p_freeze", r.p}});
+    const double thr = c_.smartfrz.threshold;
+    std::vector<int64_t> froze;
+    std::vector<double> why;
+    auto p_of = [&](int64_t u) {
+      for (size_t i = 0; i < r.units.size(); ++i)
+        if (r.units[i] == u) return r.p[i];
+      return -1.0;  // not read at this stage (its window was not full)
+    };
+    if (c_.smartfrz.order == SmartFrzOrder::prefix) {
+      for (int64_t u = prefix_length(frozen_); u + 1 < units_; ++u) {
+        const double p = p_of(u);
+        if (p < thr) break;
+        froze.push_back(u), why.push_back(p);
+      }
+    } else {
+      for (size_t i = 0; i < r.units.size(); ++i)
+        if (r.p[i] >= thr && !frozen_flag_[size_t(r.units[i])]) froze.push_back(r.units[i]), why.push_back(r.p[i]);
+    }
+    if (froze.empty()) return;
+    for (int64_t u : froze) {
+      frozen_flag_[size_t(u)] = true;
+      windows_[size_t(u)].clear();
+    }
+    frozen_.clear();
+    for (int64_t u = 0; u < units_; ++u)
+      if (frozen_flag_[size_t(u)]) frozen_.push_back(u);
+    log_.push_back({{"type", "freeze"},
+                    {"step", s.step},
+                    {"froze", froze},
+                    {"p_freeze", why},
+                    {"stage_step", r.step},
+                    {"units", frozen_},
+                    {"threshold", thr},
+                    {"lr", s.lr}});
+  }
+
+  struct Unit {
+    std::vector<Tensor> params;  // the recorded ones
+    std::vector<Tensor> ids;  // by parameter: the flat offsets recorded (s64, on its device)
+    std::vector<std::vector<int64_t>> slots;  // by parameter: where each lands in the record
+  };
+
+  PolicyConfig c_;
+  int64_t units_;
+  SmartFrzGeometry geometry_;
+  std::string file_;
+  int64_t window_ = 0, record_every_ = 0, stage_every_ = 0;
+  std::unique_ptr<PredictorWorker> worker_;
+  mutable bool pending_ = false;  // a stage is with the worker
+  mutable std::optional<StageResult> ready_;  // its answer, acted on at the next step
+  std::vector<Unit> positions_;
+  std::vector<Window> windows_;
+  std::vector<bool> frozen_flag_;
+  UnitSet frozen_;
+  int64_t stages_ = 0, records_ = 0;
+  double record_seconds_ = 0;
+  std::vector<json> log_;
+};
+
+}  // namespace
+
+std::unique_ptr<FreezePolicy> make_smartfrz_policy(const PolicyConfig& c, int64_t units) {
+  return std::make_unique<SmartFrzPolicy>(c, units);
+}
+
+}  // namespace eg::freeze

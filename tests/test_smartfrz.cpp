@@ -1,0 +1,366 @@
+// SmartFRZ (freeze/smartfrz.h, freeze/policy_smartfrz.cpp): the predictor against a plain
+// implementation, its input, the tailored positions, the predictor file, and the policy
+// through the trainer (orders, logs, resume, background against inline, bad input).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "freeze/smartfrz.h"
+#include "tests/test_util.h"
+#include "train/report.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
+
+namespace eg {
+namespace {
+
+using json = nlohmann::json;
+
+freeze::SmartFrzGeometry small_geometry() {
+  freeze::SmartFrzGeometry g;
+  g.tailor = 24;
+  g.hidden = 12;
+  g.dim = 8;
+  g.head = 6;
+  g.window = 5;
+  g.gain = 50;
+  return g;
+}
+
+// ---- a plain implementation of Note [SmartFRZ's predictor]
+using Vec = std::vector<double>;
+Vec linear(const std::map<std::string, Tensor>& sd, const std::string& name, const Vec& x) {
+  const Tensor& w = sd.at(name + ".weight");
+  const std::vector<float> wv = w.to_vector<float>(), bv = sd.at(name + ".bias").to_vector<float>();
+  const int64_t out = w.size(0), in = w.size(1);
+  Vec y(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) {
+    double s = bv[size_t(o)];
+    for (int64_t i = 0; i < in; ++i) s += double(wv[size_t(o * in + i)]) * x[size_t(i)];
+    y[size_t(o)] = s;
+  }
+  return y;
+}
+Vec relu(Vec v) {
+  for (double& x : v) x = std::max(0.0, x);
+  return v;
+}
+Vec mlp(const std::map<std::string, Tensor>& sd, const std::string& n, const Vec& x) {
+  return linear(sd, n + ".4", relu(linear(sd, n + ".2", relu(linear(sd, n + ".0", x)))));
+}
+// One window [M][T] -> the two logits.
+Vec reference_logits(const std::map<std::string, Tensor>& sd, const std::vector<Vec>& rows, int64_t dim) {
+  const size_t m = rows.size();
+  const Vec q = mlp(sd, "query", rows[m - 1]);
+  std::vector<Vec> k, v;
+  for (size_t j = 0; j + 1 < m; ++j) k.push_back(mlp(sd, "key", rows[j])), v.push_back(mlp(sd, "value", rows[j]));
+  Vec score(m - 1);
+  double top = -1e300;
+  for (size_t j = 0; j + 1 < m; ++j) {
+    double s = 0;
+    for (size_t d = 0; d < q.size(); ++d) s += q[d] * k[j][d];
+    score[j] = s / std::sqrt(double(dim));
+    top = std::max(top, score[j]);
+  }
+  double z = 0;
+  for (double& s : score) z += (s = std::exp(s - top));
+  Vec ctx(q.size(), 0.0);
+  for (size_t j = 0; j + 1 < m; ++j)
+    for (size_t d = 0; d < q.size(); ++d) ctx[d] += score[j] / z * v[j][d];
+  return mlp(sd, "head", ctx);
+}
+
+TEST(SmartFrz, PredictorMatchesAPlainImplementationPerSample) {
+  const auto g = small_geometry();
+  Generator gen(3);
+  freeze::SmartFrzPredictor p(g, gen);
+  p.eval();
+  const int64_t b = 3, m = 5;
+  Tensor w = Tensor::randn({b, m, g.tailor}, gen);
+  const std::vector<float> wv = w.to_vector<float>();
+  const std::vector<float> got = p.forward(w).to_vector<float>();
+  ASSERT_EQ(got.size(), size_t(b * 2));
+  const auto sd = p.state_dict();
+  for (int64_t i = 0; i < b; ++i) {
+    std::vector<Vec> rows;
+    for (int64_t r = 0; r < m; ++r)
+      rows.emplace_back(wv.begin() + (i * m + r) * g.tailor, wv.begin() + (i * m + r + 1) * g.tailor);
+    const Vec want = reference_logits(sd, rows, g.dim);
+    for (int c = 0; c < 2; ++c)
+      EXPECT_NEAR(got[size_t(i * 2 + c)], want[size_t(c)], 1e-4 * std::max(1.0, std::abs(want[size_t(c)])))
+          << "sample " << i << " logit " << c;
+  }
+  // Attention is per sample: a sample's answer does not depend on the others in the batch.
+  const std::vector<float> alone =
+      p.forward(Tensor::from_vector(std::vector<float>(wv.begin(), wv.begin() + m * g.tailor), {1, m, g.tailor}))
+          .to_vector<float>();
+  EXPECT_NEAR(alone[0], got[0], 1e-5);
+  EXPECT_NEAR(alone[1], got[1], 1e-5);
+  const auto pf = p.freeze_probability(w);
+  ASSERT_EQ(pf.size(), size_t(b));
+  for (int64_t i = 0; i < b; ++i)
+    EXPECT_NEAR(pf[size_t(i)], 1 / (1 + std::exp(double(got[size_t(i * 2)] - got[size_t(i * 2 + 1)]))), 1e-6);
+  EXPECT_THROW(p.forward(Tensor::randn({b, 1, g.tailor}, gen)), Error);  // one record: no key
+  EXPECT_THROW(p.forward(Tensor::randn({b, m, g.tailor + 1}, gen)), Error);
+}
+
+TEST(SmartFrz, ItsInputIsTheMovementWithinTheWindowRelativeToTheWeightsSize) {
+  // 3 records of 2 weights: the first moves 0.1 -> 0.3, the second stands at -0.4.
+  const Tensor r = Tensor::from_vector(std::vector<float>{0.1f, -0.4f, 0.2f, -0.4f, 0.3f, -0.4f}, {3, 2});
+  const std::vector<float> f = freeze::smartfrz_features(r, 10).to_vector<float>();
+  const double rms = std::sqrt((0.3 * 0.3 + 0.4 * 0.4) / 2);
+  const double want[6] = {-0.1 / rms * 10, 0, 0, 0, 0.1 / rms * 10, 0};
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(f[size_t(i)], want[i], 1e-5) << i;
+  // Scaling the weights changes nothing.
+  const Tensor r2 = Tensor::from_vector(std::vector<float>{1, -4, 2, -4, 3, -4}, {3, 2});
+  const std::vector<float> f2 = freeze::smartfrz_features(r2, 10).to_vector<float>();
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(f2[size_t(i)], want[i], 1e-4) << i;
+}
+
+TEST(SmartFrz, TailoredPositionsAreFixedBySeedAndUnitAndCoverSmallUnits) {
+  const std::vector<int64_t> numels = {300, 50, 4000};
+  const auto a = freeze::tailor_positions(numels, 256, 7, 2), b = freeze::tailor_positions(numels, 256, 7, 2);
+  const auto c = freeze::tailor_positions(numels, 256, 7, 3), d = freeze::tailor_positions(numels, 256, 8, 2);
+  ASSERT_EQ(a.size(), 256u);
+  std::set<std::pair<int64_t, int64_t>> seen;
+  int64_t same_c = 0, same_d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].param, b[i].param);
+    EXPECT_EQ(a[i].offset, b[i].offset);
+    ASSERT_GE(a[i].param, 0);
+    ASSERT_LT(a[i].param, 3);
+    ASSERT_GE(a[i].offset, 0);
+    ASSERT_LT(a[i].offset, numels[size_t(a[i].param)]);
+    seen.insert({a[i].param, a[i].offset});
+    same_c += a[i].param == c[i].param && a[i].offset == c[i].offset;
+    same_d += a[i].param == d[i].param && a[i].offset == d[i].offset;
+  }
+  EXPECT_EQ(seen.size(), 256u) << "drawn without replacement where the unit has enough weights";
+  EXPECT_LT(same_c, 10);
+  EXPECT_LT(same_d, 10);
+  const auto small = freeze::tailor_positions({9}, 32, 7, 0);  // fewer weights than positions
+  ASSERT_EQ(small.size(), 32u);
+  for (auto& p : small) EXPECT_LT(p.offset, 9);
+}
+
+TEST(SmartFrz, APredictorFileRoundTripsAndAnotherShapeOrNoneIsNamed) {
+  const auto g = small_geometry();
+  Generator gen(1);
+  freeze::SmartFrzPredictor p(g, gen);
+  const auto meta = g.to_metadata();
+  const auto back = freeze::SmartFrzGeometry::from_metadata(meta, "f");
+  EXPECT_EQ(back.tailor, g.tailor);
+  EXPECT_EQ(back.window, g.window);
+  EXPECT_EQ(back.gain, g.gain);
+  freeze::SmartFrzPredictor q(back, gen);
+  q.load(p.state_dict(), "f");
+  EXPECT_EQ(q.state_dict().at("head.4.weight").to_vector<float>(),
+            p.state_dict().at("head.4.weight").to_vector<float>());
+
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  auto bigger = g;
+  bigger.hidden = 16;
+  freeze::SmartFrzPredictor r(bigger, gen);
+  const std::string shape = message([&] { r.load(p.state_dict(), "pred.safetensors"); });
+  EXPECT_NE(shape.find("pred.safetensors does not fit"), std::string::npos) << shape;
+  EXPECT_NE(shape.find("query.0.weight [12, 24] (expected [16, 24])"), std::string::npos) << shape;
+  auto sd = p.state_dict();
+  sd.erase("value.2.bias");
+  sd["extra"] = Tensor::zeros({2});
+  const std::string names = message([&] { q.load(sd, "f"); });
+  EXPECT_NE(names.find("missing: value.2.bias"), std::string::npos) << names;
+  EXPECT_NE(names.find("unexpected: extra"), std::string::npos) << names;
+  EXPECT_NE(message([] { freeze::SmartFrzGeometry::from_metadata({}, "m.safetensors"); }).find("not a predictor file"),
+            std::string::npos);
+  auto bad = meta;
+  bad["window"] = "three";
+  EXPECT_NE(message([&] { freeze::SmartFrzGeometry::from_metadata(bad, "m"); }).find("'window' is 'three'"),
+            std::string::npos);
+}
+
+// ---- the policy through the trainer
+
+std::vector<json> jsonl(const std::string& p) {
+  std::vector<json> v;
+  std::ifstream f(p);
+  for (std::string line; std::getline(f, line);) v.push_back(json::parse(line));
+  return v;
+}
+
+// The trainer tests' run, 4 epochs of 16 steps, every layer module a unit (11 on
+// resnet20): a record every 2 steps into windows of 4, a stage at the end of each epoch.
+train::TrainConfig smartfrz_run(const std::string& name) {
+  train::TrainConfig c = testing::small_image_run(testing::fresh_dir("eg_smartfrz_" + name));
+  c.freezing.policy = "smartfrz";
+  c.freezing.units = train::FreezeUnits::layers;
+  c.freezing.reference.synchronous = true;
+  c.freezing.smartfrz.window = 4;
+  c.freezing.smartfrz.record_every = 2;
+  c.freezing.smartfrz.stage_every = 16;
+  return c;
+}
+
+// A stand-in predictor: P(freeze) 0.9 for `names`, 0.1 for the others; it checks what it is given.
+std::function<std::vector<double>(const std::vector<int64_t>&, const Tensor&)> naming(std::set<int64_t> names) {
+  return [names](const std::vector<int64_t>& units, const Tensor& w) {
+    EG_CHECK(w.dim() == 3 && w.size(0) == int64_t(units.size()) && w.size(1) == 4 && w.size(2) == 1024, "windows ",
+             shape_str(w.shape()));
+    const std::vector<float> v = w.to_vector<float>();
+    double moved = 0;
+    for (float x : v) {
+      EG_CHECK(std::isfinite(x), "a feature is not finite");
+      moved += std::abs(x);
+    }
+    EG_CHECK(moved > 0, "training weights did not move within their windows");
+    std::vector<double> p;
+    for (int64_t u : units) p.push_back(names.count(u) ? 0.9 : 0.1);
+    return p;
+  };
+}
+
+TEST(SmartFrzTrainer, AnyOrderFreezesTheNamedUnitsBehindTrainableOnesAndResumesBitIdentically) {
+  auto cfg = [](const std::string& name) {
+    train::TrainConfig c = smartfrz_run(name);
+    c.freezing.smartfrz.order = freeze::SmartFrzOrder::any;
+    c.freezing.smartfrz.predict = naming({1, 3});
+    return c;
+  };
+  const train::TrainConfig a = cfg("any_full");
+  auto s = train::run_training(a);
+  ASSERT_TRUE(s.completed);
+  // The stage at step 16 reads the 10 units but the head; its answer is acted on at step 17.
+  auto log = jsonl(a.out + "/freeze.jsonl");
+  ASSERT_GE(log.size(), 2u);
+  EXPECT_EQ(log[0]["type"], "stage");
+  EXPECT_EQ(log[0]["step"], 16);
+  EXPECT_EQ(log[0]["units"], json::array({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(log[1]["type"], "freeze");
+  EXPECT_EQ(log[1]["step"], 17);
+  EXPECT_EQ(log[1]["froze"], json::array({1, 3}));
+  EXPECT_EQ(log[1]["units"], json::array({1, 3}));
+  // The later stages read only the units still training, and freeze nothing more.
+  for (size_t i = 2; i < log.size(); ++i) {
+    EXPECT_EQ(log[i]["type"], "stage") << log[i].dump();
+    EXPECT_EQ(log[i]["units"], json::array({0, 2, 4, 5, 6, 7, 8, 9})) << log[i].dump();
+  }
+  EXPECT_EQ(log.size(), 2u + 2u) << "stages at steps 32 and 48 (64 is the last step: its answer is never acted on)";
+  auto sum = json::parse(std::ifstream(a.out + "/summary.json"));
+  EXPECT_EQ(sum["frozen_units_final"], json::array({1, 3}));
+  EXPECT_EQ(sum["freeze_stats"]["stages"], 4);
+  EXPECT_EQ(sum["freeze_stats"]["records"], 32);
+  const std::string story = train::run_report(a.out);
+  EXPECT_NE(story.find("froze layer1.0 (0.90), layer1.2 (0.90), P(freeze) at or over 0.50 at the stage of step 16"),
+            std::string::npos)
+      << story;
+  EXPECT_NE(story.find("its recording and predictor cost"), std::string::npos) << story;
+
+  // Killed before the first stage, and again between the stage and the step that acts on it.
+  const train::TrainConfig b = cfg("any_killed");
+  ASSERT_TRUE(testing::run_killed_twice(b, 10, 6));
+  testing::expect_same_weights(a.out, b.out);
+  EXPECT_EQ(jsonl(b.out + "/freeze.jsonl").size(), log.size());
+}
+
+TEST(SmartFrzTrainer, PrefixOrderStopsAtTheFirstUnitThePredictorKeeps) {
+  train::TrainConfig c = smartfrz_run("prefix");
+  c.freezing.smartfrz.predict = naming({0, 1, 3});
+  ASSERT_TRUE(train::run_training(c).completed);
+  auto sum = json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_EQ(sum["frozen_units_final"], json::array({0, 1})) << "unit 2 is kept, so unit 3 waits behind it";
+  EXPECT_EQ(sum["freeze_stats"]["order"], "prefix");
+  train::TrainConfig none = smartfrz_run("prefix_none");
+  none.freezing.smartfrz.predict = naming({1, 3});
+  ASSERT_TRUE(train::run_training(none).completed);
+  EXPECT_EQ(json::parse(std::ifstream(none.out + "/summary.json"))["frozen_units_final"], json::array());
+}
+
+// A predictor from a file, on the background thread and inline: the same probabilities.
+TEST(SmartFrzTrainer, APredictorFileDecidesTheSameInTheBackgroundAsInline) {
+  auto g = small_geometry();
+  g.window = 4;
+  Generator gen(11);
+  freeze::SmartFrzPredictor p(g, gen);
+  const std::string file = testing::fresh_dir("eg_smartfrz_pred") + "/pred.safetensors";
+  train::save_safetensors(file, p.state_dict(), g.to_metadata());
+  auto run = [&](const std::string& name, bool sync) {
+    train::TrainConfig c = smartfrz_run(name);
+    c.freezing.smartfrz.window = 0;  // the predictor's: 4
+    c.freezing.smartfrz.predictor = file;
+    c.freezing.reference.synchronous = sync;
+    EXPECT_TRUE(train::run_training(c).completed);
+    std::vector<json> stages;
+    for (auto& j : jsonl(c.out + "/freeze.jsonl"))
+      if (j["type"] == "stage") stages.push_back(j);
+    return stages;
+  };
+  const auto inline_ = run("file_inline", true), background = run("file_background", false);
+  ASSERT_FALSE(inline_.empty());
+  for (auto& s : inline_)
+    for (auto& v : s["p_freeze"]) EXPECT_TRUE(v.get<double>() >= 0 && v.get<double>() <= 1) << s.dump();
+  EXPECT_EQ(inline_, background);
+}
+
+TEST(SmartFrzTrainer, BadPredictorsWindowsAndIntervalsAreNamedBeforeTraining) {
+  const std::string dir = testing::fresh_dir("eg_smartfrz_badfiles");
+  auto g = small_geometry();
+  Generator gen(2);
+  freeze::SmartFrzPredictor p(g, gen);
+  auto sd = p.state_dict();
+  auto meta = g.to_metadata();
+  meta["hidden"] = "16";
+  train::save_safetensors(dir + "/other-shape.safetensors", sd, meta);
+  train::save_safetensors(dir + "/no-meta.safetensors", sd);
+  {
+    std::ofstream f(dir + "/corrupt.safetensors", std::ios::binary);
+    f << "this is not a safetensors file";
+  }
+  auto refused = [](std::function<void(train::TrainConfig&)> set, const std::string& want) {
+    train::TrainConfig c = smartfrz_run("bad");
+    set(c);
+    try {
+      train::run_training(c);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_FALSE(std::filesystem::exists(c.out + "/metrics.jsonl")) << "it trained first: " << want;
+      return;
+    }
+    ADD_FAILURE() << "not refused: " << want;
+  };
+  refused([](train::TrainConfig&) {}, "--freeze smartfrz needs a trained predictor: --smartfrz-predictor FILE");
+  refused([&](train::TrainConfig& c) { c.freezing.smartfrz.predictor = dir + "/missing.safetensors"; },
+          dir + "/missing.safetensors");
+  refused([&](train::TrainConfig& c) { c.freezing.smartfrz.predictor = dir + "/corrupt.safetensors"; },
+          dir + "/corrupt.safetensors");
+  refused([&](train::TrainConfig& c) { c.freezing.smartfrz.predictor = dir + "/no-meta.safetensors"; },
+          "no-meta.safetensors: not a predictor file");
+  refused([&](train::TrainConfig& c) { c.freezing.smartfrz.predictor = dir + "/other-shape.safetensors"; },
+          "query.0.weight [12, 24] (expected [16, 24])");
+  refused(
+      [](train::TrainConfig& c) {
+    c.freezing.smartfrz.predict = naming({});
+    c.freezing.smartfrz.window = 40;
+      },
+      "a window of 40 records, one every 2 steps, takes 80 steps to fill, and the run has only 64");
+  refused(
+      [](train::TrainConfig& c) {
+    c.freezing.smartfrz.predict = naming({});
+    c.freezing.smartfrz.stage_every = 65;
+      },
+      "--smartfrz-stage-every 65 is longer than the run (64 steps)");
+}
+
+}  // namespace
+}  // namespace eg
