@@ -61,6 +61,11 @@ struct SmartFrzOptions {
   int64_t record_every = 0;  // steps between records (0: an epoch's steps / window, at least 1)
   int64_t stage_every = 0;  // steps between freezing stages (0: an epoch's, or a tenth of the run)
   double threshold = 0.5;  // a unit freezes when the predictor's P(freeze) is at least this
+  // Any policy: record every unit's tailored weights, and the Gram of its output on a probe
+  // batch of `probe` training samples, every record_every steps, into the run's
+  // smartfrz-records.safetensors: the predictor's training data (train/smartfrz_record.h).
+  bool record = false;
+  int64_t probe = 32;
   // For tests and embedders, not an option: replaces the predictor, given the units and
   // their windows' features [units, window, tailor]; returns P(freeze) per unit.
   std::function<std::vector<double>(const std::vector<int64_t>& units, const Tensor& windows)> predict;

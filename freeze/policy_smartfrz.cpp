@@ -188,7 +188,6 @@ class SmartFrzPolicy : public FreezePolicy {
       pending_ = false;
     }
     if (ready_) act(*std::exchange(ready_, std::nullopt), s);
-    if (positions_.empty()) tailor(m);
     if (s.step % record_every_ == 0) record(m);
     if (s.step % stage_every_ == 0) stage(s);
   }
@@ -259,54 +258,11 @@ class SmartFrzPolicy : public FreezePolicy {
     pending_ = false;
   }
 
-  // Note [SmartFRZ's weight histories]: each unit's positions, as embedding ids by parameter.
-  void tailor(models::Model& m) {
-    const auto layers = m.layer_modules();
-    positions_.assign(size_t(units_), {});
-    for (int64_t u = 0; u + 1 < units_; ++u) {
-      const FreezeUnit& fu = c_.partition.units()[size_t(u)];
-      std::vector<Tensor> params, all;
-      for (int64_t l = fu.begin; l < fu.end; ++l)
-        for (auto& p : layers[size_t(l)].second->parameters()) {
-          all.push_back(p);
-          if (p.dim() >= 2) params.push_back(p);
-        }
-      if (params.empty()) params = all;
-      if (params.empty()) continue;  // a unit without parameters: nothing to record, never frozen
-      std::vector<int64_t> numels;
-      for (auto& p : params) numels.push_back(p.numel());
-      const auto pos = tailor_positions(numels, tailor_n(), c_.seed, u);
-      Unit& r = positions_[size_t(u)];
-      r.params = params;
-      r.ids.resize(params.size());
-      r.slots.resize(params.size());
-      std::vector<std::vector<int64_t>> offsets(params.size());
-      for (size_t i = 0; i < pos.size(); ++i) {
-        offsets[size_t(pos[i].param)].push_back(pos[i].offset);
-        r.slots[size_t(pos[i].param)].push_back(int64_t(i));
-      }
-      for (size_t j = 0; j < params.size(); ++j)
-        if (!offsets[j].empty())
-          r.ids[j] = Tensor::from_vector(offsets[j], {int64_t(offsets[j].size())}, params[j].device());
-    }
-  }
-  void record(models::Model&) {
+  void record(models::Model& m) {
     const auto t0 = std::chrono::steady_clock::now();
-    autograd::NoGradGuard ng;
-    std::vector<float> row(static_cast<size_t>(tailor_n()));
-    for (int64_t u = 0; u + 1 < units_; ++u) {
-      const Unit& r = positions_[size_t(u)];
-      if (frozen_flag_[size_t(u)] || r.params.empty()) continue;
-      for (size_t j = 0; j < r.params.size(); ++j) {
-        if (!r.ids[j].defined()) continue;
-        const Tensor& p = r.params[j];
-        Tensor v = fn::embedding(r.ids[j], fn::reshape(p, {p.numel(), 1})).to(Device::cpu());
-        if (v.dtype() != DType::f32) v = v.to(DType::f32);
-        const std::vector<float> vals = v.to_vector<float>();
-        for (size_t i = 0; i < vals.size(); ++i) row[size_t(r.slots[j][i])] = vals[i];
-      }
-      windows_[size_t(u)].push(row, window_);
-    }
+    if (!tailored_) tailored_ = std::make_unique<TailoredWeights>(m, c_.partition, tailor_n(), c_.seed);
+    for (int64_t u = 0; u + 1 < units_; ++u)
+      if (!frozen_flag_[size_t(u)] && !tailored_->empty(u)) windows_[size_t(u)].push(tailored_->read(u), window_);
     ++records_;
     record_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -364,12 +320,6 @@ class SmartFrzPolicy : public FreezePolicy {
                     {"lr", s.lr}});
   }
 
-  struct Unit {
-    std::vector<Tensor> params;  // the recorded ones
-    std::vector<Tensor> ids;  // by parameter: the flat offsets recorded (s64, on its device)
-    std::vector<std::vector<int64_t>> slots;  // by parameter: where each lands in the record
-  };
-
   PolicyConfig c_;
   int64_t units_;
   SmartFrzGeometry geometry_;
@@ -378,7 +328,7 @@ class SmartFrzPolicy : public FreezePolicy {
   std::unique_ptr<PredictorWorker> worker_;
   mutable bool pending_ = false;  // a stage is with the worker
   mutable std::optional<StageResult> ready_;  // its answer, acted on at the next step
-  std::vector<Unit> positions_;
+  std::unique_ptr<TailoredWeights> tailored_;  // made at the first record, from the model
   std::vector<Window> windows_;
   std::vector<bool> frozen_flag_;
   UnitSet frozen_;

@@ -168,4 +168,51 @@ std::vector<TailorPosition> tailor_positions(const std::vector<int64_t>& numels,
   return out;
 }
 
+TailoredWeights::TailoredWeights(models::Model& m, const Partition& part, int64_t tailor, uint64_t seed)
+    : tailor_(tailor) {
+  const auto layers = m.layer_modules();
+  units_.resize(size_t(part.size()));
+  for (int64_t u = 0; u < part.size(); ++u) {
+    const FreezeUnit& fu = part.units()[size_t(u)];
+    std::vector<Tensor> params, all;
+    for (int64_t l = fu.begin; l < fu.end; ++l)
+      for (auto& p : layers[size_t(l)].second->parameters()) {
+        all.push_back(p);
+        if (p.dim() >= 2) params.push_back(p);
+      }
+    if (params.empty()) params = all;
+    if (params.empty()) continue;
+    std::vector<int64_t> numels;
+    for (auto& p : params) numels.push_back(p.numel());
+    const auto pos = tailor_positions(numels, tailor, seed, u);
+    Unit& r = units_[size_t(u)];
+    r.params = params;
+    r.ids.resize(params.size());
+    r.slots.resize(params.size());
+    std::vector<std::vector<int64_t>> offsets(params.size());
+    for (size_t i = 0; i < pos.size(); ++i) {
+      offsets[size_t(pos[i].param)].push_back(pos[i].offset);
+      r.slots[size_t(pos[i].param)].push_back(int64_t(i));
+    }
+    for (size_t j = 0; j < params.size(); ++j)
+      if (!offsets[j].empty())
+        r.ids[j] = Tensor::from_vector(offsets[j], {int64_t(offsets[j].size())}, params[j].device());
+  }
+}
+
+std::vector<float> TailoredWeights::read(int64_t unit) const {
+  autograd::NoGradGuard ng;
+  const Unit& r = units_.at(size_t(unit));
+  std::vector<float> row(static_cast<size_t>(tailor_));
+  for (size_t j = 0; j < r.params.size(); ++j) {
+    if (!r.ids[j].defined()) continue;
+    const Tensor& p = r.params[j];
+    Tensor v = fn::embedding(r.ids[j], fn::reshape(p, {p.numel(), 1})).to(Device::cpu());
+    if (v.dtype() != DType::f32) v = v.to(DType::f32);
+    const std::vector<float> vals = v.to_vector<float>();
+    for (size_t i = 0; i < vals.size(); ++i) row[size_t(r.slots[j][i])] = vals[i];
+  }
+  return row;
+}
+
 }  // namespace eg::freeze

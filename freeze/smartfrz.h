@@ -36,7 +36,9 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "freeze/partition.h"
 #include "layers/layers.h"
+#include "models/model.h"
 
 namespace eg::freeze {
 
@@ -83,5 +85,25 @@ struct TailorPosition {
 };
 std::vector<TailorPosition> tailor_positions(const std::vector<int64_t>& param_numels, int64_t tailor, uint64_t seed,
                                              int64_t unit);
+
+// Note [SmartFRZ's weight histories]: reads each unit's tailored weights from a model,
+// on whatever device it trains (a gather there, only `tailor` values per unit come to
+// the host). Units without parameters record nothing (empty()).
+class TailoredWeights {
+ public:
+  TailoredWeights(models::Model& m, const Partition& units, int64_t tailor, uint64_t seed);
+  bool empty(int64_t unit) const { return units_.at(size_t(unit)).params.empty(); }
+  std::vector<float> read(int64_t unit) const;  // `tailor` values
+  int64_t tailor() const { return tailor_; }
+
+ private:
+  struct Unit {
+    std::vector<Tensor> params;  // the recorded ones
+    std::vector<Tensor> ids;  // by parameter: the flat offsets recorded (s64, on its device)
+    std::vector<std::vector<int64_t>> slots;  // by parameter: where each lands in the record
+  };
+  int64_t tailor_;
+  std::vector<Unit> units_;
+};
 
 }  // namespace eg::freeze

@@ -15,6 +15,8 @@
 #include "tests/test_util.h"
 #include "train/report.h"
 #include "train/safetensors.h"
+#include "train/smartfrz_record.h"
+#include "train/smartfrz_train.h"
 #include "train/trainer.h"
 
 namespace eg {
@@ -360,6 +362,162 @@ TEST(SmartFrzTrainer, BadPredictorsWindowsAndIntervalsAreNamedBeforeTraining) {
     c.freezing.smartfrz.stage_every = 65;
       },
       "--smartfrz-stage-every 65 is longer than the run (64 steps)");
+}
+
+}  // namespace
+}  // namespace eg
+
+namespace eg {
+namespace {
+
+// ---- the predictor's training data and its training (train/smartfrz_record.h, smartfrz_train.h)
+
+TEST(SmartFrzLabels, LinearCkaOfGramsIsKornbliths) {
+  Generator g(4);
+  const int64_t n = 6, d = 5;
+  const std::vector<float> x = Tensor::randn({n, d}, g).to_vector<float>(),
+                           y = Tensor::randn({n, d}, g).to_vector<float>();
+  auto gram = [&](const std::vector<float>& a) {
+    std::vector<float> k(size_t(n * n));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = 0; c < d; ++c) k[size_t(i * n + j)] += a[size_t(i * d + c)] * a[size_t(j * d + c)];
+    return k;
+  };
+  // From centred features: |Yc^T Xc|_F^2 / (|Xc^T Xc|_F |Yc^T Yc|_F).
+  auto centre = [&](std::vector<float> a) {
+    for (int64_t c = 0; c < d; ++c) {
+      double m = 0;
+      for (int64_t i = 0; i < n; ++i) m += a[size_t(i * d + c)];
+      for (int64_t i = 0; i < n; ++i) a[size_t(i * d + c)] -= float(m / double(n));
+    }
+    return a;
+  };
+  auto cross = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    double s = 0;
+    for (int64_t p = 0; p < d; ++p)
+      for (int64_t q = 0; q < d; ++q) {
+        double v = 0;
+        for (int64_t i = 0; i < n; ++i) v += double(a[size_t(i * d + p)]) * b[size_t(i * d + q)];
+        s += v * v;
+      }
+    return s;
+  };
+  const auto xc = centre(x), yc = centre(y);
+  const double want = cross(yc, xc) / std::sqrt(cross(xc, xc) * cross(yc, yc));
+  EXPECT_NEAR(train::linear_cka(gram(x), gram(y), n), want, 1e-5);
+  EXPECT_NEAR(train::linear_cka(gram(x), gram(x), n), 1.0, 1e-9);
+  std::vector<float> x3 = x;
+  for (float& v : x3) v *= 3;
+  EXPECT_NEAR(train::linear_cka(gram(x3), gram(y), n), want, 1e-5) << "invariant to scale";
+}
+
+train::TrainConfig recording_run(const std::string& name) {
+  train::TrainConfig c = testing::small_image_run(testing::fresh_dir("eg_smartfrz_rec_" + name));
+  c.freezing.smartfrz.record = true;
+  c.freezing.smartfrz.record_every = 2;
+  c.freezing.smartfrz.probe = 8;
+  return c;
+}
+
+TEST(SmartFrzRecords, ARunRecordsWeightsAndGramsAndAResumedRunTheSame) {
+  const train::TrainConfig a = recording_run("full");
+  ASSERT_TRUE(train::run_training(a).completed);
+  train::Metadata meta;
+  const auto t = train::load_safetensors(a.out + "/smartfrz-records.safetensors", &meta);
+  EXPECT_EQ(meta.at("format"), train::kSmartFrzRecordsFormat);
+  EXPECT_EQ(meta.at("model"), "resnet20");
+  EXPECT_EQ(meta.at("probe"), "8");
+  const auto units = json::parse(meta.at("units"));
+  ASSERT_EQ(units.size(), 5u) << "resnet20's automatic units but the head";
+  const std::vector<int64_t> steps = t.at("steps").to_vector<int64_t>();
+  ASSERT_EQ(steps.size(), 32u);
+  EXPECT_EQ(steps.front(), 2);
+  EXPECT_EQ(steps.back(), 64);
+  for (size_t u = 0; u < units.size(); ++u) {
+    const Tensor& w = t.at("weights/" + std::to_string(u));
+    const Tensor& g = t.at("grams/" + std::to_string(u));
+    EXPECT_EQ(w.shape(), (Shape{32, 1024}));
+    EXPECT_EQ(g.shape(), (Shape{32, 8, 8}));
+    const std::vector<float> wv = w.to_vector<float>(), gv = g.to_vector<float>();
+    EXPECT_NE(std::vector<float>(wv.begin(), wv.begin() + 1024), std::vector<float>(wv.end() - 1024, wv.end()))
+        << "unit " << u << "'s weights did not move";
+    for (int i = 0; i < 8; ++i) EXPECT_GE(gv[size_t(i * 8 + i)], 0.0f);
+    EXPECT_NEAR(gv[1], gv[8], 1e-3 * std::max(1.0f, std::abs(gv[1]))) << "a Gram is symmetric";
+  }
+  const train::TrainConfig b = recording_run("killed");
+  ASSERT_TRUE(testing::run_killed_twice(b, 9, 20));
+  const auto tb = train::load_safetensors(b.out + "/smartfrz-records.safetensors");
+  ASSERT_EQ(tb.size(), t.size());
+  for (auto& [k, v] : t) {
+    if (v.dtype() == DType::s64) EXPECT_EQ(v.to_vector<int64_t>(), tb.at(k).to_vector<int64_t>()) << k;
+    else EXPECT_EQ(v.to_vector<float>(), tb.at(k).to_vector<float>()) << k;
+  }
+}
+
+TEST(SmartFrzTraining, LabelsByCkaTrainAPredictorThatTheSmartFrzPolicyTakes) {
+  const train::TrainConfig a = recording_run("train_a");
+  train::TrainConfig b = recording_run("train_b");
+  b.seed = 6;
+  b.model = "resnet32";
+  ASSERT_TRUE(train::run_training(a).completed);
+  ASSERT_TRUE(train::run_training(b).completed);
+  train::SmartFrzTrainOptions o;
+  o.records = {a.out + "/smartfrz-records.safetensors", b.out + "/smartfrz-records.safetensors"};
+  o.window = 6;
+  o.epochs = 2;
+  o.geometry.hidden = 16;
+  o.geometry.dim = 8;
+  o.geometry.head = 8;
+  o.hold_out = "resnet32";
+  o.out = testing::fresh_dir("eg_smartfrz_predictor_out") + "/pred.safetensors";
+  const json r = train::train_smartfrz_predictor(o);
+  ASSERT_EQ(r["runs"].size(), 2u);
+  for (auto& run : r["runs"])
+    for (auto& u : run["units"]) {
+      const int64_t from = u["freeze_from_record"];
+      EXPECT_LT(from, 32) << "the last record is the run's end: CKA 1";
+      EXPECT_NEAR(u["cka"].back().get<double>(), 1.0, 1e-6);
+      for (size_t i = size_t(from); i < u["cka"].size(); ++i) EXPECT_GE(u["cka"][i].get<double>(), 1 - 0.02);
+      if (from > 0) {
+        EXPECT_LT(u["cka"][size_t(from - 1)].get<double>(), 1 - 0.02);
+      }
+    }
+  EXPECT_TRUE(r["runs"][1]["held_out"].get<bool>());
+  EXPECT_EQ(r["held_out"]["model"], "resnet32");
+  const json& s = r["held_out"]["scores"];
+  EXPECT_EQ(s["samples"].get<int64_t>(), int64_t(r["runs"][1]["units"].size()) * (32 - 6 + 1));
+  EXPECT_EQ(s["true_positives"].get<int64_t>() + s["false_negatives"].get<int64_t>(), s["positives"].get<int64_t>());
+  EXPECT_GT(r["gain"].get<double>(), 0.0);
+
+  // The policy takes the file as it is.
+  train::TrainConfig c = smartfrz_run("trained");
+  c.freezing.smartfrz.window = 0;
+  c.freezing.smartfrz.predictor = o.out;
+  ASSERT_TRUE(train::run_training(c).completed);
+  auto sum = json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_EQ(sum["freeze_stats"]["window"], 6);
+  EXPECT_GE(sum["freeze_stats"]["stages"].get<int64_t>(), 1);
+
+  auto message = [](const train::SmartFrzTrainOptions& o) {
+    try {
+      train::train_smartfrz_predictor(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  train::SmartFrzTrainOptions bad = o;
+  bad.out.clear();
+  bad.records = {o.out};  // a predictor, not records
+  EXPECT_NE(message(bad).find("is not a records file of --smartfrz-record on"), std::string::npos) << message(bad);
+  bad = o;
+  bad.out.clear();
+  bad.hold_out = "vgg11";
+  EXPECT_NE(message(bad).find("no run of model 'vgg11' to hold out"), std::string::npos) << message(bad);
+  bad.hold_out.clear();
+  bad.window = 40;
+  EXPECT_NE(message(bad).find("fewer than a window (40)"), std::string::npos) << message(bad);
 }
 
 }  // namespace

@@ -63,6 +63,20 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
   reference_on_training_cores_ =
       !Device::parse(c.device).is_cuda() ||
       (quant::reference_on_gpu(c.freezing.reference.precision) && c.freezing.reference.synchronous);
+  out_dir_ = out_dir;
+  if (c.freezing.smartfrz.record && lead_) {
+    const freeze::SmartFrzOptions& o = c.freezing.smartfrz;
+    const int64_t window = o.window > 0 ? o.window : freeze::SmartFrzGeometry().window;
+    const int64_t every = o.record_every > 0 ? o.record_every : std::max<int64_t>(1, pc.steps_per_epoch / window);
+    recorder_ = std::make_unique<SmartFrzRecorder>(
+        model, part_, freeze::SmartFrzGeometry().tailor, every, o.probe, c.seed,
+        std::map<std::string, std::string>{{"model", c.model},
+                                           {"dataset", c.dataset},
+                                           {"init_from", c.init_from},
+                                           {"seed", std::to_string(c.seed)},
+                                           {"steps_per_epoch", std::to_string(pc.steps_per_epoch)},
+                                           {"total_steps", std::to_string(pc.total_steps)}});
+  }
   if (c.freezing.bn == FrozenBn::batch)
     for (auto& [name, mod] : model.named_modules())
       if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
@@ -125,6 +139,7 @@ void FreezeRun::start_step(int64_t step) {
 Tensor FreezeRun::forward(const StepBatch& b, const std::vector<int64_t>& ids, Device dev) {
   host_x_ = b.host_x, host_x2_ = b.host_x2;
   const Tensor& x = b.x;
+  if (recorder_ && !recorder_->has_probe()) recorder_->offer_probe(x.to(dev), b.x2);
   const int64_t k = frozen_layers();
   ++steps_;
   // A capture inside the prefix needs the prefix run (the unit's input there is the
@@ -181,6 +196,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   }
   capture_ = models::Capture();
   host_x_ = nullptr, host_x2_ = Tensor();
+  if (recorder_) recorder_->after_step(s.step);
   const int64_t prefix = frozen_layers();
   frozen_ = rank0s(lead_ ? policy_->frozen_units() : frozen_);
   if (freeze::apply_frozen_layers(model_, part_.layers_of(frozen_))) {
@@ -201,6 +217,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
 
 void FreezeRun::save(std::map<std::string, Tensor>& tensors, json& state) const {
   for (auto& [k, t] : policy_->state_tensors()) tensors["freeze/" + k] = t;
+  if (recorder_) recorder_->save(tensors);
   state["freeze"] = policy_->state();
   state["freeze_units"] = part_.names();
   state["flops_saved_sum"] = flops_saved_sum_;
@@ -218,6 +235,7 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   if (lead_) {
     if (saved.contains("freeze")) policy_->load_state(saved["freeze"]);
     policy_->load_state_tensors(fs);
+    if (recorder_) recorder_->load(tensors);
     frozen_ = policy_->frozen_units();
   }
   frozen_ = rank0s(frozen_);  // the policy's state is rank 0's alone
@@ -287,6 +305,10 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
   sj["evaluations_dropped"] = st.value("evaluations_dropped", int64_t(0));
   if (st.contains("reference")) st["reference_scope"] = unit_scope_ ? "unit" : "network";
   sj["freeze_stats"] = st;
+  if (recorder_) {
+    recorder_->write(out_dir_ + "/smartfrz-records.safetensors");
+    sj["smartfrz_records"] = {{"records", recorder_->records()}, {"seconds", recorder_->seconds()}};
+  }
   if (cache_) {
     const auto& cs = cache_->stats();
     // Forward FLOPs of the frozen prefix skipped thanks to the cache, as a share of the

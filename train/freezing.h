@@ -14,6 +14,7 @@
 #include "dist/strategy.h"
 #include "freeze/policy.h"
 #include "train/config.h"
+#include "train/smartfrz_record.h"
 
 namespace eg::train {
 
@@ -126,6 +127,8 @@ class FreezeRun {
   const dist::Strategy& dp_;
   const bool lead_;  // rank 0: runs the policy and writes the logs
   freeze::UnitSet frozen_;  // units frozen now, as every rank agreed
+  std::unique_ptr<SmartFrzRecorder> recorder_;  // --smartfrz-record on (rank 0)
+  std::string out_dir_;
   freeze::Partition part_;
   std::unique_ptr<freeze::FreezePolicy> policy_;
   std::vector<double> unit_params_, unit_flops_;  // shares of the model's parameters / forward FLOPs

@@ -156,6 +156,14 @@ void add_freezing_options(std::vector<Option>& t) {
                      "smartfrz: a unit freezes when the predictor's probability of freeze is at least this",
                      EG_FIELD(freezing.smartfrz.threshold),
                      Rule<double>{[](double v) { return v > 0 && v < 1; }, "in (0, 1)"}));
+  t.push_back(choice("--smartfrz-record", "smartfrz_record", G::freezing, F,
+                     "record every unit's tailored weights and its output's Gram on a probe batch, every "
+                     "--smartfrz-record-every steps, into the run's smartfrz-records.safetensors (any policy): the "
+                     "data SmartFRZ's predictor is trained on (bench/train_smartfrz_predictor.py)",
+                     EG_FIELD(freezing.smartfrz.record), kOnOff));
+  t.push_back(number("--smartfrz-record-probe", "smartfrz_record_probe", G::freezing, F,
+                     "--smartfrz-record: samples of the probe batch, the first of the run's first training batch",
+                     EG_FIELD(freezing.smartfrz.probe), Rule<int64_t>{[](int64_t v) { return v >= 2; }, "at least 2"}));
   // ---- reference model
   t.push_back(checked(
       text("--freeze-reference", "freeze_reference", G::reference, F,

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""SmartFRZ's predictor trained offline, reproducibly, by egeria itself (issue 65 item 3).
+
+    bench/train_smartfrz_predictor.py [--egeria build/egeria] [--datasets datasets]
+        [--out runs/smartfrz-data] [--predictor share/smartfrz-predictor.safetensors]
+        [--seeds 1,2] [--threads 2] [--quick]
+
+1. Source runs, each with --freeze none --smartfrz-record on (train/smartfrz_record.h):
+   ResNet-20, ResNet-56 and MobileNetV2 on Fashion-MNIST from scratch (the first 4,096
+   training images, 8 epochs, LR /10 at half and three quarters), and fine-tuned
+   (pretrained on classes 0-4, fine-tuned on 5-9 with a fresh head, the recipe of
+   docs/fine-tuning.md); transformer-tiny on en-es from scratch, and pretrained on en-es
+   then fine-tuned on web-es (linear decay after a 5% warmup). A finished run (its
+   smartfrz-records.safetensors) is kept; delete its folder to run it again.
+2. Leave-one-model-out: for each model, `egeria smartfrz-train --hold-out MODEL` trains
+   the predictor on the other models' runs and scores "freeze" on the held-out model's
+   (precision and recall, labels of Note [SmartFRZ's labels] in train/smartfrz_train.h).
+3. The predictor trained on every run, written to --predictor (the file that ships).
+Results: OUT/summary.json and OUT/summary.md (the table), each LOO run's JSON beside.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+IMAGE_MODELS = ("resnet20", "resnet56", "mobilenetv2")
+MODELS = IMAGE_MODELS + ("transformer-tiny",)
+
+
+def run(args, name, cmd):
+    """One source run (kept when its records exist); returns its records file."""
+    out = os.path.join(args.out, name)
+    rec = os.path.join(out, "smartfrz-records.safetensors")
+    if os.path.exists(rec):
+        return rec
+    full = [args.egeria, "train", "--threads", str(args.threads), "--checkpoint-every", "0", "--out", out] + cmd
+    print("+", " ".join(full), flush=True)
+    subprocess.run(full, check=True, stdout=subprocess.DEVNULL)
+    return rec
+
+
+def pretrain(args, name, cmd):
+    """A pretraining run (no records), its model.safetensors."""
+    out = os.path.join(args.out, "pretrained", name)
+    model = os.path.join(out, "model.safetensors")
+    if not os.path.exists(os.path.join(out, "summary.json")):
+        full = [args.egeria, "train", "--threads", str(args.threads), "--checkpoint-every", "0", "--freeze", "none",
+                "--out", out] + cmd
+        print("+", " ".join(full), flush=True)
+        subprocess.run(full, check=True, stdout=subprocess.DEVNULL)
+    return model
+
+
+def source_runs(args):
+    q = args.quick
+    n_img, ep = (1024, 3) if q else (4096, 8)
+    fm = ["--dataset", "fashion-mnist", "--data-dir", os.path.join(args.datasets, "fashion-mnist")]
+    records = []
+    for model in IMAGE_MODELS:
+        for s in args.seeds:
+            records.append(run(args, f"{model}-scratch-s{s}",
+                               ["--model", model, "--seed", str(s), "--train-limit", str(n_img), "--epochs", str(ep),
+                                "--milestones", f"{ep // 2},{(3 * ep) // 4}", "--freeze", "none",
+                                "--smartfrz-record", "on"] + fm))
+        pre = pretrain(args, f"{model}-fm01234", ["--model", model, "--seed", "0", "--classes", "0,1,2,3,4",
+                                                  "--train-limit", str(n_img), "--epochs", str(max(2, ep // 2))] + fm)
+        steps = (n_img // 2 // 128) * ep
+        records.append(run(args, f"{model}-finetune-s1",
+                           ["--model", model, "--seed", "1", "--classes", "5,6,7,8,9", "--train-limit", str(n_img // 2),
+                            "--epochs", str(ep), "--init-from", pre, "--init-exclude", "head", "--lr", "0.1",
+                            "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 20)), "--freeze", "none",
+                            "--smartfrz-record", "on"] + fm))
+    n_tr, ep_tr = (600, 2) if q else (3000, 6)
+    steps = (n_tr // 64) * ep_tr
+    tr = ["--model", "transformer-tiny", "--dataset", "en-es", "--lr-schedule", "linear",
+          "--warmup-steps", str(max(1, steps // 20)), "--test-limit", "64", "--eval-every", "0"]
+    for s in args.seeds:
+        records.append(run(args, f"transformer-tiny-scratch-s{s}",
+                           tr + ["--data-dir", os.path.join(args.datasets, "en-es"), "--seed", str(s), "--train-limit",
+                                 str(n_tr), "--epochs", str(ep_tr), "--freeze", "none", "--smartfrz-record", "on"]))
+    pre = pretrain(args, "transformer-tiny-en-es",
+                   tr + ["--data-dir", os.path.join(args.datasets, "en-es"), "--seed", "0", "--train-limit",
+                         str(2 * n_tr), "--epochs", str(max(2, ep_tr // 2))])
+    ft = tr + ["--data-dir", web_es_with_en_es_tokenizer(args), "--seed", "1", "--train-limit", str(n_tr),
+               "--epochs", str(ep_tr), "--init-from", pre, "--freeze", "none", "--smartfrz-record", "on"]
+    records.append(run(args, "transformer-tiny-finetune-s1", ft))
+    return records
+
+
+def web_es_with_en_es_tokenizer(args):
+    """OUT/data-web-es: web-es's pairs (linked) with the tokenizer the pretraining on en-es
+    trained (copied), as bench/fine_tune_translation.py makes its task folders."""
+    d = os.path.join(args.out, "data-web-es")
+    os.makedirs(d, exist_ok=True)
+    for split in ("train.tsv", "valid.tsv", "test.tsv"):
+        target = os.path.abspath(os.path.join(args.datasets, "web-es", split))
+        if not os.path.exists(target):
+            sys.exit(f"train_smartfrz_predictor: {target} is missing: run tools/get-data {args.datasets}")
+        if not os.path.lexists(os.path.join(d, split)):
+            os.symlink(target, os.path.join(d, split))
+    spm = os.path.join(args.datasets, "en-es", "spm-8000.model")
+    if not os.path.exists(spm):
+        sys.exit(f"train_smartfrz_predictor: the pretraining on en-es left no tokenizer at {spm}")
+    shutil.copyfile(spm, os.path.join(d, "spm-8000.model"))
+    return d
+
+
+def smartfrz_train(args, records, extra, json_out):
+    cmd = [args.egeria, "smartfrz-train", "--records"] + records + [
+        "--threads", str(args.threads), "--window", str(args.window), "--stride", str(args.stride), "--epochs",
+        str(args.epochs), "--cka-tolerance", str(args.cka_tolerance), "--json", json_out] + extra
+    print("+", " ".join(cmd[:3]), f"({len(records)} files)", " ".join(cmd[3 + len(records):]), flush=True)
+    subprocess.run(cmd, check=True)
+    with open(json_out) as f:
+        return json.load(f)
+
+
+def fmt(v):
+    return "—" if v is None else f"{v:.3f}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--egeria", default="build/egeria")
+    p.add_argument("--datasets", default="datasets")
+    p.add_argument("--out", default="runs/smartfrz-data")
+    p.add_argument("--predictor", default="share/smartfrz-predictor.safetensors")
+    p.add_argument("--seeds", default="1,2")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--window", type=int, default=30)
+    p.add_argument("--stride", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--cka-tolerance", type=float, default=0.02)
+    p.add_argument("--quick", action="store_true", help="short runs (a smoke test of the pipeline)")
+    args = p.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    os.makedirs(args.out, exist_ok=True)
+    records = source_runs(args)
+    loo = {}
+    for model in MODELS:
+        loo[model] = smartfrz_train(args, records, ["--hold-out", model], os.path.join(args.out, f"loo-{model}.json"))
+    final = smartfrz_train(args, records, ["--out", args.predictor], os.path.join(args.out, "final.json"))
+    rows = []
+    for model, r in loo.items():
+        s = r["held_out"]["scores"]
+        rows.append({"held_out": model, "samples": s["samples"], "positives": s["positives"],
+                     "precision": s["precision"], "recall": s["recall"], "train_precision": r["train"]["precision"],
+                     "train_recall": r["train"]["recall"]})
+    summary = {"rows": rows, "final_train": final["train"], "gain": final["gain"], "runs": [
+        {"file": r["file"], "model": r["model"], "pretrained": r["pretrained"], "records": r["records"],
+         "positive_share": r["positive_share"]} for r in final["runs"]], "options": vars(args)}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    md = ["| held out | samples | freeze labels | precision | recall | (training set: precision, recall) |",
+          "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        md.append(f"| {r['held_out']} | {r['samples']} | {r['positives']} | {fmt(r['precision'])} | {fmt(r['recall'])} "
+                  f"| {fmt(r['train_precision'])}, {fmt(r['train_recall'])} |")
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
