@@ -99,7 +99,9 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "none-sampleaug": ["none", "--augment-mode", "sample"],
             "egeria-cache": ["egeria", "--freeze-cache", "on", "--freeze-bn", "running", "--augment-mode", "sample"],
             "egeria-peak-cache": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-cache", "on",
-                                  "--freeze-bn", "running", "--augment-mode", "sample"]}
+                                  "--freeze-bn", "running", "--augment-mode", "sample"],
+            # SmartFRZ (the shipped predictor) in its two orders; smartfrz alone is prefix.
+            "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"]}
 
 
 def policy_args(policy):

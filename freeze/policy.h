@@ -60,7 +60,10 @@ struct SmartFrzOptions {
   int64_t window = 0;  // records in a unit's window (0: the predictor's)
   int64_t record_every = 0;  // steps between records (0: an epoch's steps / window, at least 1)
   int64_t stage_every = 0;  // steps between freezing stages (0: an epoch's, or a tenth of the run)
-  double threshold = 0.5;  // a unit freezes when the predictor's P(freeze) is at least this
+  // A unit freezes when the predictor's P(freeze) is at least this: 0.99, where the shipped
+  // predictor's precision on models it never saw was at least 0.9 for every one
+  // (docs/results/2026-12-04-smartfrz-predictor.md).
+  double threshold = 0.99;
   // Any policy: record every unit's tailored weights, and the Gram of its output on a probe
   // batch of `probe` training samples, every record_every steps, into the run's
   // smartfrz-records.safetensors: the predictor's training data (train/smartfrz_record.h).

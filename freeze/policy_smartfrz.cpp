@@ -153,9 +153,11 @@ class SmartFrzPolicy : public FreezePolicy {
     const SmartFrzOptions& o = c.smartfrz;
     EG_CHECK(o.threshold > 0 && o.threshold < 1, "--smartfrz-threshold must be in (0, 1), got ", o.threshold);
     PredictorWorker::Predict predict = o.predict;
-    file_ = o.predictor.empty() ? "(the installed predictor)" : o.predictor;
+    file_ = o.predict ? "(given by the program)" : o.predictor;
     if (!predict) {
-      EG_CHECK(!c.smartfrz_weights.empty(), "--freeze smartfrz needs a trained predictor: --smartfrz-predictor FILE");
+      EG_CHECK(!c.smartfrz_weights.empty(),
+               "--freeze smartfrz needs a trained predictor: none is installed (share/smartfrz-predictor.safetensors, "
+               "made by bench/train_smartfrz_predictor.py); give --smartfrz-predictor FILE");
       geometry_ = SmartFrzGeometry::from_metadata(c.smartfrz_metadata, file_);
       auto p = std::make_shared<SmartFrzPredictor>(geometry_);
       p->load(c.smartfrz_weights, file_);
@@ -195,10 +197,8 @@ class SmartFrzPolicy : public FreezePolicy {
   std::vector<json> take_log() override { return std::exchange(log_, {}); }
 
   json state() const override {
-    drain();
-    json counts = json::array();
-    for (auto& w : windows_) counts.push_back(w.count);
-    json j = {{"frozen", frozen_}, {"counts", counts}, {"stages", stages_}, {"records", records_}};
+    drain();  // the windows travel as state_tensors()
+    json j = {{"frozen", frozen_}, {"stages", stages_}, {"records", records_}};
     if (ready_) j["ready"] = {{"step", ready_->step}, {"units", ready_->units}, {"p", ready_->p}};
     return j;
   }

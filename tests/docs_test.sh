@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README and docs/ against the code: every flag they mention is one that `egeria`
-# (train, eval, report, bench step, export), tools/torch-to-safetensors, bench/fine_tune.py,
+# (train, eval, report, bench step, export, smartfrz-train), tools/torch-to-safetensors, bench/fine_tune.py,
 # bench/time_to_accuracy.py, bench/data_parallel.py,
 # bench/translation_time_to_quality.py, bench/fine_tune_translation.py or bench/compare_pytorch.py takes,
 # and every repository file they name exists.
@@ -10,7 +10,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 shopt -s globstar  # docs/ and its subfolders (docs/results/, docs/runs/)
 docs=("$root/README.md" "$root"/docs/**/*.md)
 known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" report --help; "$egeria" bench step --help
-          "$egeria" export --help; "$root/tools/torch-to-safetensors" --help; python3 "$root/bench/fine_tune.py" --help
+          "$egeria" export --help; "$egeria" smartfrz-train --help
+          "$root/tools/torch-to-safetensors" --help; python3 "$root/bench/fine_tune.py" --help
+          python3 "$root/bench/train_smartfrz_predictor.py" --help
           python3 "$root/bench/time_to_accuracy.py" --help; python3 "$root/bench/data_parallel.py" --help
           python3 "$root/bench/translation_time_to_quality.py" --help
           python3 "$root/bench/fine_tune_translation.py" --help; python3 "$root/bench/compare_pytorch.py" --help

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "freeze/smartfrz.h"
 #include "tests/test_util.h"
+#include "train/freezing.h"
 #include "train/report.h"
 #include "train/safetensors.h"
 #include "train/smartfrz_record.h"
@@ -212,6 +213,7 @@ train::TrainConfig smartfrz_run(const std::string& name) {
   c.freezing.smartfrz.window = 4;
   c.freezing.smartfrz.record_every = 2;
   c.freezing.smartfrz.stage_every = 16;
+  c.freezing.smartfrz.threshold = 0.5;  // the stand-in predictors below say 0.9 or 0.1
   return c;
 }
 
@@ -315,6 +317,27 @@ TEST(SmartFrzTrainer, APredictorFileDecidesTheSameInTheBackgroundAsInline) {
   EXPECT_EQ(inline_, background);
 }
 
+// share/smartfrz-predictor.safetensors (bench/train_smartfrz_predictor.py) is what
+// --freeze smartfrz takes without --smartfrz-predictor.
+TEST(SmartFrzTrainer, TheShippedPredictorIsFoundFitsItsShapeAndIsTheDefault) {
+  const std::string f = train::shipped_smartfrz_predictor();
+  ASSERT_FALSE(f.empty()) << "no share/smartfrz-predictor.safetensors: bench/train_smartfrz_predictor.py makes it";
+  EXPECT_LE(std::filesystem::file_size(f), 5u << 20) << "a few MB at most";
+  train::Metadata meta;
+  const auto w = train::load_safetensors(f, &meta);
+  const auto g = freeze::SmartFrzGeometry::from_metadata(meta, f);
+  freeze::SmartFrzPredictor p(g);
+  p.load(w, f);
+  train::TrainConfig c = smartfrz_run("shipped");
+  c.freezing.smartfrz.window = 0;  // the predictor's
+  c.freezing.smartfrz.record_every = 1;
+  ASSERT_TRUE(train::run_training(c).completed);
+  const auto sum = json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_EQ(sum["freeze_stats"]["predictor"], f);
+  EXPECT_EQ(sum["freeze_stats"]["window"], g.window);
+  EXPECT_GE(sum["freeze_stats"]["stages"].get<int64_t>(), 1);
+}
+
 TEST(SmartFrzTrainer, BadPredictorsWindowsAndIntervalsAreNamedBeforeTraining) {
   const std::string dir = testing::fresh_dir("eg_smartfrz_badfiles");
   auto g = small_geometry();
@@ -341,7 +364,8 @@ TEST(SmartFrzTrainer, BadPredictorsWindowsAndIntervalsAreNamedBeforeTraining) {
     }
     ADD_FAILURE() << "not refused: " << want;
   };
-  refused([](train::TrainConfig&) {}, "--freeze smartfrz needs a trained predictor: --smartfrz-predictor FILE");
+  if (train::shipped_smartfrz_predictor().empty())
+    refused([](train::TrainConfig&) {}, "--freeze smartfrz needs a trained predictor: none is installed");
   refused([&](train::TrainConfig& c) { c.freezing.smartfrz.predictor = dir + "/missing.safetensors"; },
           dir + "/missing.safetensors");
   refused([&](train::TrainConfig& c) { c.freezing.smartfrz.predictor = dir + "/corrupt.safetensors"; },
@@ -414,8 +438,9 @@ TEST(SmartFrzLabels, LinearCkaOfGramsIsKornbliths) {
 
 train::TrainConfig recording_run(const std::string& name) {
   train::TrainConfig c = testing::small_image_run(testing::fresh_dir("eg_smartfrz_rec_" + name));
+  c.train_limit = 128;  // 8 steps an epoch, 32 in all: a record each
   c.freezing.smartfrz.record = true;
-  c.freezing.smartfrz.record_every = 2;
+  c.freezing.smartfrz.record_every = 1;
   c.freezing.smartfrz.probe = 8;
   return c;
 }
@@ -432,8 +457,8 @@ TEST(SmartFrzRecords, ARunRecordsWeightsAndGramsAndAResumedRunTheSame) {
   ASSERT_EQ(units.size(), 5u) << "resnet20's automatic units but the head";
   const std::vector<int64_t> steps = t.at("steps").to_vector<int64_t>();
   ASSERT_EQ(steps.size(), 32u);
-  EXPECT_EQ(steps.front(), 2);
-  EXPECT_EQ(steps.back(), 64);
+  EXPECT_EQ(steps.front(), 1);
+  EXPECT_EQ(steps.back(), 32);
   for (size_t u = 0; u < units.size(); ++u) {
     const Tensor& w = t.at("weights/" + std::to_string(u));
     const Tensor& g = t.at("grams/" + std::to_string(u));

@@ -1,8 +1,11 @@
 #include "train/freezing.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -21,16 +24,29 @@ namespace {
 void append(const std::string& path, const json& j) { append_json_line(path, j); }
 }  // namespace
 
+std::string shipped_smartfrz_predictor() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&shipped_smartfrz_predictor), &info) && info.dli_fname) {
+    const auto p = std::filesystem::path(info.dli_fname).parent_path() / EG_SMARTFRZ_PREDICTOR_FROM_LIB;
+    if (std::filesystem::exists(p)) return p.lexically_normal().string();
+  }
+  return std::filesystem::exists(EG_SMARTFRZ_PREDICTOR_SOURCE) ? EG_SMARTFRZ_PREDICTOR_SOURCE : "";
+}
+
 freeze::PolicyConfig policy_config(const TrainConfig& c) {
   freeze::PolicyConfig pc(c.freezing);
   pc.model.name = c.model;
   pc.device = Device::parse(c.device);
   pc.seed = c.seed;
-  if (c.freezing.policy == "smartfrz" && !c.freezing.smartfrz.predict && !c.freezing.smartfrz.predictor.empty()) try {
-      pc.smartfrz_weights = load_safetensors(c.freezing.smartfrz.predictor, &pc.smartfrz_metadata);
+  if (c.freezing.policy == "smartfrz" && !c.freezing.smartfrz.predict) {
+    if (pc.smartfrz.predictor.empty()) pc.smartfrz.predictor = shipped_smartfrz_predictor();
+    try {
+      if (!pc.smartfrz.predictor.empty())
+        pc.smartfrz_weights = load_safetensors(pc.smartfrz.predictor, &pc.smartfrz_metadata);
     } catch (const Error& e) {
       EG_THROW("--smartfrz-predictor: ", e.what());
     }
+  }
   return pc;
 }
 

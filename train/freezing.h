@@ -150,5 +150,8 @@ class FreezeRun {
 // The policy's configuration as the run's options give it: the freezing options, the
 // model's name and the training device (the run adds the rest: freeze::PolicyConfig).
 freeze::PolicyConfig policy_config(const TrainConfig& c);
+// The trained SmartFRZ predictor that ships with egeria (share/smartfrz-predictor.safetensors),
+// installed or in the source tree; empty when there is none.
+std::string shipped_smartfrz_predictor();
 
 }  // namespace eg::train

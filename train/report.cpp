@@ -371,8 +371,8 @@ std::string report_text(const std::string& dir, const std::string& against) {
       egeria_story(log, units, cfg.value("freeze_tolerance", 0.0), r);
     } else if (policy == "smartfrz") {
       r +=
-          fmt("What froze and why (the %s predictor read each active unit's last %lld records of %lld weights, "
-              "one every %lld steps, at a stage every %lld steps; order %s):\n",
+          fmt("What froze and why (predictor %s; a stage reads each active unit's last %lld records of %lld "
+              "weights, one every %lld steps; a stage every %lld steps; order %s):\n",
               st.value("predictor", "?").c_str(), (long long)st.value("window", int64_t(0)),
               (long long)st.value("tailor", int64_t(0)), (long long)st.value("record_every", int64_t(0)),
               (long long)st.value("stage_every", int64_t(0)), st.value("order", "?").c_str());

@@ -99,25 +99,40 @@ Tensor batch_of(const std::vector<Run>& runs, const std::vector<Sample>& s, size
   return Tensor::from_vector(all, {b, window, t});
 }
 
+// Precision and recall of "freeze" at P >= 0.5 and at stricter thresholds
+// (--smartfrz-threshold: a false freeze costs accuracy, a missed one only time).
 json scores(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, const std::vector<Sample>& s, int64_t window,
             double gain, int64_t batch) {
-  int64_t tp = 0, fp = 0, fn = 0, tn = 0;
+  static const double kThresholds[] = {0.5, 0.7, 0.8, 0.9, 0.95, 0.99};
+  std::vector<double> prob;
   for (size_t i = 0; i < s.size(); i += size_t(batch)) {
     const size_t end = std::min(s.size(), i + size_t(batch));
-    const auto prob = p.freeze_probability(batch_of(runs, s, i, end, window, gain, nullptr));
-    for (size_t j = i; j < end; ++j) {
-      const bool say = prob[j - i] >= 0.5, is = s[j].label == 1;
+    const auto pb = p.freeze_probability(batch_of(runs, s, i, end, window, gain, nullptr));
+    prob.insert(prob.end(), pb.begin(), pb.end());
+  }
+  auto at = [&](double thr) {
+    int64_t tp = 0, fp = 0, fn = 0, tn = 0;
+    for (size_t j = 0; j < s.size(); ++j) {
+      const bool say = prob[j] >= thr, is = s[j].label == 1;
       tp += say && is, fp += say && !is, fn += !say && is, tn += !say && !is;
     }
-  }
-  return {{"samples", int64_t(s.size())},
-          {"positives", tp + fn},
-          {"true_positives", tp},
-          {"false_positives", fp},
-          {"false_negatives", fn},
-          {"true_negatives", tn},
-          {"precision", tp + fp > 0 ? json(double(tp) / double(tp + fp)) : json(nullptr)},
-          {"recall", tp + fn > 0 ? json(double(tp) / double(tp + fn)) : json(nullptr)}};
+    return json{{"threshold", thr},
+                {"true_positives", tp},
+                {"false_positives", fp},
+                {"false_negatives", fn},
+                {"true_negatives", tn},
+                {"precision", tp + fp > 0 ? json(double(tp) / double(tp + fp)) : json(nullptr)},
+                {"recall", tp + fn > 0 ? json(double(tp) / double(tp + fn)) : json(nullptr)}};
+  };
+  json r = at(0.5);
+  int64_t positives = 0;
+  for (auto& x : s) positives += x.label;
+  r["samples"] = int64_t(s.size());
+  r["positives"] = positives;
+  json by = json::array();
+  for (double t : kThresholds) by.push_back(at(t));
+  r["by_threshold"] = by;
+  return r;
 }
 
 }  // namespace
