@@ -150,6 +150,44 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
   return eval;
 }
 
+struct SmartFrzTrainArgs {
+  eg::train::SmartFrzTrainOptions o;
+  std::string json_out;
+  int threads = 0;
+};
+
+CLI::App* add_smartfrz_train(CLI::App& app, SmartFrzTrainArgs& a) {
+  auto* sft = app.add_subcommand("smartfrz-train",
+                                 "train SmartFRZ's predictor from runs' smartfrz-records.safetensors "
+                                 "(--smartfrz-record on), labelled by representational similarity");
+  sft->add_option("--records", a.o.records, "the runs' records files")->required()->check(CLI::ExistingFile);
+  sft->add_option("--out", a.o.out, "the predictor file to write (--smartfrz-predictor takes it)")->option_text("FILE");
+  sft->add_option("--hold-out", a.o.hold_out, "a model whose runs are left out of training and evaluated");
+  sft->add_option("--window", a.o.window, "records in a window")->capture_default_str()->check(CLI::Range(2, 100000));
+  sft->add_option("--cka-tolerance", a.o.cka_tolerance,
+                  "a unit is labelled freeze from the record after which its CKA with the run's end stays at or "
+                  "above 1 - this")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1.0));
+  sft->add_option("--stride", a.o.stride, "a sample every N records")->capture_default_str()->check(kPositive);
+  sft->add_option("--epochs", a.o.epochs)->capture_default_str()->check(kPositive);
+  sft->add_option("--batch-size", a.o.batch_size)->capture_default_str()->check(kPositive);
+  sft->add_option("--lr", a.o.lr, "AdamW")->capture_default_str()->check(CLI::PositiveNumber);
+  sft->add_option("--seed", a.o.seed)->capture_default_str();
+  sft->add_option("--threads", a.threads, "0: all cores")->capture_default_str();
+  sft->add_option("--json", a.json_out, "write the labels, the training and the evaluation here")->option_text("FILE");
+  return sft;
+}
+
+void run_smartfrz_train(const SmartFrzTrainArgs& a) {
+  eg::set_num_threads(a.threads);
+  const nlohmann::json r = eg::train::train_smartfrz_predictor(a.o);
+  if (!a.json_out.empty()) eg::train::write_file_atomic(a.json_out, r.dump(1) + "\n");
+  nlohmann::json brief = {{"train", r["train"]}, {"gain", r["gain"]}, {"train_seconds", r["train_seconds"]}};
+  if (r.contains("held_out")) brief["held_out"] = r["held_out"];
+  std::printf("%s\n", brief.dump().c_str());
+}
+
 nlohmann::json run_eval(EvalArgs a) {
   if (a.out.empty() && a.init_from.empty())
     throw eg::Error("egeria eval needs --out DIR (a run) or --init-from FILE (weights, with --model)");
@@ -225,28 +263,8 @@ int run_cli(int argc, char** argv) {
       ->required()
       ->option_text("FILE");
 
-  eg::train::SmartFrzTrainOptions so;
-  std::string so_json;
-  int so_threads = 0;
-  auto* sft = app.add_subcommand("smartfrz-train",
-                                 "train SmartFRZ's predictor from runs' smartfrz-records.safetensors "
-                                 "(--smartfrz-record on), labelled by representational similarity");
-  sft->add_option("--records", so.records, "the runs' records files")->required()->check(CLI::ExistingFile);
-  sft->add_option("--out", so.out, "the predictor file to write (--smartfrz-predictor takes it)")->option_text("FILE");
-  sft->add_option("--hold-out", so.hold_out, "a model whose runs are left out of training and evaluated");
-  sft->add_option("--window", so.window, "records in a window")->capture_default_str()->check(CLI::Range(2, 100000));
-  sft->add_option("--cka-tolerance", so.cka_tolerance,
-                  "a unit is labelled freeze from the record after which its CKA with the run's end stays at or "
-                  "above 1 - this")
-      ->capture_default_str()
-      ->check(CLI::Range(1e-6, 1.0));
-  sft->add_option("--stride", so.stride, "a sample every N records")->capture_default_str()->check(kPositive);
-  sft->add_option("--epochs", so.epochs)->capture_default_str()->check(kPositive);
-  sft->add_option("--batch-size", so.batch_size)->capture_default_str()->check(kPositive);
-  sft->add_option("--lr", so.lr, "AdamW")->capture_default_str()->check(CLI::PositiveNumber);
-  sft->add_option("--seed", so.seed)->capture_default_str();
-  sft->add_option("--threads", so_threads, "0: all cores")->capture_default_str();
-  sft->add_option("--json", so_json, "write the labels, the training and the evaluation here")->option_text("FILE");
+  SmartFrzTrainArgs sa;
+  auto* sft = add_smartfrz_train(app, sa);
 
   eg::train::StepBenchOptions bo;
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -345,12 +363,7 @@ int run_cli(int argc, char** argv) {
       std::printf("%s: %lld tensors of %s written to %s, in torchvision's names: torchvision.models.%s\n",
                   r.from.c_str(), (long long)r.tensors, r.model.c_str(), export_to.c_str(), r.model.c_str());
     } else if (*sft) {
-      eg::set_num_threads(so_threads);
-      const nlohmann::json r = eg::train::train_smartfrz_predictor(so);
-      if (!so_json.empty()) eg::train::write_file_atomic(so_json, r.dump(1) + "\n");
-      nlohmann::json brief = {{"train", r["train"]}, {"gain", r["gain"]}, {"train_seconds", r["train_seconds"]}};
-      if (r.contains("held_out")) brief["held_out"] = r["held_out"];
-      std::printf("%s\n", brief.dump().c_str());
+      run_smartfrz_train(sa);
     } else if (*report) {
       std::printf("%s", eg::train::run_report(report_out, report_against).c_str());
     } else if (*step) {

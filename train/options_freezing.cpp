@@ -11,6 +11,50 @@
 
 namespace eg::train::rows {
 
+namespace {
+
+// SmartFRZ's rows (freeze/policy_smartfrz.cpp) and its recorder's (train/smartfrz_record.h).
+void add_smartfrz_options(std::vector<Option>& t) {
+  using G = OptionGroup;
+  const OnResume F = OnResume::fixed;
+  t.push_back(text("--smartfrz-predictor", "smartfrz_predictor", G::freezing, F,
+                   "smartfrz: the trained attention predictor, a safetensors file (freeze/smartfrz.h)",
+                   EG_FIELD(freezing.smartfrz.predictor), "FILE"));
+  t.push_back(choice(
+      "--smartfrz-order", "smartfrz_order", G::freezing, F,
+      "smartfrz: prefix (the front units the predictor names, up to the first it keeps) or any (every "
+      "unit it names; one behind trainable units skips its weight gradients and update)",
+      EG_FIELD(freezing.smartfrz.order),
+      Names<freeze::SmartFrzOrder>{{"prefix", freeze::SmartFrzOrder::prefix}, {"any", freeze::SmartFrzOrder::any}}));
+  t.push_back(number("--smartfrz-window", "smartfrz_window", G::freezing, F,
+                     "smartfrz: records in a unit's weight history (0: the predictor's own)",
+                     EG_FIELD(freezing.smartfrz.window),
+                     Rule<int64_t>{[](int64_t v) { return v == 0 || v >= 2; }, "0 or at least 2"}));
+  t.push_back(number("--smartfrz-record-every", "smartfrz_record_every", G::freezing, F,
+                     "smartfrz: steps between records of the tailored weights (0: an epoch's steps / the window)",
+                     EG_FIELD(freezing.smartfrz.record_every),
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
+  t.push_back(number("--smartfrz-stage-every", "smartfrz_stage_every", G::freezing, F,
+                     "smartfrz: steps between freezing stages (0: once an epoch)",
+                     EG_FIELD(freezing.smartfrz.stage_every),
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
+  t.push_back(number("--smartfrz-threshold", "smartfrz_threshold", G::freezing, F,
+                     "smartfrz: a unit freezes when the predictor's probability of freeze is at least this (0.99: "
+                     "the shipped predictor's precision at least 0.9 on every model it never saw)",
+                     EG_FIELD(freezing.smartfrz.threshold),
+                     Rule<double>{[](double v) { return v > 0 && v < 1; }, "in (0, 1)"}));
+  t.push_back(choice("--smartfrz-record", "smartfrz_record", G::freezing, F,
+                     "record every unit's tailored weights and its output's Gram on a probe batch, every "
+                     "--smartfrz-record-every steps, into the run's smartfrz-records.safetensors (any policy): the "
+                     "data SmartFRZ's predictor is trained on (bench/train_smartfrz_predictor.py)",
+                     EG_FIELD(freezing.smartfrz.record), kOnOff));
+  t.push_back(number("--smartfrz-record-probe", "smartfrz_record_probe", G::freezing, F,
+                     "--smartfrz-record: samples of the probe batch, the first of the run's first training batch",
+                     EG_FIELD(freezing.smartfrz.probe), Rule<int64_t>{[](int64_t v) { return v >= 2; }, "at least 2"}));
+}
+
+}  // namespace
+
 void add_freezing_options(std::vector<Option>& t) {
   using G = OptionGroup;
   const OnResume F = OnResume::fixed, Free = OnResume::free;
@@ -131,40 +175,7 @@ void add_freezing_options(std::vector<Option>& t) {
   t.push_back(number("--autofreeze-percentile", "autofreeze_percentile", G::freezing, F,
                      "autofreeze: gradient-change percentile", EG_FIELD(freezing.autofreeze_percentile),
                      Rule<double>{[](double v) { return v >= 0 && v <= 100; }, "in [0, 100]"}));
-  t.push_back(text("--smartfrz-predictor", "smartfrz_predictor", G::freezing, F,
-                   "smartfrz: the trained attention predictor, a safetensors file (freeze/smartfrz.h)",
-                   EG_FIELD(freezing.smartfrz.predictor), "FILE"));
-  t.push_back(choice(
-      "--smartfrz-order", "smartfrz_order", G::freezing, F,
-      "smartfrz: prefix (the front units the predictor names, up to the first it keeps) or any (every "
-      "unit it names; one behind trainable units skips its weight gradients and update)",
-      EG_FIELD(freezing.smartfrz.order),
-      Names<freeze::SmartFrzOrder>{{"prefix", freeze::SmartFrzOrder::prefix}, {"any", freeze::SmartFrzOrder::any}}));
-  t.push_back(number("--smartfrz-window", "smartfrz_window", G::freezing, F,
-                     "smartfrz: records in a unit's weight history (0: the predictor's own)",
-                     EG_FIELD(freezing.smartfrz.window),
-                     Rule<int64_t>{[](int64_t v) { return v == 0 || v >= 2; }, "0 or at least 2"}));
-  t.push_back(number("--smartfrz-record-every", "smartfrz_record_every", G::freezing, F,
-                     "smartfrz: steps between records of the tailored weights (0: an epoch's steps / the window)",
-                     EG_FIELD(freezing.smartfrz.record_every),
-                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
-  t.push_back(number("--smartfrz-stage-every", "smartfrz_stage_every", G::freezing, F,
-                     "smartfrz: steps between freezing stages (0: once an epoch)",
-                     EG_FIELD(freezing.smartfrz.stage_every),
-                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
-  t.push_back(number("--smartfrz-threshold", "smartfrz_threshold", G::freezing, F,
-                     "smartfrz: a unit freezes when the predictor's probability of freeze is at least this (0.99: "
-                     "the shipped predictor's precision at least 0.9 on every model it never saw)",
-                     EG_FIELD(freezing.smartfrz.threshold),
-                     Rule<double>{[](double v) { return v > 0 && v < 1; }, "in (0, 1)"}));
-  t.push_back(choice("--smartfrz-record", "smartfrz_record", G::freezing, F,
-                     "record every unit's tailored weights and its output's Gram on a probe batch, every "
-                     "--smartfrz-record-every steps, into the run's smartfrz-records.safetensors (any policy): the "
-                     "data SmartFRZ's predictor is trained on (bench/train_smartfrz_predictor.py)",
-                     EG_FIELD(freezing.smartfrz.record), kOnOff));
-  t.push_back(number("--smartfrz-record-probe", "smartfrz_record_probe", G::freezing, F,
-                     "--smartfrz-record: samples of the probe batch, the first of the run's first training batch",
-                     EG_FIELD(freezing.smartfrz.probe), Rule<int64_t>{[](int64_t v) { return v >= 2; }, "at least 2"}));
+  add_smartfrz_options(t);
   // ---- reference model
   t.push_back(checked(
       text("--freeze-reference", "freeze_reference", G::reference, F,

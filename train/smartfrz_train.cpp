@@ -135,6 +135,38 @@ json scores(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, const st
   return r;
 }
 
+// Trains p on `train` (shuffled every epoch from o.seed) with AdamW and cross-entropy;
+// the mean loss of each epoch.
+json fit(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, std::vector<Sample> train,
+         const SmartFrzTrainOptions& o, double gain) {
+  p.train();
+  optim::AdamW opt(p.parameters(), o.lr);
+  std::mt19937_64 shuffle(o.seed);
+  json history = json::array();
+  for (int64_t e = 0; e < o.epochs; ++e) {
+    std::shuffle(train.begin(), train.end(), shuffle);
+    double loss_sum = 0;
+    int64_t batches = 0;
+    for (size_t i = 0; i < train.size(); i += size_t(o.batch_size)) {
+      const size_t end = std::min(train.size(), i + size_t(o.batch_size));
+      Tensor y;
+      const Tensor x = batch_of(runs, train, i, end, o.window, gain, &y);
+      opt.zero_grad();
+      const Tensor loss = fn::cross_entropy(p.forward(x), y);
+      autograd::backward({loss});
+      if (o.grad_clip > 0) opt.clip_grad_norm(o.grad_clip);
+      opt.step();
+      loss_sum += loss.item();
+      ++batches;
+    }
+    const double mean = loss_sum / double(std::max<int64_t>(1, batches));
+    history.push_back({{"epoch", e + 1}, {"loss", mean}});
+    std::printf("smartfrz-train: epoch %lld/%lld, loss %.4f\n", (long long)e + 1, (long long)o.epochs, mean);
+    std::fflush(stdout);
+  }
+  return history;
+}
+
 }  // namespace
 
 double linear_cka(const std::vector<float>& k, const std::vector<float>& l, int64_t n) {
@@ -212,32 +244,8 @@ json train_smartfrz_predictor(const SmartFrzTrainOptions& o) {
 
   Generator gen(o.seed);
   freeze::SmartFrzPredictor p(g, gen);
-  p.train();
-  optim::AdamW opt(p.parameters(), o.lr);
-  std::mt19937_64 shuffle(o.seed);
-  json history = json::array();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t e = 0; e < o.epochs; ++e) {
-    std::shuffle(train.begin(), train.end(), shuffle);
-    double loss_sum = 0;
-    int64_t batches = 0;
-    for (size_t i = 0; i < train.size(); i += size_t(o.batch_size)) {
-      const size_t end = std::min(train.size(), i + size_t(o.batch_size));
-      Tensor y;
-      const Tensor x = batch_of(runs, train, i, end, o.window, g.gain, &y);
-      opt.zero_grad();
-      const Tensor loss = fn::cross_entropy(p.forward(x), y);
-      autograd::backward({loss});
-      if (o.grad_clip > 0) opt.clip_grad_norm(o.grad_clip);
-      opt.step();
-      loss_sum += loss.item();
-      ++batches;
-    }
-    history.push_back({{"epoch", e + 1}, {"loss", loss_sum / double(std::max<int64_t>(1, batches))}});
-    std::printf("smartfrz-train: epoch %lld/%lld, loss %.4f\n", (long long)e + 1, (long long)o.epochs,
-                loss_sum / double(std::max<int64_t>(1, batches)));
-    std::fflush(stdout);
-  }
+  const json history = fit(p, runs, train, o, g.gain);
   p.eval();
   json r = {{"train", scores(p, runs, train, o.window, g.gain, o.batch_size)},
             {"history", history},
