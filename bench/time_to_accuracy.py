@@ -47,9 +47,12 @@ FILE is eg_bench_freeze's JSON (build/bench/eg_bench_freeze --benchmark_repetiti
 --benchmark_report_aggregates_only=true --benchmark_out=FILE --benchmark_out_format=json),
 the median time of one training step with k freezing units frozen (from the activation
 cache for runs with --freeze-cache on). A run's modelled time is the sum over its steps
-of the cost of the prefix frozen then (the step records of metrics.jsonl, every
+of the cost of the units frozen then (the step records of metrics.jsonl, every
 --log-every steps), times 1 + its measured reference overhead; evaluation and data
 loading are left out for every policy alike. The modelled speedups compare those sums.
+A set that is not a front (--freeze smartfrz --smartfrz-order any) is modelled from the
+fronts' costs (step_cost), and the report sets the model beside the sets FILE measured
+(TrainStepFrozenSet).
 """
 import argparse
 import functools
@@ -101,7 +104,10 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
             "egeria-peak-cache": ["egeria", "--freeze-tolerance-from", "peak", "--freeze-cache", "on",
                                   "--freeze-bn", "running", "--augment-mode", "sample"],
             # SmartFRZ (the shipped predictor) in its two orders; smartfrz alone is prefix.
-            "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"]}
+            "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"],
+            # ... freezing every unit a stage names, not one a stage.
+            "smartfrz-all": ["smartfrz", "--smartfrz-max-per-stage", "0"],
+            "smartfrz-any-all": ["smartfrz", "--smartfrz-order", "any", "--smartfrz-max-per-stage", "0"]}
 
 
 def policy_args(policy):
@@ -122,15 +128,25 @@ def check_scope(out, policy):
     reference calibration are the policy's (a run from before --freeze-reference-scope
     existed, or before unit became its default, read with the network; one from before
     --freeze-bootstrap-interval existed checked every n steps; one from before
-    --freeze-reference-calibration existed quantised with every batch's own scales)."""
+    --freeze-reference-calibration existed quantised with every batch's own scales); a
+    stored smartfrz run only if its --smartfrz-max-per-stage is (one from before the flag
+    froze every unit a stage named)."""
     args = policy_args(policy)
-    if args[0] != "egeria":
+    if args[0] not in ("egeria", "smartfrz"):
         return
     try:
         with open(os.path.join(out, "config.json")) as f:
             config = json.load(f)
     except (OSError, ValueError):
         return  # no readable config.json: nothing to compare
+    if args[0] == "smartfrz":
+        want = int(flag(args, "--smartfrz-max-per-stage", "1"))
+        had = config.get("smartfrz_max_per_stage", 0)
+        if had != want:
+            sys.exit(f"time_to_accuracy: {out} was trained with --smartfrz-max-per-stage {had}, but the policy "
+                     f"'{policy}' asks for {want}; name the policy for the limit it was run with "
+                     f"(e.g. smartfrz-all for 0), or use another --out")
+        return
     want = flag(args, "--freeze-reference-scope", "unit")
     had = config.get("freeze_reference_scope", "network")
     if had != want:
@@ -200,24 +216,38 @@ def time_to_accuracy(out, acc):
 
 
 def frozen_records(out):
-    """[(step, units frozen after it)] from the run's step records (every --log-every steps)."""
+    """[(step, the units frozen after it, a sorted tuple)] from the run's step records (every
+    --log-every steps): a front is its frozen_modules; a set that is not one (--freeze
+    smartfrz --smartfrz-order any, --static-units) its frozen_units."""
     steps = [r for r in records_of(out) if r.get("type") == "step"]
-    for r in steps:
-        if "frozen_units" in r:  # the step costs are of frozen fronts (eg_bench_freeze's k)
-            raise SystemExit(f"{out}: step {r['step']} ran with units {r['frozen_units']} frozen, not a front; "
-                             "the step-cost model covers fronts only")
-    return [(r["step"], r.get("frozen_modules", 0)) for r in steps]
+    return [(r["step"], tuple(sorted(r["frozen_units"])) if "frozen_units" in r
+             else tuple(range(r.get("frozen_modules", 0)))) for r in steps]
+
+
+def prefix_of(units):
+    """How many of the front units a sorted tuple of frozen units holds."""
+    k = 0
+    while k < len(units) and units[k] == k:
+        k += 1
+    return k
 
 
 def load_step_costs(path):
-    """{(cached, model, k): seconds} from eg_bench_freeze's Google Benchmark JSON."""
+    """{(cached, model, k): seconds} from eg_bench_freeze's Google Benchmark JSON, and
+    {("set", model, units): seconds} for its TrainStepFrozenSet sets (units:3, units:1-4)."""
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
     costs, seen = {}, {}
     for b in json.load(open(path))["benchmarks"]:
-        m = re.match(r"(TrainStepFrozen|TrainStepFrozenCached)/(\w+)/k:(\d+)", b.get("run_name", b["name"]))
-        if not m or b.get("error_occurred"):
+        name = b.get("run_name", b["name"])
+        m = re.match(r"(TrainStepFrozen|TrainStepFrozenCached)/(\w+)/k:(\d+)", name)
+        ms = re.match(r"TrainStepFrozenSet/(\w+)/units:(\d+)(?:-(\d+))?", name)
+        if (not m and not ms) or b.get("error_occurred"):
             continue
-        key = (m.group(1) == "TrainStepFrozenCached", m.group(2), int(m.group(3)))
+        if m:
+            key = (m.group(1) == "TrainStepFrozenCached", m.group(2), int(m.group(3)))
+        else:
+            lo = int(ms.group(2))
+            key = ("set", ms.group(1), tuple(range(lo, int(ms.group(3) or lo) + 1)))
         t = b["real_time"] * scale[b.get("time_unit", "ns")]
         if b.get("run_type") == "aggregate":
             if b.get("aggregate_name") == "median":
@@ -226,10 +256,41 @@ def load_step_costs(path):
             seen.setdefault(key, []).append(t)
     for key, ts in seen.items():
         costs.setdefault(key, statistics.median(ts))
-    if not costs:
+    if not any(k[0] != "set" for k in costs):
         sys.exit(f"time_to_accuracy: {path} holds no TrainStepFrozen benchmark; "
                  "it should be the JSON output of eg_bench_freeze")
     return costs
+
+
+def step_cost(costs, model, units, cached=False):
+    """Modelled seconds of one step with `units` (a sorted tuple) frozen. A front of k units
+    is eg_bench_freeze's k. A unit frozen behind trainable ones still runs its backward to
+    its input and skips only its weight gradients and update, so it saves half of what it
+    saves as the last unit of a front (the halving of Note [Backward FLOPs a frozen set
+    saves], freeze/policy.h): cost(k) - 1/2 sum over such u of (cost(u) - cost(u + 1)),
+    with k the set's front. set_cost_lines sets this beside the measured sets."""
+    def cost(k, cache):
+        key = (cache and k > 0, model, k)
+        if key not in costs:
+            sys.exit(f"time_to_accuracy: the step costs have no {'cached ' if key[0] else ''}{model} step "
+                     f"with {k} units frozen; rerun eg_bench_freeze for {model}")
+        return costs[key]
+
+    k = prefix_of(units)
+    return cost(k, cached) - 0.5 * sum(cost(u, False) - cost(u + 1, False) for u in units[k:])
+
+
+def set_cost_lines(costs):
+    """Markdown rows: each TrainStepFrozenSet set's measured step time beside step_cost's."""
+    sets = sorted(k for k in costs if k[0] == "set")
+    if not sets:
+        return []
+    lines = ["| model | frozen units | measured ms | modelled ms | modelled / measured |", "|---|---|---|---|---|"]
+    for _, model, units in sets:
+        t, mt = costs[("set", model, units)], step_cost(costs, model, units)
+        label = str(units[0]) if len(units) == 1 else f"{units[0]}-{units[-1]}"
+        lines.append(f"| {model} | {label} | {1e3 * t:.1f} | {1e3 * mt:.1f} | {mt / t:.3f} |")
+    return lines
 
 
 def modelled_seconds(out, costs):
@@ -239,23 +300,17 @@ def modelled_seconds(out, costs):
     cached = bool(summary.get("activation_cache"))
     frozen_at = frozen_records(out)
     epoch_steps = {r["step"] for r in epochs_of(out)}
-
-    def cost(k):
-        key = (cached and k > 0, model, k)
-        if key not in costs:
-            sys.exit(f"time_to_accuracy: the step costs have no {'cached ' if key[0] else ''}{model} step "
-                     f"with {k} units frozen; rerun eg_bench_freeze for {model}")
-        return costs[key]
-
     overhead = 1.0 + (summary.get("reference_overhead_fraction") or 0.0)
-    total, k, i, marks = 0.0, 0, 0, {}
+    total, units, i, marks, memo = 0.0, (), 0, {}, {}
     last = max(epoch_steps, default=0)
     for step in range(1, last + 1):
-        total += cost(k)
+        if units not in memo:
+            memo[units] = step_cost(costs, model, units, cached)
+        total += memo[units]
         if step in epoch_steps:
             marks[step] = total * overhead
         while i < len(frozen_at) and frozen_at[i][0] <= step:
-            k = frozen_at[i][1]
+            units = frozen_at[i][1]
             i += 1
     return marks, total * overhead
 
@@ -289,7 +344,7 @@ def frozen_at_epoch_ends(out):
     ks, i, k = [], 0, 0
     for e in epochs_of(out):
         while i < len(steps) and steps[i][0] <= e["step"]:
-            k = steps[i][1]
+            k = len(steps[i][1])
             i += 1
         ks.append(k)
     return ks
@@ -473,6 +528,9 @@ def main():
             lines.append(f"| {r['model']} | {r['policy']} | {r['modelled_seconds']:.0f} | {r['modelled_speedup']:.2f}x | "
                          f"{f(r['modelled_time_to_within_0.3pt'], '{:.0f}')} | "
                          f"{f(r['modelled_speedup_to_within_0.3pt'], '{:.2f}x')} |")
+        if set_cost_lines(costs):
+            lines += ["", "Step times of frozen sets that are not fronts, measured and as the model has them:", ""]
+            lines += set_cost_lines(costs)
     if per_seed:
         lines += ["", "Per seed, against `none` with the same seed:", "",
                   "| model | policy | seed | final acc | Δ (pt) | wall speedup | time to within 0.3 pt (s) | speedup to that | ref overhead |"

@@ -64,6 +64,11 @@ struct SmartFrzOptions {
   // predictor's precision on models it never saw was at least 0.9 for every one
   // (docs/results/2026-12-04-smartfrz-predictor.md).
   double threshold = 0.99;
+  // The most units one stage may freeze, front first (0: every unit the order allows). One:
+  // a stage that froze every unit the predictor named froze them all together after the
+  // first LR decay, and cost more accuracy than freezing them a stage apart
+  // (docs/results/2026-12-04-smartfrz-predictor.md).
+  int64_t max_per_stage = 1;
   // Any policy: record every unit's tailored weights, and the Gram of its output on a probe
   // batch of `probe` training samples, every record_every steps, into the run's
   // smartfrz-records.safetensors: the predictor's training data (train/smartfrz_record.h).

@@ -244,6 +244,7 @@ class SmartFrzPolicy : public FreezePolicy {
             {"tailor", tailor_n()},
             {"order", c_.smartfrz.order == SmartFrzOrder::prefix ? "prefix" : "any"},
             {"threshold", c_.smartfrz.threshold},
+            {"max_per_stage", c_.smartfrz.max_per_stage},
             {"predictor", file_},
             {"record_seconds", record_seconds_},
             {"predictor_cpu_seconds", worker_->cpu_seconds()},
@@ -292,14 +293,15 @@ class SmartFrzPolicy : public FreezePolicy {
         if (r.units[i] == u) return r.p[i];
       return -1.0;  // not read at this stage (its window was not full)
     };
+    const size_t most = c_.smartfrz.max_per_stage > 0 ? size_t(c_.smartfrz.max_per_stage) : size_t(units_);
     if (c_.smartfrz.order == SmartFrzOrder::prefix) {
-      for (int64_t u = prefix_length(frozen_); u + 1 < units_; ++u) {
+      for (int64_t u = prefix_length(frozen_); u + 1 < units_ && froze.size() < most; ++u) {
         const double p = p_of(u);
         if (p < thr) break;
         froze.push_back(u), why.push_back(p);
       }
     } else {
-      for (size_t i = 0; i < r.units.size(); ++i)
+      for (size_t i = 0; i < r.units.size() && froze.size() < most; ++i)
         if (r.p[i] >= thr && !frozen_flag_[size_t(r.units[i])]) froze.push_back(r.units[i]), why.push_back(r.p[i]);
     }
     if (froze.empty()) return;

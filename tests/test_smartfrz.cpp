@@ -9,6 +9,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "freeze/smartfrz.h"
@@ -239,6 +241,7 @@ TEST(SmartFrzTrainer, AnyOrderFreezesTheNamedUnitsBehindTrainableOnesAndResumesB
   auto cfg = [](const std::string& name) {
     train::TrainConfig c = smartfrz_run(name);
     c.freezing.smartfrz.order = freeze::SmartFrzOrder::any;
+    c.freezing.smartfrz.max_per_stage = 0;
     c.freezing.smartfrz.predict = naming({1, 3});
     return c;
   };
@@ -280,6 +283,7 @@ TEST(SmartFrzTrainer, AnyOrderFreezesTheNamedUnitsBehindTrainableOnesAndResumesB
 
 TEST(SmartFrzTrainer, PrefixOrderStopsAtTheFirstUnitThePredictorKeeps) {
   train::TrainConfig c = smartfrz_run("prefix");
+  c.freezing.smartfrz.max_per_stage = 0;
   c.freezing.smartfrz.predict = naming({0, 1, 3});
   ASSERT_TRUE(train::run_training(c).completed);
   auto sum = json::parse(std::ifstream(c.out + "/summary.json"));
@@ -289,6 +293,29 @@ TEST(SmartFrzTrainer, PrefixOrderStopsAtTheFirstUnitThePredictorKeeps) {
   none.freezing.smartfrz.predict = naming({1, 3});
   ASSERT_TRUE(train::run_training(none).completed);
   EXPECT_EQ(json::parse(std::ifstream(none.out + "/summary.json"))["frozen_units_final"], json::array());
+}
+
+// --smartfrz-max-per-stage 1: a stage freezes the front one of the units it may, in
+// either order; the next stage takes the next.
+TEST(SmartFrzTrainer, AStageFreezesAtMostMaxPerStageUnitsFrontFirst) {
+  auto froze = [](const std::string& name, freeze::SmartFrzOrder order, std::set<int64_t> names) {
+    train::TrainConfig c = smartfrz_run(name);
+    c.freezing.smartfrz.order = order;
+    c.freezing.smartfrz.max_per_stage = 1;
+    c.freezing.smartfrz.predict = naming(std::move(names));
+    EXPECT_TRUE(train::run_training(c).completed);
+    std::vector<std::pair<int64_t, json>> v;
+    for (const json& r : jsonl(c.out + "/freeze.jsonl"))
+      if (r["type"] == "freeze") v.emplace_back(r["step"].get<int64_t>(), r["froze"]);
+    EXPECT_EQ(json::parse(std::ifstream(c.out + "/summary.json"))["freeze_stats"]["max_per_stage"], 1);
+    return v;
+  };
+  using V = std::vector<std::pair<int64_t, json>>;
+  EXPECT_EQ(froze("max1_prefix", freeze::SmartFrzOrder::prefix, {0, 1, 3}),
+            (V{{17, json::array({0})}, {33, json::array({1})}}))
+      << "unit 2 is kept, so the stage of step 48 freezes nothing";
+  EXPECT_EQ(froze("max1_any", freeze::SmartFrzOrder::any, {1, 3, 4}),
+            (V{{17, json::array({1})}, {33, json::array({3})}, {49, json::array({4})}}));
 }
 
 // A predictor from a file, on the background thread and inline: the same probabilities.

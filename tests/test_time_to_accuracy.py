@@ -46,13 +46,18 @@ class ModelledTimes(unittest.TestCase):
         self.dir.cleanup()
 
     def make_run(self, name, frozen, accuracies, overhead=0.1, cached=False):
-        """Four steps an epoch, a step record every 2 steps: frozen[i] units after step 2(i+1)."""
+        """Four steps an epoch, a step record every 2 steps: frozen[i] units after step 2(i+1),
+        a front of that many, or a list: a set as the trainer writes one that is not a front."""
         out = os.path.join(self.dir.name, name)
         os.makedirs(out)
         with open(os.path.join(out, "metrics.jsonl"), "w") as f:
             for i, k in enumerate(frozen):
                 step = 2 * (i + 1)
-                f.write(json.dumps({"type": "step", "step": step, "frozen_modules": k, "train_seconds": step}) + "\n")
+                r = {"type": "step", "step": step, "frozen_modules": k, "train_seconds": step}
+                if isinstance(k, list):
+                    r = {"type": "step", "step": step, "frozen_modules": tta.prefix_of(tuple(k)), "frozen_units": k,
+                         "train_seconds": step}
+                f.write(json.dumps(r) + "\n")
                 if step % 4 == 0:
                     f.write(json.dumps({"type": "epoch", "step": step, "test_accuracy": accuracies[step // 4 - 1],
                                         "train_seconds": step}) + "\n")
@@ -103,6 +108,31 @@ class ModelledTimes(unittest.TestCase):
         with self.assertRaises(SystemExit) as e:
             tta.modelled_seconds(out, costs)
         self.assertIn("resnet20 step with 2 units frozen", str(e.exception))
+
+    def test_a_set_behind_trainable_units_saves_half_their_share(self):
+        """Unit 2 behind trainable 1 saves half of what it saves as the last of a front of 3;
+        unit 0 frozen with it is a front of one, at its measured cost."""
+        path = os.path.join(self.dir.name, "costs4.json")
+        b = [bench_entry("TrainStepFrozen", "resnet20", k, ms, "median") for k, ms in enumerate([100, 80, 70, 40])]
+        b += [{"name": "TrainStepFrozenSet/resnet20/units:2_median", "run_name": "TrainStepFrozenSet/resnet20/units:2",
+               "real_time": 90, "time_unit": "ms", "run_type": "aggregate", "aggregate_name": "median"},
+              {"name": "TrainStepFrozenSet/resnet20/units:1-2", "run_name": "TrainStepFrozenSet/resnet20/units:1-2",
+               "real_time": 70, "time_unit": "ms", "run_type": "iteration"}]
+        json.dump({"benchmarks": b}, open(path, "w"))
+        costs = tta.load_step_costs(path)
+        self.assertAlmostEqual(costs[("set", "resnet20", (2,))], 0.090)
+        self.assertAlmostEqual(costs[("set", "resnet20", (1, 2))], 0.070)
+        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (2,)), 0.100 - 0.5 * 0.030)
+        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (0, 2)), 0.080 - 0.5 * 0.030)
+        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (1, 2)), 0.100 - 0.5 * (0.010 + 0.030))
+        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (0, 1, 2)), 0.040)
+        out = self.make_run("any", [[2], [2], [0, 2], [0, 2]], [0.5, 0.9], overhead=0.0)
+        _, total = tta.modelled_seconds(out, costs)
+        self.assertAlmostEqual(total, 2 * 0.100 + 2 * 0.085 + 2 * 0.085 + 2 * 0.065)
+        self.assertEqual(tta.frozen_at_epoch_ends(out), [1, 2])
+        lines = tta.set_cost_lines(costs)
+        self.assertIn("| resnet20 | 2 | 90.0 | 85.0 | 0.944 |", lines)
+        self.assertIn("| resnet20 | 1-2 | 70.0 | 80.0 | 1.143 |", lines)
 
     def test_a_file_without_the_benchmark_is_refused(self):
         path = os.path.join(self.dir.name, "other.json")
@@ -194,6 +224,19 @@ class StoredRunScope(unittest.TestCase):
         with self.assertRaises(SystemExit):
             tta.check_scope(new, "egeria-firstoff-never-network")
         tta.check_scope(self.run_dir(None), "egeria")  # nothing to compare
+
+    def test_a_smartfrz_run_from_before_the_limit_froze_every_named_unit(self):
+        old = self.run_dir({"freeze": "smartfrz"})
+        with self.assertRaises(SystemExit) as e:
+            tta.check_scope(old, "smartfrz")
+        self.assertIn("--smartfrz-max-per-stage 0", str(e.exception))
+        self.assertIn("smartfrz-all", str(e.exception))
+        tta.check_scope(old, "smartfrz-all")
+        tta.check_scope(old, "smartfrz-any-all")
+        one = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1, "smartfrz_order": "any"})
+        tta.check_scope(one, "smartfrz-any")
+        with self.assertRaises(SystemExit):
+            tta.check_scope(one, "smartfrz-any-all")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ void add_smartfrz_options(std::vector<Option>& t) {
                      "the shipped predictor's precision at least 0.9 on every model it never saw)",
                      EG_FIELD(freezing.smartfrz.threshold),
                      Rule<double>{[](double v) { return v > 0 && v < 1; }, "in (0, 1)"}));
+  t.push_back(number("--smartfrz-max-per-stage", "smartfrz_max_per_stage", G::freezing, F,
+                     "smartfrz: the most units one freezing stage may freeze, front first (0: no limit)",
+                     EG_FIELD(freezing.smartfrz.max_per_stage),
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   t.push_back(choice("--smartfrz-record", "smartfrz_record", G::freezing, F,
                      "record every unit's tailored weights and its output's Gram on a probe batch, every "
                      "--smartfrz-record-every steps, into the run's smartfrz-records.safetensors (any policy): the "
