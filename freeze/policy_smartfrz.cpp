@@ -26,7 +26,10 @@ namespace {
 // the predictor names, up to the first one it keeps (a prefix, as Egeria's: no backward
 // at all, and the activation cache can serve it); order any freezes every unit it names
 // (Note [Frozen sets]: a unit behind trainable ones skips its weight gradients and
-// update). The last unit (the head) never freezes. A frozen unit is no longer recorded
+// update); either freezes at most max_per_stage of them, front first. A unit is named
+// when its P(freeze) is at or over the threshold at the last `patience` stages that read
+// it (its streak, which a stage under the threshold ends). The last unit (the head)
+// never freezes. A frozen unit is no longer recorded
 // and does not unfreeze: SmartFRZ describes no unfreezing.
 struct StageResult {
   int64_t step = 0;  // the stage's
@@ -149,9 +152,11 @@ struct Window {
 
 class SmartFrzPolicy : public FreezePolicy {
  public:
-  SmartFrzPolicy(const PolicyConfig& c, int64_t units) : c_(c), units_(units), frozen_flag_(size_t(units), false) {
+  SmartFrzPolicy(const PolicyConfig& c, int64_t units)
+      : c_(c), units_(units), frozen_flag_(size_t(units), false), streak_(size_t(units), 0) {
     const SmartFrzOptions& o = c.smartfrz;
     EG_CHECK(o.threshold > 0 && o.threshold < 1, "--smartfrz-threshold must be in (0, 1), got ", o.threshold);
+    EG_CHECK(o.patience >= 1, "--smartfrz-patience must be at least 1, got ", o.patience);
     PredictorWorker::Predict predict = o.predict;
     file_ = o.predict ? "(given by the program)" : o.predictor;
     if (!predict) {
@@ -198,7 +203,7 @@ class SmartFrzPolicy : public FreezePolicy {
 
   json state() const override {
     drain();  // the windows travel as state_tensors()
-    json j = {{"frozen", frozen_}, {"stages", stages_}, {"records", records_}};
+    json j = {{"frozen", frozen_}, {"stages", stages_}, {"records", records_}, {"streak", streak_}};
     if (ready_) j["ready"] = {{"step", ready_->step}, {"units", ready_->units}, {"p", ready_->p}};
     return j;
   }
@@ -208,6 +213,13 @@ class SmartFrzPolicy : public FreezePolicy {
     for (int64_t u : frozen_) frozen_flag_.at(size_t(u)) = true;
     stages_ = j.value("stages", int64_t(0));
     records_ = j.value("records", int64_t(0));
+    streak_.assign(size_t(units_), 0);
+    if (j.contains("streak")) {
+      const auto v = j["streak"].get<std::vector<int64_t>>();
+      EG_CHECK(v.size() == streak_.size(), "--freeze smartfrz: the checkpoint's streaks are of ", v.size(),
+               " units, this run has ", units_);
+      streak_ = v;
+    }
     ready_.reset();
     if (j.contains("ready"))
       ready_ = StageResult{j["ready"].at("step").get<int64_t>(), j["ready"].at("units").get<std::vector<int64_t>>(),
@@ -245,6 +257,7 @@ class SmartFrzPolicy : public FreezePolicy {
             {"order", c_.smartfrz.order == SmartFrzOrder::prefix ? "prefix" : "any"},
             {"threshold", c_.smartfrz.threshold},
             {"max_per_stage", c_.smartfrz.max_per_stage},
+            {"patience", c_.smartfrz.patience},
             {"predictor", file_},
             {"record_seconds", record_seconds_},
             {"predictor_cpu_seconds", worker_->cpu_seconds()},
@@ -288,21 +301,20 @@ class SmartFrzPolicy : public FreezePolicy {
     const double thr = c_.smartfrz.threshold;
     std::vector<int64_t> froze;
     std::vector<double> why;
-    auto p_of = [&](int64_t u) {
-      for (size_t i = 0; i < r.units.size(); ++i)
-        if (r.units[i] == u) return r.p[i];
-      return -1.0;  // not read at this stage (its window was not full)
-    };
+    std::vector<double> p_of(size_t(units_), -1.0);  // -1: not read at this stage (its window was not full)
+    for (size_t i = 0; i < r.units.size(); ++i) {
+      const auto u = size_t(r.units[i]);
+      p_of[u] = r.p[i];
+      streak_[u] = r.p[i] >= thr ? streak_[u] + 1 : 0;
+    }
+    auto named = [&](int64_t u) { return p_of[size_t(u)] >= thr && streak_[size_t(u)] >= c_.smartfrz.patience; };
     const size_t most = c_.smartfrz.max_per_stage > 0 ? size_t(c_.smartfrz.max_per_stage) : size_t(units_);
     if (c_.smartfrz.order == SmartFrzOrder::prefix) {
-      for (int64_t u = prefix_length(frozen_); u + 1 < units_ && froze.size() < most; ++u) {
-        const double p = p_of(u);
-        if (p < thr) break;
-        froze.push_back(u), why.push_back(p);
-      }
+      for (int64_t u = prefix_length(frozen_); u + 1 < units_ && froze.size() < most && named(u); ++u)
+        froze.push_back(u), why.push_back(p_of[size_t(u)]);
     } else {
-      for (size_t i = 0; i < r.units.size() && froze.size() < most; ++i)
-        if (r.p[i] >= thr && !frozen_flag_[size_t(r.units[i])]) froze.push_back(r.units[i]), why.push_back(r.p[i]);
+      for (int64_t u : r.units)
+        if (froze.size() < most && !frozen_flag_[size_t(u)] && named(u)) froze.push_back(u), why.push_back(p_of[size_t(u)]);
     }
     if (froze.empty()) return;
     for (int64_t u : froze) {
@@ -333,6 +345,7 @@ class SmartFrzPolicy : public FreezePolicy {
   std::unique_ptr<TailoredWeights> tailored_;  // made at the first record, from the model
   std::vector<Window> windows_;
   std::vector<bool> frozen_flag_;
+  std::vector<int64_t> streak_;  // a unit's stages in a row at or over the threshold
   UnitSet frozen_;
   int64_t stages_ = 0, records_ = 0;
   double record_seconds_ = 0;

@@ -3,10 +3,12 @@
 // through the trainer (orders, logs, resume, background against inline, bad input).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
@@ -316,6 +318,50 @@ TEST(SmartFrzTrainer, AStageFreezesAtMostMaxPerStageUnitsFrontFirst) {
       << "unit 2 is kept, so the stage of step 48 freezes nothing";
   EXPECT_EQ(froze("max1_any", freeze::SmartFrzOrder::any, {1, 3, 4}),
             (V{{17, json::array({1})}, {33, json::array({3})}, {49, json::array({4})}}));
+}
+
+// --smartfrz-patience 2: a unit freezes at the second stage in a row that names it; one
+// stage that keeps it starts its count again. The streaks survive a resume.
+TEST(SmartFrzTrainer, PatienceFreezesAUnitNamedAtThatManyStagesInARow) {
+  auto freezes = [](const train::TrainConfig& c) {
+    std::vector<std::pair<int64_t, json>> v;
+    for (const json& r : jsonl(c.out + "/freeze.jsonl"))
+      if (r["type"] == "freeze") v.emplace_back(r["step"].get<int64_t>(), r["froze"]);
+    return v;
+  };
+  using V = std::vector<std::pair<int64_t, json>>;
+  // The stages of steps 16, 32, 48 name {1, 3}, {3, 4}, {1, 4}: unit 1's streak breaks at 32.
+  train::TrainConfig c = smartfrz_run("patience_varying");
+  c.freezing.smartfrz.order = freeze::SmartFrzOrder::any;
+  c.freezing.smartfrz.max_per_stage = 0;
+  c.freezing.smartfrz.patience = 2;
+  const std::vector<std::set<int64_t>> by_stage = {{1, 3}, {3, 4}, {1, 4}, {}};
+  auto stage = std::make_shared<size_t>(0);
+  c.freezing.smartfrz.predict = [by_stage, stage](const std::vector<int64_t>& units, const Tensor& w) {
+    return naming(by_stage.at(std::min((*stage)++, by_stage.size() - 1)))(units, w);
+  };
+  ASSERT_TRUE(train::run_training(c).completed);
+  EXPECT_EQ(freezes(c), (V{{33, json::array({3})}, {49, json::array({4})}}));
+  auto sum = json::parse(std::ifstream(c.out + "/summary.json"));
+  EXPECT_EQ(sum["frozen_units_final"], json::array({3, 4}));
+  EXPECT_EQ(sum["freeze_stats"]["patience"], 2);
+
+  // Prefix order, the same names at every stage: the front one waits a stage, then one a stage.
+  auto cfg = [](const std::string& name) {
+    train::TrainConfig p = smartfrz_run(name);
+    p.freezing.smartfrz.patience = 2;
+    p.freezing.smartfrz.predict = naming({0, 1});
+    return p;
+  };
+  const train::TrainConfig a = cfg("patience_full");
+  ASSERT_TRUE(train::run_training(a).completed);
+  EXPECT_EQ(freezes(a), (V{{33, json::array({0})}, {49, json::array({1})}}));
+  // Killed after the first stage (a streak of one is in the checkpoint) and between the
+  // second stage and the step that acts on it.
+  const train::TrainConfig b = cfg("patience_killed");
+  ASSERT_TRUE(testing::run_killed_twice(b, 20, 12));
+  testing::expect_same_weights(a.out, b.out);
+  EXPECT_EQ(freezes(b), freezes(a));
 }
 
 // A predictor from a file, on the background thread and inline: the same probabilities.

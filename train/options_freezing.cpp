@@ -47,6 +47,11 @@ void add_smartfrz_options(std::vector<Option>& t) {
                      "smartfrz: the most units one freezing stage may freeze, front first (0: no limit)",
                      EG_FIELD(freezing.smartfrz.max_per_stage),
                      Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
+  t.push_back(number("--smartfrz-patience", "smartfrz_patience", G::freezing, F,
+                     "smartfrz: a unit freezes when its probability of freeze is at or over the threshold at this "
+                     "many stages in a row",
+                     EG_FIELD(freezing.smartfrz.patience),
+                     Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   t.push_back(choice("--smartfrz-record", "smartfrz_record", G::freezing, F,
                      "record every unit's tailored weights and its output's Gram on a probe batch, every "
                      "--smartfrz-record-every steps, into the run's smartfrz-records.safetensors (any policy): the "
