@@ -2,7 +2,7 @@
 """Fine-tuning with freezing on a transfer task from real data (Egeria §2.3, §6.2), rerunnable.
 
   bench/fine_tune.py --egeria build/egeria [--models resnet20] [--seeds 0,1,2]
-      [--budgets 6000,30000] [--policies none,static,autofreeze,egeria,egeria-cache]
+      [--budgets 6000,30000] [--policies none,static,autofreeze,egeria,egeria-cache,smartfrz,smartfrz-any]
       [--static-k 1,2,3] [--epochs 10] [--pretrain-epochs 10] [--threads 2]
       [--pretrained datasets/pretrained] [--out runs/ft] [--step-costs FILE] [--extra "..."]
 
@@ -17,7 +17,8 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    linear decay to 0 after a 5% linear warmup), the test images of classes 5-9.
    `static` runs once per K of --static-k (the first K freezing units frozen from step
    0: what a careful practitioner hand-tunes); the table keeps the best K (the fastest
-   to the target at the target accuracy, else the most accurate).
+   to the target at the target accuracy, else the most accurate). smartfrz and
+   smartfrz-any are SmartFRZ with the shipped predictor in its two orders.
 Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
 `none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
 step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
@@ -49,7 +50,8 @@ def recipe(budget, epochs):
 
 
 POLICIES = {"none": ["none"], "autofreeze": ["autofreeze"], "egeria": ["egeria"],
-            "egeria-cache": ["egeria", "--freeze-cache", "on", "--freeze-bn", "running", "--augment-mode", "sample"]}
+            "egeria-cache": ["egeria", "--freeze-cache", "on", "--freeze-bn", "running", "--augment-mode", "sample"],
+            "smartfrz": ["smartfrz"], "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"]}
 
 
 def train(args, cmd, out):

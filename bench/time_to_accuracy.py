@@ -105,9 +105,13 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
                                   "--freeze-bn", "running", "--augment-mode", "sample"],
             # SmartFRZ (the shipped predictor) in its two orders; smartfrz alone is prefix.
             "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"],
-            # ... freezing every unit a stage names, not one a stage.
-            "smartfrz-all": ["smartfrz", "--smartfrz-max-per-stage", "0"],
-            "smartfrz-any-all": ["smartfrz", "--smartfrz-order", "any", "--smartfrz-max-per-stage", "0"]}
+            # ... freezing a unit at the first stage that names it, not the second in a row.
+            "smartfrz-p1": ["smartfrz", "--smartfrz-patience", "1"],
+            "smartfrz-any-p1": ["smartfrz", "--smartfrz-order", "any", "--smartfrz-patience", "1"],
+            # ... and every unit a stage names, not one a stage.
+            "smartfrz-all": ["smartfrz", "--smartfrz-max-per-stage", "0", "--smartfrz-patience", "1"],
+            "smartfrz-any-all": ["smartfrz", "--smartfrz-order", "any", "--smartfrz-max-per-stage", "0",
+                                 "--smartfrz-patience", "1"]}
 
 
 def policy_args(policy):
@@ -129,8 +133,9 @@ def check_scope(out, policy):
     existed, or before unit became its default, read with the network; one from before
     --freeze-bootstrap-interval existed checked every n steps; one from before
     --freeze-reference-calibration existed quantised with every batch's own scales); a
-    stored smartfrz run only if its --smartfrz-max-per-stage is (one from before the flag
-    froze every unit a stage named)."""
+    stored smartfrz run only if its --smartfrz-max-per-stage and --smartfrz-patience are
+    (one from before the first froze every unit a stage named, one from before the second
+    had a patience of 1)."""
     args = policy_args(policy)
     if args[0] not in ("egeria", "smartfrz"):
         return
@@ -146,6 +151,12 @@ def check_scope(out, policy):
             sys.exit(f"time_to_accuracy: {out} was trained with --smartfrz-max-per-stage {had}, but the policy "
                      f"'{policy}' asks for {want}; name the policy for the limit it was run with "
                      f"(e.g. smartfrz-all for 0), or use another --out")
+        want = int(flag(args, "--smartfrz-patience", "2"))
+        had = config.get("smartfrz_patience", 1)
+        if had != want:
+            sys.exit(f"time_to_accuracy: {out} was trained with --smartfrz-patience {had}, but the policy "
+                     f"'{policy}' asks for {want}; name the policy for the patience it was run with "
+                     f"(e.g. smartfrz-p1 for 1), or use another --out")
         return
     want = flag(args, "--freeze-reference-scope", "unit")
     had = config.get("freeze_reference_scope", "network")

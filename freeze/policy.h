@@ -70,8 +70,10 @@ struct SmartFrzOptions {
   // (docs/results/2026-12-04-smartfrz-predictor.md).
   int64_t max_per_stage = 1;
   // A unit is named for freezing when its P(freeze) is at least the threshold at this many
-  // stages in a row: the predictor's answer for one unit can spike for a single stage.
-  int64_t patience = 1;
+  // stages in a row: the predictor's answer for one unit can spike for a single stage, and
+  // on ResNet-20 freezing at one stage's word cost 0.5-0.8 pt more than at two stages'
+  // (docs/results/2026-12-04-smartfrz-predictor.md).
+  int64_t patience = 2;
   // Any policy: record every unit's tailored weights, and the Gram of its output on a probe
   // batch of `probe` training samples, every record_every steps, into the run's
   // smartfrz-records.safetensors: the predictor's training data (train/smartfrz_record.h).

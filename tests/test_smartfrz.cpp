@@ -218,6 +218,7 @@ train::TrainConfig smartfrz_run(const std::string& name) {
   c.freezing.smartfrz.record_every = 2;
   c.freezing.smartfrz.stage_every = 16;
   c.freezing.smartfrz.threshold = 0.5;  // the stand-in predictors below say 0.9 or 0.1
+  c.freezing.smartfrz.patience = 1;  // a unit freezes at the first stage that names it
   return c;
 }
 

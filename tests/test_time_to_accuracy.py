@@ -234,9 +234,22 @@ class StoredRunScope(unittest.TestCase):
         tta.check_scope(old, "smartfrz-all")
         tta.check_scope(old, "smartfrz-any-all")
         one = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1, "smartfrz_order": "any"})
-        tta.check_scope(one, "smartfrz-any")
+        tta.check_scope(one, "smartfrz-any-p1")
         with self.assertRaises(SystemExit):
             tta.check_scope(one, "smartfrz-any-all")
+
+    def test_a_smartfrz_run_from_before_patience_named_at_one_stage(self):
+        old = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1})
+        tta.check_scope(old, "smartfrz-p1")
+        with self.assertRaises(SystemExit) as e:
+            tta.check_scope(old, "smartfrz")
+        self.assertIn("--smartfrz-patience 1", str(e.exception))
+        self.assertIn("smartfrz-p1", str(e.exception))
+        two = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1, "smartfrz_patience": 2})
+        tta.check_scope(two, "smartfrz")
+        tta.check_scope(two, "smartfrz-any")
+        with self.assertRaises(SystemExit):
+            tta.check_scope(two, "smartfrz-any-p1")
 
 
 if __name__ == "__main__":
