@@ -299,7 +299,7 @@ class SmartFrzPolicy : public FreezePolicy {
   void act(const StageResult& r, const StepInfo& s) {
     log_.push_back({{"type", "stage"}, {"step", r.step}, {"units", r.units}, {"p_freeze", r.p}});
     const double thr = c_.smartfrz.threshold;
-    std::vector<int64_t> froze;
+    std::vector<int64_t> froze, streak;
     std::vector<double> why;
     std::vector<double> p_of(size_t(units_), -1.0);  // -1: not read at this stage (its window was not full)
     for (size_t i = 0; i < r.units.size(); ++i) {
@@ -318,6 +318,7 @@ class SmartFrzPolicy : public FreezePolicy {
     }
     if (froze.empty()) return;
     for (int64_t u : froze) {
+      streak.push_back(streak_[size_t(u)]);
       frozen_flag_[size_t(u)] = true;
       windows_[size_t(u)].clear();
     }
@@ -328,6 +329,7 @@ class SmartFrzPolicy : public FreezePolicy {
                     {"step", s.step},
                     {"froze", froze},
                     {"p_freeze", why},
+                    {"streak", streak},  // the stages in a row each was named at
                     {"stage_step", r.step},
                     {"units", frozen_},
                     {"threshold", thr},

@@ -357,6 +357,9 @@ TEST(SmartFrzTrainer, PatienceFreezesAUnitNamedAtThatManyStagesInARow) {
   const train::TrainConfig a = cfg("patience_full");
   ASSERT_TRUE(train::run_training(a).completed);
   EXPECT_EQ(freezes(a), (V{{33, json::array({0})}, {49, json::array({1})}}));
+  const std::string story = train::run_report(a.out);
+  EXPECT_NE(story.find("froze stem (0.90, named at 2 stages in a row)"), std::string::npos) << story;
+  EXPECT_NE(story.find("froze layer1.0 (0.90, named at 3 stages in a row)"), std::string::npos) << story;
   // Killed after the first stage (a streak of one is in the checkpoint) and between the
   // second stage and the step that acts on it.
   const train::TrainConfig b = cfg("patience_killed");

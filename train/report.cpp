@@ -210,9 +210,13 @@ void smartfrz_story(const std::vector<json>& log, const Units& units, double thr
     if (type != "freeze" || !e.contains("froze")) continue;
     const auto froze = e["froze"].get<std::vector<int64_t>>();
     const auto p = e.value("p_freeze", std::vector<double>());
+    const auto streak = e.value("streak", std::vector<int64_t>());
     std::string what;
-    for (size_t i = 0; i < froze.size(); ++i)
-      what += fmt("%s%s (%.2f)", i ? ", " : "", units.name(froze[i]).c_str(), i < p.size() ? p[i] : 0.0);
+    for (size_t i = 0; i < froze.size(); ++i) {
+      what += fmt("%s%s (%.2f", i ? ", " : "", units.name(froze[i]).c_str(), i < p.size() ? p[i] : 0.0);
+      if (i < streak.size() && streak[i] > 1) what += fmt(", named at %lld stages in a row", (long long)streak[i]);
+      what += ")";
+    }
     r +=
         fmt("- step %lld (epoch %lld): froze %s, P(freeze) at or over %.2f at the stage of step %lld; frozen: %s\n",
             (long long)e.value("step", int64_t(0)), (long long)e.value("epoch", int64_t(0)), what.c_str(), threshold,
