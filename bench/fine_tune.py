@@ -18,7 +18,9 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    `static` runs once per K of --static-k (the first K freezing units frozen from step
    0: what a careful practitioner hand-tunes); the table keeps the best K (the fastest
    to the target at the target accuracy, else the most accurate). smartfrz and
-   smartfrz-any are SmartFRZ with the shipped predictor in its two orders.
+   smartfrz-any are SmartFRZ with the shipped predictor in its two orders. An Egeria policy
+   with -laN appended (egeria-la1, egeria-cache-la2) reads N units ahead of the front
+   (--freeze-lookahead N).
 Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
 `none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
 step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
@@ -54,6 +56,15 @@ POLICIES = {"none": ["none"], "autofreeze": ["autofreeze"], "egeria": ["egeria"]
             "smartfrz": ["smartfrz"], "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"]}
 
 
+def policy_flags(policy):
+    """A policy's `egeria train` flags; an Egeria policy with "-laN" appended reads N units
+    ahead of the front (--freeze-lookahead N)."""
+    base, sep, la = policy.rpartition("-la")
+    if sep and base.startswith("egeria") and base in POLICIES and la.isdigit():
+        return POLICIES[base] + ["--freeze-lookahead", la]
+    return POLICIES.get(policy)
+
+
 def train(args, cmd, out):
     if os.path.exists(os.path.join(out, "summary.json")):
         return out
@@ -76,7 +87,7 @@ def pretrained(args, model):
 
 def fine_tune(args, model, budget, seed, policy, k=None):
     name = f"{model}-b{budget}-s{seed}-{policy}" + (f"{k}" if k is not None else "")
-    flags = POLICIES[policy] if policy != "static" else ["static", "--static-modules", str(k), "--static-epoch", "0"]
+    flags = policy_flags(policy) if policy != "static" else ["static", "--static-modules", str(k), "--static-epoch", "0"]
     cmd = ["--model", model, "--classes", TASK_CLASSES, "--train-limit", str(budget), "--epochs", str(args.epochs),
            "--seed", str(seed), "--init-from", pretrained(args, model), "--freeze", flags[0]] + flags[1:] + recipe(budget, args.epochs)
     if args.extra:
@@ -142,8 +153,8 @@ def main():
     costs = tta.load_step_costs(args.step_costs) if args.step_costs else None
     policies = args.policies.split(",")
     for pol in policies:
-        if pol != "static" and pol not in POLICIES:
-            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)})")
+        if pol != "static" and policy_flags(pol) is None:
+            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN)")
     table = {"runs": [], "means": []}
     lines = ["| model | budget | policy | seeds | final acc. % | wall s | to target s (wall) | speedup (wall) |"
              + (" speedup (modelled) |" if costs else "") + " backward FLOPs saved | reference overhead |",

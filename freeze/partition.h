@@ -55,6 +55,12 @@ class Partition {
   std::vector<int64_t> layers_of(const std::vector<int64_t>& units) const;
   // The layer module whose output is unit u's output.
   int64_t last_layer(int64_t u) const { return units_.at(size_t(u)).end - 1; }
+  // The unit whose output layer module `layer` is; -1 when it ends none.
+  int64_t unit_of_last_layer(int64_t layer) const {
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].end - 1 == layer) return int64_t(u);
+    return -1;
+  }
   std::vector<std::string> names() const;
   nlohmann::json to_json() const;
 

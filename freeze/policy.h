@@ -168,6 +168,10 @@ struct StepInfo {
   // false: every sample of the global batch was left out (--skip-bad-images), so the step
   // has no loss and updated nothing; a policy takes no reading from it.
   bool trained = true;
+  bool unit_scope = false;  // the reference runs the read units alone (Note [The reference's scope])
+  // egeria, readings ahead of the front: the outputs of the layer modules capture_more()
+  // asked for, by layer module.
+  std::map<int64_t, Tensor> captured_more{};
 };
 
 class FreezePolicy {
@@ -176,6 +180,9 @@ class FreezePolicy {
   // Before the forward of step `step` (0-based): the layer module (not unit) whose
   // output the trainer should capture for this step, or -1.
   virtual int64_t capture_module(int64_t /*step*/) const { return -1; }
+  // With a capture_module, more layer modules whose outputs the trainer should capture
+  // (StepInfo::captured_more).
+  virtual std::vector<int64_t> capture_more(int64_t /*step*/) const { return {}; }
   // After the optimizer step. `captured` is the captured module output and `x` the input
   // batch on the host, the reference model's (both undefined when no capture was asked
   // for); gradients are still in place.

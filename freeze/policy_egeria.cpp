@@ -23,6 +23,8 @@ class EgeriaPolicy : public FreezePolicy {
  public:
   EgeriaPolicy(const PolicyConfig& c, int64_t modules) : c_(c), tracker_(modules, with_interval(c, modules)) {
     ControllerOptions o = c.reference;
+    // Each evaluation submits a reading per unit it reads; a pipeline for two evaluations.
+    o.capacity = std::max<int>(o.capacity, int(2 * (1 + std::max<int64_t>(0, c.tracker.lookahead))));
     if (c.device.is_cuda()) o.gpu = c.device;
     o.max_cpu_load = c.max_cpu_load(c.device);
     tracker_.custom_unfreeze = c.unfreeze_hook;
@@ -32,6 +34,13 @@ class EgeriaPolicy : public FreezePolicy {
   int64_t capture_module(int64_t step) const override {
     if (tracker_.bootstrapping() || tracker_.done() || !ctl_->has_snapshot()) return -1;
     return (step + 1) % n() == 0 ? c_.partition.last_layer(tracker_.front()) : -1;
+  }
+  // The units read ahead of the front (Note [Reading ahead of the front]).
+  std::vector<int64_t> capture_more(int64_t step) const override {
+    std::vector<int64_t> layers;
+    if (capture_module(step) < 0) return layers;
+    for (int64_t u = tracker_.front() + 1; u <= tracker_.last_read(); ++u) layers.push_back(c_.partition.last_layer(u));
+    return layers;
   }
 
   void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) override {
@@ -56,18 +65,16 @@ class EgeriaPolicy : public FreezePolicy {
       // this step, before the readings (which may have been taken n steps ago).
       tracker_.observe_lr(s.step, s.lr);
       if (c_.apply_on_arrival) {
-        if (captured.defined()) submit(s, x, captured);
+        if (captured.defined()) submit_all(s, x, captured, tracker_.front());
         act_on(ctl_->poll(), s, m);
       } else if (captured.defined()) {
         // The previous evaluation, n steps ago, is acted on now, whenever it finished:
         // the decisions do not depend on the machine's timing. With the reference far
         // cheaper than n training steps, drain() almost never waits (wait_seconds says).
-        const int64_t captured_layer = c_.partition.last_layer(tracker_.front());
+        const int64_t captured_front = tracker_.front();
         ctl_->drain();
         act_on(ctl_->poll(), s, m);
-        const int64_t front_layer = c_.partition.last_layer(tracker_.front());
-        if (captured_layer == front_layer) submit(s, x, captured);
-        else ++stale_results_;  // the front moved on while this step ran: its output is no reading
+        submit_all(s, x, captured, captured_front);
       }
       tracker_.check_lr(s.step, s.lr);
     }
@@ -161,20 +168,38 @@ class EgeriaPolicy : public FreezePolicy {
   int64_t bootstrap_n() const { return bootstrap_n_ > 0 ? bootstrap_n_ : tracker_.options().bootstrap_interval; }
   // The controller works in layer modules: the reference runs up to the front unit's
   // last, from the images or, given the unit's input, from the unit's first.
-  void submit(const StepInfo& s, const Tensor& x, const Tensor& captured) {
-    const FreezeUnit& u = c_.partition.units().at(size_t(tracker_.front()));
-    if (s.unit_input.defined() && u.begin > 0)
-      unit_scope_submissions_ += ctl_->submit(s.step, u.end - 1, x, captured, s.x2, s.unit_input, u.begin);
-    else ctl_->submit(s.step, u.end - 1, x, captured, s.x2);
+  void submit(const StepInfo& s, int64_t unit, const Tensor& x, const Tensor& out, const Tensor& input) {
+    const FreezeUnit& u = c_.partition.units().at(size_t(unit));
+    if (input.defined() && u.begin > 0)
+      unit_scope_submissions_ += ctl_->submit(s.step, u.end - 1, x, out, s.x2, input, u.begin);
+    else ctl_->submit(s.step, u.end - 1, x, out, s.x2);
+  }
+  // The step's captures were asked for when `captured_front` was the front: its output
+  // in `captured`, the units after it in s.captured_more. Each unit still read is
+  // submitted; a unit that froze while the step ran is no reading. Under the unit scope
+  // the units are a chain: unit u + 1 starts from unit u's output.
+  void submit_all(const StepInfo& s, const Tensor& x, const Tensor& captured, int64_t captured_front) {
+    Tensor out = captured, input = s.unit_input;
+    for (int64_t u = captured_front;; ++u) {
+      if (tracker_.reads(u)) submit(s, u, x, out, input);
+      else ++stale_results_;
+      if (u + 1 >= c_.partition.size()) break;
+      const auto next = s.captured_more.find(c_.partition.last_layer(u + 1));
+      if (next == s.captured_more.end()) break;
+      if (s.unit_scope) input = out;
+      out = next->second;
+    }
   }
   void act_on(const std::vector<PlasticityController::Result>& results, const StepInfo& s, models::Model& m) {
     for (auto& r : results) {
-      // A reading for a unit that is no longer the front (frozen or unfrozen since) is stale.
-      if (r.module != c_.partition.last_layer(tracker_.front())) {
+      // A reading of a unit no longer read (frozen since, or the front moved back and
+      // past it) is stale.
+      const int64_t u = c_.partition.unit_of_last_layer(r.module);
+      if (u < 0 || !tracker_.reads(u)) {
         ++stale_results_;
         continue;
       }
-      tracker_.check_plasticity(r.step, r.plasticity, s.lr);
+      tracker_.check_plasticity(r.step, u, r.plasticity, s.lr);
       if (tracker_.refresh_due()) refresh(m, s.step, s.lr);
     }
   }

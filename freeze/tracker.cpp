@@ -88,36 +88,61 @@ Event FreezeTracker::event(const char* type, int64_t step, double lr) const {
   e.type = type;
   e.step = step;
   e.module = front_;
-  e.counter = counter_;
+  e.counter = cur_.counter;
   e.window = window_;
   e.lr = lr;
   return e;
 }
 
+json FreezeTracker::Readings::to_json() const {
+  return {{"raw", raw},       {"smoothed", smoothed},         {"first_slopes", first_slopes},
+          {"peak_slope", peak_slope}, {"tolerance_lr", tolerance_lr}, {"counter", counter}};
+}
+
+FreezeTracker::Readings FreezeTracker::Readings::from_json(const json& j) {
+  Readings r;
+  r.raw = j.at("raw").get<std::vector<double>>();
+  r.smoothed = j.at("smoothed").get<std::vector<double>>();
+  r.first_slopes = j.at("first_slopes").get<std::vector<double>>();
+  r.peak_slope = j.value("peak_slope", 0.0);  // absent in checkpoints from before the option
+  r.tolerance_lr = j.value("tolerance_lr", 0.0);  // likewise (remeasure: unused)
+  r.counter = j.at("counter").get<int64_t>();
+  return r;
+}
+
 void FreezeTracker::leave_module() {
-  if (first_slopes_.size() == 3) kept_[size_t(front_)] = {first_slopes_, peak_slope_, tolerance_lr_};
+  auto keep = [&](int64_t m, const Readings& r) {
+    if (r.first_slopes.size() == 3) kept_[size_t(m)] = {r.first_slopes, r.peak_slope, r.tolerance_lr};
+  };
+  keep(front_, cur_);
+  for (size_t i = 0; i < ahead_.size(); ++i) keep(front_ + 1 + int64_t(i), ahead_[i]);
+}
+
+FreezeTracker::Readings FreezeTracker::fresh(int64_t module) const {
+  Readings r;
+  if (opt_.refreeze_tolerance == RefreezeTolerance::remeasure) return r;
+  const Kept& k = kept_[size_t(module)];
+  if (k.first.size() < 3) return r;
+  r.first_slopes = k.first;
+  r.peak_slope = k.peak;
+  r.tolerance_lr = k.lr;
+  return r;
 }
 
 void FreezeTracker::start_module() {
-  raw_.clear();
-  smoothed_.clear();
-  first_slopes_.clear();
-  peak_slope_ = 0;
-  tolerance_lr_ = 0;
-  counter_ = 0;
-  if (opt_.refreeze_tolerance == RefreezeTolerance::remeasure) return;
-  const Kept& k = kept_[size_t(front_)];
-  if (k.first.size() < 3) return;
-  first_slopes_ = k.first;
-  peak_slope_ = k.peak;
-  tolerance_lr_ = k.lr;
+  if (ahead_.empty()) {
+    cur_ = fresh(front_);
+    return;
+  }
+  cur_ = std::move(ahead_.front());
+  ahead_.erase(ahead_.begin());
 }
 
-double FreezeTracker::tolerance(double lr) const {
-  if (first_slopes_.size() < 3) return 0;
-  const double first = *std::max_element(first_slopes_.begin(), first_slopes_.end());
-  const double t = opt_.tolerance_coef * (opt_.tolerance_from_peak ? std::max(first, peak_slope_) : first);
-  if (opt_.refreeze_tolerance == RefreezeTolerance::scaled && tolerance_lr_ > 0) return t * lr / tolerance_lr_;
+double FreezeTracker::tolerance(const Readings& r, double lr) const {
+  if (r.first_slopes.size() < 3) return 0;
+  const double first = *std::max_element(r.first_slopes.begin(), r.first_slopes.end());
+  const double t = opt_.tolerance_coef * (opt_.tolerance_from_peak ? std::max(first, r.peak_slope) : first);
+  if (opt_.refreeze_tolerance == RefreezeTolerance::scaled && r.tolerance_lr > 0) return t * lr / r.tolerance_lr;
   return t;
 }
 
@@ -128,6 +153,7 @@ bool FreezeTracker::last_phase_lr(double lr) const {
 void FreezeTracker::drop_holds() {
   leave_module();
   front_ = 0;
+  ahead_.clear();
   start_module();
 }
 
@@ -164,44 +190,63 @@ Decision FreezeTracker::bootstrap_check(int64_t step, double loss, double lr) {
   return Decision::end_bootstrap;
 }
 
-Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
-  EG_CHECK(!bootstrapping_, "plasticity reported during bootstrapping");
-  if (done()) return check_lr(step, lr);  // Algorithm 1 line 4: the last module is never evaluated
+void FreezeTracker::add_reading(Readings& r, double p, double lr, Event& e) {
   const size_t w = size_t(window_);
-  raw_.push_back(p);
-  const size_t k = std::min(raw_.size(), w);
+  r.raw.push_back(p);
+  const size_t k = std::min(r.raw.size(), w);
   double avg = 0;
-  for (size_t i = raw_.size() - k; i < raw_.size(); ++i) avg += raw_[i];
+  for (size_t i = r.raw.size() - k; i < r.raw.size(); ++i) avg += r.raw[i];
   avg /= double(k);
-  smoothed_.push_back(avg);
-  Event e = event("evaluation", step, lr);
+  r.smoothed.push_back(avg);
   e.plasticity = p;
   e.smoothed = avg;
   // Slopes are fitted to full-window averages only: the first W-1 average fewer
   // readings, and with a refreshed reference those sit on one edge of the sawtooth
   // (Note [Egeria's freezing decisions]); T would come from that edge.
-  const size_t full = smoothed_.size() >= w ? smoothed_.size() - w + 1 : 0;
+  const size_t full = r.smoothed.size() >= w ? r.smoothed.size() - w + 1 : 0;
   const size_t m = std::min(full, std::max<size_t>(w, 2));
   if (m >= 2) {
-    const double s = fit_slope(std::vector<double>(smoothed_.end() - long(m), smoothed_.end()));
+    const double s = fit_slope(std::vector<double>(r.smoothed.end() - long(m), r.smoothed.end()));
     e.slope = s;
     e.has_slope = true;
-    if (first_slopes_.size() < 3) {
-      first_slopes_.push_back(std::abs(s));
-      if (first_slopes_.size() == 3) tolerance_lr_ = lr;
-      counter_ = 0;  // the first fits define T and are never stale
+    if (r.first_slopes.size() < 3) {
+      r.first_slopes.push_back(std::abs(s));
+      if (r.first_slopes.size() == 3) r.tolerance_lr = lr;
+      r.counter = 0;  // the first fits define T and are never stale
     } else {
-      peak_slope_ = std::max(peak_slope_, std::abs(s));  // T (peak) includes this fit
-      const double t = tolerance(lr);
+      r.peak_slope = std::max(r.peak_slope, std::abs(s));  // T (peak) includes this fit
+      const double t = tolerance(r, lr);
       e.tolerance = t;
-      counter_ = std::abs(s) < t ? counter_ + 1 : 0;
+      r.counter = std::abs(s) < t ? r.counter + 1 : 0;
     }
   }
-  if (e.tolerance == 0) e.tolerance = tolerance(lr);
-  e.counter = counter_;
+  if (e.tolerance == 0) e.tolerance = tolerance(r, lr);
+  e.counter = r.counter;
+}
+
+Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
+  return check_plasticity(step, front_, p, lr);
+}
+
+Decision FreezeTracker::check_plasticity(int64_t step, int64_t module, double p, double lr) {
+  EG_CHECK(!bootstrapping_, "plasticity reported during bootstrapping");
+  if (done()) return check_lr(step, lr);  // Algorithm 1 line 4: the last module is never evaluated
+  EG_CHECK(reads(module), "a plasticity reading of module ", module, ", which is not read now (the front is ", front_,
+           ", read up to ", last_read(), ")");
+  if (module > front_) {  // a unit read ahead of the front: its history grows, it does not freeze
+    const size_t i = size_t(module - front_ - 1);
+    while (ahead_.size() <= i) ahead_.push_back(fresh(front_ + 1 + int64_t(ahead_.size())));
+    Event e = event("evaluation", step, lr);
+    e.module = module;
+    add_reading(ahead_[i], p, lr, e);
+    events_.push_back(e);
+    return Decision::none;
+  }
+  Event e = event("evaluation", step, lr);
+  add_reading(cur_, p, lr, e);
   events_.push_back(e);
   ++evals_since_refresh_;
-  if (counter_ >= window_) {
+  if (cur_.counter >= window_) {
     const bool hold = holding();
     events_.push_back(event(hold ? "hold" : "freeze", step, lr));
     if (!hold && lr_at_front_freeze_ == 0) lr_at_front_freeze_ = lr;
@@ -218,6 +263,7 @@ void FreezeTracker::unfreeze_all(int64_t step, double lr, const char* why) {
   e.counter = 0;
   leave_module();
   front_ = 0;
+  ahead_.clear();
   lr_at_front_freeze_ = 0;
   window_ = std::max<int64_t>(std::min(opt_.min_window, window_), window_ / 2);
   e.window = window_;
@@ -271,23 +317,22 @@ std::vector<Event> FreezeTracker::take_events() {
 json FreezeTracker::state() const {
   json kept = json::array();
   for (auto& k : kept_) kept.push_back({{"first", k.first}, {"peak", k.peak}, {"lr", k.lr}});
-  return {{"bootstrapping", bootstrapping_},
-          {"prev_loss", prev_loss_},
-          {"front", front_},
-          {"window", window_},
-          {"counter", counter_},
-          {"evals_since_refresh", evals_since_refresh_},
-          {"lr_at_front_freeze", lr_at_front_freeze_},
-          {"raw", raw_},
-          {"smoothed", smoothed_},
-          {"first_slopes", first_slopes_},
-          {"peak_slope", peak_slope_},
-          {"last_phase", last_phase_},
-          {"tolerance_lr", tolerance_lr_},
-          {"kept", kept},
-          {"num_modules", num_modules_},
-          {"peak_lr", peak_lr_},
-          {"first_phase_over", first_phase_over_}};
+  json ahead = json::array();
+  for (auto& r : ahead_) ahead.push_back(r.to_json());
+  json j = {{"bootstrapping", bootstrapping_},
+            {"prev_loss", prev_loss_},
+            {"front", front_},
+            {"window", window_},
+            {"evals_since_refresh", evals_since_refresh_},
+            {"lr_at_front_freeze", lr_at_front_freeze_},
+            {"last_phase", last_phase_},
+            {"ahead", ahead},
+            {"kept", kept},
+            {"num_modules", num_modules_},
+            {"peak_lr", peak_lr_},
+            {"first_phase_over", first_phase_over_}};
+  j.update(cur_.to_json());  // the front's readings at the top level, as before lookahead
+  return j;
 }
 
 void FreezeTracker::load_state(const json& s) {
@@ -297,15 +342,12 @@ void FreezeTracker::load_state(const json& s) {
   prev_loss_ = s.at("prev_loss");
   front_ = s.at("front");
   window_ = s.at("window");
-  counter_ = s.at("counter");
   evals_since_refresh_ = s.at("evals_since_refresh");
   lr_at_front_freeze_ = s.at("lr_at_front_freeze");
-  raw_ = s.at("raw").get<std::vector<double>>();
-  smoothed_ = s.at("smoothed").get<std::vector<double>>();
-  first_slopes_ = s.at("first_slopes").get<std::vector<double>>();
-  peak_slope_ = s.value("peak_slope", 0.0);  // absent in checkpoints from before the option
-  last_phase_ = s.value("last_phase", false);  // likewise
-  tolerance_lr_ = s.value("tolerance_lr", 0.0);  // likewise (remeasure: unused)
+  cur_ = Readings::from_json(s);
+  last_phase_ = s.value("last_phase", false);  // absent in checkpoints from before the option
+  ahead_.clear();  // likewise (before lookahead)
+  for (auto& r : s.value("ahead", json::array())) ahead_.push_back(Readings::from_json(r));
   // Likewise: a checkpoint from before --freeze-first-phase, resumed with it off, holds
   // nothing it had frozen (its peak LR is then the largest seen from the resume on).
   peak_lr_ = s.value("peak_lr", 0.0);

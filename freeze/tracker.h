@@ -106,6 +106,9 @@ struct TrackerOptions {
   bool freeze_first_phase = true;  // false: hold freezes until the LR falls 10x below its peak
   bool unfreeze_on_lr_fall = true;  // false: an LR fall never unfreezes (custom_unfreeze still may)
   int64_t refresh_every = 0;  // evaluations between reference refreshes (0: W)
+  // Units after the front read at each evaluation as well (Note [Reading ahead of the
+  // front]); 0: the front only, the paper.
+  int64_t lookahead = 0;
 };
 
 // The paper's guideline (§4.2.2): n = total / (2W) / modules / 1.75, covering
@@ -166,6 +169,22 @@ int64_t default_bootstrap_interval(int64_t total_iterations, int64_t steps_per_e
 // start there. --freeze-bootstrap-interval auto|n|N|off sets it either way.
 constexpr int64_t kNoBootstrapping = -2;
 
+// Note [Reading ahead of the front]
+// Algorithm 1 reads the front module alone, so a module's history starts only when
+// the one before it freezes, and a module cannot freeze before about 2W + 3 of its own
+// readings (Note [n for a pretrained network]): on a 460-step fine-tuning run at n = 3
+// the front froze at step 150-290 and the next unit had no time left. With lookahead L
+// the L units after the front are read at every evaluation too (each against the same
+// snapshot, each on its own input in the training forward under the unit scope), and
+// each keeps its own moving average, fits, tolerance and stale counter, so that when
+// the front freezes the next unit takes its history along: if it has been stale for W
+// readings already, it freezes at its next reading. Only the front freezes, so the
+// frozen set stays a prefix and the criterion stays Algorithm 1's, unit by unit. The
+// reference is refreshed every W of the front's readings, as before. Readings ahead
+// cost one more unit's reference forward each. Under the network scope (a
+// Transformer) a reading ahead also carries the change of the units before it.
+// Measured on the fine-tuning task: docs/freezing.md, "Reading ahead of the front".
+
 // Least-squares slope of ys against 0, 1, 2, ...; 0 for fewer than two points.
 double fit_slope(const std::vector<double>& ys);
 
@@ -198,7 +217,7 @@ class FreezeTracker {
   // unfreeze_lr_factor x below its peak.
   bool holding() const { return !opt_.freeze_first_phase && !first_phase_over_; }
   int64_t window() const { return window_; }
-  int64_t stale_counter() const { return counter_; }
+  int64_t stale_counter() const { return cur_.counter; }
   // Nothing left to evaluate: only the head is active, or the last phase has begun
   // with freeze_last_phase off.
   bool done() const { return front_ >= num_modules_ - 1 || last_phase_; }
@@ -208,6 +227,12 @@ class FreezeTracker {
   Decision bootstrap_check(int64_t step, double mean_loss, double lr);
   // Algorithm 1's checkPlasticity for the front module's reading P at `step`.
   Decision check_plasticity(int64_t step, double plasticity, double lr);
+  // A reading of `module`, the front or one of the units read ahead of it (reads());
+  // only the front's can freeze (Note [Reading ahead of the front]).
+  Decision check_plasticity(int64_t step, int64_t module, double plasticity, double lr);
+  // The modules an evaluation reads now: [front(), last_read()], none when done().
+  int64_t last_read() const { return std::min(front_ + opt_.lookahead, num_modules_ - 2); }
+  bool reads(int64_t module) const { return !bootstrapping_ && !done() && module >= front_ && module <= last_read(); }
   // LR-based unfreezing (Algorithm 1, lines 19-27), checked every step so that an
   // unfreeze is not delayed to the next evaluation.
   Decision check_lr(int64_t step, double lr);
@@ -232,9 +257,25 @@ class FreezeTracker {
   void load_state(const nlohmann::json& s);
 
  private:
+  // One module's readings and what Algorithm 1 derives from them.
+  struct Readings {
+    std::vector<double> raw, smoothed;  // since the module's history began (kept across refreshes)
+    std::vector<double> first_slopes;  // its first 3 fits
+    double peak_slope = 0;  // its largest |slope| so far
+    double tolerance_lr = 0;  // the LR of its third fit
+    int64_t counter = 0;  // stale readings in a row
+    nlohmann::json to_json() const;
+    static Readings from_json(const nlohmann::json& j);
+  };
+  // The front becomes the next module: with its readings ahead when it has them, else
+  // a fresh history (with the kept T under keep and scaled).
   void start_module();
-  // Remembers the front module's T before the front moves (freeze or unfreeze).
+  Readings fresh(int64_t module) const;
+  // Remembers the front module's T before the front moves (freeze or unfreeze), and
+  // the T of the modules read ahead when their readings are dropped (an unfreeze).
   void leave_module();
+  // Adds reading p to r: the moving average, the fit, T and the stale counter, in e.
+  void add_reading(Readings& r, double p, double lr, Event& e);
   void unfreeze_all(int64_t step, double lr, const char* why);
   // Held freezes lapse without being applied: Algorithm 1 starts again at module 0.
   void drop_holds();
@@ -247,22 +288,20 @@ class FreezeTracker {
   int64_t num_modules_;
   bool bootstrapping_ = true;
   double prev_loss_ = -1;
-  int64_t front_ = 0, window_, counter_ = 0, evals_since_refresh_ = 0;
+  int64_t front_ = 0, window_, evals_since_refresh_ = 0;
   double lr_at_front_freeze_ = 0;  // 0: nothing frozen since the last unfreeze
   bool last_phase_ = false;  // the LR has reached the last phase (freeze_last_phase off)
   double peak_lr_ = 0;  // the largest LR seen
   bool first_phase_over_ = false;  // the LR has fallen unfreeze_lr_factor x below peak_lr_
-  std::vector<double> raw_, smoothed_;  // the front module's readings since the last refresh
-  std::vector<double> first_slopes_;  // the front module's first 3 fits
-  double peak_slope_ = 0;  // the front module's largest |slope| so far
-  double tolerance_lr_ = 0;  // the LR of the front module's third fit
+  Readings cur_;  // the front module's
+  std::vector<Readings> ahead_;  // modules front_ + 1, front_ + 2, ... read so far (lookahead)
   // Each module's first 3 fits, peak and their LR, kept across unfreezes (keep, scaled).
   struct Kept {
     std::vector<double> first;
     double peak = 0, lr = 0;
   };
   std::vector<Kept> kept_;
-  double tolerance(double lr) const;
+  double tolerance(const Readings& r, double lr) const;
   std::vector<Event> events_;
 };
 

@@ -2,7 +2,9 @@
 // freezing acts on (stem, residual / inverted-residual blocks, encoder and decoder
 // layers, head) — and its forward FLOPs per sample.
 #pragma once
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,15 +15,23 @@ namespace eg::models {
 
 // What a forward keeps besides its output (Note [The frozen-prefix forward]): the
 // detached output of layer module `layer` (Egeria's reading of a unit that ends there)
-// and of `input_layer` (the input of that unit, --freeze-reference-scope unit); -1: none.
+// and of `input_layer` (the input of that unit, --freeze-reference-scope unit); -1: none;
+// and of the layer modules in `more` (the units read ahead of the front).
 struct Capture {
   int64_t layer = -1, input_layer = -1;
   Tensor output, input;
-  bool any() const { return layer >= 0 || input_layer >= 0; }
+  // More layer modules whose outputs are kept (egeria's readings ahead of the front).
+  std::vector<int64_t> more;
+  std::map<int64_t, Tensor> more_output;
+  bool any() const { return layer >= 0 || input_layer >= 0 || !more.empty(); }
+  bool wants(int64_t i) const {
+    return i == layer || i == input_layer || std::find(more.begin(), more.end(), i) != more.end();
+  }
   // Keeps h when it is the output of layer module i.
   void keep(int64_t i, const Tensor& h) {
     if (i == layer) output = h.detach();
     if (i == input_layer) input = h.detach();
+    if (std::find(more.begin(), more.end(), i) != more.end()) more_output[i] = h.detach();
   }
 };
 

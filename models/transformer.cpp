@@ -189,7 +189,7 @@ Tensor Transformer::forward_frozen(const Tensor& src, const Tensor& tgt_in, int6
     return f();
   };
   auto keep = [&](int64_t layer, const Tensor& h) {  // See Note [Padding in a reading]
-    if (capture && (layer == capture->layer || layer == capture->input_layer))
+    if (capture && capture->wants(layer))
       capture->keep(layer, without_padding(h.detach(), layer < ne ? src : tgt_in));
   };
   const Tensor src_mask = padding_mask(src), tgt_mask = padding_mask(tgt_in);

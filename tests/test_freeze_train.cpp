@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -679,6 +681,91 @@ TEST(FreezeTrainer, UnitScopeReadsTheFirstUnitAsTheNetworkScopeAndThenOnlyTheFro
   EXPECT_GE(su["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), later);
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(u + "/config.json"))["freeze_reference_scope"], "unit");
   EXPECT_THROW(train::set_option(c, "--freeze-reference-scope", "front"), Error);
+}
+
+// Note [Reading ahead of the front]: with --freeze-lookahead 1 every evaluation reads the
+// front and the unit after it, each on its own input in the training forward. The
+// front's readings and decisions are the ones of the run without it until the front
+// first freezes; the unit after it was read from the first evaluation on, and once it
+// is the front its readings are the ones the run without lookahead takes of it (the
+// same weights, snapshot and input) until the two runs' decisions part. Killed and
+// resumed, the run is the uninterrupted one.
+TEST(FreezeTrainer, ReadingAheadReadsTheNextUnitOnItsOwnInputAndResumesBitIdentically) {
+  const std::string f = tmpdir("egeria_front_only"), a = tmpdir("egeria_ahead"), k = tmpdir("egeria_ahead_killed");
+  auto cfg = [](const std::string& out, int64_t lookahead) {
+    train::TrainConfig c = run_cfg(out, "egeria");
+    c.freezing.tracker.lookahead = lookahead;
+    c.freezing.tracker.window = 3;  // so that the unit after the front is not stale at once
+    return c;
+  };
+  ASSERT_TRUE(train::run_training(cfg(f, 0)).completed);
+  ASSERT_TRUE(train::run_training(cfg(a, 1)).completed);
+  const auto lf = jsonl(f + "/freeze.jsonl"), la = jsonl(a + "/freeze.jsonl");
+  // Readings by (step, module), and the first freeze.
+  auto by_step = [](const std::vector<nlohmann::json>& log, int64_t& first_freeze) {
+    std::map<std::pair<int64_t, int64_t>, double> r;
+    first_freeze = -1;
+    for (auto& j : log) {
+      if (j["type"] == "evaluation") r[{j["step"].get<int64_t>(), j["module"].get<int64_t>()}] = j["plasticity"];
+      if (j["type"] == "freeze" && first_freeze < 0) first_freeze = j["step"];
+    }
+    return r;
+  };
+  int64_t ff = -1, fa = -1;
+  const auto rf = by_step(lf, ff), ra = by_step(la, fa);
+  ASSERT_GT(ff, 0) << "nothing froze";
+  EXPECT_EQ(fa, ff) << "the front's first freeze moved";
+  int ahead = 0, front = 0;
+  for (auto& [key, p] : rf)
+    if (key.second == 0 && key.first <= ff) {
+      ++front;
+      ASSERT_TRUE(ra.count(key)) << "step " << key.first;
+      EXPECT_EQ(ra.at(key), p) << "step " << key.first;  // bit for bit
+      // Read ahead at the same evaluation, under the unit scope.
+      ahead += ra.count({key.first, 1});
+    }
+  EXPECT_GT(front, 2);
+  EXPECT_EQ(ahead, front) << "the unit after the front was not read at every evaluation";
+  // Each unit read ahead starts from the training model's output of the unit before it:
+  // with weights that do not move (an LR far below their rounding) and an fp32 reference
+  // whose batch norms use the batch's statistics as training does, the reference
+  // computes each read unit's training output again, and every reading is ~0 (against
+  // ~1e-3 above: a reading run on another input would not be).
+  const std::string z = tmpdir("egeria_ahead_still");
+  train::TrainConfig still = cfg(z, 2);
+  still.lr = 1e-30;
+  still.weight_decay = 0;
+  still.freezing.reference.precision = "fp32";
+  still.freezing.reference.bn = quant::ReferenceBn::batch;
+  ASSERT_TRUE(train::run_training(still).completed);
+  int64_t fz = -1;
+  const auto rz = by_step(jsonl(z + "/freeze.jsonl"), fz);
+  std::set<int64_t> read;
+  for (auto& [key, p] : rz) {
+    EXPECT_LT(p, 1e-5) << "step " << key.first << " unit " << key.second;
+    read.insert(key.second);
+  }
+  EXPECT_EQ(read, (std::set<int64_t>{0, 1, 2})) << "the front and the two units after it";
+  // The front (the stem) is read from the images; the two units after it on their inputs.
+  const auto sz = nlohmann::json::parse(std::ifstream(z + "/summary.json"));
+  const auto completed = sz["freeze_stats"]["evaluations_completed"].get<size_t>();  // the last still unread
+  EXPECT_EQ(completed % 3, 0u);
+  EXPECT_GE(completed, rz.size());
+  EXPECT_EQ(sz["freeze_stats"]["unit_scope_submissions"].get<size_t>(), completed / 3 * 2);
+  auto su = nlohmann::json::parse(std::ifstream(a + "/summary.json"));
+  EXPECT_EQ(su["freeze_stats"]["evaluations_dropped"], 0);
+  EXPECT_GE(su["freeze_stats"]["unit_scope_submissions"].get<int64_t>(), ahead);
+  // egeria report tells the readings of each unit, the units read ahead included.
+  EXPECT_NE(train::run_report(a).find("froze "), std::string::npos);
+
+  ASSERT_TRUE(run_killed_twice(cfg(k, 1), 7, 20));
+  expect_same_weights(a, k);
+  EXPECT_EQ(readings(k), readings(a));
+  EXPECT_EQ(decisions(k, false), decisions(a, false));
+  // Read ahead or not is the run's: --resume with another lookahead is refused.
+  train::TrainConfig other = cfg(k, 2);
+  other.resume = true;
+  EXPECT_THROW(train::run_training(other), Error);
 }
 
 TEST(FreezeTrainer, TheReferenceOverheadCountsBackgroundCpuTimeOnlyOnTheTrainingsCores) {

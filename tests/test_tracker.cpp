@@ -550,5 +550,73 @@ TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
   }
 }
 
+
+// Note [Reading ahead of the front]: readings every evaluation of the front (converging
+// late) and of the unit after it (converged early). The unit after it freezes right
+// behind the front with lookahead, and only 2W + 3 readings later without.
+struct AheadRun {
+  std::vector<int> froze_at;  // the reading index at which each of modules 0, 1 froze
+  FreezeTracker tracker;
+};
+AheadRun read_ahead(int64_t lookahead, int stop_after = -1, const nlohmann::json* resume = nullptr) {
+  TrackerOptions o;
+  o.window = 4;
+  o.lookahead = lookahead;
+  FreezeTracker t = started(4, o);
+  if (resume) t.load_state(*resume);
+  AheadRun r{{-1, -1}, t};
+  const int first = resume ? resume->at("test_next").get<int>() : 0;
+  for (int i = first; i < 200 && r.tracker.front() < 2; ++i) {
+    if (i == stop_after) break;
+    // Each evaluation reads the front, then the units after it (the policy's order).
+    for (int64_t m = r.tracker.front(); m <= r.tracker.last_read() && m < 2; ++m) {
+      const int64_t before = r.tracker.front();
+      const double p = m == 0 ? converging(i / 3) : converging(i);
+      r.tracker.check_plasticity(i, m, p, 0.1);
+      if (r.tracker.front() > before) r.froze_at[size_t(before)] = i;
+    }
+  }
+  return r;
+}
+
+TEST(Tracker, ReadingAheadLetsTheNextUnitFreezeRightBehindTheFront) {
+  const AheadRun alone = read_ahead(0), ahead = read_ahead(1);
+  ASSERT_GE(alone.froze_at[0], 0);
+  ASSERT_GE(alone.froze_at[1], 0);
+  // The front's readings are the same either way: it freezes at the same reading.
+  EXPECT_EQ(ahead.froze_at[0], alone.froze_at[0]);
+  // Module 1, stale for W readings already, freezes at its reading of the same
+  // evaluation; alone it starts its history there and needs 2W + 3 more.
+  EXPECT_EQ(ahead.froze_at[1], ahead.froze_at[0]);
+  EXPECT_GE(alone.froze_at[1], alone.froze_at[0] + 2 * 4 + 3);
+  // Module 1's readings before the front froze are logged as its own evaluations.
+  int early = 0;
+  FreezeTracker t = read_ahead(1).tracker;
+  for (const Event& e : t.take_events())
+    early += e.type == "evaluation" && e.module == 1 && e.step < ahead.froze_at[0];
+  EXPECT_EQ(early, ahead.froze_at[0]);
+  // Only the units read take readings; an unfreeze drops the units read ahead.
+  EXPECT_THROW(t.check_plasticity(500, 0, 0.5, 0.1), Error);  // frozen
+  EXPECT_THROW(t.check_plasticity(500, 3, 0.5, 0.1), Error);  // the head is never read
+  EXPECT_EQ(t.check_lr(501, 0.01), Decision::unfreeze_all);
+  EXPECT_TRUE(t.state()["ahead"].empty());
+}
+
+TEST(Tracker, TheUnitsReadAheadResumeFromTheState) {
+  const AheadRun full = read_ahead(1);
+  for (int stop : {3, 9, full.froze_at[0]}) {
+    AheadRun a = read_ahead(1, stop);
+    nlohmann::json s = nlohmann::json::parse(a.tracker.state().dump());
+    if (stop < full.froze_at[0]) {
+      EXPECT_FALSE(s["ahead"].empty()) << stop;
+    }
+    s["test_next"] = stop;
+    const AheadRun b = read_ahead(1, -1, &s);
+    EXPECT_EQ(b.tracker.front(), 2) << stop;
+    nlohmann::json sb = b.tracker.state(), sf = full.tracker.state();
+    EXPECT_EQ(sb, sf) << stop;
+  }
+}
+
 }  // namespace
 }  // namespace eg::freeze

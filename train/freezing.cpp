@@ -149,6 +149,7 @@ void FreezeRun::start_step(int64_t step) {
   capture_ = models::Capture();
   capture_.layer = lead_ ? policy_->capture_module(step) : -1;  // the policy runs on rank 0 only
   capture_.input_layer = unit_input_layer(capture_.layer);
+  if (capture_.layer >= 0) capture_.more = policy_->capture_more(step);
   host_x_ = nullptr, host_x2_ = Tensor();
 }
 
@@ -206,6 +207,8 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
       return w;
     };
     si.unit_input = f32(capture_.input);
+    si.unit_scope = unit_scope_;
+    for (auto& [layer, t] : capture_.more_output) si.captured_more[layer] = f32(t);
     const Tensor captured = f32(capture_.output);
     // The reference model reads the batch only with a capture (a reading's step).
     policy_->after_step(si, captured.defined() && host_x_ ? host_x_() : Tensor(), captured, model_);

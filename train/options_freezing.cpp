@@ -118,6 +118,11 @@ void add_freezing_options(std::vector<Option>& t) {
   }
   t.push_back(number("--freeze-window", "freeze_window", G::freezing, F, "egeria: W, stale readings before freezing",
                      EG_FIELD(freezing.tracker.window), Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
+  t.push_back(number("--freeze-lookahead", "freeze_lookahead", G::freezing, F,
+                     "egeria: units after the front read at each evaluation as well, each with its own history, so "
+                     "that the next unit can freeze soon after the front (0: the front only, the paper)",
+                     EG_FIELD(freezing.tracker.lookahead),
+                     Rule<int64_t>{[](int64_t v) { return v >= 0; }, "non-negative"}));
   t.push_back(number("--freeze-window-min", "freeze_window_min", G::freezing, F,
                      "egeria: W halves after each unfreeze, but not below this (1: the paper)",
                      EG_FIELD(freezing.tracker.min_window),
