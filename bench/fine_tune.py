@@ -87,12 +87,15 @@ def pretrained(args, model):
 
 def fine_tune(args, model, budget, seed, policy, k=None):
     name = f"{model}-b{budget}-s{seed}-{policy}" + (f"{k}" if k is not None else "")
+    out = os.path.join(args.out, name)
+    if os.path.exists(os.path.join(out, "summary.json")):
+        return out  # finished (a kept run's report needs no pretrained model)
     flags = policy_flags(policy) if policy != "static" else ["static", "--static-modules", str(k), "--static-epoch", "0"]
     cmd = ["--model", model, "--classes", TASK_CLASSES, "--train-limit", str(budget), "--epochs", str(args.epochs),
            "--seed", str(seed), "--init-from", pretrained(args, model), "--freeze", flags[0]] + flags[1:] + recipe(budget, args.epochs)
     if args.extra:
         cmd += args.extra.split()
-    return train(args, cmd, os.path.join(args.out, name))
+    return train(args, cmd, out)
 
 
 def summary(out):
