@@ -95,8 +95,12 @@ Event FreezeTracker::event(const char* type, int64_t step, double lr) const {
 }
 
 json FreezeTracker::Readings::to_json() const {
-  return {{"raw", raw},       {"smoothed", smoothed},         {"first_slopes", first_slopes},
-          {"peak_slope", peak_slope}, {"tolerance_lr", tolerance_lr}, {"counter", counter}};
+  return {{"raw", raw},
+          {"smoothed", smoothed},
+          {"first_slopes", first_slopes},
+          {"peak_slope", peak_slope},
+          {"tolerance_lr", tolerance_lr},
+          {"counter", counter}};
 }
 
 FreezeTracker::Readings FreezeTracker::Readings::from_json(const json& j) {

@@ -550,7 +550,6 @@ TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
   }
 }
 
-
 // Note [Reading ahead of the front]: readings every evaluation of the front (converging
 // late) and of the unit after it (converged early). The unit after it freezes right
 // behind the front with lookahead, and only 2W + 3 readings later without.
@@ -592,8 +591,7 @@ TEST(Tracker, ReadingAheadLetsTheNextUnitFreezeRightBehindTheFront) {
   // Module 1's readings before the front froze are logged as its own evaluations.
   int early = 0;
   FreezeTracker t = read_ahead(1).tracker;
-  for (const Event& e : t.take_events())
-    early += e.type == "evaluation" && e.module == 1 && e.step < ahead.froze_at[0];
+  for (const Event& e : t.take_events()) early += e.type == "evaluation" && e.module == 1 && e.step < ahead.froze_at[0];
   EXPECT_EQ(early, ahead.froze_at[0]);
   // Only the units read take readings; an unfreeze drops the units read ahead.
   EXPECT_THROW(t.check_plasticity(500, 0, 0.5, 0.1), Error);  // frozen
