@@ -734,6 +734,8 @@ TEST(FreezeTrainer, ReadingAheadReadsTheNextUnitOnItsOwnInputAndResumesBitIdenti
   const std::string z = tmpdir("egeria_ahead_still");
   train::TrainConfig still = cfg(z, 2);
   still.lr = 1e-30;
+  still.epochs = 1;  // readings from step 6 on: enough of them
+  still.milestones = {};
   still.weight_decay = 0;
   still.freezing.reference.precision = "fp32";
   still.freezing.reference.bn = quant::ReferenceBn::batch;
