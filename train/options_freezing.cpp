@@ -62,26 +62,10 @@ void add_smartfrz_options(std::vector<Option>& t) {
                      EG_FIELD(freezing.smartfrz.probe), Rule<int64_t>{[](int64_t v) { return v >= 2; }, "at least 2"}));
 }
 
-}  // namespace
-
-void add_freezing_options(std::vector<Option>& t) {
+// Egeria's decisions (Algorithm 1, freeze/tracker.h): n, bootstrapping, W, T, unfreezing.
+void add_egeria_decision_options(std::vector<Option>& t) {
   using G = OptionGroup;
-  const OnResume F = OnResume::fixed, Free = OnResume::free;
-  // ---- freezing
-  t.push_back(
-      checked(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", EG_FIELD(freezing.policy), "POLICY"),
-              [](const TrainConfig& c) {
-    EG_CHECK(member(freeze::policy_names(), c.freezing.policy), "--freeze: unknown policy '", c.freezing.policy,
-             "' (known: ", joined(freeze::policy_names()), ")");
-      }));
-  t.push_back(choice("--freeze-modules", "freeze_modules", G::freezing, F,
-                     "freezing units: auto (the paper's: stages, large ones split) or layers (every layer module)",
-                     EG_FIELD(freezing.units),
-                     Names<FreezeUnits>{{"auto", FreezeUnits::automatic}, {"layers", FreezeUnits::layers}}));
-  t.push_back(text("--freeze-module-regex", "freeze_module_regex", G::freezing, F,
-                   "freezing units by parameter name: parameters whose match of this regex (its first group, if any) "
-                   "is the same form one unit, e.g. '^(layer[0-9]+)\\.'",
-                   EG_FIELD(freezing.unit_regex), "REGEX"));
+  const OnResume F = OnResume::fixed;
   t.push_back(number("--freeze-interval", "freeze_interval", G::freezing, F,
                      "egeria/autofreeze: iterations between evaluations n (0: egeria, the paper's guideline, at least "
                      "10, or 3 for a run from --init-from's pretrained weights; autofreeze, one epoch)",
@@ -154,43 +138,12 @@ void add_freezing_options(std::vector<Option>& t) {
              "egeria: on (the paper) freezes in every LR phase; off trains the schedule's last phase (LR within "
              "10x of its final value) whole, unfreezing what is frozen when it begins",
              EG_FIELD(freezing.tracker.freeze_last_phase), kOnOff));
-  t.push_back(
-      choice("--freeze-bn", "freeze_bn", G::freezing, F,
-             "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
-             "or normalise with their running statistics (running: a fixed function, as the activation cache "
-             "needs)",
-             EG_FIELD(freezing.bn), Names<FrozenBn>{{"batch", FrozenBn::batch}, {"running", FrozenBn::running}}));
-  t.push_back(flag_switch("--freeze-sync", "freeze_sync", G::freezing, F,
-                          "egeria: evaluate plasticity inline (deterministic, slower)",
-                          EG_FIELD(freezing.reference.synchronous)));
-  t.push_back(choice("--freeze-apply", "freeze_apply", G::freezing, F,
-                     "egeria: act on a background evaluation's result at the next evaluation step, waiting for it if "
-                     "late (next: the same run makes the same decisions), or as soon as it arrives (arrival: never "
-                     "waits, as the paper; decisions then depend on timing)",
-                     EG_FIELD(freezing.apply_on_arrival), Names<bool>{{"next", false}, {"arrival", true}}));
-  t.push_back(number("--freeze-threads", "freeze_threads", G::freezing, F, "egeria: threads of each background thread",
-                     EG_FIELD(freezing.reference.threads), Rule<int>{[](int v) { return v >= 1; }, "at least 1"}));
-  t.push_back(number("--static-modules", "static_modules", G::freezing, F,
-                     "static: number of front units to freeze (-1: half)", EG_FIELD(freezing.static_modules)));
-  t.push_back(checked(number_list("--static-units", "static_units", G::freezing, F,
-                                  "static: these units freeze instead of a front (0 is the first; any set, e.g. 0,2,5: "
-                                  "a unit behind a trainable one skips its weight gradients and update)",
-                                  EG_FIELD(freezing.static_units), "U1,U2,..."),
-                      [](const TrainConfig& c) {
-    EG_CHECK(c.freezing.static_units.empty() || c.freezing.static_modules < 0,
-             "--static-units and --static-modules both say what static freezes: give one");
-    for (int64_t u : c.freezing.static_units) EG_CHECK(u >= 0, "--static-units: unit ", u, " is negative");
-  }));
-  t.push_back(number("--static-epoch", "static_epoch", G::freezing, F, "static: epoch at which they freeze (-1: half)",
-                     EG_FIELD(freezing.static_epoch)));
-  t.push_back(number("--freezeout-t0", "freezeout_t0", G::freezing, F,
-                     "freezeout: fraction of training when the first unit freezes", EG_FIELD(freezing.freezeout_t0),
-                     Rule<double>{[](double v) { return v > 0 && v <= 1; }, "in (0, 1]"}));
-  t.push_back(number("--autofreeze-percentile", "autofreeze_percentile", G::freezing, F,
-                     "autofreeze: gradient-change percentile", EG_FIELD(freezing.autofreeze_percentile),
-                     Rule<double>{[](double v) { return v >= 0 && v <= 100; }, "in [0, 100]"}));
-  add_smartfrz_options(t);
-  // ---- reference model
+}
+
+// Egeria's reference model (quant/reference.h, freeze/controller.h).
+void add_reference_options(std::vector<Option>& t) {
+  using G = OptionGroup;
+  const OnResume F = OnResume::fixed;
   t.push_back(checked(
       text("--freeze-reference", "freeze_reference", G::reference, F,
            "egeria: reference model: int8 or fp32 on spare CPU cores, or fp32-gpu or fp16-gpu on the training GPU",
@@ -248,6 +201,66 @@ void add_freezing_options(std::vector<Option>& t) {
     };
     t.push_back(o);
   }
+}
+
+}  // namespace
+
+void add_freezing_options(std::vector<Option>& t) {
+  using G = OptionGroup;
+  const OnResume F = OnResume::fixed, Free = OnResume::free;
+  // ---- freezing
+  t.push_back(
+      checked(text("--freeze", "freeze", G::freezing, F, "layer freezing policy", EG_FIELD(freezing.policy), "POLICY"),
+              [](const TrainConfig& c) {
+    EG_CHECK(member(freeze::policy_names(), c.freezing.policy), "--freeze: unknown policy '", c.freezing.policy,
+             "' (known: ", joined(freeze::policy_names()), ")");
+      }));
+  t.push_back(choice("--freeze-modules", "freeze_modules", G::freezing, F,
+                     "freezing units: auto (the paper's: stages, large ones split) or layers (every layer module)",
+                     EG_FIELD(freezing.units),
+                     Names<FreezeUnits>{{"auto", FreezeUnits::automatic}, {"layers", FreezeUnits::layers}}));
+  t.push_back(text("--freeze-module-regex", "freeze_module_regex", G::freezing, F,
+                   "freezing units by parameter name: parameters whose match of this regex (its first group, if any) "
+                   "is the same form one unit, e.g. '^(layer[0-9]+)\\.'",
+                   EG_FIELD(freezing.unit_regex), "REGEX"));
+  add_egeria_decision_options(t);
+  t.push_back(
+      choice("--freeze-bn", "freeze_bn", G::freezing, F,
+             "frozen BatchNorms keep batch statistics as in training (batch: as PyTorch's requires_grad_(False)) "
+             "or normalise with their running statistics (running: a fixed function, as the activation cache "
+             "needs)",
+             EG_FIELD(freezing.bn), Names<FrozenBn>{{"batch", FrozenBn::batch}, {"running", FrozenBn::running}}));
+  t.push_back(flag_switch("--freeze-sync", "freeze_sync", G::freezing, F,
+                          "egeria: evaluate plasticity inline (deterministic, slower)",
+                          EG_FIELD(freezing.reference.synchronous)));
+  t.push_back(choice("--freeze-apply", "freeze_apply", G::freezing, F,
+                     "egeria: act on a background evaluation's result at the next evaluation step, waiting for it if "
+                     "late (next: the same run makes the same decisions), or as soon as it arrives (arrival: never "
+                     "waits, as the paper; decisions then depend on timing)",
+                     EG_FIELD(freezing.apply_on_arrival), Names<bool>{{"next", false}, {"arrival", true}}));
+  t.push_back(number("--freeze-threads", "freeze_threads", G::freezing, F, "egeria: threads of each background thread",
+                     EG_FIELD(freezing.reference.threads), Rule<int>{[](int v) { return v >= 1; }, "at least 1"}));
+  t.push_back(number("--static-modules", "static_modules", G::freezing, F,
+                     "static: number of front units to freeze (-1: half)", EG_FIELD(freezing.static_modules)));
+  t.push_back(checked(number_list("--static-units", "static_units", G::freezing, F,
+                                  "static: these units freeze instead of a front (0 is the first; any set, e.g. 0,2,5: "
+                                  "a unit behind a trainable one skips its weight gradients and update)",
+                                  EG_FIELD(freezing.static_units), "U1,U2,..."),
+                      [](const TrainConfig& c) {
+    EG_CHECK(c.freezing.static_units.empty() || c.freezing.static_modules < 0,
+             "--static-units and --static-modules both say what static freezes: give one");
+    for (int64_t u : c.freezing.static_units) EG_CHECK(u >= 0, "--static-units: unit ", u, " is negative");
+  }));
+  t.push_back(number("--static-epoch", "static_epoch", G::freezing, F, "static: epoch at which they freeze (-1: half)",
+                     EG_FIELD(freezing.static_epoch)));
+  t.push_back(number("--freezeout-t0", "freezeout_t0", G::freezing, F,
+                     "freezeout: fraction of training when the first unit freezes", EG_FIELD(freezing.freezeout_t0),
+                     Rule<double>{[](double v) { return v > 0 && v <= 1; }, "in (0, 1]"}));
+  t.push_back(number("--autofreeze-percentile", "autofreeze_percentile", G::freezing, F,
+                     "autofreeze: gradient-change percentile", EG_FIELD(freezing.autofreeze_percentile),
+                     Rule<double>{[](double v) { return v >= 0 && v <= 100; }, "in [0, 100]"}));
+  add_smartfrz_options(t);
+  add_reference_options(t);
   // ---- activation cache
   t.push_back(choice("--freeze-cache", "freeze_cache", G::cache, F,
                      "on: keep the frozen prefix's output per sample and skip its forward when the sample comes again "
