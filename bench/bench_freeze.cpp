@@ -1,6 +1,7 @@
-// What freezing buys per training step: ResNet-20/56, batch 128, 32x32x3, one SGD step
-// (forward, backward, update) with the first k freezing units (the paper's partition,
-// freeze/partition.h) frozen, k = 0 .. all but the head. Counters:
+// What freezing buys per training step: ResNet-20/56, batch 128, 3x32x32 (or the input of
+// EG_BENCH_IMAGE, below), one SGD step (forward, backward, update) with the first k
+// freezing units (the paper's partition, freeze/partition.h) frozen, k = 0 .. all but the
+// head. Counters:
 //   img/s         training throughput
 //   peak_MiB      the allocator's high-water mark during the step: parameters, optimizer
 //                 state, gradients, saved activations and workspaces
@@ -17,10 +18,15 @@
 // unit but the first. Such a unit runs its backward to its input and skips its weight
 // gradients and update: the step saves less than the prefix of as many units.
 // EG_BENCH_DEVICE=cuda:0 runs on the GPU (the CUDA caching allocator's figures).
+// EG_BENCH_IMAGE=CxHxW sets the input (default 3x32x32, CIFAR's), so that the step costs
+// bench/time_to_accuracy.py models a run's time from are those of the run's own input
+// (1x28x28 for Fashion-MNIST): what a frozen unit saves depends on its share of the step.
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "cache/activation_cache.h"
 #include "core/allocator.h"
@@ -40,12 +46,34 @@ Device bench_device() {
   return Device::parse(d && *d ? d : "cpu");
 }
 
+struct BenchImage {
+  int64_t channels = 3, size = 32;
+};
+
+BenchImage bench_image() {
+  BenchImage im;
+  const char* e = std::getenv("EG_BENCH_IMAGE");
+  if (!e || !*e) return im;
+  long long c = 0, h = 0, w = 0;
+  char tail = 0;
+  if (std::sscanf(e, "%lldx%lldx%lld%c", &c, &h, &w, &tail) != 3 || c < 1 || h < 8 || h != w) {
+    std::fprintf(stderr, "EG_BENCH_IMAGE=%s: expected CxHxW with square images of 8 pixels or more, e.g. 1x28x28\n", e);
+    std::exit(2);
+  }
+  im.channels = c;
+  im.size = h;
+  return im;
+}
+
 Allocator& allocator_of(const Device& d) { return d.is_cpu() ? cpu_allocator() : cuda_allocator(d.index); }
 
 void BM_TrainStepFrozen(benchmark::State& st, const char* name, freeze::UnitSet set, bool cached) {
   const Device dev = bench_device();
+  const BenchImage im = bench_image();
   models::ModelConfig mc;
   mc.name = name;
+  mc.in_channels = im.channels;
+  mc.image_size = im.size;
   Generator g(1);
   auto m = models::build_model(mc, g);
   m->to(dev);
@@ -59,7 +87,7 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, freeze::UnitSet 
   freeze::apply_frozen_layers(*m, part.layers_of(set));
   optim::SGD opt(m->parameters(), 0.1, {0.9, 0, 5e-4, false});
   const int64_t b = 128;
-  Tensor x = Tensor::randn({b, 3, 32, 32}, g).to(dev);
+  Tensor x = Tensor::randn({b, im.channels, im.size, im.size}, g).to(dev);
   std::vector<int64_t> yv(static_cast<size_t>(b));
   for (int64_t i = 0; i < b; ++i) yv[size_t(i)] = i % 10;
   Tensor y = Tensor::from_vector(yv, {b}).to(dev);
@@ -135,6 +163,9 @@ void register_all() {
 
 int main(int argc, char** argv) {
   register_all();
+  const BenchImage im = bench_image();
+  benchmark::AddCustomContext(
+      "image", std::to_string(im.channels) + "x" + std::to_string(im.size) + "x" + std::to_string(im.size));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -20,7 +20,8 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    to the target at the target accuracy, else the most accurate). smartfrz and
    smartfrz-any are SmartFRZ with the shipped predictor in its two orders. An Egeria policy
    with -laN appended (egeria-la1, egeria-cache-la2) reads N units ahead of the front
-   (--freeze-lookahead N).
+   (--freeze-lookahead N); with -tolX its T is X times its largest early slope
+   (--freeze-tolerance X; egeria-tol0.5).
 Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
 `none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
 step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
@@ -30,6 +31,7 @@ tables go to OUT/table.md and OUT/table.json. Runs already complete in OUT are r
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -57,12 +59,18 @@ POLICIES = {"none": ["none"], "autofreeze": ["autofreeze"], "egeria": ["egeria"]
 
 
 def policy_flags(policy):
-    """A policy's `egeria train` flags; an Egeria policy with "-laN" appended reads N units
-    ahead of the front (--freeze-lookahead N)."""
-    base, sep, la = policy.rpartition("-la")
-    if sep and base.startswith("egeria") and base in POLICIES and la.isdigit():
-        return POLICIES[base] + ["--freeze-lookahead", la]
-    return POLICIES.get(policy)
+    """A policy's `egeria train` flags. An Egeria policy may carry suffixes: -laN reads N units
+    ahead of the front (--freeze-lookahead N), -tolX sets T's coefficient (--freeze-tolerance X),
+    e.g. egeria-la1, egeria-cache-tol0.5."""
+    extra = []
+    while True:
+        m = re.fullmatch(r"(egeria.*)-(la|tol)(\d+(?:\.\d+)?)", policy)
+        if not m or (m.group(2) == "la" and not m.group(3).isdigit()):
+            break
+        policy = m.group(1)
+        extra = ["--freeze-lookahead" if m.group(2) == "la" else "--freeze-tolerance", m.group(3)] + extra
+    flags = POLICIES.get(policy)
+    return flags + extra if flags else None
 
 
 def train(args, cmd, out):
@@ -157,7 +165,7 @@ def main():
     policies = args.policies.split(",")
     for pol in policies:
         if pol != "static" and policy_flags(pol) is None:
-            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN)")
+            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN or -tolX)")
     table = {"runs": [], "means": []}
     lines = ["| model | budget | policy | seeds | final acc. % | wall s | to target s (wall) | speedup (wall) |"
              + (" speedup (modelled) |" if costs else "") + " backward FLOPs saved | reference overhead |",

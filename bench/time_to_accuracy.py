@@ -44,8 +44,8 @@ final accuracy less 0.3 pt (table.json: {"medians": [...], "per_seed": [...],
 
 --step-costs FILE adds *modelled* times, which this machine's drift does not move:
 FILE is eg_bench_freeze's JSON (build/bench/eg_bench_freeze --benchmark_repetitions=5
---benchmark_report_aggregates_only=true --benchmark_out=FILE --benchmark_out_format=json),
-the median time of one training step with k freezing units frozen (from the activation
+--benchmark_report_aggregates_only=true --benchmark_out=FILE --benchmark_out_format=json;
+EG_BENCH_IMAGE=1x28x28 for Fashion-MNIST's input, 3x32x32 when unset), the median time of one training step with k freezing units frozen (from the activation
 cache for runs with --freeze-cache on). A run's modelled time is the sum over its steps
 of the cost of the units frozen then (the step records of metrics.jsonl, every
 --log-every steps), times 1 + its measured reference overhead; evaluation and data

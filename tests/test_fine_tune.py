@@ -64,6 +64,15 @@ class FineTuneTable(unittest.TestCase):
         self.assertEqual(r[r.index("--warmup-steps") + 1], "23")
         self.assertIn("--init-exclude", r)
 
+    def test_egeria_policies_take_lookahead_and_tolerance_suffixes(self):
+        self.assertEqual(ft.policy_flags("egeria-la1"), ["egeria", "--freeze-lookahead", "1"])
+        self.assertEqual(ft.policy_flags("egeria-tol0.5"), ["egeria", "--freeze-tolerance", "0.5"])
+        self.assertEqual(ft.policy_flags("egeria-cache-la2-tol0.5")[-4:],
+                         ["--freeze-lookahead", "2", "--freeze-tolerance", "0.5"])
+        self.assertEqual(ft.policy_flags("egeria-cache")[:3], ["egeria", "--freeze-cache", "on"])
+        for bad in ("egeria-la1.5", "egeria-lax", "smartfrz-la1", "none-tol0.5", "egeria-tol"):
+            self.assertIsNone(ft.policy_flags(bad), bad)
+
 
 if __name__ == "__main__":
     unittest.main()
