@@ -1,4 +1,4 @@
-// What freezing buys per training step: ResNet-20/56, batch 128, 3x32x32 (or the input of
+// What freezing buys per training step: ResNet-20/56 and MobileNetV2, batch 128, 3x32x32 (or the input of
 // EG_BENCH_IMAGE, below), one SGD step (forward, backward, update) with the first k
 // freezing units (the paper's partition, freeze/partition.h) frozen, k = 0 .. all but the
 // head. Counters:
@@ -133,7 +133,7 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, freeze::UnitSet 
 }
 
 void register_all() {
-  for (const char* name : {"resnet20", "resnet56"}) {
+  for (const char* name : {"resnet20", "resnet56", "mobilenetv2"}) {
     models::ModelConfig mc;
     mc.name = name;
     Generator g(1);

@@ -21,7 +21,8 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    smartfrz-any are SmartFRZ with the shipped predictor in its two orders. An Egeria policy
    with -laN appended (egeria-la1, egeria-cache-la2) reads N units ahead of the front
    (--freeze-lookahead N); with -tolX its T is X times its largest early slope
-   (--freeze-tolerance X; egeria-tol0.5).
+   (--freeze-tolerance X; egeria-tol0.5); -lr2 reads the SP loss per squared LR
+   (--freeze-reading per-lr2), -bnb with the batch's statistics (--freeze-reference-bn batch).
 Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
 `none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
 step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
@@ -58,17 +59,27 @@ POLICIES = {"none": ["none"], "autofreeze": ["autofreeze"], "egeria": ["egeria"]
             "smartfrz": ["smartfrz"], "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"]}
 
 
+SUFFIXES = {"lr2": ["--freeze-reading", "per-lr2"], "bnb": ["--freeze-reference-bn", "batch"]}
+
+
 def policy_flags(policy):
     """A policy's `egeria train` flags. An Egeria policy may carry suffixes: -laN reads N units
     ahead of the front (--freeze-lookahead N), -tolX sets T's coefficient (--freeze-tolerance X),
-    e.g. egeria-la1, egeria-cache-tol0.5."""
+    -lr2 reads the SP loss per squared LR (--freeze-reading per-lr2), -bnb gives the reference
+    the batch's statistics (--freeze-reference-bn batch); e.g. egeria-la1, egeria-cache-tol0.5,
+    egeria-bnb-lr2."""
     extra = []
     while True:
         m = re.fullmatch(r"(egeria.*)-(la|tol)(\d+(?:\.\d+)?)", policy)
-        if not m or (m.group(2) == "la" and not m.group(3).isdigit()):
+        if m and not (m.group(2) == "la" and not m.group(3).isdigit()):
+            policy = m.group(1)
+            extra = ["--freeze-lookahead" if m.group(2) == "la" else "--freeze-tolerance", m.group(3)] + extra
+            continue
+        m = re.fullmatch(r"(egeria.*)-(%s)" % "|".join(SUFFIXES), policy)
+        if not m:
             break
         policy = m.group(1)
-        extra = ["--freeze-lookahead" if m.group(2) == "la" else "--freeze-tolerance", m.group(3)] + extra
+        extra = SUFFIXES[m.group(2)] + extra
     flags = POLICIES.get(policy)
     return flags + extra if flags else None
 

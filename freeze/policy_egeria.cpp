@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <map>
 #include <utility>
 
 #include "core/error.h"
@@ -44,10 +46,13 @@ class EgeriaPolicy : public FreezePolicy {
   }
 
   void after_step(const StepInfo& s, const Tensor& x, const Tensor& captured, models::Model& m) override {
+    // The squared LRs of the updates before this step's, where its capture was taken.
+    capture_lr_sq_ = lr_sq_total_;
     if (s.trained) {  // a step that trained nothing has no loss (not a loss of 0)
       losses_.push_back(s.loss);  // read when summed (Note [Deferred reads]), in step order
       ++loss_n_;
       if (losses_.size() > 64) add_losses(false);
+      lr_sq_total_ += s.lr * s.lr;
     }
     if (tracker_.bootstrapping()) {
       if (s.step % bootstrap_n() == 0 && loss_n_ > 0) {
@@ -94,6 +99,9 @@ class EgeriaPolicy : public FreezePolicy {
             {"interval", n()},
             {"bootstrap_interval", bootstrap_n()},
             {"pending", pending},
+            {"reading_lr_sq", reading_lr_sq_json()},
+            {"lr_sq_total", lr_sq_total_},
+            {"lr_sq_at_reference", lr_sq_at_reference_},
             {"stale_results", stale_results_},
             {"reference_calibration", calibration_json()}};
   }
@@ -113,6 +121,11 @@ class EgeriaPolicy : public FreezePolicy {
     for (auto& p : j.value("pending", json::array()))
       pending.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>(), p.at(2).get<double>()});
     ctl_->restore_pending(std::move(pending));
+    reading_lr_sq_.clear();
+    for (auto& p : j.value("reading_lr_sq", json::array()))
+      reading_lr_sq_[p.at(0).get<int64_t>()] = p.at(1).get<double>();
+    lr_sq_total_ = j.value("lr_sq_total", 0.0);
+    lr_sq_at_reference_ = j.value("lr_sq_at_reference", 0.0);
     restored_calibration_.clear();
     const json cal = j.value("reference_calibration", json::object());  // (a temporary would dangle in the loop)
     for (auto& [name, r] : cal.items())
@@ -179,6 +192,8 @@ class EgeriaPolicy : public FreezePolicy {
   // submitted; a unit that froze while the step ran is no reading. Under the unit scope
   // the units are a chain: unit u + 1 starts from unit u's output.
   void submit_all(const StepInfo& s, const Tensor& x, const Tensor& captured, int64_t captured_front) {
+    if (c_.tracker.readings_per_lr_sq)  // Note [Readings per squared learning rate]
+      reading_lr_sq_[s.step] = std::max(std::abs(capture_lr_sq_ - lr_sq_at_reference_), s.lr * s.lr);
     Tensor out = captured, input = s.unit_input;
     for (int64_t u = captured_front;; ++u) {
       if (tracker_.reads(u)) submit(s, u, x, out, input);
@@ -199,15 +214,29 @@ class EgeriaPolicy : public FreezePolicy {
         ++stale_results_;
         continue;
       }
-      tracker_.check_plasticity(r.step, u, r.plasticity, s.lr);
+      tracker_.check_plasticity(r.step, u, r.plasticity, s.lr, lr_sq_of(r.step, s.lr));
       if (tracker_.refresh_due()) refresh(m, s.step, s.lr);
     }
+  }
+  // The squared LRs between the reference and the capture of `step` (0: raw readings).
+  // Those of older captures are done with: results arrive in step order.
+  double lr_sq_of(int64_t step, double lr) {
+    if (!c_.tracker.readings_per_lr_sq) return 0;
+    reading_lr_sq_.erase(reading_lr_sq_.begin(), reading_lr_sq_.lower_bound(step));
+    const auto it = reading_lr_sq_.find(step);
+    return it != reading_lr_sq_.end() ? it->second : lr * lr;  // (a checkpoint from before the option)
+  }
+  json reading_lr_sq_json() const {
+    json j = json::array();
+    for (auto& [step, v] : reading_lr_sq_) j.push_back({step, v});
+    return j;
   }
   void refresh(models::Model& m, int64_t step, double lr) {
     auto t0 = std::chrono::steady_clock::now();
     snapshot_ = take_snapshot(m);
     ctl_->set_snapshot(snapshot_);
     snapshot_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    lr_sq_at_reference_ = lr_sq_total_;  // the snapshot holds this step's update
     tracker_.reference_refreshed(step, lr);
   }
 
@@ -236,6 +265,11 @@ class EgeriaPolicy : public FreezePolicy {
   mutable std::vector<DeferredScalar> losses_;
   mutable double loss_sum_ = 0;
   double snapshot_seconds_ = 0;
+  // Note [Readings per squared learning rate]: the sum of the squared LRs of every update
+  // so far, at this step's capture (before its update), at the reference's snapshot, and
+  // between the reference and each capture submitted and not yet acted on.
+  double lr_sq_total_ = 0, capture_lr_sq_ = 0, lr_sq_at_reference_ = 0;
+  std::map<int64_t, double> reading_lr_sq_;
   int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's
   int64_t resumed_n_ = 0;  // > 0: a resumed checkpoint's auto n
   int64_t loss_n_ = 0, stale_results_ = 0;

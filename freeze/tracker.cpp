@@ -59,6 +59,10 @@ json Event::to_json() const {
   if (!reason.empty()) j["reason"] = reason;
   if (type == "evaluation") {
     j["plasticity"] = plasticity;
+    if (lr_sq > 0) {
+      j["lr_sq"] = lr_sq;
+      j["reading"] = plasticity / lr_sq;
+    }
     j["smoothed"] = smoothed;
     j["slope"] = has_slope ? json(slope) : json(nullptr);
     j["tolerance"] = tolerance > 0 ? json(tolerance) : json(nullptr);
@@ -202,7 +206,6 @@ void FreezeTracker::add_reading(Readings& r, double p, double lr, Event& e) {
   for (size_t i = r.raw.size() - k; i < r.raw.size(); ++i) avg += r.raw[i];
   avg /= double(k);
   r.smoothed.push_back(avg);
-  e.plasticity = p;
   e.smoothed = avg;
   // Slopes are fitted to full-window averages only: the first W-1 average fewer
   // readings, and with a refreshed reference those sit on one edge of the sawtooth
@@ -232,7 +235,13 @@ Decision FreezeTracker::check_plasticity(int64_t step, double p, double lr) {
   return check_plasticity(step, front_, p, lr);
 }
 
-Decision FreezeTracker::check_plasticity(int64_t step, int64_t module, double p, double lr) {
+double FreezeTracker::reading_of(double p, double lr_sq, Event& e) {
+  e.plasticity = p;
+  e.lr_sq = lr_sq;
+  return lr_sq > 0 ? p / lr_sq : p;
+}
+
+Decision FreezeTracker::check_plasticity(int64_t step, int64_t module, double p, double lr, double lr_sq) {
   EG_CHECK(!bootstrapping_, "plasticity reported during bootstrapping");
   if (done()) return check_lr(step, lr);  // Algorithm 1 line 4: the last module is never evaluated
   EG_CHECK(reads(module), "a plasticity reading of module ", module, ", which is not read now (the front is ", front_,
@@ -242,12 +251,12 @@ Decision FreezeTracker::check_plasticity(int64_t step, int64_t module, double p,
     while (ahead_.size() <= i) ahead_.push_back(fresh(front_ + 1 + int64_t(ahead_.size())));
     Event e = event("evaluation", step, lr);
     e.module = module;
-    add_reading(ahead_[i], p, lr, e);
+    add_reading(ahead_[i], reading_of(p, lr_sq, e), lr, e);
     events_.push_back(e);
     return Decision::none;
   }
   Event e = event("evaluation", step, lr);
-  add_reading(cur_, p, lr, e);
+  add_reading(cur_, reading_of(p, lr_sq, e), lr, e);
   events_.push_back(e);
   ++evals_since_refresh_;
   if (cur_.counter >= window_) {

@@ -109,6 +109,10 @@ struct TrackerOptions {
   // Units after the front read at each evaluation as well (Note [Reading ahead of the
   // front]); 0: the front only, the paper.
   int64_t lookahead = 0;
+  // Each reading divided by the sum of the squared LRs of the updates between the
+  // reference and the reading (Note [Readings per squared learning rate]); false: the
+  // SP loss itself, the paper.
+  bool readings_per_lr_sq = false;
 };
 
 // The paper's guideline (§4.2.2): n = total / (2W) / modules / 1.75, covering
@@ -185,6 +189,30 @@ constexpr int64_t kNoBootstrapping = -2;
 // Transformer) a reading ahead also carries the change of the units before it.
 // Measured on the fine-tuning task: docs/freezing.md, "Reading ahead of the front".
 
+// Note [Readings per squared learning rate]
+// Algorithm 1 reads a unit's SP loss against a reference of up to W readings ago as its
+// speed of change, and freezes it when that speed has stopped falling. On the paper's
+// step schedules the LR is constant between decays, so a falling speed is the unit
+// settling. On a schedule that decays the LR at every step (the fine-tuning recipe's
+// linear decay, cosine) it is also the LR: a unit moved only by SGD's noise moves, from
+// its reference, a distance whose square grows with the sum of the squared LRs of its
+// updates (a random walk), and its SP loss, which grows with that square, keeps falling
+// with the LR long after the unit has settled; its slope stays over T, and the unit
+// freezes late or never. With readings_per_lr_sq (--freeze-reading per-lr2) each SP loss
+// is divided by that sum, taken over the updates between the reference's snapshot and
+// the capture the reading was taken from (the policy keeps it per capture, and in the
+// checkpoint): a unit moving by noise alone reads flat, what still falls is its drift.
+// Within a refresh period this also divides the sawtooth by its own ramp. A reading whose
+// capture holds the snapshot's weights (n = 1) is divided by one update's.
+// The division assumes a reading that is all movement: the reference's own disagreement
+// at no movement (the int8 error; with --freeze-reference-bn running the snapshot's
+// running statistics against the batch's, a fifth of a period's SP loss and up to all of
+// it) does not shrink with the LR, and divided by the small sums of the warmup's first
+// steps it makes the first fits, and so T, huge: the unit then freezes as soon as it has
+// had W readings after them, whatever they say. So per-lr2 is meant with the batch's
+// statistics (--freeze-reference-bn batch, whose disagreement is the int8 error alone).
+// Measured on the fine-tuning task: docs/freezing.md, "Readings per squared LR".
+
 // Least-squares slope of ys against 0, 1, 2, ...; 0 for fewer than two points.
 double fit_slope(const std::vector<double>& ys);
 
@@ -197,6 +225,9 @@ struct Event {
   std::string reason;  // unfreeze: "lr", "last_phase" or "custom"; freeze: "held" (applying held freezes)
   int64_t step = 0, module = -1, counter = 0, window = 0;
   double plasticity = 0, smoothed = 0, slope = 0, tolerance = 0, lr = 0, loss = 0, prev_loss = 0;
+  // > 0: the reading Algorithm 1 took is plasticity / lr_sq (Note [Readings per squared
+  // learning rate]).
+  double lr_sq = 0;
   bool has_slope = false;
   nlohmann::json to_json() const;
 };
@@ -228,8 +259,10 @@ class FreezeTracker {
   // Algorithm 1's checkPlasticity for the front module's reading P at `step`.
   Decision check_plasticity(int64_t step, double plasticity, double lr);
   // A reading of `module`, the front or one of the units read ahead of it (reads());
-  // only the front's can freeze (Note [Reading ahead of the front]).
-  Decision check_plasticity(int64_t step, int64_t module, double plasticity, double lr);
+  // only the front's can freeze (Note [Reading ahead of the front]). lr_sq > 0: the
+  // sum of the squared LRs of the updates between the reference and the reading, which
+  // Algorithm 1 then reads plasticity per (Note [Readings per squared learning rate]).
+  Decision check_plasticity(int64_t step, int64_t module, double plasticity, double lr, double lr_sq = 0);
   // The modules an evaluation reads now: [front(), last_read()], none when done().
   int64_t last_read() const { return std::min(front_ + opt_.lookahead, num_modules_ - 2); }
   bool reads(int64_t module) const { return !bootstrapping_ && !done() && module >= front_ && module <= last_read(); }
@@ -276,6 +309,8 @@ class FreezeTracker {
   void leave_module();
   // Adds reading p to r: the moving average, the fit, T and the stale counter, in e.
   void add_reading(Readings& r, double p, double lr, Event& e);
+  // The reading Algorithm 1 takes of plasticity p, noted in e.
+  static double reading_of(double p, double lr_sq, Event& e);
   void unfreeze_all(int64_t step, double lr, const char* why);
   // Held freezes lapse without being applied: Algorithm 1 starts again at module 0.
   void drop_holds();

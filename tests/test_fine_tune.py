@@ -70,7 +70,10 @@ class FineTuneTable(unittest.TestCase):
         self.assertEqual(ft.policy_flags("egeria-cache-la2-tol0.5")[-4:],
                          ["--freeze-lookahead", "2", "--freeze-tolerance", "0.5"])
         self.assertEqual(ft.policy_flags("egeria-cache")[:3], ["egeria", "--freeze-cache", "on"])
-        for bad in ("egeria-la1.5", "egeria-lax", "smartfrz-la1", "none-tol0.5", "egeria-tol"):
+        self.assertEqual(ft.policy_flags("egeria-bnb-lr2"),
+                         ["egeria", "--freeze-reference-bn", "batch", "--freeze-reading", "per-lr2"])
+        self.assertEqual(ft.policy_flags("egeria-lr2-la1")[1:], ["--freeze-reading", "per-lr2", "--freeze-lookahead", "1"])
+        for bad in ("egeria-la1.5", "egeria-lax", "smartfrz-la1", "none-tol0.5", "egeria-tol", "none-lr2", "egeria-lr3"):
             self.assertIsNone(ft.policy_flags(bad), bad)
 
 

@@ -21,6 +21,7 @@
 #include "layers/layers.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "optim/schedule.h"
 #include "quant/reference.h"
 #include "tests/test_util.h"
 #include "train/freezing.h"
@@ -766,6 +767,63 @@ TEST(FreezeTrainer, ReadingAheadReadsTheNextUnitOnItsOwnInputAndResumesBitIdenti
   EXPECT_EQ(decisions(k, false), decisions(a, false));
   // Read ahead or not is the run's: --resume with another lookahead is refused.
   train::TrainConfig other = cfg(k, 2);
+  other.resume = true;
+  EXPECT_THROW(train::run_training(other), Error);
+}
+
+// --freeze-reading per-lr2 (Note [Readings per squared learning rate]): each reading
+// carries the sum of the squared LRs of the updates between the reference's snapshot and
+// the capture, computed here again from the run's schedule (the snapshot of a refresh
+// at step r holds r's update; the capture of step s precedes s's update), and Algorithm 1
+// reads the SP loss divided by it. A run killed and resumed reads the same to the bit.
+TEST(FreezeTrainer, ReadingsPerSquaredLrCarryTheLrsSinceTheReferenceAndResumeBitIdentically) {
+  const std::string a = tmpdir("egeria_per_lr2"), k = tmpdir("egeria_per_lr2_killed");
+  auto cfg = [](const std::string& out) {
+    train::TrainConfig c = run_cfg(out, "egeria");
+    c.lr_schedule = train::Schedule::linear;  // an LR that changes at every step
+    c.warmup_steps = 5;
+    c.milestones = {};
+    c.freezing.tracker.readings_per_lr_sq = true;
+    return c;
+  };
+  ASSERT_TRUE(train::run_training(cfg(a)).completed);
+  const train::TrainConfig c = cfg(a);
+  const auto sched = train::make_schedule(c, 256 / 16);
+  auto lr_sq = [&](int64_t step) { return sched->lr_at(step - 1) * sched->lr_at(step - 1); };  // the update of `step`
+  int64_t refreshed = -1;
+  int evaluations = 0;
+  for (auto& j : jsonl(a + "/freeze.jsonl")) {
+    if (j["type"] == "refresh") refreshed = j["step"];
+    if (j["type"] != "evaluation") continue;
+    ++evaluations;
+    const int64_t s = j["step"];
+    ASSERT_GE(refreshed, 0);
+    ASSERT_LE(refreshed, s);
+    double expect = 0;
+    for (int64_t t = refreshed + 1; t < s; ++t) expect += lr_sq(t);  // updates r+1 .. s-1 between them
+    if (s == refreshed) expect = lr_sq(s);  // the snapshot holds s's update, the capture not
+    expect = std::max(expect, lr_sq(s));
+    ASSERT_TRUE(j.contains("lr_sq")) << j.dump();
+    EXPECT_NEAR(j["lr_sq"].get<double>(), expect, 1e-9 * expect) << j.dump();
+    EXPECT_DOUBLE_EQ(j["reading"].get<double>(), j["plasticity"].get<double>() / j["lr_sq"].get<double>());
+  }
+  EXPECT_GT(evaluations, 10);
+  const auto conf = nlohmann::json::parse(std::ifstream(a + "/config.json"));
+  EXPECT_EQ(conf["freeze_reading"], "per-lr2");
+
+  ASSERT_TRUE(run_killed_twice(cfg(k), 7, 20));
+  expect_same_weights(a, k);
+  auto with_lr_sq = [](const std::string& dir) {
+    std::vector<std::string> r;
+    for (auto& j : jsonl(dir + "/freeze.jsonl"))
+      if (j["type"] == "evaluation")
+        r.push_back(j["step"].dump() + ":" + j["plasticity"].dump() + ":" + j["lr_sq"].dump());
+    return r;
+  };
+  EXPECT_EQ(with_lr_sq(k), with_lr_sq(a));
+  EXPECT_EQ(decisions(k, false), decisions(a, false));
+  train::TrainConfig other = cfg(k);  // the readings are the run's: resuming with the SP loss is refused
+  other.freezing.tracker.readings_per_lr_sq = false;
   other.resume = true;
   EXPECT_THROW(train::run_training(other), Error);
 }

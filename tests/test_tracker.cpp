@@ -2,6 +2,7 @@
 // slope fits and tolerance, freezing, unfreezing on an LR fall, and the tracker's state.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -436,6 +437,56 @@ TEST(Tracker, TheRefreshSawtoothAveragesOutAndAModuleThatStoppedSlowingDownFreez
   }
   ASSERT_GE(froze_at, 0) << "the sawtooth of refreshes kept a converged module active";
   EXPECT_GT(froze_at, 30) << "froze while the module was still slowing down fast";
+}
+
+// A unit that stops drifting and is then moved by SGD's noise alone, under an LR that
+// decays linearly (the fine-tuning recipe): its SP loss against a reference grows with
+// the sum of the squared LRs of the updates since the reference (a random walk), so the
+// raw readings keep falling with the LR long after the unit has settled and their slope
+// stays over T; read per squared LR (Note [Readings per squared learning rate]) they are
+// flat once the drift is gone, and the unit freezes there. The event carries both.
+TEST(Tracker, ReadPerSquaredLrASettledUnitFreezesThoughTheDecayingLrKeepsItsSpLossFalling) {
+  const int total = 150, n = 3;  // readings, steps between them; the LR falls to 0 over the run
+  auto lr = [&](int update) { return 0.1 * (1.0 - double(update) / double(total * n)); };
+  auto drift = [](int i) { return 1.0 + 0.3 * std::exp(-i / 10.0); };  // flat (within 2%) from reading ~27
+  auto run = [&](bool per_lr) -> int {
+    TrackerOptions o;
+    o.window = 5;  // the reference refreshed every W evaluations, the default
+    o.readings_per_lr_sq = per_lr;
+    FreezeTracker t(3, o);
+    t.bootstrap_check(0, 1.0, 0.1);
+    t.bootstrap_check(1, 1.0, 0.1);
+    t.take_events();
+    double lr_sq = 0;  // since the reference
+    for (int i = 0; i < total; ++i) {
+      for (int u = 0; u < n; ++u) lr_sq += lr(i * n + u) * lr(i * n + u);
+      const double p = 1e-3 * drift(i) * lr_sq;
+      const Decision d = t.check_plasticity(i, 0, p, lr(i * n), per_lr ? lr_sq : 0);
+      const auto events = t.take_events();  // a refresh, then the evaluation, then a freeze
+      const auto ev = std::find_if(events.begin(), events.end(), [](const Event& x) { return x.type == "evaluation"; });
+      if (ev == events.end()) {
+        ADD_FAILURE() << "reading " << i << " logged no evaluation";
+        return -2;
+      }
+      const nlohmann::json e = ev->to_json();
+      EXPECT_EQ(e["plasticity"].get<double>(), p);
+      EXPECT_EQ(e.contains("lr_sq"), per_lr);
+      if (per_lr) {
+        EXPECT_DOUBLE_EQ(e["reading"].get<double>(), p / lr_sq);
+      }
+      if (d == Decision::freeze) return i;
+      if (t.refresh_due()) {
+        t.reference_refreshed(i, lr(i * n));
+        lr_sq = 0;
+      }
+    }
+    return -1;
+  };
+  const int raw = run(false), per_lr = run(true);
+  ASSERT_GE(per_lr, 0) << "read per squared LR, a settled unit never froze";
+  EXPECT_GT(per_lr, 20) << "froze while the unit was still drifting";
+  EXPECT_LT(per_lr, 50);
+  EXPECT_TRUE(raw < 0 || raw > 2 * per_lr) << "the raw SP loss froze at " << raw << ", per squared LR at " << per_lr;
 }
 
 // A module that has settled before its first fits (tiny first slopes), then swings once

@@ -118,6 +118,12 @@ void add_egeria_decision_options(std::vector<Option>& t) {
                      "egeria: T = coefficient x the largest |slope| of a module's first 3 fits (first3, the paper) or "
                      "of all its fits so far (peak: for modules already settled when bootstrapping ends)",
                      EG_FIELD(freezing.tracker.tolerance_from_peak), Names<bool>{{"first3", false}, {"peak", true}}));
+  t.push_back(choice("--freeze-reading", "freeze_reading", G::freezing, F,
+                     "egeria: what Algorithm 1 reads of a unit: its SP loss against the reference (sp-loss, the "
+                     "paper), or that divided by the sum of the squared LRs of the updates since the reference "
+                     "(per-lr2: a decaying LR's own fall in plasticity is not read as convergence)",
+                     EG_FIELD(freezing.tracker.readings_per_lr_sq),
+                     Names<bool>{{"sp-loss", false}, {"per-lr2", true}}));
   using RT = freeze::RefreezeTolerance;
   t.push_back(choice("--freeze-refreeze-tolerance", "freeze_refreeze_tolerance", G::freezing, F,
                      "egeria: the T a module refreezes with after an LR unfreeze: measured again from its first 3 fits "
