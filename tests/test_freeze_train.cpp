@@ -810,6 +810,8 @@ TEST(FreezeTrainer, ReadingsPerSquaredLrCarryTheLrsSinceTheReferenceAndResumeBit
   EXPECT_GT(evaluations, 10);
   const auto conf = nlohmann::json::parse(std::ifstream(a + "/config.json"));
   EXPECT_EQ(conf["freeze_reading"], "per-lr2");
+  const std::string story = train::run_report(a);  // egeria report says what its slopes are of
+  EXPECT_NE(story.find("--freeze-reading per-lr2"), std::string::npos) << story;
 
   ASSERT_TRUE(run_killed_twice(cfg(k), 7, 20));
   expect_same_weights(a, k);

@@ -372,6 +372,9 @@ std::string report_text(const std::string& dir, const std::string& against) {
               st.value("reference_bn", "") == "batch"
                   ? ", against a reference whose batch norms take each batch's statistics"
                   : "");
+      if (cfg.value("freeze_reading", "") == "per-lr2")
+        r += "(Each reading is the plasticity divided by the sum of the squared LRs of the updates since the "
+             "reference, --freeze-reading per-lr2: the slopes and T below are of those.)\n";
       egeria_story(log, units, cfg.value("freeze_tolerance", 0.0), r);
     } else if (policy == "smartfrz") {
       r +=
