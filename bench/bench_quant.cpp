@@ -2,7 +2,8 @@
 // (batch 128, u8 activations after a ReLU) against the f32 convolution egeria trains
 // with (oneDNN) and against its own plain-loop reference (one small case: the loops
 // are slow by design); and a whole reference forward of ResNet-20/56 through every
-// layer module, int8 (static or per-batch scales) vs fp32 — what a plasticity evaluation costs the spare cores; and
+// layer module, int8 (static or per-batch scales; batch norms folded, or on the batch's
+// statistics) vs fp32 — what a plasticity evaluation costs the spare cores; and
 // transformer-tiny's reference (dynamically quantised linear layers) vs fp32. On a GPU
 // also: the f16 convolution (cuDNN, tensor cores) against the f32 one on the same three
 // layers, and ResNet-20/56's reference forward fp16-gpu vs fp32-gpu (each iteration
@@ -81,10 +82,14 @@ void BM_Reference(benchmark::State& st, const char* model, const char* precision
   Generator g(3);
   auto m = models::build_model(mc, g);
   // int8: static scales, calibrated before the timed iterations (Note [Static activation
-  // scales]); int8-dynamic: every batch its own (--freeze-reference-calibration 0).
-  const bool dynamic = std::string(precision) == "int8-dynamic";
-  auto ref = quant::make_reference(dynamic ? "int8" : precision, quant::model_factory(mc), m->state_dict(),
-                                   Device::cuda(0), dynamic ? 0 : quant::kCalibrationBatches);
+  // scales]); int8-dynamic: every batch its own (--freeze-reference-calibration 0);
+  // int8-bn-batch: static scales, the batch norms on each batch's statistics
+  // (--freeze-reference-bn batch: unfolded, after the convolutions).
+  const std::string p = precision;
+  const bool dynamic = p == "int8-dynamic", bn_batch = p == "int8-bn-batch";
+  auto ref = quant::make_reference(dynamic || bn_batch ? "int8" : precision, quant::model_factory(mc), m->state_dict(),
+                                   Device::cuda(0), dynamic ? 0 : quant::kCalibrationBatches,
+                                   bn_batch ? quant::ReferenceBn::batch : quant::ReferenceBn::running);
   const int64_t last = int64_t(m->layer_modules().size()) - 2;  // every module but the head
   Tensor x = Tensor::randn({128, 1, 28, 28}, g);  // on the CPU, as the controller passes it
   for (int64_t i = 0; i < quant::kCalibrationBatches; ++i) wait_for(ref->activation(x, last));  // calibrated
@@ -160,7 +165,7 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
   for (const char* model : {"resnet20", "resnet56", "mobilenetv2"})
-    for (const char* prec : {"int8", "int8-dynamic", "fp32"})
+    for (const char* prec : {"int8", "int8-dynamic", "int8-bn-batch", "fp32"})
       benchmark::RegisterBenchmark((std::string("reference/") + model + "_b128/" + prec).c_str(), BM_Reference, model,
                                    prec)
           ->Unit(benchmark::kMillisecond)
