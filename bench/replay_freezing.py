@@ -18,15 +18,16 @@ it froze). A run that read every unit throughout (--freeze-lookahead 5 --freeze-
 
 --reading per-lr2 divides each SP loss by the sum of the squared LRs of the updates between
 the reference's snapshot and the reading's capture (Note [Readings per squared learning
-rate], freeze/tracker.h), the LRs from config.json's schedule (linear, cosine, constant or
-step, with a linear warmup); `recorded` takes the `reading` a per-lr2 run logged.
+rate], freeze/tracker.h), the LRs from config.json's schedule (linear or constant, with a
+linear warmup); `recorded` takes the `reading` a per-lr2 run logged.
 """
 import argparse
 import json
-import lzma
-import math
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import time_to_accuracy as tta  # noqa: E402  (its reader of a run's logs, compressed or not)
 
 
 def fit_slope(ys):
@@ -60,31 +61,25 @@ def first_freeze(readings, window, coef):
 
 
 def lr_schedule(cfg, steps_per_epoch):
-    """lr_at(k) of optim/schedule.cpp for the run's config: k is the 0-based step."""
+    """lr_at(k) of optim/schedule.cpp for the run's config: k is the 0-based step. The linear
+    schedule (the fine-tuning recipe's), which tests/test_replay_freezing.py checks against
+    the engine's logged sums, and the constant one."""
     total, base, warmup = cfg["epochs"] * steps_per_epoch, cfg["lr"], cfg.get("warmup_steps") or 0
     kind = cfg.get("lr_schedule", "step")
     if kind == "linear":
         after = lambda k: base * max(0.0, 1 - k / total)  # noqa: E731
-    elif kind == "cosine":
-        after = lambda k: base * 0.5 * (1 + math.cos(math.pi * min(k, total) / total))  # noqa: E731
     elif kind == "constant":
         after = lambda k: base  # noqa: E731
-    elif kind == "step":
-        ms = cfg.get("milestones") or [max(1, cfg["epochs"] // 2), max(1, cfg["epochs"] * 3 // 4)]
-        ms = [m * steps_per_epoch for m in ms]
-        after = lambda k: base * cfg.get("gamma", 0.1) ** sum(k >= m for m in ms)  # noqa: E731
     else:
-        sys.exit(f"replay_freezing: --reading per-lr2 knows no '{kind}' schedule")
+        sys.exit(f"replay_freezing: --reading per-lr2 knows the linear and constant schedules, not '{kind}' "
+                 "(a run with --freeze-reading per-lr2 logs its readings: --reading recorded)")
     return lambda k: after(k) * (k + 1) / warmup if k < warmup else after(k)
 
 
 def events_of(run):
-    for name in ("freeze.jsonl", "freeze.jsonl.xz"):
-        path = os.path.join(run, name)
-        if os.path.exists(path):
-            with (lzma.open(path, "rt") if name.endswith(".xz") else open(path)) as f:
-                return [json.loads(line) for line in f]
-    sys.exit(f"replay_freezing: {run} has no freeze.jsonl")
+    if not any(os.path.exists(os.path.join(run, n)) for n in ("freeze.jsonl", "freeze.jsonl.xz")):
+        sys.exit(f"replay_freezing: {run} has no freeze.jsonl")
+    return tta.records_of(run, "freeze.jsonl")
 
 
 def unit_readings(events, cfg, reading, steps_per_epoch):

@@ -206,10 +206,10 @@ def run(args, model, policy, rep=0):
 
 
 @functools.lru_cache(maxsize=None)
-def records_of(out):
-    """A run's metrics.jsonl (or, for a run kept compressed, its metrics.jsonl.xz), read
-    once: the table asks for each run several times."""
-    path = os.path.join(out, "metrics.jsonl")
+def records_of(out, name="metrics.jsonl"):
+    """A run's metrics.jsonl, or another of its JSON-lines logs (freeze.jsonl), or, for a run
+    kept compressed, its NAME.xz, read once: the table asks for each run several times."""
+    path = os.path.join(out, name)
     if not os.path.exists(path) and os.path.exists(path + ".xz"):
         with lzma.open(path + ".xz", "rt") as f:
             return tuple(json.loads(line) for line in f)
