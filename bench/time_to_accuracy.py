@@ -115,7 +115,10 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
 
 
 def policy_args(policy):
-    """The policy's --freeze value and its extra flags: VARIANTS, and -bootn or -dynamic appended to any."""
+    """The policy's --freeze value and its extra flags: VARIANTS, and -bootn or -dynamic appended to any,
+    -s0 to a smartfrz one (its stages from the first, as published: --smartfrz-start-below 0)."""
+    if policy.startswith("smartfrz") and policy.endswith("-s0"):
+        return policy_args(policy[:-len("-s0")]) + ["--smartfrz-start-below", "0"]
     if policy.endswith("-dynamic"):
         return policy_args(policy[:-len("-dynamic")]) + ["--freeze-reference-calibration", "0"]
     if policy.endswith("-bootn"):
@@ -133,9 +136,10 @@ def check_scope(out, policy):
     existed, or before unit became its default, read with the network; one from before
     --freeze-bootstrap-interval existed checked every n steps; one from before
     --freeze-reference-calibration existed quantised with every batch's own scales); a
-    stored smartfrz run only if its --smartfrz-max-per-stage and --smartfrz-patience are
-    (one from before the first froze every unit a stage named, one from before the second
-    had a patience of 1)."""
+    stored smartfrz run only if its --smartfrz-max-per-stage, --smartfrz-patience and
+    --smartfrz-start-below are (one from before the first froze every unit a stage named,
+    one from before the second had a patience of 1, one from before the third ran its
+    stages from the first)."""
     args = policy_args(policy)
     if args[0] not in ("egeria", "smartfrz"):
         return
@@ -145,18 +149,16 @@ def check_scope(out, policy):
     except (OSError, ValueError):
         return  # no readable config.json: nothing to compare
     if args[0] == "smartfrz":
-        want = int(flag(args, "--smartfrz-max-per-stage", "1"))
-        had = config.get("smartfrz_max_per_stage", 0)
-        if had != want:
-            sys.exit(f"time_to_accuracy: {out} was trained with --smartfrz-max-per-stage {had}, but the policy "
-                     f"'{policy}' asks for {want}; name the policy for the limit it was run with "
-                     f"(e.g. smartfrz-all for 0), or use another --out")
-        want = int(flag(args, "--smartfrz-patience", "2"))
-        had = config.get("smartfrz_patience", 1)
-        if had != want:
-            sys.exit(f"time_to_accuracy: {out} was trained with --smartfrz-patience {had}, but the policy "
-                     f"'{policy}' asks for {want}; name the policy for the patience it was run with "
-                     f"(e.g. smartfrz-p1 for 1), or use another --out")
+        # (flag, its default now, its value in runs from before it existed, a policy named for that)
+        for name, now, before, example in (("--smartfrz-max-per-stage", 1, 0, "smartfrz-all for 0"),
+                                           ("--smartfrz-patience", 2, 1, "smartfrz-p1 for 1"),
+                                           ("--smartfrz-start-below", 0.75, 0.0, f"{policy}-s0 for 0")):
+            want = type(now)(flag(args, name, str(now)))
+            had = config.get(name[2:].replace("-", "_"), before)
+            if had != want:
+                sys.exit(f"time_to_accuracy: {out} was trained with {name} {had:g}, but the policy "
+                         f"'{policy}' asks for {want:g}; name the policy for the value it was run with "
+                         f"(e.g. {example}), or use another --out")
         return
     want = flag(args, "--freeze-reference-scope", "unit")
     had = config.get("freeze_reference_scope", "network")

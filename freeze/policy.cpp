@@ -1,5 +1,6 @@
 #include "freeze/policy.h"
 
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -18,6 +19,47 @@ int64_t prefix_length(const UnitSet& s) {
   int64_t p = 0;
   while (p < int64_t(s.size()) && s[size_t(p)] == p) ++p;
   return p;
+}
+
+double constant_prediction_loss(const std::vector<int64_t>& counts, double label_smoothing) {
+  EG_CHECK(label_smoothing >= 0 && label_smoothing < 1, "label smoothing must be in [0, 1), got ", label_smoothing);
+  int64_t total = 0;
+  for (int64_t n : counts) {
+    EG_CHECK(n >= 0, "a class count is negative (", n, ")");
+    total += n;
+  }
+  if (total == 0) return 0;
+  const double uniform = label_smoothing / double(counts.size());
+  double h = 0;
+  for (int64_t n : counts) {
+    const double q = (1 - label_smoothing) * double(n) / double(total) + uniform;
+    if (q > 0) h -= q * std::log(q);
+  }
+  return h;
+}
+
+void StepLosses::add(const DeferredScalar& loss) {
+  unread_.push_back(loss);
+  ++n_;
+  if (unread_.size() > 64) read(false);
+}
+
+double StepLosses::sum() const {
+  read(true);
+  return sum_;
+}
+
+void StepLosses::restore(double sum, int64_t count) {
+  unread_.clear();
+  sum_ = sum;
+  n_ = count;
+}
+
+void StepLosses::read(bool all) const {
+  if (unread_.empty()) return;
+  const size_t n = all ? unread_.size() : unread_.size() - 1;
+  for (size_t i = 0; i < n; ++i) sum_ += all ? unread_[i].value() : unread_[i].lagged_value();
+  unread_.erase(unread_.begin(), unread_.begin() + std::ptrdiff_t(n));
 }
 
 bool apply_frozen_layers(models::Model& m, const std::vector<int64_t>& layers) {

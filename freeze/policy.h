@@ -52,6 +52,12 @@ UnitSet first_units(int64_t k);  // {0, 1, ..., k - 1}
 int64_t prefix_length(const UnitSet& s);  // p: units 0 .. p - 1 are all in s
 enum class ReferenceScope { unit, network };  // Note [The reference's scope]
 
+// The mean cross-entropy of the best prediction that ignores its input, given how often
+// each target class occurs in the training data: the entropy of those frequencies, mixed
+// with the uniform distribution as label smoothing mixes the targets ((1 - s) p + s / C,
+// C = counts.size()). A model at this loss has learned nothing from its inputs.
+double constant_prediction_loss(const std::vector<int64_t>& counts, double label_smoothing);
+
 // --freeze smartfrz (freeze/policy_smartfrz.cpp, Note [SmartFRZ's freezing stage]).
 enum class SmartFrzOrder { prefix, any };
 struct SmartFrzOptions {
@@ -74,6 +80,10 @@ struct SmartFrzOptions {
   // on ResNet-20 freezing at one stage's word cost 0.5-0.8 pt more than at two stages'
   // (docs/results/2026-12-04-smartfrz-predictor.md).
   int64_t patience = 2;
+  // Freezing stages begin once the mean training loss of the steps since the last stage is
+  // at most start_below x PolicyConfig::constant_loss (Note [SmartFRZ waits for learning]
+  // in freeze/policy_smartfrz.cpp); 0: from the first stage, as published.
+  double start_below = 0.75;
   // Any policy: record every unit's tailored weights, and the Gram of its output on a probe
   // batch of `probe` training samples, every record_every steps, into the run's
   // smartfrz-records.safetensors: the predictor's training data (train/smartfrz_record.h).
@@ -145,6 +155,9 @@ struct PolicyConfig : FreezeOptions {
   // reference (empty: models::build_model(model)).
   quant::ModelFactory make_model;
   int64_t total_steps = 0, steps_per_epoch = 0;
+  // The training loss of the best prediction that ignores the input: the entropy of the
+  // training targets' frequencies (constant_prediction_loss), set by the task; 0: unknown.
+  double constant_loss = 0;
   Device device = Device::cpu();  // the training device (a "-gpu" reference runs there)
   uint64_t seed = 0;  // the run's (smartfrz: the positions it records)
   // smartfrz: the predictor file's tensors and metadata, as train/ read them
@@ -172,6 +185,26 @@ struct StepInfo {
   // egeria, readings ahead of the front: the outputs of the layer modules capture_more()
   // asked for, by layer module.
   std::map<int64_t, Tensor> captured_more{};
+};
+
+// The training losses of the steps since the last clear(), summed on the host (Note
+// [Deferred reads]): add() keeps a step's loss unread and reads the older ones lagged (a
+// later step's kernels are queued behind each but the newest); sum() reads the newest
+// too (a host sync on a GPU: at a policy's check steps and checkpoints only).
+class StepLosses {
+ public:
+  void add(const DeferredScalar& loss);
+  double sum() const;
+  int64_t count() const { return n_; }
+  double mean() const { return n_ > 0 ? sum() / double(n_) : 0.0; }
+  void clear() { restore(0, 0); }
+  void restore(double sum, int64_t count);  // a checkpoint's sum() and count()
+
+ private:
+  void read(bool all) const;
+  mutable std::vector<DeferredScalar> unread_;
+  mutable double sum_ = 0;
+  int64_t n_ = 0;
 };
 
 class FreezePolicy {

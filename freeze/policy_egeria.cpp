@@ -49,17 +49,13 @@ class EgeriaPolicy : public FreezePolicy {
     // The squared LRs of the updates before this step's, where its capture was taken.
     capture_lr_sq_ = lr_sq_total_;
     if (s.trained) {  // a step that trained nothing has no loss (not a loss of 0)
-      losses_.push_back(s.loss);  // read when summed (Note [Deferred reads]), in step order
-      ++loss_n_;
-      if (losses_.size() > 64) add_losses(false);
+      losses_.add(s.loss);
       lr_sq_total_ += s.lr * s.lr;
     }
     if (tracker_.bootstrapping()) {
-      if (s.step % bootstrap_n() == 0 && loss_n_ > 0) {
-        add_losses(true);
-        const Decision d = tracker_.bootstrap_check(s.step, loss_sum_ / double(loss_n_), s.lr);
-        loss_sum_ = 0;
-        loss_n_ = 0;
+      if (s.step % bootstrap_n() == 0 && losses_.count() > 0) {
+        const Decision d = tracker_.bootstrap_check(s.step, losses_.mean(), s.lr);
+        losses_.clear();
         if (d == Decision::end_bootstrap) refresh(m, s.step, s.lr);
       }
     } else {
@@ -90,12 +86,11 @@ class EgeriaPolicy : public FreezePolicy {
 
   json state() const override {
     ctl_->drain();
-    add_losses(true);
     json pending = json::array();
     for (auto& r : ctl_->pending()) pending.push_back({r.step, r.module, r.plasticity});
     return {{"tracker", tracker_.state()},
-            {"loss_sum", loss_sum_},
-            {"loss_n", loss_n_},
+            {"loss_sum", losses_.sum()},
+            {"loss_n", losses_.count()},
             {"interval", n()},
             {"bootstrap_interval", bootstrap_n()},
             {"pending", pending},
@@ -107,9 +102,7 @@ class EgeriaPolicy : public FreezePolicy {
   }
   void load_state(const json& j) override {
     tracker_.load_state(j.at("tracker"));
-    losses_.clear();
-    loss_sum_ = j.value("loss_sum", 0.0);
-    loss_n_ = j.value("loss_n", int64_t(0));
+    losses_.restore(j.value("loss_sum", 0.0), j.value("loss_n", int64_t(0)));
     // An auto n or bootstrapping span is the checkpoint's: the build that started the run
     // may have derived another, and the run's readings so far are at its steps.
     if (c_.tracker.interval <= 0 && j.contains("interval")) resumed_n_ = j.at("interval").get<int64_t>();
@@ -252,18 +245,7 @@ class EgeriaPolicy : public FreezePolicy {
   }
   std::shared_ptr<const Snapshot> snapshot_;
   quant::Calibration restored_calibration_;  // load_state's, until load_state_tensors restores the snapshot
-  // The step losses since the last bootstrapping check: loss_sum_ holds those read so far,
-  // losses_ the rest, read lagged (a later step's kernels are queued behind each but the
-  // newest); `all` reads the newest too (a host sync on a GPU, at check steps and
-  // checkpoints only).
-  void add_losses(bool all) const {
-    if (losses_.empty()) return;
-    const size_t n = all ? losses_.size() : losses_.size() - 1;
-    for (size_t i = 0; i < n; ++i) loss_sum_ += all ? losses_[i].value() : losses_[i].lagged_value();
-    losses_.erase(losses_.begin(), losses_.begin() + std::ptrdiff_t(n));
-  }
-  mutable std::vector<DeferredScalar> losses_;
-  mutable double loss_sum_ = 0;
+  StepLosses losses_;  // since the last bootstrapping check
   double snapshot_seconds_ = 0;
   // Note [Readings per squared learning rate]: the sum of the squared LRs of every update
   // so far, at this step's capture (before its update), at the reference's snapshot, and
@@ -272,7 +254,7 @@ class EgeriaPolicy : public FreezePolicy {
   std::map<int64_t, double> reading_lr_sq_;
   int64_t bootstrap_n_ = 0;  // > 0: a resumed checkpoint's
   int64_t resumed_n_ = 0;  // > 0: a resumed checkpoint's auto n
-  int64_t loss_n_ = 0, stale_results_ = 0;
+  int64_t stale_results_ = 0;
   int64_t unit_scope_submissions_ = 0;  // evaluations whose reference ran the front unit only
   std::vector<json> log_;
 };

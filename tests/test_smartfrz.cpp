@@ -198,6 +198,20 @@ TEST(SmartFrz, APredictorFileRoundTripsAndAnotherShapeOrNoneIsNamed) {
             std::string::npos);
 }
 
+// The loss of predicting the targets' frequencies whatever the input: their entropy, of
+// the smoothed frequencies under label smoothing.
+TEST(SmartFrz, TheConstantPredictionLossIsTheEntropyOfTheTargetFrequencies) {
+  EXPECT_NEAR(freeze::constant_prediction_loss({5, 5, 5, 5}, 0), std::log(4.0), 1e-12);
+  EXPECT_NEAR(freeze::constant_prediction_loss({3, 1}, 0), -(0.75 * std::log(0.75) + 0.25 * std::log(0.25)), 1e-12);
+  EXPECT_NEAR(freeze::constant_prediction_loss({7, 0, 0}, 0), 0.0, 1e-12) << "one class: nothing to learn";
+  // Smoothing 0.3 over 2 classes makes the targets (0.85, 0.15) and (0.15, 0.85); the best
+  // constant prediction for the counts {1, 0} is (0.85, 0.15).
+  EXPECT_NEAR(freeze::constant_prediction_loss({1, 0}, 0.3), -(0.85 * std::log(0.85) + 0.15 * std::log(0.15)), 1e-12);
+  EXPECT_EQ(freeze::constant_prediction_loss({0, 0}, 0), 0.0) << "no targets: unknown";
+  EXPECT_THROW(freeze::constant_prediction_loss({1, -1}, 0), Error);
+  EXPECT_THROW(freeze::constant_prediction_loss({1, 1}, 1.0), Error);
+}
+
 // ---- the policy through the trainer
 
 std::vector<json> jsonl(const std::string& p) {
@@ -219,6 +233,7 @@ train::TrainConfig smartfrz_run(const std::string& name) {
   c.freezing.smartfrz.stage_every = 16;
   c.freezing.smartfrz.threshold = 0.5;  // the stand-in predictors below say 0.9 or 0.1
   c.freezing.smartfrz.patience = 1;  // a unit freezes at the first stage that names it
+  c.freezing.smartfrz.start_below = 0;  // stages from the first (the wait has its own test)
   return c;
 }
 
@@ -366,6 +381,75 @@ TEST(SmartFrzTrainer, PatienceFreezesAUnitNamedAtThatManyStagesInARow) {
   ASSERT_TRUE(testing::run_killed_twice(b, 20, 12));
   testing::expect_same_weights(a.out, b.out);
   EXPECT_EQ(freezes(b), freezes(a));
+}
+
+// Note [SmartFRZ waits for learning]: no stage runs until the mean training loss since the
+// last stage is at most --smartfrz-start-below times the loss of predicting the training
+// labels' frequencies; the held stages are logged with that mean, and the wait resumes.
+TEST(SmartFrzTrainer, StagesWaitUntilTheTrainingLossFallsBelowTheConstantPredictionsShare) {
+  auto cfg = [](const std::string& name, double start_below) {
+    train::TrainConfig c = smartfrz_run(name);
+    c.freezing.smartfrz.start_below = start_below;
+    c.freezing.smartfrz.predict = naming({0, 1, 2});
+    return c;
+  };
+  auto lines = [](const train::TrainConfig& c, const std::string& type) {
+    std::vector<json> v;
+    for (json& r : jsonl(c.out + "/freeze.jsonl"))
+      if (r["type"] == type) v.push_back(r);
+    return v;
+  };
+  // Held at every stage: the four stages' means, and nothing frozen.
+  const train::TrainConfig never = cfg("wait_never", 1e-6);
+  ASSERT_TRUE(train::run_training(never).completed);
+  const auto held = lines(never, "held");
+  ASSERT_EQ(held.size(), 4u);
+  EXPECT_TRUE(lines(never, "stage").empty());
+  EXPECT_TRUE(lines(never, "freeze").empty());
+  const auto sum = json::parse(std::ifstream(never.out + "/summary.json"));
+  EXPECT_EQ(sum["frozen_units_final"], json::array());
+  EXPECT_EQ(sum["freeze_stats"]["stages"], 0) << "a held stage runs no predictor";
+  EXPECT_NE(train::run_report(never.out).find("held every freezing stage (4)"), std::string::npos)
+      << train::run_report(never.out);
+  const double constant = sum["freeze_stats"]["constant_loss"].get<double>();
+  EXPECT_GT(constant, 0.5 * std::log(10.0)) << "the synthetic labels' frequencies: about uniform over 10 classes";
+  EXPECT_LE(constant, std::log(10.0) + 1e-12);
+  std::vector<double> mean;
+  for (size_t i = 0; i < held.size(); ++i) {
+    EXPECT_EQ(held[i]["step"], 16 * int64_t(i + 1));
+    EXPECT_DOUBLE_EQ(held[i]["constant_loss"].get<double>(), constant);
+    mean.push_back(held[i]["train_loss"].get<double>());
+  }
+  // A bound between the first stage's mean and a later, lower one: held, then started at
+  // the first stage at or under it, and from there the stages run and freeze as without a wait.
+  const size_t first_under = mean[2] < mean[1] ? 2 : 1;  // a start at 64 would act on nothing
+  ASSERT_LT(mean[first_under], mean[0]) << "the small run's loss does not fall";
+  const double bound = mean[first_under];
+  size_t start = 1;
+  while (mean[start] > bound) ++start;
+  const train::TrainConfig a = cfg("wait_then_start", bound / constant * (1 + 1e-12));
+  ASSERT_TRUE(train::run_training(a).completed);
+  const auto held_a = lines(a, "held"), started = lines(a, "start"), stages = lines(a, "stage");
+  ASSERT_EQ(held_a.size(), start);
+  for (size_t i = 0; i < start; ++i) EXPECT_DOUBLE_EQ(held_a[i]["train_loss"].get<double>(), mean[i]) << i;
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0]["step"], 16 * int64_t(start + 1));
+  EXPECT_DOUBLE_EQ(started[0]["train_loss"].get<double>(), mean[start]);
+  ASSERT_EQ(stages.size(), 3 - start) << "a stage is logged when acted on: the one of step 64 never is";
+  EXPECT_EQ(stages[0]["step"], started[0]["step"]);
+  const auto froze = lines(a, "freeze");
+  ASSERT_FALSE(froze.empty());
+  EXPECT_EQ(froze[0]["step"], 16 * int64_t(start + 1) + 1);
+  const std::string story = train::run_report(a.out);
+  EXPECT_NE(story.find("held its freezing stages until step " + std::to_string(16 * (start + 1))), std::string::npos)
+      << story;
+
+  // Killed halfway through the stage that starts (half its losses in the checkpoint) and
+  // again between that stage and the step that acts on it: the same weights and log.
+  const train::TrainConfig b = cfg("wait_killed", bound / constant * (1 + 1e-12));
+  ASSERT_TRUE(testing::run_killed_twice(b, 16 * int64_t(start) + 8, 8));
+  testing::expect_same_weights(a.out, b.out);
+  EXPECT_EQ(jsonl(b.out + "/freeze.jsonl"), jsonl(a.out + "/freeze.jsonl"));
 }
 
 // A predictor from a file, on the background thread and inline: the same probabilities.

@@ -228,29 +228,44 @@ class StoredRunScope(unittest.TestCase):
     def test_a_smartfrz_run_from_before_the_limit_froze_every_named_unit(self):
         old = self.run_dir({"freeze": "smartfrz"})
         with self.assertRaises(SystemExit) as e:
-            tta.check_scope(old, "smartfrz")
+            tta.check_scope(old, "smartfrz-s0")
         self.assertIn("--smartfrz-max-per-stage 0", str(e.exception))
         self.assertIn("smartfrz-all", str(e.exception))
-        tta.check_scope(old, "smartfrz-all")
-        tta.check_scope(old, "smartfrz-any-all")
+        tta.check_scope(old, "smartfrz-all-s0")
+        tta.check_scope(old, "smartfrz-any-all-s0")
         one = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1, "smartfrz_order": "any"})
-        tta.check_scope(one, "smartfrz-any-p1")
+        tta.check_scope(one, "smartfrz-any-p1-s0")
         with self.assertRaises(SystemExit):
-            tta.check_scope(one, "smartfrz-any-all")
+            tta.check_scope(one, "smartfrz-any-all-s0")
 
     def test_a_smartfrz_run_from_before_patience_named_at_one_stage(self):
         old = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1})
-        tta.check_scope(old, "smartfrz-p1")
+        tta.check_scope(old, "smartfrz-p1-s0")
         with self.assertRaises(SystemExit) as e:
-            tta.check_scope(old, "smartfrz")
+            tta.check_scope(old, "smartfrz-s0")
         self.assertIn("--smartfrz-patience 1", str(e.exception))
         self.assertIn("smartfrz-p1", str(e.exception))
         two = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1, "smartfrz_patience": 2})
-        tta.check_scope(two, "smartfrz")
-        tta.check_scope(two, "smartfrz-any")
+        tta.check_scope(two, "smartfrz-s0")
+        tta.check_scope(two, "smartfrz-any-s0")
         with self.assertRaises(SystemExit):
-            tta.check_scope(two, "smartfrz-any-p1")
+            tta.check_scope(two, "smartfrz-any-p1-s0")
 
+    def test_a_smartfrz_run_from_before_the_wait_ran_its_stages_from_the_first(self):
+        self.assertEqual(tta.policy_args("smartfrz-any-s0"),
+                         ["smartfrz", "--smartfrz-order", "any", "--smartfrz-start-below", "0"])
+        self.assertEqual(tta.policy_args("smartfrz-p1-s0")[-2:], ["--smartfrz-start-below", "0"])
+        old = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1, "smartfrz_patience": 2})
+        with self.assertRaises(SystemExit) as e:
+            tta.check_scope(old, "smartfrz")
+        self.assertIn("--smartfrz-start-below 0,", str(e.exception))
+        self.assertIn("smartfrz-s0", str(e.exception))
+        waits = self.run_dir({"freeze": "smartfrz", "smartfrz_max_per_stage": 1, "smartfrz_patience": 2,
+                              "smartfrz_start_below": 0.75})
+        tta.check_scope(waits, "smartfrz")
+        tta.check_scope(waits, "smartfrz-any")
+        with self.assertRaises(SystemExit):
+            tta.check_scope(waits, "smartfrz-s0")
 
 if __name__ == "__main__":
     unittest.main()

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "autograd/node.h"
 #include "core/device.h"
@@ -382,6 +383,30 @@ TEST(Translate, PaddingToAMultipleTrainsAsWithout) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The freezing policies' constant loss (SmartFRZ's wait): the entropy of the training
+// targets' token frequencies, eos included, so under log(vocab) and above 0; label
+// smoothing moves the frequencies towards uniform and raises it.
+TEST(Translate, TheConstantLossIsOfTheTrainingTargetsTokens) {
+  std::string data = tmpdir("constant_loss_data");
+  write_toy_corpus(data);
+  auto constant = [&](double smoothing) {
+    auto c = toy_run(data, tmpdir("constant_loss"));
+    c.label_smoothing = smoothing;
+    auto local = dist::make_local();
+    train::TranslationTask task(tiny_arch());
+    task.setup(c, *local);
+    freeze::PolicyConfig pc = train::policy_config(c);
+    task.configure_freezing(pc);
+    return std::make_pair(pc.constant_loss, pc.model.vocab);
+  };
+  const auto [plain, vocab] = constant(0);
+  EXPECT_GT(plain, 1.0);
+  EXPECT_LT(plain, std::log(double(vocab)));
+  const double smoothed = constant(0.1).first;
+  EXPECT_GT(smoothed, plain);
+  EXPECT_LT(smoothed, std::log(double(vocab)));
 }
 
 // The task's side of --cuda-graphs on, run on the CPU: stage_graph_batch() writes a batch

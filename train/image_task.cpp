@@ -261,6 +261,12 @@ void ImageTask::configure_freezing(freeze::PolicyConfig& pc) const {
   pc.model.image_size = mc.image_size;
   pc.model.num_classes = mc.num_classes;
   pc.model.small_input = mc.small_input;
+  std::vector<int64_t> counts(size_t(mc.num_classes), 0);
+  for (int64_t i = 0; i < data_.train->size(); ++i) {
+    const int64_t y = data_.train->label(i);
+    if (y >= 0 && y < mc.num_classes) ++counts[size_t(y)];
+  }
+  pc.constant_loss = freeze::constant_prediction_loss(counts, c_.label_smoothing);
 }
 
 void ImageTask::attach(FreezeRun& fr) {

@@ -52,6 +52,12 @@ void add_smartfrz_options(std::vector<Option>& t) {
                      "many stages in a row",
                      EG_FIELD(freezing.smartfrz.patience),
                      Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
+  t.push_back(number("--smartfrz-start-below", "smartfrz_start_below", G::freezing, F,
+                     "smartfrz: freezing stages begin once the mean training loss since the last stage is at most "
+                     "this times the loss of predicting the training targets' frequencies (a network that has not "
+                     "begun to learn is not judged converged; 0: from the first stage, as published)",
+                     EG_FIELD(freezing.smartfrz.start_below),
+                     Rule<double>{[](double v) { return v >= 0; }, "0 or positive"}));
   t.push_back(choice("--smartfrz-record", "smartfrz_record", G::freezing, F,
                      "record every unit's tailored weights and its output's Gram on a probe batch, every "
                      "--smartfrz-record-every steps, into the run's smartfrz-records.safetensors (any policy): the "

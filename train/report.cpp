@@ -200,11 +200,25 @@ void other_story(const std::vector<json>& log, const Units& units, std::string& 
 
 // SmartFRZ's stages and what each froze, with the predictor's probabilities behind it.
 void smartfrz_story(const std::vector<json>& log, const Units& units, double threshold, std::string& r) {
-  int64_t stages = 0;
+  int64_t stages = 0, held = 0;
   for (auto& e : log) {
     const std::string type = e.value("type", "");
     if (type == "stage") {
       ++stages;
+      continue;
+    }
+    if (type == "held") {
+      ++held;
+      continue;
+    }
+    if (type == "start") {
+      r +=
+          fmt("- held its freezing stages until step %lld: the mean training loss of a stage's steps was over "
+              "%.3f (--smartfrz-start-below times %.3f, the loss of predicting the training targets' "
+              "frequencies); at step %lld it was %.3f\n",
+              (long long)e.value("step", int64_t(0)), e.value("start_loss", 0.0), e.value("constant_loss", 0.0),
+              (long long)e.value("step", int64_t(0)), e.value("train_loss", 0.0));
+      held = 0;
       continue;
     }
     if (type != "freeze" || !e.contains("froze")) continue;
@@ -222,7 +236,12 @@ void smartfrz_story(const std::vector<json>& log, const Units& units, double thr
             (long long)e.value("step", int64_t(0)), (long long)e.value("epoch", int64_t(0)), what.c_str(), threshold,
             (long long)e.value("stage_step", int64_t(0)), units.list(e.value("units", std::vector<int64_t>())).c_str());
   }
-  if (stages == 0) r += "- no freezing stage found a full window\n";
+  if (held > 0)
+    r +=
+        fmt("- held every freezing stage (%lld): the mean training loss of a stage's steps stayed over "
+            "--smartfrz-start-below times the loss of predicting the training targets' frequencies\n",
+            (long long)held);
+  else if (stages == 0) r += "- no freezing stage found a full window\n";
   else r += fmt("- %lld freezing stages\n", (long long)stages);
 }
 

@@ -183,6 +183,14 @@ json TranslationTask::resolved() const { return {{"arch", arch_json(mc_)}}; }
 void TranslationTask::configure_freezing(freeze::PolicyConfig& pc) const {
   // Note [Freezing a Transformer]: the reference is built with this run's architecture.
   pc.model.vocab = mc_.vocab;
+  // The targets the loss scores: each training target's ids and its eos (tgt_out).
+  std::vector<int64_t> counts(size_t(mc_.vocab), 0);
+  for (const auto& t : train_.pairs->tgt) {
+    for (int64_t id : t)
+      if (id >= 0 && id < mc_.vocab) ++counts[size_t(id)];
+    if (mc_.eos_id >= 0 && mc_.eos_id < mc_.vocab) ++counts[size_t(mc_.eos_id)];
+  }
+  pc.constant_loss = freeze::constant_prediction_loss(counts, c_.label_smoothing);
   pc.make_model = [mc = mc_] {
     Generator g(0);
     return models::ModelPtr(std::make_shared<models::Transformer>(mc, g));
