@@ -28,10 +28,12 @@ constexpr bool cpu_any_format(const char* n) {
   return false;
 }
 
-// Of those, the elementwise ones, whose cpu implementations also take the NHWC tensors of
-// the int8 reference (Note [int8 convolution pipeline] in quant/int8.cpp).
+// Of those, the elementwise ones and the batch norm forwards, whose cpu implementations
+// also take the NHWC tensors of the int8 reference (Note [int8 convolution pipeline] in
+// quant/int8.cpp; its batch norms on the batch's statistics sit between its convolutions).
 constexpr bool cpu_nhwc(const char* n) {
-  for (const char* op : {"act_fwd", "act_bwd", "binary_fwd", "scale", "axpy"})
+  for (const char* op :
+       {"act_fwd", "act_bwd", "binary_fwd", "scale", "axpy", "batchnorm_fwd_train", "batchnorm_fwd_infer"})
     if (same(n, op)) return true;
   return false;
 }

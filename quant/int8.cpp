@@ -113,9 +113,10 @@ ActQuant ActObserver::quant(const Tensor& x) {
 // ReLU6 as a clip to [0, 6]). It writes NHWC, the only layout oneDNN 2.6's fast int8
 // convolutions write (asked for nChw16c they fall to ref_int8, hundreds of times
 // slower), and its output stays NHWC (Format::nhwc on the CPU): what comes next is the
-// next convolution's quantising reorder, which then keeps the layout, or the elementwise
-// ops of a residual block's end, which take it as it comes (kernels/registry.cpp); any
-// other CPU op gets a plain copy. Reordering every output to nChw16c and back (with ReLU6
+// next convolution's quantising reorder, which then keeps the layout, the elementwise
+// ops of a residual block's end or the batch norms on the batch's statistics
+// (ReferenceBn::batch), which take it as it comes (kernels/registry.cpp); any other CPU
+// op gets a plain copy. Reordering every output to nChw16c and back (with ReLU6
 // in its own pass) had been half of MobileNetV2's int8 forward. Another dst layout is
 // reordered to NCHW.
 // The input and output scales change with every calibration batch, and every batch

@@ -282,8 +282,8 @@ TEST(BlockedFormat, AxpyScaleAndPlainOnlyOpsConvert) {
 
 namespace eg::testing {
 // Note [int8 convolution pipeline]: the int8 reference's CPU NHWC tensors convert both
-// ways, stay NHWC through the elementwise ops, and reach every other CPU op (a
-// convolution, a batch norm, a pool) as plain copies, with the plain input's results.
+// ways, stay NHWC through the elementwise ops and the batch norm forwards, and reach every
+// other CPU op (a convolution, a pool) as plain copies, with the plain input's results.
 TEST(NhwcOnTheCpu, ElementwiseOpsKeepItAndTheOthersGetPlainCopies) {
   const Shape s{2, 32, 3, 5};
   const Tensor x = randn(s, DType::f32, 1), y = randn(s, DType::f32, 2);
@@ -311,7 +311,6 @@ TEST(NhwcOnTheCpu, ElementwiseOpsKeepItAndTheOthersGetPlainCopies) {
   for (int64_t i = 0; i < x.numel(); ++i)
     EXPECT_EQ(acc.to_vector<float>()[size_t(i)],
               y.to_vector<float>()[size_t(i)] + 2.f * x.to_vector<float>()[size_t(i)]);
-  // Not elementwise: plain copies.
   const Tensor w = randn({8, 32, 3, 3}, DType::f32, 3), gamma = randn({32}, DType::f32, 4),
                beta = randn({32}, DType::f32, 5), rm = randn({32}, DType::f32, 6), rv = Tensor::full({32}, 1.5);
   ops::Conv2dParams p;
@@ -319,15 +318,51 @@ TEST(NhwcOnTheCpu, ElementwiseOpsKeepItAndTheOthersGetPlainCopies) {
   Tensor c1 = Tensor::empty({2, 8, 3, 5}), c2 = Tensor::empty({2, 8, 3, 5});
   ops::run(ops::conv2d_fwd, ops::Backend::cpu, x, w, Tensor(), c1, p);
   ops::run(ops::conv2d_fwd, ops::Backend::cpu, xn, w, Tensor(), c2, p);
+  EXPECT_EQ(c2.format(), Format::plain) << "a convolution gets a plain copy";
   EXPECT_EQ(c2.to_vector<float>(), c1.to_vector<float>());
+  // Batch norm forwards keep NHWC: inference bit for bit as on plain (the same scale and
+  // shift per element), training with the statistics summed in another order.
   Tensor b1 = Tensor::empty(s), b2 = Tensor::empty(s);
   ops::run(ops::batchnorm_fwd_infer, ops::Backend::cpu, xn, gamma, beta, rm, rv, b2, 1e-5, ops::BnAct::relu, yn);
   ops::run(ops::batchnorm_fwd_infer, ops::Backend::cpu, x, gamma, beta, rm, rv, b1, 1e-5, ops::BnAct::relu, y);
+  EXPECT_EQ(b2.format(), Format::nhwc);
   EXPECT_EQ(b2.to_vector<float>(), b1.to_vector<float>());
   Tensor g1 = Tensor::empty({2, 32}), g2 = Tensor::empty({2, 32});
   ops::call(ops::global_avgpool_fwd, x, g1);
   ops::call(ops::global_avgpool_fwd, xn, g2);
   EXPECT_EQ(g2.to_vector<float>(), g1.to_vector<float>());
+}
+
+// The batch norm forward on each batch's statistics (the int8 reference's ReferenceBn::batch)
+// takes NHWC as it comes and writes NHWC: the plain loops' statistics and output to float
+// rounding, for channels that are a multiple of 16 and that are not (MobileNetV2's 24),
+// with the fused activation and residual, and with the running statistics updated alike.
+TEST(NhwcOnTheCpu, TheTrainingBatchNormForwardMatchesThePlainOne) {
+  for (const Shape& s : {Shape{4, 32, 5, 7}, Shape{3, 24, 6, 6}, Shape{2, 8, 1, 1}}) {
+    const int64_t C = s[1];
+    const Tensor x = randn(s, DType::f32, 7, 2.0), r = randn(s, DType::f32, 8);
+    const Tensor gamma = randn({C}, DType::f32, 9), beta = randn({C}, DType::f32, 10);
+    for (const ops::BnAct act : {ops::BnAct::none, ops::BnAct::relu6}) {
+      for (const bool residual : {false, true}) {
+        auto run = [&](const Tensor& xin, const Tensor& rin) {
+          Tensor y = Tensor::empty(s), mean = Tensor::empty({C}), invstd = Tensor::empty({C});
+          Tensor rm = Tensor::zeros({C}), rv = Tensor::full({C}, 1.0);
+          ops::run(ops::batchnorm_fwd_train, ops::Backend::cpu, xin, gamma, beta, y, mean, invstd, rm, rv, 0.1, 1e-5,
+                   act, residual ? rin : Tensor());
+          return std::vector<Tensor>{y, mean, invstd, rm, rv};
+        };
+        const auto want = run(x, r), got = run(x.to_format(Format::nhwc), r.to_format(Format::nhwc));
+        EXPECT_EQ(got[0].format(), Format::nhwc);
+        const char* names[] = {"y", "mean", "invstd", "running mean", "running var"};
+        for (size_t k = 0; k < want.size(); ++k) {
+          const auto a = got[k].to_vector<float>(), b = want[k].to_vector<float>();
+          for (size_t i = 0; i < a.size(); ++i)
+            EXPECT_NEAR(a[i], b[i], 2e-5 * (1 + std::abs(b[i])))
+                << names[k] << " [" << i << "], shape " << shape_str(s) << ", residual " << residual;
+        }
+      }
+    }
+  }
 }
 }  // namespace eg::testing
 

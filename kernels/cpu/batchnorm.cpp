@@ -24,6 +24,12 @@
 // channels would leave a core idle). Each tile yields float partial sums per channel,
 // combined per channel in double; the variance combines each tile's own mean and
 // squared deviations (Chan et al.), so it needs no second pass over memory.
+//
+// NHWC, forward only (Note [int8 convolution pipeline] in quant/int8.cpp: the int8
+// reference's convolutions write it, and its batch norms on each batch's statistics,
+// ReferenceBn::batch, sit between them): x is [N, L, C], one image's L rows of C channels
+// a tile, the channels in the SIMD lanes, parallel over images; the statistics combine as
+// the blocked ones do. Taking it as it comes spares a reorder to plain and one back.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -161,6 +167,36 @@ inline void tile_stats(const bf16_t* xr, int64_t L, float* s_out, float* q_out) 
 }
 #endif
 
+// What a training forward writes per channel, and its parameters.
+struct ChannelOut {
+  const float *gp, *bp;  // gamma, beta
+  float *sc, *sh, *mp, *ip, *rmp, *rvp;  // scale, shift, saved mean and invstd, running (may be null)
+  double momentum, eps;
+};
+
+// Channel c from N tiles of L values each, tile n's sum and squared deviations from its own
+// mean at s[n * stride], q[n * stride]: their mean and squared deviations combined (Chan
+// et al.), then the scale and shift that normalise the channel and its statistics.
+void finish_channel(int64_t c, const float* s, const float* q, int64_t N, int64_t stride, int64_t L,
+                    const ChannelOut& o) {
+  const double m = double(N * L);
+  double sum = 0;
+  for (int64_t n = 0; n < N; ++n) sum += double(s[n * stride]);
+  const double mean = sum / m;
+  double ss = 0;  // sum of the tiles' M2s plus the spread of their means
+  for (int64_t n = 0; n < N; ++n) {
+    const double d = double(s[n * stride]) / double(L) - mean;
+    ss += double(q[n * stride]) + double(L) * d * d;
+  }
+  const double var = ss / m, invstd = 1.0 / std::sqrt(var + o.eps);
+  o.sc[c] = float(invstd * double(o.gp[c]));
+  o.sh[c] = float(double(o.bp[c]) - mean * invstd * double(o.gp[c]));
+  o.mp[c] = float(mean);
+  o.ip[c] = float(invstd);
+  if (o.rmp) o.rmp[c] = float((1 - o.momentum) * double(o.rmp[c]) + o.momentum * mean);
+  if (o.rvp) o.rvp[c] = float((1 - o.momentum) * double(o.rvp[c]) + o.momentum * ss / (m - 1));
+}
+
 template <class T>
 void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip,
                           float* rmp, float* rvp, double momentum, double eps, ops::BnAct act, const T* resp) {
@@ -174,26 +210,9 @@ void bn_fwd_train_blocked(const Tensor& x, const float* gp, const float* bp, Ten
   for (int64_t i = 0; i < t.count(); ++i)
     tile_stats(xp + i * t.L * kBlock, t.L, tsum.data() + i * kBlock, tm2.data() + i * kBlock);
   std::vector<float> sc(size_t(t.C)), sh(size_t(t.C));
-  const double m = double(t.N * t.L);
-  for (int64_t c = 0; c < t.C; ++c) {
-    const int64_t cb = c / kBlock, j = c % kBlock;
-    double sum = 0;
-    for (int64_t n = 0; n < t.N; ++n) sum += double(tsum[size_t((n * t.CB + cb) * kBlock + j)]);
-    const double mean = sum / m;
-    double ss = 0;  // sum of tile M2s plus the spread of the tile means (Chan et al.)
-    for (int64_t n = 0; n < t.N; ++n) {
-      const size_t k = size_t((n * t.CB + cb) * kBlock + j);
-      const double d = double(tsum[k]) / double(t.L) - mean;
-      ss += double(tm2[k]) + double(t.L) * d * d;
-    }
-    const double var = ss / m, invstd = 1.0 / std::sqrt(var + eps);
-    sc[size_t(c)] = float(invstd * double(gp[c]));
-    sh[size_t(c)] = float(double(bp[c]) - mean * invstd * double(gp[c]));
-    mp[c] = float(mean);
-    ip[c] = float(invstd);
-    if (rmp) rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean);
-    if (rvp) rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * ss / (m - 1));
-  }
+  const ChannelOut o{gp, bp, sc.data(), sh.data(), mp, ip, rmp, rvp, momentum, eps};
+  for (int64_t c = 0; c < t.C; ++c)  // tile (n, cb)'s lane j at (n CB + cb) 16 + j
+    finish_channel(c, tsum.data() + c, tm2.data() + c, t.N, t.CB * kBlock, t.L, o);
   affine_blocked(t, xp, yp, sc.data(), sh.data(), act, resp);
 }
 
@@ -355,6 +374,74 @@ void bn_infer_blocked(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
   affine_blocked(t, x.data_any<T>(), y.data_any<T>(), sc.data(), sh.data(), act, resp);
 }
 
+// NHWC [N, L, C]: y = act(x * sc[c] + sh[c] (+ residual rp)) per row of C channels.
+template <class T>
+void affine_nhwc(int64_t N, int64_t L, int64_t C, const T* xp, T* yp, const float* sc, const float* sh, ops::BnAct act,
+                 const T* rp) {
+  with_act(act, [&](auto a_) {
+    constexpr ops::BnAct A = decltype(a_)::value;
+#pragma omp parallel for schedule(static) if (N * L * C > 32768)
+    for (int64_t r = 0; r < N * L; ++r) {
+      const T* x = xp + r * C;
+      T* y = yp + r * C;
+      const T* res = rp ? rp + r * C : nullptr;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        float v = ld(x, c) * sc[c] + sh[c];
+        if (res) v += ld(res, c);
+        st(y, c, act_of<A>(v));
+      }
+    }
+  });
+}
+
+template <class T>
+void bn_fwd_train_nhwc(const Tensor& x, const float* gp, const float* bp, Tensor& y, float* mp, float* ip, float* rmp,
+                       float* rvp, double momentum, double eps, ops::BnAct act, const T* resp) {
+  const int64_t N = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
+  const T* xp = x.data_any<T>();
+  y.set_format(Format::nhwc);
+  T* yp = y.data_any<T>();
+  // Per image and channel: the sum and the squared deviations from the image's mean.
+  std::vector<float> tsum(size_t(N * C)), tm2(size_t(N * C));
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xr = xp + n * L * C;
+    float* s = tsum.data() + n * C;
+    float* q = tm2.data() + n * C;
+    for (int64_t l = 0; l < L; ++l)
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) s[c] += ld(xr, l * C + c);
+    std::vector<float> mu(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) mu[size_t(c)] = s[c] / float(L);
+    for (int64_t l = 0; l < L; ++l)
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const float d = ld(xr, l * C + c) - mu[size_t(c)];
+        q[c] += d * d;
+      }
+  }
+  std::vector<float> sc(static_cast<size_t>(C)), sh(static_cast<size_t>(C));
+  const ChannelOut o{gp, bp, sc.data(), sh.data(), mp, ip, rmp, rvp, momentum, eps};
+  for (int64_t c = 0; c < C; ++c) finish_channel(c, tsum.data() + c, tm2.data() + c, N, C, L, o);
+  affine_nhwc(N, L, C, xp, yp, sc.data(), sh.data(), act, resp);
+}
+
+template <class T>
+void bn_infer_nhwc(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                   const Tensor& running_var, Tensor& y, double eps, ops::BnAct act, const T* resp) {
+  const int64_t C = x.size(1);
+  const float *gp = gamma.data<float>(), *bp = beta.data<float>();
+  const float *mp = running_mean.data<float>(), *vp = running_var.data<float>();
+  std::vector<float> sc(static_cast<size_t>(C)), sh(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    const double sd = double(gp[c]) / std::sqrt(double(vp[c]) + eps);
+    sc[size_t(c)] = float(sd), sh[size_t(c)] = float(double(bp[c]) - double(mp[c]) * sd);
+  }
+  y.set_format(Format::nhwc);
+  affine_nhwc(x.size(0), x.size(2) * x.size(3), C, x.data_any<T>(), y.data_any<T>(), sc.data(), sh.data(), act, resp);
+}
+
 struct Dims {
   int64_t N, C, L;
 };
@@ -506,14 +593,17 @@ void batchnorm_fwd_train(const Tensor& x, const Tensor& gamma, const Tensor& bet
   }
   float* rmp = running_mean.defined() ? running_mean.data<float>() : nullptr;
   float* rvp = running_var.defined() ? running_var.data<float>() : nullptr;
-  const bool blocked = runs_blocked(x);
+  const bool nhwc = x.format() == Format::nhwc, blocked = !nhwc && runs_blocked(x);
   Tensor kx, kr;  // x and the residual in the layout computed in
-  const Tensor& xs = in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
+  const Tensor& xs = nhwc ? x : in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
   const Tensor& rs = in_format(residual_in, xs.format(), kr);
   return with_storage(x, [&](auto t) {
     using T = decltype(t);
     const T* resp = rs.defined() ? rs.data_any<T>() : nullptr;
-    if (blocked)
+    if (nhwc)
+      bn_fwd_train_nhwc(xs, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
+                        save_invstd.data<float>(), rmp, rvp, momentum, eps, act, resp);
+    else if (blocked)
       bn_fwd_train_blocked(xs, gamma.data<float>(), beta.data<float>(), y, save_mean.data<float>(),
                            save_invstd.data<float>(), rmp, rvp, momentum, eps, act, resp);
     else
@@ -529,14 +619,15 @@ void batchnorm_fwd_infer(const Tensor& x, const Tensor& gamma, const Tensor& bet
     return ref::batchnorm_fwd_infer(x.to_plain(), gamma, beta, running_mean, running_var, y, eps, act,
                                     residual_in.defined() ? residual_in.to_plain() : Tensor());
   }
-  const bool blocked = runs_blocked(x);
+  const bool nhwc = x.format() == Format::nhwc, blocked = !nhwc && runs_blocked(x);
   Tensor kx, kr;
-  const Tensor& xs = in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
+  const Tensor& xs = nhwc ? x : in_format(x, blocked ? Format::nchw16c : Format::plain, kx);
   const Tensor& rs = in_format(residual_in, xs.format(), kr);
   return with_storage(x, [&](auto t) {
     using T = decltype(t);
     const T* resp = rs.defined() ? rs.data_any<T>() : nullptr;
-    if (blocked) bn_infer_blocked(xs, gamma, beta, running_mean, running_var, y, eps, act, resp);
+    if (nhwc) bn_infer_nhwc(xs, gamma, beta, running_mean, running_var, y, eps, act, resp);
+    else if (blocked) bn_infer_blocked(xs, gamma, beta, running_mean, running_var, y, eps, act, resp);
     else bn_infer_plain(xs, gamma, beta, running_mean, running_var, y, eps, act, resp);
   });
 }
