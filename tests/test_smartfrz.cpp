@@ -441,8 +441,17 @@ TEST(SmartFrzTrainer, StagesWaitUntilTheTrainingLossFallsBelowTheConstantPredict
   ASSERT_FALSE(froze.empty());
   EXPECT_EQ(froze[0]["step"], 16 * int64_t(start + 1) + 1);
   const std::string story = train::run_report(a.out);
-  EXPECT_NE(story.find("held its freezing stages until step " + std::to_string(16 * (start + 1))), std::string::npos)
+  EXPECT_NE(story.find("held its first " + std::to_string(start) + " freezing stages until step " +
+                       std::to_string(16 * (start + 1))),
+            std::string::npos)
       << story;
+  // Learning begun by the first stage: nothing held, and the report says so.
+  const train::TrainConfig at_once = cfg("wait_none", 1e6);
+  ASSERT_TRUE(train::run_training(at_once).completed);
+  EXPECT_EQ(lines(at_once, "held").size(), 0u);
+  EXPECT_NE(train::run_report(at_once.out).find("its first freezing stage (step 16) found the mean training loss at"),
+            std::string::npos)
+      << train::run_report(at_once.out);
 
   // Killed halfway through the stage that starts (half its losses in the checkpoint) and
   // again between that stage and the step that acts on it: the same weights and log.

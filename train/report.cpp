@@ -212,12 +212,20 @@ void smartfrz_story(const std::vector<json>& log, const Units& units, double thr
       continue;
     }
     if (type == "start") {
-      r +=
-          fmt("- held its freezing stages until step %lld: the mean training loss of a stage's steps was over "
-              "%.3f (--smartfrz-start-below times %.3f, the loss of predicting the training targets' "
-              "frequencies); at step %lld it was %.3f\n",
-              (long long)e.value("step", int64_t(0)), e.value("start_loss", 0.0), e.value("constant_loss", 0.0),
-              (long long)e.value("step", int64_t(0)), e.value("train_loss", 0.0));
+      const std::string bound =
+          fmt("%.3f (--smartfrz-start-below times %.3f, the loss of predicting the training "
+              "targets' frequencies)",
+              e.value("start_loss", 0.0), e.value("constant_loss", 0.0));
+      const long long step = e.value("step", int64_t(0));
+      const double loss = e.value("train_loss", 0.0);
+      if (held > 0)
+        r +=
+            fmt("- held its first %lld freezing stages until step %lld: the mean training loss of a stage's steps "
+                "was over %s; at step %lld it was %.3f\n",
+                (long long)held, step, bound.c_str(), step, loss);
+      else
+        r += fmt("- its first freezing stage (step %lld) found the mean training loss at %.3f, under %s\n", step, loss,
+                 bound.c_str());
       held = 0;
       continue;
     }
