@@ -55,7 +55,7 @@ enum class ReferenceScope { unit, network };  // Note [The reference's scope]
 // The mean cross-entropy of the best prediction that ignores its input, given how often
 // each target class occurs in the training data: the entropy of those frequencies, mixed
 // with the uniform distribution as label smoothing mixes the targets ((1 - s) p + s / C,
-// C = counts.size()). A model at this loss has learned nothing from its inputs.
+// C = counts.size()). A model no better than this has learned nothing from its inputs.
 double constant_prediction_loss(const std::vector<int64_t>& counts, double label_smoothing);
 
 // --freeze smartfrz (freeze/policy_smartfrz.cpp, Note [SmartFRZ's freezing stage]).
