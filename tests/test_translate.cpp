@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "autograd/node.h"
 #include "core/device.h"
@@ -383,6 +386,25 @@ TEST(Translate, PaddingToAMultipleTrainsAsWithout) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The tokenizer a run trains does not depend on the run's --threads (SentencePiece's
+// unigram trainer sums per thread: with the run's threads, 1 and 2 gave two tokenizers).
+TEST(Translate, TheTokenizerIsTheSameWhateverTheRunsThreads) {
+  std::vector<std::string> models;
+  for (int threads : {1, 2}) {
+    std::string data = tmpdir("tok_threads_data_" + std::to_string(threads));
+    write_toy_corpus(data);
+    auto c = toy_run(data, tmpdir("tok_threads_" + std::to_string(threads)));
+    c.threads = threads;
+    c.epochs = 1;
+    c.train_limit = 64;
+    ASSERT_TRUE(train::run_training(c).completed);
+    std::ifstream f(data::tokenizer_path(data, c.vocab_size), std::ios::binary);
+    models.emplace_back(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  ASSERT_FALSE(models[0].empty());
+  EXPECT_TRUE(models[0] == models[1]) << "the tokenizer trained with --threads 1 differs from --threads 2's";
 }
 
 // The freezing policies' constant loss (SmartFRZ's wait): the entropy of the training

@@ -124,8 +124,10 @@ void TranslationTask::setup(const TrainConfig& c, dist::Communicator& comm) {
                   (long long)c.vocab_size, train_pairs.size(), tp.c_str());
       std::fflush(stdout);
     }
-    tok_ = std::make_unique<data::Tokenizer>(
-        data::Tokenizer::load_or_train(train_pairs, tp, c.vocab_size, std::max(1, num_threads())));
+    // A fixed thread count, not the run's: SentencePiece's unigram trainer sums its
+    // statistics per thread, so the same data trained with --threads 1 and 2 gave two
+    // tokenizers. 16 is SentencePiece's own default.
+    tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::load_or_train(train_pairs, tp, c.vocab_size, 16));
   }
   comm.barrier();
   if (comm.rank() != 0) tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::load(tp));
