@@ -54,7 +54,8 @@ def recipe(budget, epochs):
     return ["--lr", "0.1", "--lr-schedule", "linear", "--warmup-steps", str(warmup), "--init-exclude", "head"]
 
 
-POLICIES = {"none": ["none"], "autofreeze": ["autofreeze"], "egeria": ["egeria"],
+POLICIES = {"none": ["none"], "none-sample": ["none", "--augment-mode", "sample"], "autofreeze": ["autofreeze"],
+            "egeria": ["egeria"],
             "egeria-cache": ["egeria", "--freeze-cache", "on", "--freeze-bn", "running", "--augment-mode", "sample"],
             "smartfrz": ["smartfrz"], "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"]}
 
@@ -67,7 +68,12 @@ def policy_flags(policy):
     ahead of the front (--freeze-lookahead N), -tolX sets T's coefficient (--freeze-tolerance X),
     -lr2 reads the SP loss per squared LR (--freeze-reading per-lr2), -bnb gives the reference
     the batch's statistics (--freeze-reference-bn batch); e.g. egeria-la1, egeria-cache-tol0.5,
-    egeria-bnb-lr2."""
+    egeria-bnb-lr2. A policy with fixed augmentations (egeria-cache, none-sample) may end in -vN: each
+    sample's N of them, in turn (--augment-variants N), e.g. egeria-cache-v4."""
+    m = re.fullmatch(r"(.*)-v(\d+)", policy)
+    if m:
+        flags = policy_flags(m.group(1))
+        return flags + ["--augment-variants", m.group(2)] if flags and "sample" in flags else None
     extra = []
     while True:
         m = re.fullmatch(r"(egeria.*)-(la|tol)(\d+(?:\.\d+)?)", policy)

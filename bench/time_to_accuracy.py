@@ -306,20 +306,42 @@ def set_cost_lines(costs):
     return lines
 
 
+def cache_hit_shares(out):
+    """{epoch-end step: the share of the epoch's cached samples served from the activation cache}
+    from the epoch records' cache_hit_samples / cache_miss_samples (runs since 2026-12-06; 0 for
+    an epoch that used the cache for nothing). None for a run without the cache or from before,
+    whose frozen steps are all taken as served."""
+    epochs = epochs_of(out)
+    if not epochs or "cache_hit_samples" not in epochs[-1]:
+        return None
+    return {e["step"]: e["cache_hit_samples"] / max(1, e["cache_hit_samples"] + e["cache_miss_samples"])
+            for e in epochs}
+
+
 def modelled_seconds(out, costs):
-    """({epoch-end step: modelled training seconds to it}, modelled seconds in all)."""
+    """({epoch-end step: modelled training seconds to it}, modelled seconds in all). With the
+    activation cache, a step with a front frozen costs the cached step for the share of its
+    epoch's samples the cache served, the recomputing frozen step for the rest."""
     summary = json.load(open(os.path.join(out, "summary.json")))
     model = summary["model"]
     cached = bool(summary.get("activation_cache"))
+    hits = cache_hit_shares(out) if cached else None
     frozen_at = frozen_records(out)
     epoch_steps = {r["step"] for r in epochs_of(out)}
     overhead = 1.0 + (summary.get("reference_overhead_fraction") or 0.0)
     total, units, i, marks, memo = 0.0, (), 0, {}, {}
     last = max(epoch_steps, default=0)
+    ends = sorted(epoch_steps)
     for step in range(1, last + 1):
         if units not in memo:
-            memo[units] = step_cost(costs, model, units, cached)
-        total += memo[units]
+            memo[units] = (step_cost(costs, model, units, cached),
+                           step_cost(costs, model, units, False) if cached else 0.0)
+        served, computed = memo[units]
+        if hits is None:
+            total += served
+        else:
+            share = hits[next(e for e in ends if e >= step)]
+            total += share * served + (1 - share) * computed
         if step in epoch_steps:
             marks[step] = total * overhead
         while i < len(frozen_at) and frozen_at[i][0] <= step:

@@ -19,7 +19,9 @@
 // changes (a freeze moves the boundary, an unfreeze lets the weights move again);
 // (2) the sample's input is the same: its augmentation must not change between
 // epochs (the loader's per-sample augmentation, `--augment-mode sample`, or none), as
-// in the paper, which keeps random augmentation stateless per sample for this; and
+// in the paper, which keeps random augmentation stateless per sample for this; with
+// `--augment-variants V` a sample has V fixed augmentations, taken in turn, and an
+// entry for each (the image task's keys: id x V + the epoch's augmentation); and
 // (3) a sample's output does not depend on the rest of its batch: the prefix's
 // BatchNorms must use running statistics (`--freeze-bn running`, the paper's
 // inference mode). The trainer refuses `--freeze-cache on` without (2) and (3).

@@ -184,7 +184,7 @@ void FolderSamples::load_file(int64_t id, uint64_t seed, int64_t epoch, T* out) 
   const std::string& path = folder_.files[size_t(id)];
   const std::string bytes = read_file(path);
   const ImageSize size = image_size(bytes, path);
-  CropDecision d = crop_decision(t_, size.width, size.height, seed, t_.same_every_epoch ? 0 : epoch, id);
+  CropDecision d = crop_decision(t_, size.width, size.height, seed, epoch, id);
   // The smallest JPEG decode that keeps the crop at least as large as what it becomes.
   const int64_t need = t_.train ? t_.size : t_.eval_resize();
   const int reduce =

@@ -42,9 +42,6 @@ struct FolderTransform {
   double crop_pct = 224.0 / 256.0;  // evaluation's crop as a share of the resized short side (timm's crop_pct)
   bool train = true;
   bool scaled_decoding = true;
-  // The crop and flip drawn once per sample for the whole run (a function of (seed, id)),
-  // as the activation cache needs (--augment-mode sample).
-  bool same_every_epoch = false;
   double min_scale = 0.08, max_scale = 1.0, min_ratio = 3.0 / 4.0, max_ratio = 4.0 / 3.0;
   Normalization norm;  // default: ImageNet's mean and standard deviation
   FolderTransform();

@@ -10,8 +10,7 @@ namespace {
 
 class ImageSamples final : public SampleSource {
  public:
-  ImageSamples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug, bool per_sample)
-      : d_(std::move(d)), aug_(aug), per_sample_(per_sample) {
+  ImageSamples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug) : d_(std::move(d)), aug_(aug) {
     EG_CHECK(d_ && d_->size() > 0, "loader: the dataset is empty");
     EG_CHECK(d_->images.dim() == 4 && d_->images.size(0) == d_->labels.numel() && d_->labels.dtype() == DType::s64,
              "loader: a dataset's images must be [N, C, H, W] with N = its s64 labels' count; got images ",
@@ -21,13 +20,12 @@ class ImageSamples final : public SampleSource {
   Shape sample_shape() const override { return {d_->images.size(1), d_->images.size(2), d_->images.size(3)}; }
   int64_t label(int64_t id) const override { return d_->labels.data<int64_t>()[id]; }
   void load(int64_t id, uint64_t seed, int64_t epoch, float* out) const override {
-    augment_into(*d_, id, aug_, seed, per_sample_ ? 0 : epoch, out);
+    augment_into(*d_, id, aug_, seed, epoch, out);
   }
 
  private:
   std::shared_ptr<const ImageDataset> d_;
   AugmentOptions aug_;
-  bool per_sample_ = false;
 };
 
 }  // namespace
@@ -39,15 +37,12 @@ PixelAffine SampleSource::pixel_affine() const {
   EG_THROW("internal: this sample source has no 8-bit pixels (has_pixels() is false)");
 }
 
-std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug,
-                                                  bool augment_per_sample) {
-  return std::make_shared<ImageSamples>(std::move(d), aug, augment_per_sample);
+std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug) {
+  return std::make_shared<ImageSamples>(std::move(d), aug);
 }
 
 Loader::Loader(std::shared_ptr<const ImageDataset> data, LoaderOptions o)
-    : Loader(image_samples(std::move(data), o.augment ? o.aug : AugmentOptions{0, false, o.aug.norm},
-                           o.augment_per_sample),
-             o) {}
+    : Loader(image_samples(std::move(data), o.augment ? o.aug : AugmentOptions{0, false, o.aug.norm}), o) {}
 
 Loader::Loader(std::shared_ptr<const SampleSource> data, LoaderOptions o) : data_(std::move(data)), opt_(o) {
   EG_CHECK(data_ && data_->size() > 0, "loader: the dataset is empty");
@@ -59,6 +54,8 @@ Loader::Loader(std::shared_ptr<const SampleSource> data, LoaderOptions o) : data
   EG_CHECK(!o.drop_last || data_->size() >= o.batch_size, "loader: batch size ", o.batch_size,
            " is larger than the dataset (", data_->size(), " samples)");
   EG_CHECK(o.workers >= 1 && o.prefetch >= 1, "loader: need at least one worker and one batch of prefetch");
+  EG_CHECK(o.augment_variants >= 0, "loader: augment_variants must be 0 (a new augmentation every epoch) or more, got ",
+           o.augment_variants);
   EG_CHECK(o.shards >= 1 && o.shard_rank >= 0 && o.shard_rank < o.shards, "loader: shard ", o.shard_rank, " of ",
            o.shards);
   EG_CHECK(!o.drop_last || data_->size() >= o.batch_size * o.shards, "loader: a global batch of ", o.batch_size, " x ",
@@ -206,10 +203,11 @@ void Loader::worker_loop() {
     }
     std::exception_ptr error;
     std::vector<std::pair<int64_t, std::string>> bad;
+    const int64_t drawn = augmentation_epoch(epoch_, opt_.augment_variants);
     for (int64_t i = first; i < last && !error; ++i) {
       try {
-        if (pixels_) data_->load_pixels(f->ids[size_t(i)], opt_.seed, epoch_, f->b.x.data<uint8_t>() + i * per);
-        else data_->load(f->ids[size_t(i)], opt_.seed, epoch_, f->b.x.data<float>() + i * per);
+        if (pixels_) data_->load_pixels(f->ids[size_t(i)], opt_.seed, drawn, f->b.x.data<uint8_t>() + i * per);
+        else data_->load(f->ids[size_t(i)], opt_.seed, drawn, f->b.x.data<float>() + i * per);
       } catch (const BadSample& e) {
         if (!opt_.skip_bad) error = std::current_exception();
         else bad.emplace_back(i, e.what());

@@ -3,9 +3,9 @@
 // batch still being built (so one batch is built by every worker at once, not one worker
 // a batch). The order of an epoch is a pure function of
 // (seed, epoch) and the augmentation of a sample a pure function of
-// (seed, epoch, sample id) (or of (seed, sample id) with augment_per_sample), so a run resumed at (epoch, batch) sees exactly the
-// batches the uninterrupted run would have, and the activation cache can ask which
-// sample ids come next (upcoming_ids).
+// (seed, epoch, sample id) (with augment_variants, of (seed, epoch mod V, sample id)), so a
+// run resumed at (epoch, batch) sees exactly the batches the uninterrupted run would have,
+// and the activation cache can ask which sample ids come next (upcoming_ids).
 #pragma once
 #include <condition_variable>
 #include <map>
@@ -61,20 +61,25 @@ class SampleSource {
 };
 
 // An in-memory image dataset as a sample source: sample `id` cropped, flipped and
-// normalised as `aug` says (augment_into), drawn anew every epoch or, with
-// `augment_per_sample`, once for the whole run.
-std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug,
-                                                  bool augment_per_sample = false);
+// normalised as `aug` says (augment_into), drawn from (seed, epoch, id).
+std::shared_ptr<const SampleSource> image_samples(std::shared_ptr<const ImageDataset> d, const AugmentOptions& aug);
+
+// The `epoch` a loader passes to SampleSource::load in epoch `epoch`: the epoch itself
+// (variants 0: a new augmentation every epoch), or epoch mod V (V >= 1: each sample in
+// at most V augmentations for the whole run, taken in turn, each the same whenever it
+// comes back).
+inline int64_t augmentation_epoch(int64_t epoch, int64_t variants) { return variants > 0 ? epoch % variants : epoch; }
 
 struct LoaderOptions {
   int64_t batch_size = 128;
   bool shuffle = true;
   bool drop_last = true;
   bool augment = false;
-  // In-memory datasets: the crop and flip of a sample drawn anew every epoch (false), or
-  // once per sample for the whole run (true: a function of (seed, sample id), stateless
-  // as the activation cache needs; see Note [Activation cache validity]).
-  bool augment_per_sample = false;
+  // Which augmentation each epoch loads (augmentation_epoch): 0, a new one every epoch;
+  // V >= 1, the sample's V fixed ones in turn (1: one per sample for the whole run). A
+  // fixed one is stateless, as the activation cache needs: an entry per sample and
+  // augmentation (Note [Activation cache validity]).
+  int64_t augment_variants = 0;
   AugmentOptions aug;
   int workers = 1;
   int prefetch = 4;  // batches built ahead of the consumer (being built or ready)

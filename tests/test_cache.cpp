@@ -205,6 +205,35 @@ TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
     EXPECT_EQ(e.path().filename().string().find(".egeria-activation-cache"), std::string::npos) << e.path();
 }
 
+// --augment-variants 2: a sample comes in two fixed augmentations, in turn, and the cache
+// keeps an entry for each, so the cached run still ends with the recomputing run's weights.
+TEST(CacheTrainer, EachOfASamplesAugmentationsHasAnEntryOfItsOwn) {
+  const std::string a = tmpdir("v2_off"), b = tmpdir("v2_on");
+  auto two = [](train::TrainConfig c) {
+    c.augment_variants = 2;
+    return c;
+  };
+  ASSERT_TRUE(train::run_training(two(cached_cfg(a, false))).completed);
+  ASSERT_TRUE(train::run_training(two(cached_cfg(b, true))).completed);
+  const auto ac = nlohmann::json::parse(std::ifstream(b + "/summary.json"))["activation_cache"];
+  // Frozen after the first step of epoch 2 (the second augmentation): its other 240 samples
+  // stored; epoch 3 (the first augmentation) stores all 256; epoch 4 (the second again)
+  // serves the 240 and stores the 16 of the first step.
+  EXPECT_EQ(ac["miss_samples"].get<int64_t>(), 2 * 256) << ac.dump();
+  EXPECT_EQ(ac["hit_samples"].get<int64_t>(), 240) << ac.dump();
+  EXPECT_EQ(ac["peak_bytes_reserved"].get<int64_t>(), 2 * 256 * 16 * 32 * 32 * 4) << ac.dump();
+  eg::testing::expect_same_weights(a, b);
+  // Each epoch's line says how many of its samples came from the cache.
+  std::vector<std::pair<int64_t, int64_t>> served;  // (hits, misses) by epoch
+  std::ifstream metrics(b + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == "epoch") served.emplace_back(j["cache_hit_samples"].get<int64_t>(), j["cache_miss_samples"]);
+  }
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(served, (std::vector<P>{{0, 0}, {0, 240}, {0, 256}, {240, 16}}));
+}
+
 // The same under --precision bf16: the entries are the prefix's bf16 output, so the cached
 // run still ends with the recomputing run's weights, bit for bit, its cache half the size.
 TEST(CacheTrainer, Bf16CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
@@ -275,6 +304,14 @@ TEST(CacheTrainer, RefusesConfigurationsWhereACachedOutputWouldBeWrong) {
   c = cached_cfg(tmpdir("refuse"), true);
   c.freezing.policy = "none";
   expect_error(c, "--freeze none");
+  c = cached_cfg(tmpdir("refuse"), true);
+  c.augment_mode = train::AugmentMode::epoch;
+  c.augment_variants = 3;
+  expect_error(c,
+               "--augment-variants 3 chooses among each sample's fixed augmentations: it needs --augment-mode sample");
+  c.augment_mode = train::AugmentMode::sample;
+  c.augment_variants = 0;
+  expect_error(c, "--augment-variants must be at least 1, got 0");
   auto expect_bad_text = [](const char* flag, const char* text, const std::string& needle) {
     train::TrainConfig d;
     try {

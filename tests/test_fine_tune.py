@@ -64,7 +64,7 @@ class FineTuneTable(unittest.TestCase):
         self.assertEqual(r[r.index("--warmup-steps") + 1], "23")
         self.assertIn("--init-exclude", r)
 
-    def test_egeria_policies_take_lookahead_and_tolerance_suffixes(self):
+    def test_policies_take_their_suffixes(self):
         self.assertEqual(ft.policy_flags("egeria-la1"), ["egeria", "--freeze-lookahead", "1"])
         self.assertEqual(ft.policy_flags("egeria-tol0.5"), ["egeria", "--freeze-tolerance", "0.5"])
         self.assertEqual(ft.policy_flags("egeria-cache-la2-tol0.5")[-4:],
@@ -73,7 +73,10 @@ class FineTuneTable(unittest.TestCase):
         self.assertEqual(ft.policy_flags("egeria-bnb-lr2"),
                          ["egeria", "--freeze-reference-bn", "batch", "--freeze-reading", "per-lr2"])
         self.assertEqual(ft.policy_flags("egeria-lr2-la1")[1:], ["--freeze-reading", "per-lr2", "--freeze-lookahead", "1"])
-        for bad in ("egeria-la1.5", "egeria-lax", "smartfrz-la1", "none-tol0.5", "egeria-tol", "none-lr2", "egeria-lr3"):
+        self.assertEqual(ft.policy_flags("egeria-cache-v4")[-2:], ["--augment-variants", "4"])
+        self.assertEqual(ft.policy_flags("none-sample-v2"), ["none", "--augment-mode", "sample", "--augment-variants", "2"])
+        for bad in ("egeria-la1.5", "egeria-lax", "smartfrz-la1", "none-tol0.5", "egeria-tol", "none-lr2", "egeria-lr3",
+                    "egeria-v2", "none-v2", "egeria-cache-vx"):
             self.assertIsNone(ft.policy_flags(bad), bad)
 
 

@@ -100,20 +100,21 @@ TEST(Loader, AugmentationDependsOnlyOnSeedEpochAndId) {
   EXPECT_TRUE(differs);
 }
 
-// augment_per_sample: a sample is cropped and flipped the same way in every epoch
+std::map<int64_t, std::vector<float>> pixels_by_id(data::Loader& l, int64_t e) {
+  std::map<int64_t, std::vector<float>> m;
+  for (auto& b : epoch(l, e)) {
+    const int64_t n = b.x.numel() / b.x.size(0);
+    for (size_t i = 0; i < b.ids.size(); ++i)
+      m[b.ids[i]] = std::vector<float>(b.x.data<float>() + int64_t(i) * n, b.x.data<float>() + int64_t(i + 1) * n);
+  }
+  return m;
+}
+
+// augment_variants 1: a sample is cropped and flipped the same way in every epoch
 // (what the activation cache needs); by default it changes between epochs.
 TEST(Loader, PerSampleAugmentationIsTheSameEveryEpoch) {
-  auto pixels_by_id = [](data::Loader& l, int64_t e) {
-    std::map<int64_t, std::vector<float>> m;
-    for (auto& b : epoch(l, e)) {
-      const int64_t n = b.x.numel() / b.x.size(0);
-      for (size_t i = 0; i < b.ids.size(); ++i)
-        m[b.ids[i]] = std::vector<float>(b.x.data<float>() + int64_t(i) * n, b.x.data<float>() + int64_t(i + 1) * n);
-    }
-    return m;
-  };
   auto o = opts();
-  o.augment_per_sample = true;
+  o.augment_variants = 1;
   data::Loader fixed(small_data(), o);
   auto e0 = pixels_by_id(fixed, 0), e1 = pixels_by_id(fixed, 1);
   ASSERT_EQ(e0.size(), e1.size());
@@ -131,6 +132,28 @@ TEST(Loader, PerSampleAugmentationIsTheSameEveryEpoch) {
   EXPECT_GT(changed, int(v0.size()) / 2);
 }
 
+// augment_variants V: epoch e loads each sample as epoch e mod V of the default
+// (a new augmentation every epoch) loads it, so a sample comes in V augmentations, in
+// turn, whatever the epoch's order.
+TEST(Loader, AugmentVariantsAreTheFirstEpochsAugmentationsTakenInTurn) {
+  auto o = opts();
+  o.augment_variants = 3;
+  data::Loader turns(small_data(), o), anew(small_data(), opts());
+  std::vector<std::map<int64_t, std::vector<float>>> fresh;
+  for (int64_t e = 0; e < 3; ++e) fresh.push_back(pixels_by_id(anew, e));
+  for (int64_t e = 0; e < 7; ++e) {
+    int same = 0, both = 0;
+    for (auto& [id, v] : pixels_by_id(turns, e)) {
+      const auto& f = fresh[size_t(e % 3)];
+      if (!f.count(id)) continue;  // in the drop_last remainder of one of the two epochs
+      ++both;
+      same += f.at(id) == v;
+    }
+    EXPECT_GT(both, 80) << "epoch " << e;
+    EXPECT_EQ(same, both) << "epoch " << e;
+  }
+}
+
 TEST(Loader, RejectsBadOptions) {
   auto d = small_data();
   auto o = opts();
@@ -138,6 +161,9 @@ TEST(Loader, RejectsBadOptions) {
   EXPECT_THROW(data::Loader(d, o), Error);
   o = opts();
   o.batch_size = 1000;
+  EXPECT_THROW(data::Loader(d, o), Error);
+  o = opts();
+  o.augment_variants = -1;
   EXPECT_THROW(data::Loader(d, o), Error);
   data::Loader l(d, opts());
   EXPECT_THROW(l.start_epoch(0, 11), Error);

@@ -45,9 +45,10 @@ class ModelledTimes(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def make_run(self, name, frozen, accuracies, overhead=0.1, cached=False):
+    def make_run(self, name, frozen, accuracies, overhead=0.1, cached=False, served=None):
         """Four steps an epoch, a step record every 2 steps: frozen[i] units after step 2(i+1),
-        a front of that many, or a list: a set as the trainer writes one that is not a front."""
+        a front of that many, or a list: a set as the trainer writes one that is not a front.
+        served: each epoch's (samples from the cache, samples computed), as a cached run logs them."""
         out = os.path.join(self.dir.name, name)
         os.makedirs(out)
         with open(os.path.join(out, "metrics.jsonl"), "w") as f:
@@ -59,8 +60,11 @@ class ModelledTimes(unittest.TestCase):
                          "train_seconds": step}
                 f.write(json.dumps(r) + "\n")
                 if step % 4 == 0:
-                    f.write(json.dumps({"type": "epoch", "step": step, "test_accuracy": accuracies[step // 4 - 1],
-                                        "train_seconds": step}) + "\n")
+                    e = {"type": "epoch", "step": step, "test_accuracy": accuracies[step // 4 - 1],
+                         "train_seconds": step}
+                    if served:
+                        e["cache_hit_samples"], e["cache_miss_samples"] = served[step // 4 - 1]
+                    f.write(json.dumps(e) + "\n")
         summary = {"model": "resnet20", "reference_overhead_fraction": overhead}
         if cached:
             summary["activation_cache"] = {"forward_flops_saved_fraction": 0.5}
@@ -101,6 +105,15 @@ class ModelledTimes(unittest.TestCase):
         out = self.make_run("cached", [1, 1, 1, 1], [0.5, 0.9], overhead=0.0, cached=True)
         _, total = tta.modelled_seconds(out, costs)
         self.assertAlmostEqual(total, 2 * 0.1 + 6 * 0.02)
+
+    def test_a_cached_step_costs_the_share_of_its_epoch_the_cache_served(self):
+        """A sample the cache has not yet stored (the epoch after the freeze; another of its
+        --augment-variants) is computed: its step's share costs the recomputing frozen step."""
+        costs = tta.load_step_costs(self.costs_path)
+        out = self.make_run("variants", [1, 1, 1, 1], [0.5, 0.9], overhead=0.0, cached=True,
+                            served=[(0, 100), (75, 25)])
+        _, total = tta.modelled_seconds(out, costs)
+        self.assertAlmostEqual(total, 2 * 0.1 + 2 * 0.05 + 4 * (0.75 * 0.02 + 0.25 * 0.05))
 
     def test_a_prefix_the_benchmark_lacks_is_named(self):
         costs = tta.load_step_costs(self.costs_path)

@@ -71,6 +71,9 @@ void validate(const TrainConfig& c) {
     EG_CHECK(!quant::reference_on_gpu(c.freezing.reference.precision) || Device::parse(c.device).is_cuda(),
              "--freeze-reference ", c.freezing.reference.precision,
              " runs the reference model on the training GPU; it needs --device cuda[:N] (training on ", c.device, ")");
+  EG_CHECK(c.augment_variants == 1 || (c.augment && c.augment_mode == AugmentMode::sample), "--augment-variants ",
+           c.augment_variants, " chooses among each sample's fixed augmentations: it needs ",
+           c.augment ? "--augment-mode sample" : "augmentation (not --no-augment)");
   if (c.freezing.cache) {
     // See Note [Activation cache validity].
     EG_CHECK(!is_translation_model(c.model), "--freeze-cache on caches image models' frozen prefix; ", c.model,

@@ -73,6 +73,7 @@ struct TrainConfig {
   std::vector<double> image_mean, image_std;  // image folders' normalisation per channel (empty: ImageNet's)
   bool skip_bad_images = false;  // a file that cannot be read or decoded is left out and counted, not an error
   AugmentMode augment_mode = AugmentMode::epoch;
+  int64_t augment_variants = 1;  // --augment-mode sample: the fixed augmentations a sample is seen in, in turn
   int workers = 0;  // loader threads; 0: max(1, this rank's cores - training threads)
   // ---- optimisation
   int64_t batch_size = 128;

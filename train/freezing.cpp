@@ -140,9 +140,16 @@ json FreezeRun::step_fields() const {
   return j;
 }
 
-void FreezeRun::use_cache(const std::string& dir, int64_t train_samples, bool force_disk) {
+json FreezeRun::epoch_fields() {
+  if (!cache_) return json::object();
+  json j = {{"cache_hit_samples", epoch_hits_}, {"cache_miss_samples", epoch_misses_}};
+  epoch_hits_ = epoch_misses_ = 0;
+  return j;
+}
+
+void FreezeRun::use_cache(const std::string& dir, int64_t entries, bool force_disk) {
   cache_ = std::make_unique<cache::ActivationCache>(
-      dir, train_samples, force_disk ? cache::Tier::disk : cache::Tier::automatic, dp_.comm().local_size());
+      dir, entries, force_disk ? cache::Tier::disk : cache::Tier::automatic, dp_.comm().local_size());
 }
 
 void FreezeRun::start_step(int64_t step) {
@@ -175,6 +182,8 @@ Tensor FreezeRun::cached_forward(const Tensor& x, const std::vector<int64_t>& id
   const int64_t n = int64_t(ids.size());
   hit_samples_ += p.hits;
   miss_samples_ += n - p.hits;
+  epoch_hits_ += p.hits;
+  epoch_misses_ += n - p.hits;
   hit_batches_ += p.hits == n;
   fwd_flops_saved_sum_ += double(p.hits) / double(n) * prefix_share(unit_flops_);
   if (capture_.input_layer == k - 1) capture_.input = p.h;

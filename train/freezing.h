@@ -59,10 +59,11 @@ class FreezeRun {
   int64_t frozen_layers() const { return part_.layer_prefix(freeze::prefix_length(frozen_)); }
   const freeze::UnitSet& frozen_units() const { return frozen_; }
 
-  // --freeze-cache on: keep the frozen prefix's outputs for the `train_samples` training
-  // samples (image models; the trainer validated the configuration), in memory when
-  // they fit, else on disk in `dir` (always there when `force_disk`).
-  void use_cache(const std::string& dir, int64_t train_samples, bool force_disk);
+  // --freeze-cache on: keep the frozen prefix's outputs for `entries` keys, a training
+  // sample's each (or each of its fixed augmentations': ImageTask::cache_keys; image
+  // models; the trainer validated the configuration), in memory when they fit, else on
+  // disk in `dir` (always there when `force_disk`).
+  void use_cache(const std::string& dir, int64_t entries, bool force_disk);
   bool caching() const { return cache_ != nullptr; }
 
   // ---- one step. Before its forward, the loop says which step it is: the policy (rank 0)
@@ -80,7 +81,7 @@ class FreezeRun {
   };
   // The step's forward for every task: the model with its frozen prefix under no-grad
   // (Note [The frozen-prefix forward] in models/model.h), or with --freeze-cache the
-  // prefix's output from the activation cache where it holds the batch's samples `ids`.
+  // prefix's output from the activation cache where it holds the batch's samples' keys `ids`.
   // The freezing keeps the batch and the captured outputs for after_step, its one
   // channel from the forward to the policy.
   Tensor forward(const StepBatch& b, const std::vector<int64_t>& ids, Device dev);
@@ -94,7 +95,7 @@ class FreezeRun {
   void quiesce() {
     if (policy_) policy_->quiesce();
   }
-  // The next batch's ids, for the cache to gather ahead.
+  // The next batch's cache keys, for the cache to gather ahead.
   void prefetch(const std::vector<int64_t>& next_ids);
 
   // After the optimizer step: accounting, the policy, its decision applied to the
@@ -105,6 +106,10 @@ class FreezeRun {
 
   // Fields for metrics.jsonl step lines: frozen units and active parameter share.
   nlohmann::json step_fields() const;
+  // The epoch's line's fields (metrics.jsonl): with the activation cache, the samples of the
+  // epoch's steps served from it and computed (since this invocation started, in a resumed
+  // epoch), then counted from zero for the next epoch.
+  nlohmann::json epoch_fields();
 
   // Checkpoints: tensors under "freeze/" and the state's "freeze*" keys.
   void save(std::map<std::string, Tensor>& tensors, nlohmann::json& state) const;
@@ -145,6 +150,7 @@ class FreezeRun {
   int64_t generation_ = 0;  // bumped whenever the frozen prefix changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
+  int64_t epoch_hits_ = 0, epoch_misses_ = 0;
 };
 
 // The policy's configuration as the run's options give it: the freezing options, the

@@ -20,7 +20,6 @@ data::FolderTransform folder_transform(const TrainConfig& c, bool train) {
   t.channels = c.image_channels;
   t.crop_pct = c.crop_pct;
   t.train = train;
-  t.same_every_epoch = c.augment_mode == AugmentMode::sample;
   if (t.channels == 1) t.norm.mean[0] = 0.449f, t.norm.std[0] = 0.226f;  // ImageNet's, averaged over R, G, B
   for (size_t k = 0; k < c.image_mean.size() && k < 3; ++k) t.norm.mean[k] = float(c.image_mean[k]);
   for (size_t k = 0; k < c.image_std.size() && k < 3; ++k) t.norm.std[k] = float(c.image_std[k]);
@@ -115,7 +114,7 @@ ImageSplits in_memory_splits(const TrainConfig& c) {
   s.train_what = c.val_fraction > 0 ? " images after --val-fraction" : " images";
   data::AugmentOptions aug{0, false, info.norm};
   if (c.augment) aug.crop_padding = train->images.size(2) >= 32 ? 4 : 2, aug.hflip = true;
-  s.train = data::image_samples(train, aug, c.augment_mode == AugmentMode::sample);
+  s.train = data::image_samples(train, aug);
   auto test = std::make_shared<data::ImageDataset>(
       data::load_image_dataset({c.dataset, c.data_dir, c.test_limit, c.classes}, false));
   const auto geometry = [](const data::ImageDataset& d) {
@@ -212,6 +211,11 @@ void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   lo.seed = c.seed;
   lo.shard_rank = comm.rank(), lo.shards = comm.size();
   lo.skip_bad = c.skip_bad_images;
+  // Without augmentation every epoch loads the same sample; with --augment-mode sample one
+  // of its --augment-variants fixed augmentations.
+  const bool fixed = !c.augment || c.augment_mode == AugmentMode::sample;
+  variants_ = c.augment && fixed ? c.augment_variants : 1;
+  lo.augment_variants = fixed ? variants_ : 0;
   staged_ = !c.freezing.cache;
   lo.pixels = staged_ && dev_.is_cuda();
   loader_ = std::make_unique<data::Loader>(data_.train, lo);
@@ -271,7 +275,7 @@ void ImageTask::configure_freezing(freeze::PolicyConfig& pc) const {
 
 void ImageTask::attach(FreezeRun& fr) {
   if (c_.freezing.cache)
-    fr.use_cache(c_.freezing.cache_dir.empty() ? c_.out : c_.freezing.cache_dir, data_.train->size(),
+    fr.use_cache(c_.freezing.cache_dir.empty() ? c_.out : c_.freezing.cache_dir, data_.train->size() * variants_,
                  !c_.freezing.cache_dir.empty());
 }
 
@@ -336,6 +340,14 @@ Task::GraphBatch ImageTask::stage_graph_batch() {
   return g;
 }
 
+std::vector<int64_t> ImageTask::cache_keys(const std::vector<int64_t>& ids) const {
+  if (variants_ == 1) return ids;
+  const int64_t drawn = data::augmentation_epoch(loader_->epoch(), variants_);
+  std::vector<int64_t> keys(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) keys[i] = ids[i] * variants_ + drawn;
+  return keys;
+}
+
 Tensor ImageTask::host_images() const {
   if (batch_.x.dtype() != DType::u8) return batch_.x;
   Tensor images = Tensor::empty(batch_.x.shape());
@@ -345,7 +357,8 @@ Tensor ImageTask::host_images() const {
 
 StepOutput ImageTask::graph_forward(FreezeRun& fr) {
   StepOutput out;
-  Tensor logits = fr.forward({graph_x_, Tensor(), [this] { return host_images(); }, Tensor()}, batch_.ids, dev_);
+  Tensor logits =
+      fr.forward({graph_x_, Tensor(), [this] { return host_images(); }, Tensor()}, cache_keys(batch_.ids), dev_);
   out.loss = fn::cross_entropy(logits, graph_y_, c_.label_smoothing);
   out.samples = batch_.y.numel();
   return out;
@@ -369,8 +382,8 @@ StepOutput ImageTask::training_step(FreezeRun& fr) {
   } else {
     y = batch_.y.to(dev_);
   }
-  Tensor logits = fr.forward({x, Tensor(), [this] { return host_images(); }, Tensor()}, batch_.ids, dev_);
-  if (fr.caching()) fr.prefetch(loader_->upcoming_ids(1));  // gathered while this step runs
+  Tensor logits = fr.forward({x, Tensor(), [this] { return host_images(); }, Tensor()}, cache_keys(batch_.ids), dev_);
+  if (fr.caching()) fr.prefetch(cache_keys(loader_->upcoming_ids(1)));  // gathered while this step runs
   out.loss = fn::cross_entropy(logits, y, c_.label_smoothing);
   out.samples = batch_.y.numel();
   return out;

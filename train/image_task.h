@@ -89,6 +89,9 @@ class ImageTask : public Task {
   // The reference model's batch on the host: the f32 batch, or the pixels normalised as
   // on the device.
   Tensor host_images() const;
+  // The activation cache's entries for these training samples in the loader's epoch: one
+  // per sample and fixed augmentation (id x variants_ + the epoch's augmentation).
+  std::vector<int64_t> cache_keys(const std::vector<int64_t>& ids) const;
   TrainConfig c_;
   dist::Communicator* comm_ = nullptr;
   Device dev_;
@@ -104,6 +107,9 @@ class ImageTask : public Task {
   // pixels, normalised there with scale_ and zero_ (on the device).
   bool staged_ = false;
   std::unique_ptr<StagedUpload> x_up_, y_up_;
+  // The fixed augmentations a training sample is seen in (--augment-variants; 1 when every
+  // epoch sees the same one, or none), each an activation cache entry of its own.
+  int64_t variants_ = 1;
   // --cuda-graphs on: the batch the graphs read (images, labels), rewritten every step at
   // the front of buffers made for --batch-size samples (a short batch has a graph of its
   // own at the same addresses: Note [Graphed steps] in train/graphed_step.h).
@@ -116,7 +122,7 @@ class ImageTask : public Task {
 };
 
 // An image folder's transform for training or evaluation from the run's options
-// (--image-size, --image-channels, --crop-pct, --image-mean, --image-std, --augment-mode).
+// (--image-size, --image-channels, --crop-pct, --image-mean, --image-std).
 data::FolderTransform folder_transform(const TrainConfig& c, bool train);
 
 // Per-class counts of an evaluation (by label): correct predictions and samples. The

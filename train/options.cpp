@@ -179,9 +179,14 @@ std::vector<Option> make_options() {
       flag_switch("--no-augment", "augment", G::data, F, "no random crop and flip", &TrainConfig::augment, false));
   t.push_back(choice("--augment-mode", "augment_mode", G::data, F,
                      "epoch: a new random crop and flip for every sample every epoch; sample: one per sample for the "
-                     "whole run (stateless, as --freeze-cache on needs)",
+                     "whole run, or --augment-variants of them (stateless, as --freeze-cache on needs)",
                      &TrainConfig::augment_mode,
                      Names<AugmentMode>{{"epoch", AugmentMode::epoch}, {"sample", AugmentMode::sample}}));
+  t.push_back(number("--augment-variants", "augment_variants", G::data, F,
+                     "--augment-mode sample: each sample's N fixed crops and flips, seen in turn (epoch e sees the one "
+                     "--augment-mode epoch would in epoch e mod N; N >= the epochs is --augment-mode epoch); the "
+                     "activation cache keeps an entry for each (N times the memory)",
+                     &TrainConfig::augment_variants, Rule<int64_t>{[](int64_t v) { return v >= 1; }, "at least 1"}));
   t.push_back(checked(number("--workers", "workers", G::data, Free,
                              "data loader threads, decoding and augmenting ahead of the step (0: the rank's cores "
                              "less the training threads, at least 1; config.json records the count used)",

@@ -276,6 +276,7 @@ void end_epoch(Run& r) {
   }
   line["lr"] = r.sched->lr_at(std::max<int64_t>(st.step - 1, 0));
   line["train_seconds"] = st.train_seconds;
+  line.update(r.freezing->epoch_fields());
   line[r.task.unit() + "_per_second"] = rate(st);
   EG_CHECK(by_split[sel_split].count(sel), "the task's evaluation of the ", sel_split, " split has no \"", sel,
            "\", the metric that picks its best epoch");
