@@ -211,10 +211,11 @@ void ImageTask::setup(const TrainConfig& c, dist::Communicator& comm) {
   lo.seed = c.seed;
   lo.shard_rank = comm.rank(), lo.shards = comm.size();
   lo.skip_bad = c.skip_bad_images;
-  // Without augmentation every epoch loads the same sample; with --augment-mode sample one
-  // of its --augment-variants fixed augmentations.
-  const bool fixed = !c.augment || c.augment_mode == AugmentMode::sample;
-  variants_ = c.augment && fixed ? c.augment_variants : 1;
+  // --augment-mode sample: epoch e loads a sample's fixed augmentation e mod N. Otherwise
+  // the epoch itself (without augmentation an image dataset's sample is the same in every
+  // epoch; a library user's source sees the real epoch, as it always has).
+  const bool fixed = c.augment && c.augment_mode == AugmentMode::sample;
+  variants_ = fixed ? c.augment_variants : 1;
   lo.augment_variants = fixed ? variants_ : 0;
   staged_ = !c.freezing.cache;
   lo.pixels = staged_ && dev_.is_cuda();

@@ -107,8 +107,8 @@ class ImageTask : public Task {
   // pixels, normalised there with scale_ and zero_ (on the device).
   bool staged_ = false;
   std::unique_ptr<StagedUpload> x_up_, y_up_;
-  // The fixed augmentations a training sample is seen in (--augment-variants; 1 when every
-  // epoch sees the same one, or none), each an activation cache entry of its own.
+  // The fixed augmentations a training sample is seen in under --augment-mode sample
+  // (--augment-variants), each an activation cache entry of its own; else 1.
   int64_t variants_ = 1;
   // --cuda-graphs on: the batch the graphs read (images, labels), rewritten every step at
   // the front of buffers made for --batch-size samples (a short batch has a graph of its
