@@ -55,6 +55,7 @@ fronts' costs (step_cost), and the report sets the model beside the sets FILE me
 (TrainStepFrozenSet).
 """
 import argparse
+import bisect
 import functools
 import json
 import lzma
@@ -340,7 +341,7 @@ def modelled_seconds(out, costs):
         if hits is None:
             total += served
         else:
-            share = hits[next(e for e in ends if e >= step)]
+            share = hits[ends[bisect.bisect_left(ends, step)]]  # the epoch the step is in
             total += share * served + (1 - share) * computed
         if step in epoch_steps:
             marks[step] = total * overhead
