@@ -310,19 +310,25 @@ def set_cost_lines(costs):
 def cache_hit_shares(out):
     """{epoch-end step: the share of the epoch's cached samples served from the activation cache}
     from the epoch records' cache_hit_samples / cache_miss_samples (runs since 2026-12-06; 0 for
-    an epoch that used the cache for nothing). None for a run without the cache or from before,
-    whose frozen steps are all taken as served."""
+    an epoch that used the cache for nothing). A sample computed from the entries of a shorter
+    prefix (cache_lower_samples) counts as served for the share of the prefix's forward it
+    skipped (cache_lower_forward_skipped), as computed for the rest. None for a run without the
+    cache or from before, whose frozen steps are all taken as served."""
     epochs = epochs_of(out)
     if not epochs or "cache_hit_samples" not in epochs[-1]:
         return None
-    return {e["step"]: e["cache_hit_samples"] / max(1, e["cache_hit_samples"] + e["cache_miss_samples"])
-            for e in epochs}
+
+    def share(e):
+        hits, lower = e["cache_hit_samples"], e.get("cache_lower_samples", 0)
+        served = hits + lower * e.get("cache_lower_forward_skipped", 0.0)
+        return served / max(1, hits + lower + e["cache_miss_samples"])
+    return {e["step"]: share(e) for e in epochs}
 
 
 def modelled_seconds(out, costs):
     """({epoch-end step: modelled training seconds to it}, modelled seconds in all). With the
     activation cache, a step with a front frozen costs the cached step for the share of its
-    epoch's samples the cache served, the recomputing frozen step for the rest."""
+    epoch's samples the cache served (cache_hit_shares), the recomputing frozen step for the rest."""
     summary = json.load(open(os.path.join(out, "summary.json")))
     model = summary["model"]
     cached = bool(summary.get("activation_cache"))

@@ -203,26 +203,52 @@ void ActivationCache::prefetch(const std::vector<int64_t>& ids) {
 }
 
 ActivationCache::Pass ActivationCache::through(const std::vector<int64_t>& ids, const Tensor& x, Device dev,
-                                               const std::function<Tensor(const Tensor&)>& prefix) {
-  const std::vector<int64_t> miss = missing(ids);
+                                               const std::function<Tensor(const Tensor&)>& prefix,
+                                               const std::vector<Lower>& lowers) {
   Pass p;
+  // Positions in `ids` of the samples to compute: from each lower cache's entries, or
+  // from the input.
+  std::vector<std::vector<int64_t>> from_lower(lowers.size());
+  std::vector<int64_t> from_input;
+  const std::vector<int64_t> miss = missing(ids);
+  for (int64_t i : miss) {
+    size_t l = 0;
+    while (l < lowers.size() && !lowers[l].cache->contains({ids[size_t(i)]})) ++l;
+    (l < lowers.size() ? from_lower[l] : from_input).push_back(i);
+  }
   p.hits = int64_t(ids.size() - miss.size());
-  if (miss.size() == ids.size()) {  // nothing cached: the prefix's output is the batch's
+  for (auto& f : from_lower) p.from_lower.push_back(int64_t(f.size()));
+  auto ids_at = [&](const std::vector<int64_t>& pos) {
+    std::vector<int64_t> v;
+    for (int64_t i : pos) v.push_back(ids[size_t(i)]);
+    return v;
+  };
+  auto onward = [&](size_t l, const std::vector<int64_t>& sub) {
+    return lowers[l].rest(lowers[l].cache->gather(sub).to(dev));
+  };
+  if (from_input.size() == ids.size()) {  // nothing to gather: the prefix's output is the batch's
     p.h = prefix(x);
     store(ids, p.h);
     return p;
   }
-  if (!miss.empty()) {
+  for (size_t l = 0; l < lowers.size(); ++l) {
+    if (from_lower[l].empty()) continue;
+    const std::vector<int64_t> sub = ids_at(from_lower[l]);
+    Tensor h = onward(l, sub);
+    store(sub, h);
+    if (sub.size() == ids.size()) {  // the batch's, in its order
+      p.h = h;
+      return p;
+    }
+  }
+  if (!from_input.empty()) {
     const int64_t per = x.numel() / x.size(0);
     Shape s = x.shape();
-    s[0] = int64_t(miss.size());
+    s[0] = int64_t(from_input.size());
     Tensor xm = Tensor::empty(s);
-    std::vector<int64_t> mids;
-    for (size_t i = 0; i < miss.size(); ++i) {
-      std::copy_n(x.data<float>() + miss[i] * per, per, xm.data<float>() + int64_t(i) * per);
-      mids.push_back(ids[size_t(miss[i])]);
-    }
-    store(mids, prefix(xm));
+    for (size_t i = 0; i < from_input.size(); ++i)
+      std::copy_n(x.data<float>() + from_input[i] * per, per, xm.data<float>() + int64_t(i) * per);
+    store(ids_at(from_input), prefix(xm));
   }
   p.h = gather(ids).to(dev);
   return p;

@@ -15,8 +15,9 @@
 // Note [Activation cache validity]
 // An entry stands for "the frozen prefix applied to this sample's input". It stays
 // true only while (1) the prefix is the same modules with the same weights: the cache
-// is keyed by the prefix's length and the trainer resets it whenever the frozen set
-// changes (a freeze moves the boundary, an unfreeze lets the weights move again);
+// is keyed by the prefix and the trainer starts a new store whenever the frozen prefix
+// changes (a freeze moves the boundary: the old store, still true, is kept below it,
+// Note [A growing prefix keeps its entries]; an unfreeze lets the weights move again);
 // (2) the sample's input is the same: its augmentation must not change between
 // epochs (the loader's per-sample augmentation, `--augment-mode sample`, or none), as
 // in the paper, which keeps random augmentation stateless per sample for this; with
@@ -25,6 +26,19 @@
 // (3) a sample's output does not depend on the rest of its batch: the prefix's
 // BatchNorms must use running statistics (`--freeze-bn running`, the paper's
 // inference mode). The trainer refuses `--freeze-cache on` without (2) and (3).
+//
+// Note [A growing prefix keeps its entries]
+// When the frozen prefix grows from layer modules [0, j) to [0, k), the entries of [0, j)
+// stay true (those modules stay frozen, their weights and running statistics unchanged)
+// and are the input of the layers [j, k) the prefix gained. So the trainer keeps the old
+// stores below the new one, as its Lowers: a sample the new store lacks runs, from its
+// entry in the longest shorter prefix that has one, only the layers after it, and is
+// stored at the new depth. Freezing front first, a run freezes unit after unit a few
+// epochs apart; without this every freeze would start the cache from nothing, and with
+// V augmentations per sample (--augment-variants) an entry, read again only V epochs
+// later, would seldom be read before the next freeze dropped it. Every store since the
+// prefix last shrank is kept (each deeper one smaller, in a CNN, than the first); a
+// shrinking prefix (an unfreeze) drops them all.
 // Entries hold the values exactly as the prefix computed them, in its output's dtype (f32,
 // or bf16 under --precision bf16: half the bytes), so a step from the cache sees the same
 // numbers as a step that recomputes the prefix.
@@ -91,18 +105,27 @@ class ActivationCache {
   // Starts gathering `ids` in the background when every one has an entry (else does nothing).
   void prefetch(const std::vector<int64_t>& ids);
 
+  // The entries of a shorter prefix that this cache's prefix grew from (Note [A growing
+  // prefix keeps its entries]): `rest` maps a batch of them, moved to the device, through
+  // the layers the prefix gained since.
+  struct Lower {
+    ActivationCache* cache;
+    std::function<Tensor(const Tensor&)> rest;
+  };
   // A batch's prefix output through the cache: the samples of `ids` (rows of the CPU
-  // input x) without an entry go through `prefix` as one sub-batch and are stored, then
-  // the batch is gathered whole and moved to `dev`; a batch with no entry at all takes the
-  // prefix's output as it is. (Requiring whole batches would waste the epoch after each
-  // freeze: a batch of 128 is complete with probability f^128 when a share f is cached.)
-  // `prefix` maps a CPU batch to its output on `dev`.
+  // input x) without an entry are computed and stored: from their entry in the first of
+  // `lowers` (longest prefix first) that holds one, by its `rest`; the others by `prefix`,
+  // as one sub-batch. Then the batch is gathered whole and moved to `dev`; a batch computed
+  // wholly one way takes that output as it is. (Requiring whole batches would waste the
+  // epoch after each freeze: a batch of 128 is complete with probability f^128 when a
+  // share f is cached.) `prefix` maps a CPU batch to its output on `dev`.
   struct Pass {
     Tensor h;  // the prefix's output for the batch
     int64_t hits = 0;  // samples served from entries
+    std::vector<int64_t> from_lower;  // samples computed from each of `lowers`' entries
   };
   Pass through(const std::vector<int64_t>& ids, const Tensor& x, Device dev,
-               const std::function<Tensor(const Tensor&)>& prefix);
+               const std::function<Tensor(const Tensor&)>& prefix, const std::vector<Lower>& lowers = {});
 
   const CacheStats& stats() const { return stats_; }
   const std::string& dir() const { return dir_; }

@@ -120,6 +120,53 @@ TEST(ActivationCache, KeepsBf16EntriesInHalfTheBytes) {
   EXPECT_EQ(c.stats().bytes_reserved, 4 * 16 * 3 * 3 * 4);
 }
 
+// A batch through a cache whose prefix grew from shorter ones' (`lowers`, the longest
+// first): each sample is served, computed onward from its entry in the longest shorter
+// prefix that has one, or computed from the input.
+TEST(ActivationCache, ABatchTakesWhatTheShorterPrefixesEntriesHold) {
+  cache::ActivationCache c(tmpdir("lower_c"), 6), low(tmpdir("lower_low"), 6, cache::Tier::memory),
+      lowest(tmpdir("lower_lowest"), 6, cache::Tier::memory);
+  for (auto* k : {&lowest, &low, &c}) k->set_key(0);
+  auto affine = [](float a, float b) {
+    return [a, b](const Tensor& t) {
+      Tensor o = Tensor::empty(t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) o.data<float>()[i] = a * t.data<float>()[i] + b;
+      return o;
+    };
+  };
+  // The prefix maps x to 2x + 1; the shorter one's entries are 2x (so the rest of the way
+  // adds 1), the shortest's are x (doubled and 1 added the rest of the way).
+  const auto prefix = affine(2, 1), from_low = affine(1, 1), from_lowest = affine(2, 1);
+  Generator g(7);
+  Tensor x = Tensor::randn({5, 2}, g);
+  auto xs = [&](std::initializer_list<int64_t> rows, float scale) {
+    std::vector<float> v;
+    for (int64_t r : rows)
+      for (int64_t j = 0; j < 2; ++j) v.push_back(scale * x.data<float>()[r * 2 + j]);
+    return Tensor::from_vector(v, {int64_t(rows.size()), 2});
+  };
+  // The batch's ids 3, 5, 1, 0, 4 (the rows of x): 3 is in c, 5 and 0 in the shorter
+  // prefix's cache, 1 in the shortest's, 4 in none. 5 is in the shortest's too, with a
+  // wrong value: the longer shorter prefix's entry is the one taken.
+  c.store({3}, Tensor::from_vector(std::vector<float>{-1.f, 2.f}, {1, 2}));
+  low.store({5, 0}, xs({1, 3}, 2));
+  lowest.store({1, 5},
+               Tensor::from_vector(std::vector<float>{x.data<float>()[4], x.data<float>()[5], 99.f, 99.f}, {2, 2}));
+  const auto p = c.through({3, 5, 1, 0, 4}, x, Device::cpu(), prefix, {{&low, from_low}, {&lowest, from_lowest}});
+  EXPECT_EQ(p.hits, 1);
+  EXPECT_EQ(p.from_lower, (std::vector<int64_t>{2, 1}));
+  const Tensor want = prefix(x);
+  EXPECT_EQ(row(p.h, 0), (std::vector<float>{-1.f, 2.f})) << "served";
+  for (int64_t i : {1, 2, 3, 4}) EXPECT_EQ(row(p.h, i), row(want, i)) << "row " << i;
+  EXPECT_TRUE(c.contains({3, 5, 1, 0, 4}));
+  // A batch wholly in one shorter prefix's cache is computed from it alone.
+  low.store({2}, Tensor::from_vector(std::vector<float>{0.f, 1.f}, {1, 2}));
+  const auto q = c.through({2}, Tensor::randn({1, 2}, g), Device::cpu(), prefix, {{&low, from_low}});
+  EXPECT_EQ(q.from_lower, std::vector<int64_t>{1});
+  EXPECT_EQ(row(q.h, 0), (std::vector<float>{1.f, 2.f}));
+  EXPECT_EQ(row(c.gather({2}), 0), (std::vector<float>{1.f, 2.f}));
+}
+
 TEST(ActivationCache, BadInputIsAClearError) {
   EXPECT_THROW(cache::ActivationCache("/nonexistent/dir/for/egeria", 4), Error);
   cache::ActivationCache c(tmpdir("bad"), 4);
@@ -232,6 +279,30 @@ TEST(CacheTrainer, EachOfASamplesAugmentationsHasAnEntryOfItsOwn) {
   }
   using P = std::pair<int64_t, int64_t>;
   EXPECT_EQ(served, (std::vector<P>{{0, 0}, {0, 240}, {0, 256}, {240, 16}}));
+}
+
+// FreezeOut grows the frozen prefix unit by unit (stem, layer1, layer2, layer3 after steps
+// 16, 28, 40, 52): the entries of the shorter prefixes serve the samples the longer one
+// has not stored yet, computed onward through the units it gained, and the run still ends
+// with the recomputing run's weights.
+TEST(CacheTrainer, AGrowingPrefixComputesOnwardFromTheShorterOnesEntries) {
+  const std::string a = tmpdir("grow_off"), b = tmpdir("grow_on");
+  auto growing = [](train::TrainConfig c) {
+    c.freezing.policy = "freezeout";
+    c.freezing.freezeout_t0 = 0.25;
+    c.freezing.units = train::FreezeUnits::automatic;
+    c.freezing.unit_regex = "^(layer[0-9]+)\\.";  // stem, layer1, layer2, layer3, head
+    return c;
+  };
+  ASSERT_TRUE(train::run_training(growing(cached_cfg(a, false))).completed);
+  ASSERT_TRUE(train::run_training(growing(cached_cfg(b, true))).completed);
+  const auto ac = nlohmann::json::parse(std::ifstream(b + "/summary.json"))["activation_cache"];
+  // Epoch 2, the first frozen, stores every sample under the stem; from then on each has
+  // an entry at some depth, so none is computed from its input again.
+  EXPECT_EQ(ac["miss_samples"].get<int64_t>(), 256) << ac.dump();
+  EXPECT_EQ(ac["hit_samples"].get<int64_t>() + ac["lower_samples"].get<int64_t>(), 2 * 256) << ac.dump();
+  EXPECT_GT(ac["lower_samples"].get<int64_t>(), 256) << ac.dump();
+  eg::testing::expect_same_weights(a, b);
 }
 
 // The same under --precision bf16: the entries are the prefix's bf16 output, so the cached

@@ -63,7 +63,9 @@ class ModelledTimes(unittest.TestCase):
                     e = {"type": "epoch", "step": step, "test_accuracy": accuracies[step // 4 - 1],
                          "train_seconds": step}
                     if served:
-                        e["cache_hit_samples"], e["cache_miss_samples"] = served[step // 4 - 1]
+                        e["cache_hit_samples"], e["cache_miss_samples"] = served[step // 4 - 1][:2]
+                        if len(served[step // 4 - 1]) > 2:
+                            e["cache_lower_samples"], e["cache_lower_forward_skipped"] = served[step // 4 - 1][2:]
                     f.write(json.dumps(e) + "\n")
         summary = {"model": "resnet20", "reference_overhead_fraction": overhead}
         if cached:
@@ -114,6 +116,15 @@ class ModelledTimes(unittest.TestCase):
                             served=[(0, 100), (75, 25)])
         _, total = tta.modelled_seconds(out, costs)
         self.assertAlmostEqual(total, 2 * 0.1 + 2 * 0.05 + 4 * (0.75 * 0.02 + 0.25 * 0.05))
+
+    def test_a_sample_from_a_shorter_prefixs_entry_costs_by_the_forward_it_skipped(self):
+        """40 samples computed from the entries of a prefix with half the front's forward:
+        each counts as half served, half computed."""
+        costs = tta.load_step_costs(self.costs_path)
+        out = self.make_run("lower", [1, 1, 1, 1], [0.5, 0.9], overhead=0.0, cached=True,
+                            served=[(0, 100), (40, 20, 40, 0.5)])
+        _, total = tta.modelled_seconds(out, costs)
+        self.assertAlmostEqual(total, 2 * 0.1 + 2 * 0.05 + 4 * (0.6 * 0.02 + 0.4 * 0.05))
 
     def test_a_prefix_the_benchmark_lacks_is_named(self):
         costs = tta.load_step_costs(self.costs_path)

@@ -142,14 +142,34 @@ json FreezeRun::step_fields() const {
 
 json FreezeRun::epoch_fields() {
   if (!cache_) return json::object();
-  json j = {{"cache_hit_samples", epoch_hits_}, {"cache_miss_samples", epoch_misses_}};
-  epoch_hits_ = epoch_misses_ = 0;
+  json j = {
+      {"cache_hit_samples", epoch_hits_}, {"cache_miss_samples", epoch_misses_}, {"cache_lower_samples", epoch_lower_}};
+  // The prefix's forward that the samples computed from the lower entries skipped, as a
+  // share of it (the time model in bench/ costs them by it).
+  if (epoch_lower_ > 0) j["cache_lower_forward_skipped"] = epoch_lower_skipped_ / double(epoch_lower_);
+  epoch_hits_ = epoch_misses_ = epoch_lower_ = 0;
+  epoch_lower_skipped_ = 0;
   return j;
 }
 
 void FreezeRun::use_cache(const std::string& dir, int64_t entries, bool force_disk) {
-  cache_ = std::make_unique<cache::ActivationCache>(
-      dir, entries, force_disk ? cache::Tier::disk : cache::Tier::automatic, dp_.comm().local_size());
+  cache_made_ = [this, dir, entries, force_disk] {
+    return std::make_unique<cache::ActivationCache>(
+        dir, entries, force_disk ? cache::Tier::disk : cache::Tier::automatic, dp_.comm().local_size());
+  };
+  cache_ = cache_made_();
+}
+
+void FreezeRun::move_cache_boundary(int64_t old_layers, double old_share) {
+  // See Note [A growing prefix keeps its entries]
+  const int64_t k = frozen_layers();
+  if (k > old_layers && old_layers > 0 && cache_->key() == generation_ - 1) {
+    below_.push_back({std::move(cache_), old_layers, old_share});
+    cache_ = cache_made_();
+    return;
+  }
+  below_.clear();
+  if (k == 0) cache_->release();  // unfrozen: its entries are dead weight
 }
 
 void FreezeRun::start_step(int64_t step) {
@@ -177,15 +197,31 @@ Tensor FreezeRun::forward(const StepBatch& b, const std::vector<int64_t>& ids, D
 Tensor FreezeRun::cached_forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev) {
   const int64_t k = frozen_layers();
   cache_->set_key(generation_);  // See Note [Activation cache validity]
-  const cache::ActivationCache::Pass p =
-      cache_->through(ids, x, dev, [&](const Tensor& xs) { return model_.forward_layers(xs.to(dev), 0, k, k); });
-  const int64_t n = int64_t(ids.size());
+  std::vector<cache::ActivationCache::Lower> lowers;  // the longest shorter prefix first
+  for (auto b = below_.rbegin(); b != below_.rend(); ++b) {
+    const int64_t from = b->layers;
+    lowers.push_back(
+        {b->cache.get(), [this, from, k](const Tensor& h) { return model_.forward_layers(h, from, k, k); }});
+  }
+  const cache::ActivationCache::Pass p = cache_->through(
+      ids, x, dev, [&](const Tensor& xs) { return model_.forward_layers(xs.to(dev), 0, k, k); }, lowers);
+  const double share = prefix_share(unit_flops_);
+  int64_t lower = 0;
+  double skipped = 0;  // the lower samples' forward FLOP shares skipped
+  for (size_t l = 0; l < lowers.size(); ++l) {
+    lower += p.from_lower[l];
+    skipped += double(p.from_lower[l]) * below_[below_.size() - 1 - l].share;
+  }
+  const int64_t n = int64_t(ids.size()), computed = n - p.hits - lower;
   hit_samples_ += p.hits;
-  miss_samples_ += n - p.hits;
+  miss_samples_ += computed;
+  lower_samples_ += lower;
   epoch_hits_ += p.hits;
-  epoch_misses_ += n - p.hits;
+  epoch_misses_ += computed;
+  epoch_lower_ += lower;
+  if (share > 0) epoch_lower_skipped_ += skipped / share;
   hit_batches_ += p.hits == n;
-  fwd_flops_saved_sum_ += double(p.hits) / double(n) * prefix_share(unit_flops_);
+  fwd_flops_saved_sum_ += (double(p.hits) * share + skipped) / double(n);
   if (capture_.input_layer == k - 1) capture_.input = p.h;
   return model_.forward_layers(p.h, k, -1, k, &capture_);
 }
@@ -226,11 +262,14 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   host_x_ = nullptr, host_x2_ = Tensor();
   if (recorder_) recorder_->after_step(s.step);
   const int64_t prefix = frozen_layers();
+  const double prefix_flops = prefix_share(unit_flops_);
   frozen_ = rank0s(lead_ ? policy_->frozen_units() : frozen_);
   if (freeze::apply_frozen_layers(model_, part_.layers_of(frozen_))) {
-    if (frozen_layers() != prefix) ++generation_;
+    if (frozen_layers() != prefix) {
+      ++generation_;
+      if (cache_) move_cache_boundary(prefix, prefix_flops);
+    }
     dp_.average_running_stats(model_);
-    if (cache_ && frozen_layers() == 0) cache_->release();  // unfrozen: its entries are dead weight
     json j = {{"type", "freeze"}, {"step", s.step}, {"epoch", s.epoch + 1}, {"train_seconds", train_seconds}};
     j.update(step_fields());
     if (lead_) append(metrics_, j);
@@ -269,6 +308,7 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   frozen_ = rank0s(frozen_);  // the policy's state is rank 0's alone
   freeze::apply_frozen_layers(model_, part_.layers_of(frozen_));
   ++generation_;  // the cache starts empty after a resume: its file went with the process
+  below_.clear();
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
   seconds_ = saved.value("freeze_seconds", 0.0);
 }
@@ -344,6 +384,7 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
     sj["activation_cache"] = {
         {"hit_samples", hit_samples_},
         {"miss_samples", miss_samples_},
+        {"lower_samples", lower_samples_},
         {"whole_batches_from_cache", hit_batches_},
         {"prefetched_batches", cs.prefetched},
         {"resets", cs.resets},

@@ -107,8 +107,9 @@ class FreezeRun {
   // Fields for metrics.jsonl step lines: frozen units and active parameter share.
   nlohmann::json step_fields() const;
   // The epoch's line's fields (metrics.jsonl): with the activation cache, the samples of the
-  // epoch's steps served from it and computed (since this invocation started, in a resumed
-  // epoch), then counted from zero for the next epoch.
+  // epoch's steps served from it, computed from the input, and computed from the entries
+  // of a shorter prefix (since this invocation started, in a resumed epoch), then counted
+  // from zero for the next epoch.
   nlohmann::json epoch_fields();
 
   // Checkpoints: tensors under "freeze/" and the state's "freeze*" keys.
@@ -128,6 +129,10 @@ class FreezeRun {
   // that ends at layer module `capture` (-1: none, or the unit starts the network).
   int64_t unit_input_layer(int64_t capture) const;
   Tensor cached_forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev);
+  // After the frozen prefix changed from `old_layers` layer modules (`old_share` of the
+  // forward FLOPs): keeps the old entries below the new ones where the prefix grew
+  // (Note [A growing prefix keeps its entries]), else drops every store below.
+  void move_cache_boundary(int64_t old_layers, double old_share);
   models::Model& model_;
   const dist::Strategy& dp_;
   const bool lead_;  // rank 0: runs the policy and writes the logs
@@ -140,6 +145,15 @@ class FreezeRun {
   std::string metrics_, log_;
   double flops_saved_sum_ = 0, seconds_ = 0;  // sum over steps of the frozen FLOP share; time in the policy
   std::unique_ptr<cache::ActivationCache> cache_;
+  // The entries of the prefixes the current one grew from, shortest first: each of the
+  // first `layers` layer modules, `share` of the forward FLOPs.
+  struct Below {
+    std::unique_ptr<cache::ActivationCache> cache;
+    int64_t layers = 0;
+    double share = 0;
+  };
+  std::vector<Below> below_;
+  std::function<std::unique_ptr<cache::ActivationCache>()> cache_made_;  // a new, empty store
   bool unit_scope_ = false;
   bool reference_on_training_cores_ = true;  // see reference_overhead_fraction
   // This step's batch on the host and captures, from start_step() and forward() to
@@ -149,8 +163,9 @@ class FreezeRun {
   models::Capture capture_;
   int64_t generation_ = 0;  // bumped whenever the frozen prefix changes: the cache's key
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
-  int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, hit_batches_ = 0;
-  int64_t epoch_hits_ = 0, epoch_misses_ = 0;
+  int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, lower_samples_ = 0, hit_batches_ = 0;
+  int64_t epoch_hits_ = 0, epoch_misses_ = 0, epoch_lower_ = 0;
+  double epoch_lower_skipped_ = 0;  // sum over those samples of the prefix's share they skipped
 };
 
 // The policy's configuration as the run's options give it: the freezing options, the
