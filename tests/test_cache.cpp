@@ -302,6 +302,11 @@ TEST(CacheTrainer, AGrowingPrefixComputesOnwardFromTheShorterOnesEntries) {
   EXPECT_EQ(ac["miss_samples"].get<int64_t>(), 256) << ac.dump();
   EXPECT_EQ(ac["hit_samples"].get<int64_t>() + ac["lower_samples"].get<int64_t>(), 2 * 256) << ac.dump();
   EXPECT_GT(ac["lower_samples"].get<int64_t>(), 256) << ac.dump();
+  // The four stores together at the end: 256 samples of the stem's and layer1's outputs
+  // (16 x 32 x 32), layer2's (32 x 16 x 16) and layer3's (64 x 8 x 8), f32.
+  EXPECT_EQ(ac["peak_bytes_reserved"].get<int64_t>(), 256 * 4 * (2 * 16 * 32 * 32 + 32 * 16 * 16 + 64 * 8 * 8))
+      << ac.dump();
+  EXPECT_EQ(ac["bytes_reserved"].get<int64_t>(), ac["peak_bytes_reserved"].get<int64_t>()) << ac.dump();
   eg::testing::expect_same_weights(a, b);
 }
 

@@ -168,7 +168,7 @@ void FreezeRun::move_cache_boundary(int64_t old_layers, double old_share) {
     cache_ = cache_made_();
     return;
   }
-  below_.clear();
+  drop_below();
   if (k == 0) cache_->release();  // unfrozen: its entries are dead weight
 }
 
@@ -192,6 +192,30 @@ Tensor FreezeRun::forward(const StepBatch& b, const std::vector<int64_t>& ids, D
       (capture_.input_layer >= 0 && capture_.input_layer < k - 1))
     return model_.forward_frozen(cache_ ? x.to(dev) : x, b.x2, k, &capture_);
   return cached_forward(x, ids, dev);
+}
+
+void FreezeRun::drop_below() {
+  for (auto& b : below_) {
+    const cache::CacheStats& s = b.cache->stats();
+    dropped_.prefetched += s.prefetched;
+    dropped_.resets += s.resets + (s.entries > 0);
+    dropped_.ever_on_disk = dropped_.ever_on_disk || s.ever_on_disk;
+  }
+  below_.clear();
+}
+
+cache::CacheStats FreezeRun::cache_stats() const {
+  cache::CacheStats t = dropped_;
+  auto add = [&t](const cache::ActivationCache& c) {
+    t.prefetched += c.stats().prefetched;
+    t.resets += c.stats().resets;
+    t.bytes_reserved += c.stats().bytes_reserved;
+    t.ever_on_disk = t.ever_on_disk || c.stats().ever_on_disk;
+  };
+  add(*cache_);
+  for (auto& b : below_) add(*b.cache);
+  t.peak_bytes_reserved = std::max(t.peak_bytes_reserved, t.bytes_reserved);
+  return t;
 }
 
 Tensor FreezeRun::cached_forward(const Tensor& x, const std::vector<int64_t>& ids, Device dev) {
@@ -222,6 +246,7 @@ Tensor FreezeRun::cached_forward(const Tensor& x, const std::vector<int64_t>& id
   if (share > 0) epoch_lower_skipped_ += skipped / share;
   hit_batches_ += p.hits == n;
   fwd_flops_saved_sum_ += (double(p.hits) * share + skipped) / double(n);
+  dropped_.peak_bytes_reserved = std::max(dropped_.peak_bytes_reserved, cache_stats().bytes_reserved);
   if (capture_.input_layer == k - 1) capture_.input = p.h;
   return model_.forward_layers(p.h, k, -1, k, &capture_);
 }
@@ -308,7 +333,7 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   frozen_ = rank0s(frozen_);  // the policy's state is rank 0's alone
   freeze::apply_frozen_layers(model_, part_.layers_of(frozen_));
   ++generation_;  // the cache starts empty after a resume: its file went with the process
-  below_.clear();
+  drop_below();
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
   seconds_ = saved.value("freeze_seconds", 0.0);
 }
@@ -378,7 +403,7 @@ void FreezeRun::summarize(json& sj, int64_t steps, double train_seconds) const {
     sj["smartfrz_records"] = {{"records", recorder_->records()}, {"seconds", recorder_->seconds()}};
   }
   if (cache_) {
-    const auto& cs = cache_->stats();
+    const cache::CacheStats cs = cache_stats();
     // Forward FLOPs of the frozen prefix skipped thanks to the cache, as a share of the
     // steps' forward FLOPs (this invocation's steps: the cache does not survive a resume).
     sj["activation_cache"] = {

@@ -153,6 +153,10 @@ class FreezeRun {
     double share = 0;
   };
   std::vector<Below> below_;
+  // The stores dropped so far: their counts; and the peak of all the stores' sizes together.
+  cache::CacheStats dropped_;
+  void drop_below();
+  cache::CacheStats cache_stats() const;  // of every store, dropped or alive
   std::function<std::unique_ptr<cache::ActivationCache>()> cache_made_;  // a new, empty store
   bool unit_scope_ = false;
   bool reference_on_training_cores_ = true;  // see reference_overhead_fraction
