@@ -133,6 +133,8 @@ class FreezeRun {
   // forward FLOPs): keeps the old entries below the new ones where the prefix grew
   // (Note [A growing prefix keeps its entries]), else drops every store below.
   void move_cache_boundary(int64_t old_layers, double old_share);
+  void drop_below();  // the stores below, their counts kept in dropped_
+  cache::CacheStats cache_stats() const;  // of every store, dropped or alive
   models::Model& model_;
   const dist::Strategy& dp_;
   const bool lead_;  // rank 0: runs the policy and writes the logs
@@ -155,8 +157,6 @@ class FreezeRun {
   std::vector<Below> below_;
   // The stores dropped so far: their counts; and the peak of all the stores' sizes together.
   cache::CacheStats dropped_;
-  void drop_below();
-  cache::CacheStats cache_stats() const;  // of every store, dropped or alive
   std::function<std::unique_ptr<cache::ActivationCache>()> cache_made_;  // a new, empty store
   bool unit_scope_ = false;
   bool reference_on_training_cores_ = true;  // see reference_overhead_fraction
