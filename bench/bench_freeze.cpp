@@ -13,6 +13,7 @@
 // TrainStepFrozenCached: the same step with the frozen prefix's output read from the
 // activation cache (cache/, --freeze-cache on): gathered for the batch's 128 sample
 // ids, then the active modules only.
+// CacheStore: the cache's stores in the epochs after a freeze, into memory not yet touched.
 // TrainStepFrozenSet: a set of units frozen that is not a prefix (Note [Frozen sets] in
 // freeze/policy.h): unit u alone, behind the trainable units before it, and every body
 // unit but the first. Such a unit runs its backward to its input and skips its weight
@@ -132,7 +133,35 @@ void BM_TrainStepFrozen(benchmark::State& st, const char* name, freeze::UnitSet 
   else st.SetLabel("frozen: " + names);
 }
 
+// A shuffled epoch's stores into a fresh store: batches of 128 of ResNet-20's stem+layer1
+// outputs (blocked, as the prefix gives them), at ids in random order, into a store of 30,000
+// images x 4 augmentations, the measured fine-tuning runs' (Note [Entries packed in store
+// order]). Every batch goes to memory the store has not touched, as in the epochs after a freeze.
+void BM_CacheStore(benchmark::State& st) {
+  const BenchImage im = bench_image();
+  const int64_t b = 128, samples = 30000 * 4;
+  Generator g(2);
+  const Tensor h = Tensor::randn({b, 16, im.size, im.size}, g).to_format(Format::nchw16c);
+  std::vector<int64_t> order(static_cast<size_t>(samples));
+  for (int64_t i = 0; i < samples; ++i) order[size_t(i)] = i;
+  for (int64_t i = samples - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(g.next_u32() % uint32_t(i + 1))]);
+  const char* tmp = std::getenv("TMPDIR");
+  cache::ActivationCache c(tmp && *tmp ? tmp : "/tmp", samples, cache::Tier::memory);
+  int64_t key = 0, at = 0;
+  c.set_key(key);
+  std::vector<int64_t> ids(static_cast<size_t>(b));
+  for (auto _ : st) {
+    if (at + b > samples) c.set_key(++key), at = 0;
+    std::copy_n(order.begin() + at, b, ids.begin());
+    at += b;
+    c.store(ids, h);
+  }
+  st.counters["MB/s"] = benchmark::Counter(double(h.numel()) * 4e-6, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
+  benchmark::RegisterBenchmark("CacheStore/resnet20/k:1", BM_CacheStore)->Unit(benchmark::kMillisecond)->UseRealTime();
+
   for (const char* name : {"resnet20", "resnet56", "mobilenetv2"}) {
     models::ModelConfig mc;
     mc.name = name;

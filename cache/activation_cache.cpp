@@ -45,7 +45,7 @@ ActivationCache::ActivationCache(std::string dir, int64_t num_samples, Tier tier
   fd_ = ::mkstemp(buf.data());
   EG_CHECK(fd_ >= 0, "activation cache: cannot create a file in '", dir_, "': ", std::strerror(errno));
   ::unlink(buf.data());  // lives while open, gone when the process ends however it ends
-  valid_.assign(size_t(num_samples), 0);
+  slot_.assign(size_t(num_samples), -1);
 }
 
 ActivationCache::~ActivationCache() {
@@ -73,7 +73,8 @@ void ActivationCache::set_key(int64_t key) {
   wait_prefetch();
   if (stats_.entries > 0) ++stats_.resets;
   key_ = key;
-  std::fill(valid_.begin(), valid_.end(), 0);
+  std::fill(slot_.begin(), slot_.end(), -1);
+  used_ = 0;
   stats_.entries = 0;
   sample_shape_.clear();  // the next store sizes the file
 }
@@ -91,7 +92,10 @@ void ActivationCache::map(int64_t entry_bytes) {
   if (tier_ == Tier::memory || (tier_ == Tier::automatic && bytes <= available_memory() / 2 / sharers_)) {
     void* p = ::mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     EG_CHECK(p != MAP_FAILED, "activation cache: cannot allocate ", gib, " GiB of memory: ", std::strerror(errno));
-    ::madvise(p, size_t(bytes), MADV_HUGEPAGE);  // 2 MB pages: fewer faults while it fills
+    // Small pages even where the system would give huge ones: with 2 MB pages a store's first
+    // touch of memory was no faster and far less steady (eg_bench_freeze CacheStore), and
+    // entries are not read often enough for fewer TLB misses to pay for it.
+    ::madvise(p, size_t(bytes), MADV_NOHUGEPAGE);
     base_ = static_cast<char*>(p);
     stats_.bytes_reserved = bytes;
     stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, bytes);
@@ -128,14 +132,14 @@ void ActivationCache::check_ids(const std::vector<int64_t>& ids, const char* wha
 bool ActivationCache::contains(const std::vector<int64_t>& ids) const {
   if (key_ < 0 || !base_ || ids.empty()) return false;
   for (int64_t id : ids)
-    if (id < 0 || id >= num_samples_ || !valid_[size_t(id)]) return false;
+    if (id < 0 || id >= num_samples_ || slot_[size_t(id)] < 0) return false;
   return true;
 }
 
 std::vector<int64_t> ActivationCache::missing(const std::vector<int64_t>& ids) const {
   std::vector<int64_t> pos;
   for (size_t i = 0; i < ids.size(); ++i)
-    if (key_ < 0 || !base_ || ids[i] < 0 || ids[i] >= num_samples_ || !valid_[size_t(ids[i])])
+    if (key_ < 0 || !base_ || ids[i] < 0 || ids[i] >= num_samples_ || slot_[size_t(ids[i])] < 0)
       pos.push_back(int64_t(i));
   return pos;
 }
@@ -144,9 +148,10 @@ Tensor ActivationCache::gather_now(const std::vector<int64_t>& ids) const {
   Shape s = sample_shape_;
   s.insert(s.begin(), int64_t(ids.size()));
   Tensor out = Tensor::empty(s, dtype_);
-  char* o = static_cast<char*>(out.raw());
+  out.set_format(format_);
+  char* o = static_cast<char*>(out.raw_any());
   const size_t n = size_t(entry_bytes_);
-  for (size_t i = 0; i < ids.size(); ++i) std::memcpy(o + i * n, base_ + size_t(ids[i]) * n, n);
+  for (size_t i = 0; i < ids.size(); ++i) std::memcpy(o + i * n, base_ + size_t(slot_[size_t(ids[i])]) * n, n);
   return out;
 }
 
@@ -171,7 +176,7 @@ void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
                h.size(0) == int64_t(ids.size()),
            "activation cache: store of ", h.defined() ? h.str() : std::string("an undefined tensor"), " for ",
            ids.size(), " sample ids; need f32, bf16 or f16 [", ids.size(), ", ...]");
-  Tensor p = h.to(Device::cpu()).to_plain();
+  Tensor p = h.to(Device::cpu());
   const Shape sample(p.shape().begin() + 1, p.shape().end());
   if (sample_shape_.empty()) {
     wait_prefetch();
@@ -179,15 +184,19 @@ void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
     if (!base_ || bytes != entry_bytes_) map(bytes);
     sample_shape_ = sample;
     dtype_ = p.dtype();
+    // See Note [Entries in the convolutions' layout]
+    format_ = p.format() == Format::nchw16c ? Format::nchw16c : Format::plain;
   }
+  p = p.to_format(format_);
   EG_CHECK(sample == sample_shape_ && p.dtype() == dtype_, "activation cache: store of ", p.str(),
            " into a cache of per-sample ", Tensor::empty(sample_shape_, dtype_).str());
-  const char* src = static_cast<const char*>(p.raw());
+  const char* src = static_cast<const char*>(p.raw_any());
   const size_t n = size_t(entry_bytes_);
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (valid_[size_t(ids[i])]) continue;  // the same values (Note [Activation cache validity]), maybe being prefetched
-    std::memcpy(base_ + size_t(ids[i]) * n, src + i * n, n);
-    valid_[size_t(ids[i])] = 1;
+    int64_t& slot = slot_[size_t(ids[i])];
+    if (slot >= 0) continue;  // the same values (Note [Activation cache validity]), maybe being prefetched
+    slot = used_++;
+    std::memcpy(base_ + size_t(slot) * n, src + i * n, n);
     ++stats_.entries;
     ++stats_.stored;
   }

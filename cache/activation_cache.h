@@ -42,6 +42,25 @@
 // Entries hold the values exactly as the prefix computed them, in its output's dtype (f32,
 // or bf16 under --precision bf16: half the bytes), so a step from the cache sees the same
 // numbers as a step that recomputes the prefix.
+//
+// Note [Entries in the convolutions' layout]
+// A CPU prefix ending in a convolution's output gives its batch channel-blocked (nChw16c,
+// Note [Blocked activations] in core/tensor.h), whose bytes keep each sample whole and in
+// one run, as a plain tensor's do. So a store sized by a blocked batch keeps its entries
+// blocked, and gathers them blocked for the next convolution, which reads them as they
+// come: converting each batch to plain when stored and back when served cost several
+// times the copy itself (eg_bench_freeze CacheStore).
+// A batch of the other layout is converted to the store's. The values are the same either
+// way, so is the training.
+//
+// Note [Entries packed in store order]
+// An entry goes into the next free slot of the store, not at its sample id's place, and a
+// table maps ids to slots. A shuffled epoch stores ids at random: at their ids' places, with
+// 2 MB pages (the system's default for all memory on some distributions) the first entry
+// written into each page zeroes the whole page, so the first steps after a freeze fault in
+// the whole store, GBs, mostly for entries written epochs later or never, and run many
+// times slower than the rest. Packed, the store's touched memory is what it
+// holds, whatever the page size, and a new key refills the pages the last one touched.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -91,7 +110,7 @@ class ActivationCache {
   bool contains(const std::vector<int64_t>& ids) const;
   std::vector<int64_t> missing(const std::vector<int64_t>& ids) const;
   // The entries of `ids` as one tensor [B, sample shape...] on the CPU in the entries'
-  // dtype; every id
+  // dtype and layout (Note [Entries in the convolutions' layout]); every id
   // must have an entry. Served from the background gather when prefetch() was called
   // with the same ids.
   Tensor gather(const std::vector<int64_t>& ids);
@@ -146,7 +165,9 @@ class ActivationCache {
   int64_t entry_bytes_ = 0;
   Shape sample_shape_;
   DType dtype_ = DType::f32;  // the entries'; set with sample_shape_
-  std::vector<uint8_t> valid_;
+  Format format_ = Format::plain;  // the entries' layout; set with sample_shape_
+  std::vector<int64_t> slot_;  // where each id's entry is in the store, in store order (-1: none)
+  int64_t used_ = 0;  // slots taken under this key
   std::vector<int64_t> pending_ids_;
   std::future<Tensor> pending_;
   CacheStats stats_;

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -91,15 +92,24 @@ TEST_P(ActivationCacheTiers, StoresAndGathersBySampleId) {
 INSTANTIATE_TEST_SUITE_P(MemoryAndDisk, ActivationCacheTiers,
                          ::testing::Values(cache::Tier::memory, cache::Tier::disk));
 
+// Entries keep the layout of the batch that sized the store (Note [Entries in the
+// convolutions' layout]); a batch of the other layout is converted to it.
 TEST(ActivationCache, StoresBlockedAndPlainAlike) {
   cache::ActivationCache c(tmpdir("blocked"), 4);
   c.set_key(0);
   Generator g(4);
-  Tensor h = Tensor::randn({2, 16, 3, 3}, g);
-  c.store({0, 1}, h.to_format(Format::nchw16c));
-  Tensor got = c.gather({0, 1});
-  EXPECT_FALSE(got.is_blocked());
+  Tensor h = Tensor::randn({3, 16, 3, 3}, g);
+  c.store({0, 1}, h.slice(0, 2).to_format(Format::nchw16c));
+  c.store({3}, h.slice(2, 3));
+  Tensor got = c.gather({0, 1, 3});
+  EXPECT_EQ(got.format(), Format::nchw16c);
   EXPECT_EQ(got.to_vector<float>(), h.to_vector<float>());
+  c.set_key(1);  // sized anew by a plain batch: plain entries
+  c.store({0}, h.slice(0, 1));
+  c.store({2}, h.slice(1, 2).to_format(Format::nchw16c));
+  got = c.gather({0, 2});
+  EXPECT_EQ(got.format(), Format::plain);
+  EXPECT_EQ(got.to_vector<float>(), h.slice(0, 2).to_vector<float>());
 }
 
 // Under --precision bf16 the prefix outputs bf16: entries keep it, in half the bytes.
@@ -178,6 +188,47 @@ TEST(ActivationCache, BadInputIsAClearError) {
   c.store({0}, Tensor::randn({1, 2}, g));
   EXPECT_THROW(c.store({1}, Tensor::randn({1, 3}, g)), Error) << "another per-sample shape";
   EXPECT_THROW(c.gather({1}), Error) << "not cached";
+}
+
+// The resident size of this process's mapping of `bytes` bytes (its smaps Size), in
+// bytes; -1 when there is no such mapping or more than one.
+int64_t resident_of_mapping(int64_t bytes) {
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  int64_t found = -1, matches = 0;
+  bool in_it = false;
+  while (std::getline(f, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "Size: %lld kB", &kb) == 1) {
+      in_it = kb * 1024 == bytes;
+      matches += in_it;
+    } else if (in_it && std::sscanf(line.c_str(), "Rss: %lld kB", &kb) == 1) {
+      found = kb * 1024;
+    }
+  }
+  return matches == 1 ? found : -1;
+}
+
+// A shuffled epoch stores entries at random sample ids: they are packed in store order
+// (Note [Entries packed in store order]), so the store's memory touched is what it holds,
+// whatever the page size, and never a page per entry, which with 2 MB pages faulted in the
+// whole store, GBs, in the first steps after a freeze.
+TEST(ActivationCache, StoredEntriesTouchOnlyTheMemoryTheyTake) {
+  const int64_t samples = 997, per = 12 * 1024;  // 48 KiB entries: a mapping of a size found once
+  cache::ActivationCache c(tmpdir("pages"), samples, cache::Tier::memory);
+  c.set_key(0);
+  Generator g(6);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 64; ++i) ids.push_back((i * 383) % samples);  // spread over the whole store
+  const Tensor h = Tensor::randn({int64_t(ids.size()), per}, g);
+  c.store(ids, h);
+  const int64_t rss = resident_of_mapping(samples * per * 4), held = int64_t(ids.size()) * per * 4;
+  ASSERT_GE(rss, 0) << "the store's mapping is not in /proc/self/smaps";
+  EXPECT_GE(rss, held);
+  EXPECT_LE(rss, held + (2 << 20)) << "pages faulted in beyond the entries held";
+  std::vector<int64_t> back(ids.rbegin(), ids.rend());
+  const Tensor got = c.gather(back);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(row(got, int64_t(i)), row(h, int64_t(ids.size() - 1 - i)));
 }
 
 // A disk that cannot hold the cache: an error naming the directory and the size
