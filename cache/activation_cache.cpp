@@ -187,9 +187,9 @@ void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
     // See Note [Entries in the convolutions' layout]
     format_ = p.format() == Format::nchw16c ? Format::nchw16c : Format::plain;
   }
-  p = p.to_format(format_);
   EG_CHECK(sample == sample_shape_ && p.dtype() == dtype_, "activation cache: store of ", p.str(),
            " into a cache of per-sample ", Tensor::empty(sample_shape_, dtype_).str());
+  p = p.to_format(format_);
   const char* src = static_cast<const char*>(p.raw_any());
   const size_t n = size_t(entry_bytes_);
   for (size_t i = 0; i < ids.size(); ++i) {

@@ -188,6 +188,13 @@ TEST(ActivationCache, BadInputIsAClearError) {
   c.store({0}, Tensor::randn({1, 2}, g));
   EXPECT_THROW(c.store({1}, Tensor::randn({1, 3}, g)), Error) << "another per-sample shape";
   EXPECT_THROW(c.gather({1}), Error) << "not cached";
+  cache::ActivationCache blocked(tmpdir("bad_blocked"), 4);  // entries kept blocked: the same errors
+  blocked.set_key(0);
+  blocked.store({0}, Tensor::randn({1, 16, 2, 2}, g).to_format(Format::nchw16c));
+  EXPECT_NE(eg::testing::error_of([&] {
+              blocked.store({1}, Tensor::randn({1, 3}, g));
+            }).find("per-sample"),
+            std::string::npos);
 }
 
 // This process's resident memory, in bytes.
