@@ -74,7 +74,6 @@ void ActivationCache::set_key(int64_t key) {
   if (stats_.entries > 0) ++stats_.resets;
   key_ = key;
   std::fill(slot_.begin(), slot_.end(), -1);
-  used_ = 0;
   stats_.entries = 0;
   sample_shape_.clear();  // the next store sizes the file
 }
@@ -195,9 +194,8 @@ void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
   for (size_t i = 0; i < ids.size(); ++i) {
     int64_t& slot = slot_[size_t(ids[i])];
     if (slot >= 0) continue;  // the same values (Note [Activation cache validity]), maybe being prefetched
-    slot = used_++;
+    slot = stats_.entries++;  // the next free slot: entries are packed in store order
     std::memcpy(base_ + size_t(slot) * n, src + i * n, n);
-    ++stats_.entries;
     ++stats_.stored;
   }
 }

@@ -167,7 +167,6 @@ class ActivationCache {
   DType dtype_ = DType::f32;  // the entries'; set with sample_shape_
   Format format_ = Format::plain;  // the entries' layout; set with sample_shape_
   std::vector<int64_t> slot_;  // where each id's entry is in the store, in store order (-1: none)
-  int64_t used_ = 0;  // slots taken under this key
   std::vector<int64_t> pending_ids_;
   std::future<Tensor> pending_;
   CacheStats stats_;
