@@ -22,7 +22,9 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    with -laN appended (egeria-la1, egeria-cache-la2) reads N units ahead of the front
    (--freeze-lookahead N); with -tolX its T is X times its largest early slope
    (--freeze-tolerance X; egeria-tol0.5); -lr2 reads the SP loss per squared LR
-   (--freeze-reading per-lr2), -bnb with the batch's statistics (--freeze-reference-bn batch).
+   (--freeze-reading per-lr2), -bnb with the batch's statistics (--freeze-reference-bn batch);
+   -settleN settles the frozen batch norms' running statistics over N steps (--freeze-bn-settle N:
+   egeria-cache only, the policy with running statistics).
 Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
 `none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
 step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
@@ -61,13 +63,15 @@ POLICIES = {"none": ["none"], "none-sample": ["none", "--augment-mode", "sample"
 
 
 SUFFIXES = {"lr2": ["--freeze-reading", "per-lr2"], "bnb": ["--freeze-reference-bn", "batch"]}
+SETTINGS = {"la": "--freeze-lookahead", "tol": "--freeze-tolerance", "settle": "--freeze-bn-settle"}
 
 
 def policy_flags(policy):
     """A policy's `egeria train` flags. An Egeria policy may carry suffixes: -laN reads N units
     ahead of the front (--freeze-lookahead N), -tolX sets T's coefficient (--freeze-tolerance X),
     -lr2 reads the SP loss per squared LR (--freeze-reading per-lr2), -bnb gives the reference
-    the batch's statistics (--freeze-reference-bn batch); e.g. egeria-la1, egeria-cache-tol0.5,
+    the batch's statistics (--freeze-reference-bn batch), -settleN settles the frozen batch norms
+    over N steps (--freeze-bn-settle N); e.g. egeria-la1, egeria-cache-tol0.5,
     egeria-bnb-lr2. A policy with fixed augmentations (egeria-cache, none-sample) may end in -vN: each
     sample's N of them, in turn (--augment-variants N), e.g. egeria-cache-v4."""
     m = re.fullmatch(r"(.*)-v(\d+)", policy)
@@ -76,10 +80,10 @@ def policy_flags(policy):
         return flags + ["--augment-variants", m.group(2)] if flags and "sample" in flags else None
     extra = []
     while True:
-        m = re.fullmatch(r"(egeria.*)-(la|tol)(\d+(?:\.\d+)?)", policy)
-        if m and not (m.group(2) == "la" and not m.group(3).isdigit()):
+        m = re.fullmatch(r"(egeria.*)-(la|tol|settle)(\d+(?:\.\d+)?)", policy)
+        if m and not (m.group(2) in ("la", "settle") and not m.group(3).isdigit()):
             policy = m.group(1)
-            extra = ["--freeze-lookahead" if m.group(2) == "la" else "--freeze-tolerance", m.group(3)] + extra
+            extra = [SETTINGS[m.group(2)], m.group(3)] + extra
             continue
         m = re.fullmatch(r"(egeria.*)-(%s)" % "|".join(SUFFIXES), policy)
         if not m:
@@ -182,7 +186,7 @@ def main():
     policies = args.policies.split(",")
     for pol in policies:
         if pol != "static" and policy_flags(pol) is None:
-            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN or -tolX)")
+            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN, -tolX, -settleN, -lr2, -bnb)")
     table = {"runs": [], "means": []}
     lines = ["| model | budget | policy | seeds | final acc. % | wall s | to target s (wall) | speedup (wall) |"
              + (" speedup (modelled) |" if costs else "") + " backward FLOPs saved | reference overhead |",

@@ -37,6 +37,9 @@
 namespace eg::freeze {
 
 enum class FrozenBn { batch, running };  // Note [Frozen BatchNorm semantics]
+// --freeze-bn-settle auto: 20 batches of 128 (2,560 samples) at the frozen weights;
+// measured in docs/fine-tuning.md, "Settling the frozen batch norms".
+constexpr int64_t kBnSettleAutoSteps = 20;
 
 // Note [Frozen sets]
 // What is frozen is a set of units, ascending unit indices. Its prefix (units 0 .. p-1
@@ -119,6 +122,14 @@ struct FreezeOptions {
   // there if it is late (the default: the same run makes the same decisions).
   bool apply_on_arrival = false;
   FrozenBn bn = FrozenBn::batch;
+  // bn running: steps a newly frozen unit's BatchNorms keep the batch's statistics while
+  // their running statistics become those batches' average (Note [Settling a frozen
+  // BatchNorm] in layers/layers.h); 0: they switch at the freeze; -1: auto
+  // (bn_settle_steps()).
+  int64_t bn_settle = -1;
+  int64_t bn_settle_steps() const {
+    return bn != FrozenBn::running ? 0 : bn_settle < 0 ? kBnSettleAutoSteps : bn_settle;
+  }
   // egeria, for embedders with cyclic LR schedules: called at every step while a unit is
   // frozen with (step, LR); true unfreezes every unit (freeze.jsonl: an "unfreeze" with
   // reason "custom"), as an LR fall does. Its answers must be a function of (step, LR)

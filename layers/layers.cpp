@@ -60,7 +60,11 @@ Tensor BatchNorm2d::forward(const Tensor& x, ops::BnAct act, const Tensor& resid
   if (is_training()) check_registered(weight, "weight"), check_registered(bias, "bias");
   if (eval_batch_stats && !is_training())  // the statistics passed are copies: nothing updates the module's
     return fn::batch_norm(x, weight, bias, running_mean.clone(), running_var.clone(), true, 0.0, eps, act, residual);
-  // See Note [Frozen BatchNorm semantics].
+  // See Note [Frozen BatchNorm semantics] and Note [Settling a frozen BatchNorm].
+  if (is_training() && is_frozen() && !frozen_batch_stats && settling >= 0) {
+    const double average = 1.0 / double(++settling);
+    return fn::batch_norm(x, weight, bias, running_mean, running_var, true, average, eps, act, residual);
+  }
   bool batch_stats = is_training() && (!is_frozen() || frozen_batch_stats);
   return fn::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps, act, residual);
 }

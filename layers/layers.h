@@ -44,6 +44,17 @@ class Conv2d : public Module {
 // paper's §4.3), nothing needs eval mode, and switching a prefix to its running
 // statistics at the moment it freezes cost accuracy in the one run that shows it.
 // Measurements: docs/freezing-measurements.md, "Frozen BatchNorm semantics".
+//
+// Note [Settling a frozen BatchNorm]
+// A BatchNorm frozen on running statistics (--freeze-bn running) normalises with what its
+// exponential average holds at the freeze: mostly the last ten or twenty batches'
+// statistics, taken under weights that were still moving, so the frozen prefix computes
+// a function its own weights never did. While `settling` >= 0 a frozen BatchNorm in
+// training mode still normalises with each batch's statistics and sets its running
+// statistics to the plain average of the batches it has seen since the freeze (`settling`
+// counts them): their population statistics at the frozen weights ("precise BN"). The
+// trainer ends settling after --freeze-bn-settle steps, and the prefix is a fixed function
+// (and the activation cache stores it) from then on.
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
@@ -61,6 +72,7 @@ class BatchNorm2d : public Module {
   // True once folded into the convolution before it (quant/): forward returns x.
   bool folded = false;
   bool frozen_batch_stats = false;  // see the Note
+  int64_t settling = -1;  // see Note [Settling a frozen BatchNorm]
   // An inference copy (eval mode) that still normalises each batch with that batch's own
   // statistics, as training mode does, leaving its running statistics untouched: the
   // reference model of --freeze-reference-bn batch (Note [The reference's batch norm]

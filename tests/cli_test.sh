@@ -40,6 +40,15 @@ for v in 0 -3 often 12x; do
     || fail "freeze-bootstrap-interval $v message: $out"
   ok
 done
+for v in -1 soon; do
+  out=$("$egeria" train --freeze egeria --freeze-bn running --freeze-bn-settle "$v" 2>&1) && fail "--freeze-bn-settle $v accepted"
+  grep -q -- "--freeze-bn-settle must be auto or a non-negative number of steps" <<<"$out" \
+    || fail "freeze-bn-settle $v message: $out"
+  ok
+done
+out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-bn-settle 5 --out "$work/x" 2>&1) \
+  && fail "--freeze-bn-settle accepted with batch-statistics BatchNorms"
+grep -q -- "which only --freeze-bn running does" <<<"$out" || fail "freeze-bn-settle message: $out"; ok
 for v in 0 150 half 50%; do
   out=$("$egeria" train --dataset synthetic --freeze egeria --freeze-reference-max-load "$v" --out "$work/x" 2>&1) \
     && fail "--freeze-reference-max-load $v accepted"

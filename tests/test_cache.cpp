@@ -263,9 +263,21 @@ train::TrainConfig cached_cfg(const std::string& out, bool cache) {
   c.freezing.static_modules = 4;
   c.freezing.static_epoch = 1;
   c.freezing.bn = train::FrozenBn::running;
+  c.freezing.bn_settle = 0;  // entries from the freeze on, as the tests count them (settling: its own test)
   c.augment_mode = train::AugmentMode::sample;
   c.freezing.cache = cache;
   return c;
+}
+
+// Each epoch's (cache_hit_samples, cache_miss_samples) from a run's metrics.jsonl.
+std::vector<std::pair<int64_t, int64_t>> served_by_epoch(const std::string& dir) {
+  std::vector<std::pair<int64_t, int64_t>> served;
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == "epoch") served.emplace_back(j["cache_hit_samples"].get<int64_t>(), j["cache_miss_samples"]);
+  }
+  return served;
 }
 
 TEST(CacheTrainer, CachedRunEndsWithTheWeightsOfTheRecomputingRun) {
@@ -318,14 +330,8 @@ TEST(CacheTrainer, EachOfASamplesAugmentationsHasAnEntryOfItsOwn) {
   EXPECT_EQ(ac["peak_bytes_reserved"].get<int64_t>(), 2 * 256 * 16 * 32 * 32 * 4) << ac.dump();
   eg::testing::expect_same_weights(a, b);
   // Each epoch's line says how many of its samples came from the cache.
-  std::vector<std::pair<int64_t, int64_t>> served;  // (hits, misses) by epoch
-  std::ifstream metrics(b + "/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["type"] == "epoch") served.emplace_back(j["cache_hit_samples"].get<int64_t>(), j["cache_miss_samples"]);
-  }
   using P = std::pair<int64_t, int64_t>;
-  EXPECT_EQ(served, (std::vector<P>{{0, 0}, {0, 240}, {0, 256}, {240, 16}}));
+  EXPECT_EQ(served_by_epoch(b), (std::vector<P>{{0, 0}, {0, 240}, {0, 256}, {240, 16}}));
 }
 
 // FreezeOut grows the frozen prefix unit by unit (stem, layer1, layer2, layer3 after steps
@@ -409,6 +415,29 @@ TEST(CacheTrainer, UnitScopeReadingsFromCachedInputsAreTheRecomputedOnes) {
   EXPECT_GT(sum["activation_cache"]["hit_samples"].get<int64_t>(), 0) << sum["activation_cache"].dump();
 }
 
+// --freeze-bn-settle 5 (Note [Settling a frozen BatchNorm]): the prefix frozen after the
+// first step of epoch 2 keeps its batch norms on each batch's statistics for 5 steps while
+// their running statistics become those batches' average, and the cache stores nothing
+// until they switch; the cached run still ends with the recomputing run's weights, and a
+// run killed while they settle resumes to the same weights.
+TEST(CacheTrainer, SettlingBatchNormsHoldTheCacheBackAndResumeBitIdentically) {
+  const std::string a = tmpdir("settle_off"), b = tmpdir("settle_on"), killed = tmpdir("settle_killed");
+  auto settle = [](train::TrainConfig c) {
+    c.freezing.bn_settle = 5;
+    return c;
+  };
+  ASSERT_TRUE(train::run_training(settle(cached_cfg(a, false))).completed);
+  ASSERT_TRUE(train::run_training(settle(cached_cfg(b, true))).completed);
+  eg::testing::expect_same_weights(a, b);
+  // Epoch 2: its first step before the freeze, 5 settling (80 samples), the other 160 stored;
+  // epoch 3 serves those and stores the 96 others; epoch 4 serves all. (Without settling:
+  // {0, 240}, {240, 16}, {256, 0}.)
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(served_by_epoch(b), (std::vector<P>{{0, 0}, {0, 160}, {160, 96}, {256, 0}}));
+  eg::testing::run_stopped_and_resumed(settle(cached_cfg(killed, true)), 19);
+  eg::testing::expect_same_weights(a, killed);
+}
+
 TEST(CacheTrainer, RefusesConfigurationsWhereACachedOutputWouldBeWrong) {
   auto expect_error = [](train::TrainConfig c, const std::string& needle) {
     try {
@@ -421,6 +450,11 @@ TEST(CacheTrainer, RefusesConfigurationsWhereACachedOutputWouldBeWrong) {
   auto c = cached_cfg(tmpdir("refuse"), true);
   c.freezing.bn = train::FrozenBn::batch;
   expect_error(c, "--freeze-bn running");
+  c.freezing.cache = false;
+  c.freezing.bn_settle = 4;
+  expect_error(c,
+               "--freeze-bn-settle 4 settles the running statistics a frozen BatchNorm switches to, which only "
+               "--freeze-bn running does");
   c = cached_cfg(tmpdir("refuse"), true);
   c.augment_mode = train::AugmentMode::epoch;
   expect_error(c, "--augment-mode sample");

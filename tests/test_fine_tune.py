@@ -74,9 +74,11 @@ class FineTuneTable(unittest.TestCase):
                          ["egeria", "--freeze-reference-bn", "batch", "--freeze-reading", "per-lr2"])
         self.assertEqual(ft.policy_flags("egeria-lr2-la1")[1:], ["--freeze-reading", "per-lr2", "--freeze-lookahead", "1"])
         self.assertEqual(ft.policy_flags("egeria-cache-v4")[-2:], ["--augment-variants", "4"])
+        self.assertEqual(ft.policy_flags("egeria-cache-bnb-lr2-settle20-v4")[-6:],
+                         ["--freeze-reading", "per-lr2", "--freeze-bn-settle", "20", "--augment-variants", "4"])
         self.assertEqual(ft.policy_flags("none-sample-v2"), ["none", "--augment-mode", "sample", "--augment-variants", "2"])
         for bad in ("egeria-la1.5", "egeria-lax", "smartfrz-la1", "none-tol0.5", "egeria-tol", "none-lr2", "egeria-lr3",
-                    "egeria-v2", "none-v2", "egeria-cache-vx"):
+                    "egeria-v2", "none-v2", "egeria-cache-vx", "egeria-settle1.5"):
             self.assertIsNone(ft.policy_flags(bad), bad)
 
 

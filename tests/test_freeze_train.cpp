@@ -1262,6 +1262,34 @@ TEST(FreezeTrainer, TheReferencesBatchNormIsRunningUnlessSet) {
   EXPECT_NE(msg.find("--freeze-reference-bn"), std::string::npos) << msg;
 }
 
+// --freeze-bn-settle: auto settles 20 steps where frozen batch norms switch to running
+// statistics and none where they keep the batch's; a number where they keep the batch's is
+// named, as are values that are no number of steps.
+TEST(FreezeTrainer, SettlingIsAutoWithRunningStatisticsAndNamedWhenItCannotApply) {
+  train::TrainConfig c;
+  EXPECT_EQ(c.freezing.bn_settle_steps(), 0) << "batch statistics, the default: nothing to settle";
+  EXPECT_EQ(train::to_json(c)["freeze_bn_settle"], "auto");
+  train::set_option(c, "--freeze-bn", "running");
+  EXPECT_EQ(c.freezing.bn_settle_steps(), freeze::kBnSettleAutoSteps);
+  train::set_option(c, "--freeze-bn-settle", "7");
+  EXPECT_EQ(c.freezing.bn_settle_steps(), 7);
+  EXPECT_EQ(train::to_json(c)["freeze_bn_settle"], 7);
+  train::set_option(c, "--freeze-bn-settle", "0");
+  EXPECT_EQ(c.freezing.bn_settle_steps(), 0);
+  train::set_option(c, "--freeze-bn-settle", "auto");
+  EXPECT_EQ(c.freezing.bn_settle_steps(), freeze::kBnSettleAutoSteps);
+  for (const char* bad : {"-2", "soon", "1.5"}) {
+    const std::string e = eg::testing::error_of([&] { train::set_option(c, "--freeze-bn-settle", bad); });
+    EXPECT_NE(e.find("--freeze-bn-settle must be auto or a non-negative number of steps"), std::string::npos) << e;
+  }
+  auto batch = run_cfg(tmpdir("settle_batch"), "egeria");
+  batch.freezing.bn_settle = 5;
+  const std::string e = eg::testing::error_of([&] { train::run_training(batch); });
+  EXPECT_NE(e.find("--freeze-bn-settle 5 settles the running statistics a frozen BatchNorm switches to"),
+            std::string::npos)
+      << e;
+}
+
 TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
   train::TrainConfig c;
   for (auto [flag, text] : {std::pair{"--freeze", "egeria"},

@@ -1,6 +1,8 @@
 // layers/: validation at the boundary, state dicts, freezing, attention.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "layers/attention.h"
@@ -102,6 +104,50 @@ TEST(Layers, FrozenBatchNormCanKeepBatchStatistics) {
     }
     EXPECT_FALSE(bn.weight.requires_grad());
   }
+}
+
+// Note [Settling a frozen BatchNorm]: while settling, a BatchNorm frozen on running
+// statistics normalises with each batch's statistics (as an unfrozen one in training mode,
+// bit for bit) and its running statistics become the plain average of the settled batches'
+// (mean, unbiased variance), whatever they held before; once settling ends it normalises
+// with them and leaves them alone.
+TEST(Layers, ASettlingFrozenBatchNormAveragesItsBatchesStatistics) {
+  Generator g(7);
+  std::vector<Tensor> xs;
+  for (int i = 0; i < 3; ++i) {  // per-batch means and spreads far apart, and from the running (0, 1)
+    Tensor x = Tensor::randn({8, 2, 3, 3}, g);
+    xs.push_back(fn::add(fn::mul(x, Tensor::full({1}, float(1 + i))), Tensor::full({1}, float(5 * i - 4))));
+  }
+  nn::BatchNorm2d bn(2), plain(2);
+  for (int64_t c = 0; c < 2; ++c) bn.running_mean.data<float>()[c] = 7.0f, bn.running_var.data<float>()[c] = 9.0f;
+  bn.freeze();
+  bn.settling = 0;
+  autograd::NoGradGuard ng;
+  std::vector<double> want_mean(2, 0), want_var(2, 0);
+  for (const Tensor& x : xs) {
+    EXPECT_EQ(bn(x).to_vector<float>(), plain(x).to_vector<float>()) << "the batch's statistics";
+    const auto v = x.to_vector<float>();
+    for (int64_t c = 0; c < 2; ++c) {
+      double s = 0, ss = 0;
+      int64_t n = 0;
+      for (int64_t b = 0; b < 8; ++b)
+        for (int64_t k = 0; k < 9; ++k, ++n) s += v[size_t((b * 2 + c) * 9 + k)];
+      const double m = s / double(n);
+      for (int64_t b = 0; b < 8; ++b)
+        for (int64_t k = 0; k < 9; ++k) ss += std::pow(v[size_t((b * 2 + c) * 9 + k)] - m, 2);
+      want_mean[size_t(c)] += m / 3;
+      want_var[size_t(c)] += ss / double(n - 1) / 3;
+    }
+  }
+  EXPECT_EQ(bn.settling, 3);
+  for (int64_t c = 0; c < 2; ++c) {
+    EXPECT_NEAR(bn.running_mean.to_vector<float>()[size_t(c)], want_mean[size_t(c)], 1e-4);
+    EXPECT_NEAR(bn.running_var.to_vector<float>()[size_t(c)], want_var[size_t(c)], 1e-4);
+  }
+  bn.settling = -1;
+  const auto rm = bn.running_mean.to_vector<float>();
+  EXPECT_NE(bn(xs[0]).to_vector<float>(), plain(xs[0]).to_vector<float>()) << "settled: running statistics";
+  EXPECT_EQ(bn.running_mean.to_vector<float>(), rm);
 }
 
 // An inference copy with eval_batch_stats (the reference of --freeze-reference-bn batch)

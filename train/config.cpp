@@ -74,6 +74,9 @@ void validate(const TrainConfig& c) {
   EG_CHECK(c.augment_variants == 1 || (c.augment && c.augment_mode == AugmentMode::sample), "--augment-variants ",
            c.augment_variants, " chooses among each sample's fixed augmentations: it needs ",
            c.augment ? "--augment-mode sample" : "augmentation (not --no-augment)");
+  EG_CHECK(c.freezing.bn_settle <= 0 || c.freezing.bn == FrozenBn::running, "--freeze-bn-settle ", c.freezing.bn_settle,
+           " settles the running statistics a frozen BatchNorm switches to, which only --freeze-bn running does "
+           "(with batch, the default, it keeps each batch's)");
   if (c.freezing.cache) {
     // See Note [Activation cache validity].
     EG_CHECK(!is_translation_model(c.model), "--freeze-cache on caches image models' frozen prefix; ", c.model,

@@ -93,9 +93,33 @@ FreezeRun::FreezeRun(const TrainConfig& c, models::Model& model, freeze::PolicyC
                                            {"steps_per_epoch", std::to_string(pc.steps_per_epoch)},
                                            {"total_steps", std::to_string(pc.total_steps)}});
   }
-  if (c.freezing.bn == FrozenBn::batch)
-    for (auto& [name, mod] : model.named_modules())
-      if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) bn->frozen_batch_stats = true;
+  for (auto& [name, mod] : model.named_modules())
+    if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(mod)) {
+      bn->frozen_batch_stats = c.freezing.bn == FrozenBn::batch;
+      batch_norms_.emplace_back(name, bn);
+    }
+  bn_settle_ = c.freezing.bn_settle_steps();
+}
+
+void FreezeRun::settle_batch_norms(const std::vector<char>& was_frozen) {
+  // See Note [Settling a frozen BatchNorm] in layers/layers.h.
+  bool started = false;
+  for (size_t i = 0; i < batch_norms_.size(); ++i) {
+    nn::BatchNorm2d* bn = batch_norms_[i].second;
+    if (!bn->is_frozen()) {
+      bn->settling = -1;
+    } else if (!was_frozen[i]) {
+      bn->settling = 0;
+      started = true;
+    }
+  }
+  if (started) settle_left_ = bn_settle_;
+}
+
+void FreezeRun::count_down_settling() {
+  if (settle_left_ == 0 || --settle_left_ > 0) return;
+  for (auto& [name, bn] : batch_norms_) bn->settling = -1;
+  dp_.average_running_stats(model_);  // each rank averaged its own batches
 }
 
 freeze::UnitSet FreezeRun::rank0s(const freeze::UnitSet& s) const {
@@ -188,7 +212,7 @@ Tensor FreezeRun::forward(const StepBatch& b, const std::vector<int64_t>& ids, D
   ++steps_;
   // A capture inside the prefix needs the prefix run (the unit's input there is the
   // prefix's output, which the cache holds, when the front unit is the first unfrozen).
-  if (!cache_ || k <= 0 || (capture_.layer >= 0 && capture_.layer < k) ||
+  if (!cache_ || k <= 0 || settle_left_ > 0 || (capture_.layer >= 0 && capture_.layer < k) ||
       (capture_.input_layer >= 0 && capture_.input_layer < k - 1))
     return model_.forward_frozen(cache_ ? x.to(dev) : x, b.x2, k, &capture_);
   return cached_forward(x, ids, dev);
@@ -259,7 +283,7 @@ int64_t FreezeRun::unit_input_layer(int64_t capture) const {
 }
 
 void FreezeRun::prefetch(const std::vector<int64_t>& next_ids) {
-  if (cache_ && frozen_layers() > 0 && cache_->key() == generation_) cache_->prefetch(next_ids);
+  if (cache_ && frozen_layers() > 0 && settle_left_ == 0 && cache_->key() == generation_) cache_->prefetch(next_ids);
 }
 
 void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
@@ -288,8 +312,12 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   if (recorder_) recorder_->after_step(s.step);
   const int64_t prefix = frozen_layers();
   const double prefix_flops = prefix_share(unit_flops_);
+  count_down_settling();
+  std::vector<char> was_frozen;
+  for (auto& [name, bn] : batch_norms_) was_frozen.push_back(bn->is_frozen());
   frozen_ = rank0s(lead_ ? policy_->frozen_units() : frozen_);
   if (freeze::apply_frozen_layers(model_, part_.layers_of(frozen_))) {
+    if (bn_settle_ > 0) settle_batch_norms(was_frozen);
     if (frozen_layers() != prefix) {
       ++generation_;
       if (cache_) move_cache_boundary(prefix, prefix_flops);
@@ -314,6 +342,12 @@ void FreezeRun::save(std::map<std::string, Tensor>& tensors, json& state) const 
   state["freeze_units"] = part_.names();
   state["flops_saved_sum"] = flops_saved_sum_;
   state["freeze_seconds"] = seconds_;
+  if (settle_left_ > 0) {
+    json settling = json::object();
+    for (auto& [name, bn] : batch_norms_)
+      if (bn->settling >= 0) settling[name] = bn->settling;
+    state["freeze_bn_settling"] = {{"steps_left", settle_left_}, {"batches", settling}};
+  }
 }
 
 void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& saved, const std::string& ckpt) {
@@ -332,6 +366,14 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   }
   frozen_ = rank0s(frozen_);  // the policy's state is rank 0's alone
   freeze::apply_frozen_layers(model_, part_.layers_of(frozen_));
+  settle_left_ = 0;
+  for (auto& [name, bn] : batch_norms_) bn->settling = -1;
+  if (saved.contains("freeze_bn_settling")) {
+    const json& st = saved["freeze_bn_settling"];
+    settle_left_ = st.value("steps_left", int64_t(0));
+    for (auto& [name, bn] : batch_norms_)
+      if (st["batches"].contains(name)) bn->settling = st["batches"][name].get<int64_t>();
+  }
   ++generation_;  // the cache starts empty after a resume: its file went with the process
   drop_below();
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);

@@ -16,6 +16,10 @@
 #include "train/config.h"
 #include "train/smartfrz_record.h"
 
+namespace eg::nn {
+class BatchNorm2d;
+}
+
 namespace eg::train {
 
 // One line for the end of a run with a freezing policy, from its summary.json fields:
@@ -135,6 +139,11 @@ class FreezeRun {
   void move_cache_boundary(int64_t old_layers, double old_share);
   void drop_below();  // the stores below, their counts kept in dropped_
   cache::CacheStats cache_stats() const;  // of every store, dropped or alive
+  // --freeze-bn-settle (Note [Settling a frozen BatchNorm] in layers/layers.h): after the
+  // frozen set changed, the BatchNorms that froze start settling (`was_frozen`: each of
+  // batch_norms_ before); and at every step, settling ends once its steps have passed.
+  void settle_batch_norms(const std::vector<char>& was_frozen);
+  void count_down_settling();
   models::Model& model_;
   const dist::Strategy& dp_;
   const bool lead_;  // rank 0: runs the policy and writes the logs
@@ -166,6 +175,9 @@ class FreezeRun {
   Tensor host_x2_;
   models::Capture capture_;
   int64_t generation_ = 0;  // bumped whenever the frozen prefix changes: the cache's key
+  std::vector<std::pair<std::string, nn::BatchNorm2d*>> batch_norms_;  // the model's, by name
+  int64_t bn_settle_ = 0;  // --freeze-bn-settle where the frozen BatchNorms run on running statistics
+  int64_t settle_left_ = 0;  // steps until the settling BatchNorms switch (the cache waits as long)
   double fwd_flops_saved_sum_ = 0;  // sum over steps of the forward FLOP share the cache skipped
   int64_t steps_ = 0, hit_samples_ = 0, miss_samples_ = 0, lower_samples_ = 0, hit_batches_ = 0;
   int64_t epoch_hits_ = 0, epoch_misses_ = 0, epoch_lower_ = 0;

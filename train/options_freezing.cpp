@@ -242,6 +242,33 @@ void add_freezing_options(std::vector<Option>& t) {
              "or normalise with their running statistics (running: a fixed function, as the activation cache "
              "needs)",
              EG_FIELD(freezing.bn), Names<FrozenBn>{{"batch", FrozenBn::batch}, {"running", FrozenBn::running}}));
+  {
+    Option o = row("--freeze-bn-settle", "freeze_bn_settle", G::freezing, F,
+                   "with --freeze-bn running: steps a newly frozen unit's BatchNorms keep normalising with each "
+                   "batch's statistics while their running statistics become those batches' average at the frozen "
+                   "weights (the activation cache stores from then on): auto (" +
+                       std::to_string(freeze::kBnSettleAutoSteps) +
+                       "), a number, or 0 (running statistics from the freeze, as their exponential average holds "
+                       "them)",
+                   "auto|N");
+    o.get = [](const TrainConfig& c) { return c.freezing.bn_settle < 0 ? json("auto") : json(c.freezing.bn_settle); };
+    o.set = [](TrainConfig& c, const json& j) {
+      if (j == "auto" || j == -1) return void(c.freezing.bn_settle = -1);
+      int64_t v = -1;
+      try {
+        v = to_number<int64_t>("--freeze-bn-settle", j);
+      } catch (const Error&) {
+      }
+      EG_CHECK(v >= 0, "--freeze-bn-settle must be auto or a non-negative number of steps, got ",
+               j.is_string() ? "'" + j.get<std::string>() + "'" : j.dump());
+      c.freezing.bn_settle = v;
+    };
+    o.check = [](const TrainConfig& c) {
+      EG_CHECK(c.freezing.bn_settle >= -1, "--freeze-bn-settle must be auto or a non-negative number of steps, got ",
+               c.freezing.bn_settle);
+    };
+    t.push_back(o);
+  }
   t.push_back(flag_switch("--freeze-sync", "freeze_sync", G::freezing, F,
                           "egeria: evaluate plasticity inline (deterministic, slower)",
                           EG_FIELD(freezing.reference.synchronous)));
