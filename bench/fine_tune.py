@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -97,7 +96,7 @@ def policy_flags(policy):
 def train(args, cmd, out):
     if os.path.exists(os.path.join(out, "summary.json")):
         return out
-    shutil.rmtree(out, ignore_errors=True)  # an unfinished run is run again: its wall time is a measurement
+    tta.clear_unfinished(out)
     cmd = [args.egeria, "train", "--dataset", "fashion-mnist", "--threads", str(args.threads),
            "--checkpoint-every", "0", "--out", out] + cmd
     if args.data_dir:

@@ -65,6 +65,7 @@ import statistics
 import shutil
 import subprocess
 import sys
+import time
 
 
 # The issue's accuracy tolerance: "final accuracy within 0.3 points" of the baseline's.
@@ -184,6 +185,22 @@ def check_scope(out, policy):
                  f"(e.g. {policy}-dynamic for 0), or use another --out")
 
 
+RECENT_SECONDS = 120  # a run folder written to this recently is taken for a run in progress
+
+
+def clear_unfinished(out):
+    """Deletes the folder of an unfinished run, to run it again from the beginning (its wall
+    time is a measurement; egeria refuses a new run over an earlier one's checkpoints), unless a
+    file in it changed in the last RECENT_SECONDS: then another process is likely still training
+    there (a second script on the same --out), and deleting its folder would kill that run."""
+    newest = max((os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs), default=0)
+    age = time.time() - newest
+    if age < RECENT_SECONDS:
+        sys.exit(f"{out} holds an unfinished run written to {age:.0f} s ago: another process is probably "
+                 "still training there. Wait for it to finish, or delete the folder to run it again.")
+    shutil.rmtree(out, ignore_errors=True)
+
+
 def run(args, model, policy, rep=0):
     seed = args.seed + (rep if args.vary_seed else 0)
     out = os.path.join(args.out, f"{model}-{policy}" + (f"-r{rep}" if rep else ""))
@@ -191,9 +208,7 @@ def run(args, model, policy, rep=0):
     if os.path.exists(summary):
         check_scope(out, policy)
         return out
-    # An unfinished run is run again from the beginning (its wall time is a measurement):
-    # egeria refuses a new run over an earlier one's checkpoints, so its directory goes first.
-    shutil.rmtree(out, ignore_errors=True)
+    clear_unfinished(out)
     cmd = [args.egeria, "train", "--model", model, "--dataset", "fashion-mnist", "--epochs", str(args.epochs),
            "--threads", str(args.threads), "--seed", str(seed), "--freeze", policy_args(policy)[0],
            "--out", out, "--lr-schedule", "step", "--checkpoint-every", "0"] + policy_args(policy)[1:]

@@ -291,5 +291,27 @@ class StoredRunScope(unittest.TestCase):
         with self.assertRaises(SystemExit):
             tta.check_scope(waits, "smartfrz-s0")
 
+
+class UnfinishedRuns(unittest.TestCase):
+    """An unfinished run's folder is deleted to run it again, unless it is being written to."""
+
+    def test_an_old_unfinished_run_is_cleared_and_a_live_one_kept(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        run = os.path.join(d, "resnet20-egeria")
+        os.makedirs(run)
+        metrics = os.path.join(run, "metrics.jsonl")
+        open(metrics, "w").write("{}\n")
+        with self.assertRaises(SystemExit) as e:
+            tta.clear_unfinished(run)
+        self.assertIn("another process is probably still training there", str(e.exception))
+        self.assertTrue(os.path.exists(metrics))
+        old = os.path.getmtime(metrics) - 2 * tta.RECENT_SECONDS
+        os.utime(metrics, (old, old))
+        tta.clear_unfinished(run)
+        self.assertFalse(os.path.exists(run))
+        tta.clear_unfinished(run)  # nothing there: nothing to do
+
+
 if __name__ == "__main__":
     unittest.main()
