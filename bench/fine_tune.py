@@ -24,7 +24,8 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    (--freeze-tolerance X; egeria-tol0.5); -lr2 reads the SP loss per squared LR
    (--freeze-reading per-lr2), -bnb with the batch's statistics (--freeze-reference-bn batch);
    -settleN settles the frozen batch norms' running statistics over N steps (--freeze-bn-settle N:
-   egeria-cache only, the policy with running statistics).
+   egeria-cache only, the policy with running statistics, whose default since 2026-12-06 is 20;
+   -settle0 switches at the freeze, as the egeria-cache runs kept from before did).
 Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
 `none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
 step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
