@@ -14,7 +14,9 @@
        bootstrapping check every n steps (runs stored before 2026-11-24's change of
        its default to an epoch are -bootn); -dynamic: --freeze-reference-calibration 0, the
        int8 reference's activation scales from every batch (runs stored before 2026-11-25's
-       static calibration are -dynamic);
+       static calibration are -dynamic); -settle0: --freeze-bn-settle 0, frozen batch norms
+       on running statistics from the freeze (-bnrunning and -cache runs stored before
+       2026-12-06's settling are -settle0);
        -cache: --freeze-cache on with what it needs; none-sampleaug: the baseline with
        the cache's per-sample augmentation)
       [--train-limit 0] [--out runs/tta] [--extra "--freeze-interval 20"] [--repeats 1]
@@ -117,14 +119,18 @@ VARIANTS = {"egeria-peak": ["egeria", "--freeze-tolerance-from", "peak"],
 
 
 def policy_args(policy):
-    """The policy's --freeze value and its extra flags: VARIANTS, and -bootn or -dynamic appended to any,
-    -s0 to a smartfrz one (its stages from the first, as published: --smartfrz-start-below 0)."""
+    """The policy's --freeze value and its extra flags: VARIANTS, and -bootn, -dynamic or -settle0
+    appended to any (-settle0: frozen batch norms on running statistics from the freeze on, as before
+    --freeze-bn-settle), -s0 to a smartfrz one (its stages from the first, as published:
+    --smartfrz-start-below 0)."""
     if policy.startswith("smartfrz") and policy.endswith("-s0"):
         return policy_args(policy[:-len("-s0")]) + ["--smartfrz-start-below", "0"]
     if policy.endswith("-dynamic"):
         return policy_args(policy[:-len("-dynamic")]) + ["--freeze-reference-calibration", "0"]
     if policy.endswith("-bootn"):
         return policy_args(policy[:-len("-bootn")]) + ["--freeze-bootstrap-interval", "n"]
+    if policy.endswith("-settle0"):
+        return policy_args(policy[:-len("-settle0")]) + ["--freeze-bn-settle", "0"]
     return list(VARIANTS.get(policy, [policy]))
 
 
@@ -137,7 +143,8 @@ def check_scope(out, policy):
     reference calibration are the policy's (a run from before --freeze-reference-scope
     existed, or before unit became its default, read with the network; one from before
     --freeze-bootstrap-interval existed checked every n steps; one from before
-    --freeze-reference-calibration existed quantised with every batch's own scales); a
+    --freeze-reference-calibration existed quantised with every batch's own scales; one with
+    running batch norms from before --freeze-bn-settle switched at the freeze); a
     stored smartfrz run only if its --smartfrz-max-per-stage, --smartfrz-patience and
     --smartfrz-start-below are (one from before the first froze every unit a stage named,
     one from before the second had a patience of 1, one from before the third ran its
@@ -177,6 +184,13 @@ def check_scope(out, policy):
         sys.exit(f"time_to_accuracy: {out} was trained with --freeze-bootstrap-interval {name}, but the policy "
                  f"'{policy}' asks for another; name the policy for the check it was run with "
                  f"(e.g. {policy}-bootn), or use another --out")
+    if flag(args, "--freeze-bn", "batch") == "running":
+        want = flag(args, "--freeze-bn-settle", "auto")
+        had = str(config.get("freeze_bn_settle", 0))
+        if had != want:
+            sys.exit(f"time_to_accuracy: {out} was trained with --freeze-bn-settle {had}, but the policy "
+                     f"'{policy}' asks for {want}; name the policy for the settling it was run with "
+                     f"(e.g. {policy}-settle0 for 0), or use another --out")
     want = int(flag(args, "--freeze-reference-calibration", "3"))
     had = config.get("freeze_reference_calibration", 0)
     if had != want:

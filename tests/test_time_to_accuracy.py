@@ -240,6 +240,19 @@ class StoredRunScope(unittest.TestCase):
                          ["egeria", "--freeze-refreeze-tolerance", "keep", "--freeze-bootstrap-interval", "n",
                           "--freeze-reference-calibration", "0"])
 
+    def test_a_cached_run_from_before_settling_switched_at_the_freeze(self):
+        old = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit", "freeze_bootstrap_interval": 0,
+                            "freeze_reference_calibration": 3, "freeze_bn": "running"})
+        with self.assertRaises(SystemExit) as e:
+            tta.check_scope(old, "egeria-cache")
+        self.assertIn("egeria-cache-settle0", str(e.exception))
+        tta.check_scope(old, "egeria-cache-settle0")
+        self.assertEqual(tta.policy_args("egeria-bnrunning-settle0")[-2:], ["--freeze-bn-settle", "0"])
+        new = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit", "freeze_bootstrap_interval": 0,
+                            "freeze_reference_calibration": 3, "freeze_bn": "running", "freeze_bn_settle": "auto"})
+        tta.check_scope(new, "egeria-cache")
+        tta.check_scope(new, "egeria")  # batch statistics: nothing settles, nothing to compare
+
     def test_a_unit_run_is_the_default_egeria(self):
         new = self.run_dir({"freeze": "egeria", "freeze_reference_scope": "unit", "freeze_bootstrap_interval": 0,
                             "freeze_reference_calibration": 3})
