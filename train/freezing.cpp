@@ -371,8 +371,8 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   if (saved.contains("freeze_bn_settling")) {
     const json& st = saved["freeze_bn_settling"];
     settle_left_ = st.value("steps_left", int64_t(0));
-    for (auto& [name, bn] : batch_norms_)
-      if (st["batches"].contains(name)) bn->settling = st["batches"][name].get<int64_t>();
+    const json batches = st.value("batches", json::object());
+    for (auto& [name, bn] : batch_norms_) bn->settling = batches.value(name, int64_t(-1));
   }
   ++generation_;  // the cache starts empty after a resume: its file went with the process
   drop_below();
