@@ -313,8 +313,9 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   const int64_t prefix = frozen_layers();
   const double prefix_flops = prefix_share(unit_flops_);
   count_down_settling();
-  std::vector<char> was_frozen;
-  for (auto& [name, bn] : batch_norms_) was_frozen.push_back(bn->is_frozen());
+  std::vector<char> was_frozen;  // only where frozen batch norms settle
+  if (bn_settle_ > 0)
+    for (auto& [name, bn] : batch_norms_) was_frozen.push_back(bn->is_frozen());
   frozen_ = rank0s(lead_ ? policy_->frozen_units() : frozen_);
   if (freeze::apply_frozen_layers(model_, part_.layers_of(frozen_))) {
     if (bn_settle_ > 0) settle_batch_norms(was_frozen);
@@ -366,14 +367,10 @@ void FreezeRun::load(const std::map<std::string, Tensor>& tensors, const json& s
   }
   frozen_ = rank0s(frozen_);  // the policy's state is rank 0's alone
   freeze::apply_frozen_layers(model_, part_.layers_of(frozen_));
-  settle_left_ = 0;
-  for (auto& [name, bn] : batch_norms_) bn->settling = -1;
-  if (saved.contains("freeze_bn_settling")) {
-    const json& st = saved["freeze_bn_settling"];
-    settle_left_ = st.value("steps_left", int64_t(0));
-    const json batches = st.value("batches", json::object());
-    for (auto& [name, bn] : batch_norms_) bn->settling = batches.value(name, int64_t(-1));
-  }
+  const json settling = saved.value("freeze_bn_settling", json::object());  // none when nothing was settling
+  settle_left_ = settling.value("steps_left", int64_t(0));
+  const json batches = settling.value("batches", json::object());
+  for (auto& [name, bn] : batch_norms_) bn->settling = batches.value(name, int64_t(-1));
   ++generation_;  // the cache starts empty after a resume: its file went with the process
   drop_below();
   flops_saved_sum_ = saved.value("flops_saved_sum", 0.0);
