@@ -41,7 +41,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import time_to_accuracy as tta  # noqa: E402  (records, epoch times, modelled step costs)
+import modelled_time as mt  # noqa: E402  (epoch times, modelled step costs)
+import time_to_accuracy as tta  # noqa: E402  (the policies' flags, run folders)
 
 NEAR = tta.NEAR  # 0.3 pt: "to within 0.3 pt of none's final accuracy"
 PRETRAIN_CLASSES, TASK_CLASSES = "0,1,2,3,4", "5,6,7,8,9"
@@ -135,11 +136,11 @@ def summary(out):
 def row(out, target, base, costs):
     s = summary(out)
     r = {"run": os.path.basename(out), "final_accuracy": s["final_test_accuracy"], "train_seconds": s["train_seconds"],
-         "time_to_target": tta.time_to_accuracy(out, target),
+         "time_to_target": mt.time_to_accuracy(out, target),
          "backward_flops_saved": s.get("backward_flops_saved_fraction", 0.0),
          "reference_overhead": s.get("reference_overhead_fraction", 0.0)}
     if costs:
-        r["modelled_time_to_target"] = tta.modelled_time_to_accuracy(out, target, costs)
+        r["modelled_time_to_target"] = mt.modelled_time_to_accuracy(out, target, costs)
     for key in ("time_to_target", "modelled_time_to_target"):
         if key in r:
             mine, theirs = r[key], base.get(key)
@@ -182,7 +183,7 @@ def main():
     p.add_argument("--extra", default="", help="flags added to every fine-tuning run")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
-    costs = tta.load_step_costs(args.step_costs) if args.step_costs else None
+    costs = mt.load_step_costs(args.step_costs) if args.step_costs else None
     policies = args.policies.split(",")
     for pol in policies:
         if pol != "static" and policy_flags(pol) is None:

@@ -27,7 +27,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import time_to_accuracy as tta  # noqa: E402  (its reader of a run's logs, compressed or not)
+import modelled_time as mt  # noqa: E402  (its reader of a run's logs, compressed or not)
 
 
 def fit_slope(ys):
@@ -79,7 +79,7 @@ def lr_schedule(cfg, steps_per_epoch):
 def events_of(run):
     if not any(os.path.exists(os.path.join(run, n)) for n in ("freeze.jsonl", "freeze.jsonl.xz")):
         sys.exit(f"replay_freezing: {run} has no freeze.jsonl")
-    return tta.records_of(run, "freeze.jsonl")
+    return mt.records_of(run, "freeze.jsonl")
 
 
 def unit_readings(events, cfg, reading, steps_per_epoch):

@@ -38,6 +38,7 @@ A policy name with -bootn appended (egeria-bootn) runs Egeria with its bootstrap
 checked every n steps, the paper's check (--freeze-bootstrap-interval n), instead of
 every epoch (the default). static-kK (static-k2) freezes the front K units from the first
 step (--freeze static --static-modules K --static-epoch 0), one K of a practitioner's sweep.
+smartfrz-any is SmartFRZ in any order (--freeze smartfrz --smartfrz-order any).
 """
 import argparse
 import json
@@ -128,7 +129,10 @@ def keep(args, d):
 def policy_args(policy):
     """The policy's --freeze value and its flags: a policy name, one with -bootn appended
     (Egeria's bootstrapping checked every n steps, the paper's check, instead of every epoch),
-    or static-kK (the front K units frozen from the first step, a hand-tuned static K)."""
+    or static-kK (the front K units frozen from the first step, a hand-tuned static K); smartfrz-any
+    is SmartFRZ freezing any unit its predictor names (smartfrz alone: the front only)."""
+    if policy == "smartfrz-any":
+        return ["--freeze", "smartfrz", "--smartfrz-order", "any"]
     if policy.endswith("-bootn"):
         return policy_args(policy[:-len("-bootn")]) + ["--freeze-bootstrap-interval", "n"]
     if policy.startswith("static-k"):

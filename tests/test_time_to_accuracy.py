@@ -16,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location("tta", os.path.join(HERE, "..", "bench", "time_to_accuracy.py"))
 tta = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tta)
+import modelled_time as mt  # noqa: E402  (bench/, on the path time_to_accuracy.py gives)
 
 
 def bench_entry(kind, model, k, ms, aggregate=None):
@@ -56,7 +57,7 @@ class ModelledTimes(unittest.TestCase):
                 step = 2 * (i + 1)
                 r = {"type": "step", "step": step, "frozen_modules": k, "train_seconds": step}
                 if isinstance(k, list):
-                    r = {"type": "step", "step": step, "frozen_modules": tta.prefix_of(tuple(k)), "frozen_units": k,
+                    r = {"type": "step", "step": step, "frozen_modules": mt.prefix_of(tuple(k)), "frozen_units": k,
                          "train_seconds": step}
                 f.write(json.dumps(r) + "\n")
                 if step % 4 == 0:
@@ -74,63 +75,63 @@ class ModelledTimes(unittest.TestCase):
         return out
 
     def test_costs_are_the_medians(self):
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         self.assertAlmostEqual(costs[(False, "resnet20", 0)], 0.100)
         self.assertAlmostEqual(costs[(False, "resnet20", 1)], 0.050)
         self.assertAlmostEqual(costs[(True, "resnet20", 1)], 0.020)
 
     def test_each_step_costs_the_prefix_frozen_before_it(self):
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         # Steps 1-2 nothing frozen; one unit from step 2's record to step 6's; steps 7-8 none.
         out = self.make_run("egeria", [1, 1, 0, 0], [0.5, 0.9])
-        marks, total = tta.modelled_seconds(out, costs)
+        marks, total = mt.modelled_seconds(out, costs)
         self.assertAlmostEqual(marks[4], (2 * 0.1 + 2 * 0.05) * 1.1)
         self.assertAlmostEqual(total, (2 * 0.1 + 4 * 0.05 + 2 * 0.1) * 1.1)
-        self.assertAlmostEqual(tta.modelled_time_to_accuracy(out, 0.5, costs), marks[4])
-        self.assertAlmostEqual(tta.modelled_time_to_accuracy(out, 0.8, costs), total)
-        self.assertIsNone(tta.modelled_time_to_accuracy(out, 0.95, costs))
+        self.assertAlmostEqual(mt.modelled_time_to_accuracy(out, 0.5, costs), marks[4])
+        self.assertAlmostEqual(mt.modelled_time_to_accuracy(out, 0.8, costs), total)
+        self.assertIsNone(mt.modelled_time_to_accuracy(out, 0.95, costs))
 
     def test_a_run_kept_compressed_reads_the_same(self):
         """A run kept in docs/runs has its metrics as metrics.jsonl.xz only."""
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         out = self.make_run("plain", [1, 1, 0, 0], [0.5, 0.9])
         kept = shutil.copytree(out, os.path.join(self.dir.name, "kept"))
         with open(os.path.join(kept, "metrics.jsonl"), "rb") as f, \
                 lzma.open(os.path.join(kept, "metrics.jsonl.xz"), "wb") as z:
             z.write(f.read())
         os.remove(os.path.join(kept, "metrics.jsonl"))
-        self.assertEqual(tta.records_of(kept), tta.records_of(out))
-        self.assertEqual(tta.modelled_seconds(kept, costs), tta.modelled_seconds(out, costs))
+        self.assertEqual(mt.records_of(kept), mt.records_of(out))
+        self.assertEqual(mt.modelled_seconds(kept, costs), mt.modelled_seconds(out, costs))
 
     def test_a_cached_run_costs_the_cached_steps(self):
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         out = self.make_run("cached", [1, 1, 1, 1], [0.5, 0.9], overhead=0.0, cached=True)
-        _, total = tta.modelled_seconds(out, costs)
+        _, total = mt.modelled_seconds(out, costs)
         self.assertAlmostEqual(total, 2 * 0.1 + 6 * 0.02)
 
     def test_a_cached_step_costs_the_share_of_its_epoch_the_cache_served(self):
         """A sample the cache has not yet stored (the epoch after the freeze; another of its
         --augment-variants) is computed: its step's share costs the recomputing frozen step."""
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         out = self.make_run("variants", [1, 1, 1, 1], [0.5, 0.9], overhead=0.0, cached=True,
                             served=[(0, 100), (75, 25)])
-        _, total = tta.modelled_seconds(out, costs)
+        _, total = mt.modelled_seconds(out, costs)
         self.assertAlmostEqual(total, 2 * 0.1 + 2 * 0.05 + 4 * (0.75 * 0.02 + 0.25 * 0.05))
 
     def test_a_sample_from_a_shorter_prefixs_entry_costs_by_the_forward_it_skipped(self):
         """40 samples computed from the entries of a prefix with half the front's forward:
         each counts as half served, half computed."""
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         out = self.make_run("lower", [1, 1, 1, 1], [0.5, 0.9], overhead=0.0, cached=True,
                             served=[(0, 100), (40, 20, 40, 0.5)])
-        _, total = tta.modelled_seconds(out, costs)
+        _, total = mt.modelled_seconds(out, costs)
         self.assertAlmostEqual(total, 2 * 0.1 + 2 * 0.05 + 4 * (0.6 * 0.02 + 0.4 * 0.05))
 
     def test_a_prefix_the_benchmark_lacks_is_named(self):
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         out = self.make_run("deep", [2, 2, 2, 2], [0.5, 0.9])
         with self.assertRaises(SystemExit) as e:
-            tta.modelled_seconds(out, costs)
+            mt.modelled_seconds(out, costs)
         self.assertIn("resnet20 step with 2 units frozen", str(e.exception))
 
     def test_a_set_behind_trainable_units_saves_half_their_share(self):
@@ -143,18 +144,18 @@ class ModelledTimes(unittest.TestCase):
               {"name": "TrainStepFrozenSet/resnet20/units:1-2", "run_name": "TrainStepFrozenSet/resnet20/units:1-2",
                "real_time": 70, "time_unit": "ms", "run_type": "iteration"}]
         json.dump({"benchmarks": b}, open(path, "w"))
-        costs = tta.load_step_costs(path)
+        costs = mt.load_step_costs(path)
         self.assertAlmostEqual(costs[("set", "resnet20", (2,))], 0.090)
         self.assertAlmostEqual(costs[("set", "resnet20", (1, 2))], 0.070)
-        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (2,)), 0.100 - 0.5 * 0.030)
-        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (0, 2)), 0.080 - 0.5 * 0.030)
-        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (1, 2)), 0.100 - 0.5 * (0.010 + 0.030))
-        self.assertAlmostEqual(tta.step_cost(costs, "resnet20", (0, 1, 2)), 0.040)
+        self.assertAlmostEqual(mt.step_cost(costs, "resnet20", (2,)), 0.100 - 0.5 * 0.030)
+        self.assertAlmostEqual(mt.step_cost(costs, "resnet20", (0, 2)), 0.080 - 0.5 * 0.030)
+        self.assertAlmostEqual(mt.step_cost(costs, "resnet20", (1, 2)), 0.100 - 0.5 * (0.010 + 0.030))
+        self.assertAlmostEqual(mt.step_cost(costs, "resnet20", (0, 1, 2)), 0.040)
         out = self.make_run("any", [[2], [2], [0, 2], [0, 2]], [0.5, 0.9], overhead=0.0)
-        _, total = tta.modelled_seconds(out, costs)
+        _, total = mt.modelled_seconds(out, costs)
         self.assertAlmostEqual(total, 2 * 0.100 + 2 * 0.085 + 2 * 0.085 + 2 * 0.065)
-        self.assertEqual(tta.frozen_at_epoch_ends(out), [1, 2])
-        lines = tta.set_cost_lines(costs)
+        self.assertEqual(mt.frozen_at_epoch_ends(out), [1, 2])
+        lines = mt.set_cost_lines(costs)
         self.assertIn("| resnet20 | 2 | 90.0 | 85.0 | 0.944 |", lines)
         self.assertIn("| resnet20 | 1-2 | 70.0 | 80.0 | 1.143 |", lines)
 
@@ -162,15 +163,15 @@ class ModelledTimes(unittest.TestCase):
         path = os.path.join(self.dir.name, "other.json")
         json.dump({"benchmarks": [bench_entry("BM_Conv", "x", 0, 1.0)]}, open(path, "w"))
         with self.assertRaises(SystemExit) as e:
-            tta.load_step_costs(path)
+            mt.load_step_costs(path)
         self.assertIn("eg_bench_freeze", str(e.exception))
 
 
     def test_the_mean_curve_averages_the_seeds_at_each_epoch_end(self):
-        costs = tta.load_step_costs(self.costs_path)
+        costs = mt.load_step_costs(self.costs_path)
         a = self.make_run("seed0", [0, 0, 0, 0], [0.50, 0.90])
         b = self.make_run("seed1", [1, 1, 1, 1], [0.70, 0.94])
-        curve = tta.mean_curve([a, b], costs)
+        curve = mt.mean_curve([a, b], costs)
         self.assertEqual([c["epoch"] for c in curve], [1, 2])
         self.assertAlmostEqual(curve[0]["acc"], 0.60)
         self.assertAlmostEqual(curve[1]["acc"], 0.92)
@@ -178,22 +179,22 @@ class ModelledTimes(unittest.TestCase):
         # seed0: 8 steps at 0.1; seed1: 2 steps at 0.1 and 6 at 0.05 (frozen from step 2).
         self.assertAlmostEqual(curve[1]["modelled"], (0.8 * 1.1 + (0.2 + 0.3) * 1.1) / 2)
         # Reached where the mean is, not where one seed alone is: 0.90 at epoch 2 only.
-        self.assertEqual(tta.time_on_curve(curve, 0.65, "epoch"), 2)
-        self.assertAlmostEqual(tta.time_on_curve(curve, 0.60, "seconds"), 4)
-        self.assertIsNone(tta.time_on_curve(curve, 0.93, "epoch"))
-        self.assertIsNone(tta.mean_curve([a])[0]["modelled"])  # no costs, no modelled times
+        self.assertEqual(mt.time_on_curve(curve, 0.65, "epoch"), 2)
+        self.assertAlmostEqual(mt.time_on_curve(curve, 0.60, "seconds"), 4)
+        self.assertIsNone(mt.time_on_curve(curve, 0.93, "epoch"))
+        self.assertIsNone(mt.mean_curve([a])[0]["modelled"])  # no costs, no modelled times
 
     def test_the_epoch_table_shows_each_epochs_accuracy_difference_and_freezes(self):
         none = self.make_run("none", [0, 0, 0, 0], [0.50, 0.90])
         # Frozen after step 2, unfrozen after step 6: one unit at epoch 1's end, none at 2's.
         eg = self.make_run("eg", [1, 1, 0, 0], [0.55, 0.85])
         eg2 = self.make_run("eg2", [0, 0, 1, 1], [0.45, 0.85])
-        self.assertEqual(tta.frozen_at_epoch_ends(eg), [1, 0])
-        lines = tta.epoch_table_lines("resnet20", {"none": [none], "egeria": [eg, eg2]}, ["none", "egeria"])
+        self.assertEqual(mt.frozen_at_epoch_ends(eg), [1, 0])
+        lines = mt.epoch_table_lines("resnet20", {"none": [none], "egeria": [eg, eg2]}, ["none", "egeria"])
         self.assertEqual(lines[0], "| resnet20: epoch | none | egeria: acc (Δ), units frozen |")
         self.assertEqual(lines[2], "| 1 | 50.00 | 50.00 (+0.00), 0.5 |")
         self.assertEqual(lines[3], "| 2 | 90.00 | 85.00 (-5.00), 0.5 |")
-        lines = tta.epoch_table_lines("resnet20", {"none": [none], "egeria": [eg]}, ["none", "egeria"])
+        lines = mt.epoch_table_lines("resnet20", {"none": [none], "egeria": [eg]}, ["none", "egeria"])
         self.assertEqual(lines[2:], ["| 1 | 50.00 | 55.00 (+5.00), 1 |", "| 2 | 90.00 | 85.00 (-5.00), 0 |"])
 
 
