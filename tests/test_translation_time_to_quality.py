@@ -173,10 +173,10 @@ class TranslationTimeToQuality(unittest.TestCase):
         swept = ttq.command(args, "static-k4", 1, "out")  # one K of a static sweep, frozen from step 0
         self.assertEqual(swept[swept.index("--freeze") + 1], "static")
         self.assertEqual(swept[swept.index("--static-modules") + 1], "4")
+        self.assertEqual(swept[swept.index("--static-epoch") + 1], "0")
         anyorder = ttq.command(args, "smartfrz-any", 1, "out")
         self.assertEqual(anyorder[anyorder.index("--freeze") + 1], "smartfrz")
         self.assertEqual(anyorder[anyorder.index("--smartfrz-order") + 1], "any")
-        self.assertEqual(swept[swept.index("--static-epoch") + 1], "0")
         with self.assertRaises(SystemExit):
             ttq.command(args, "static-kx", 1, "out")
 
