@@ -63,7 +63,8 @@ POLICIES = {"none": ["none"], "none-sample": ["none", "--augment-mode", "sample"
             "smartfrz": ["smartfrz"], "smartfrz-any": ["smartfrz", "--smartfrz-order", "any"]}
 
 
-SUFFIXES = {"lr2": ["--freeze-reading", "per-lr2"], "bnb": ["--freeze-reference-bn", "batch"]}
+SUFFIXES = {"lr2": ["--freeze-reading", "per-lr2"], "bnb": ["--freeze-reference-bn", "batch"],
+            "peak": ["--freeze-tolerance-from", "peak"]}
 SETTINGS = {"la": "--freeze-lookahead", "tol": "--freeze-tolerance", "settle": "--freeze-bn-settle"}
 
 
@@ -71,8 +72,9 @@ def policy_flags(policy):
     """A policy's `egeria train` flags. An Egeria policy may carry suffixes: -laN reads N units
     ahead of the front (--freeze-lookahead N), -tolX sets T's coefficient (--freeze-tolerance X),
     -lr2 reads the SP loss per squared LR (--freeze-reading per-lr2), -bnb gives the reference
-    the batch's statistics (--freeze-reference-bn batch), -settleN settles the frozen batch norms
-    over N steps (--freeze-bn-settle N); e.g. egeria-la1, egeria-cache-tol0.5,
+    the batch's statistics (--freeze-reference-bn batch), -peak takes T from a unit's steepest fit
+    so far (--freeze-tolerance-from peak), -settleN settles the frozen batch norms over N steps
+    (--freeze-bn-settle N); e.g. egeria-la1, egeria-cache-tol0.5, egeria-peak,
     egeria-bnb-lr2. A policy with fixed augmentations (egeria-cache, none-sample) may end in -vN: each
     sample's N of them, in turn (--augment-variants N), e.g. egeria-cache-v4."""
     m = re.fullmatch(r"(.*)-v(\d+)", policy)
@@ -187,7 +189,7 @@ def main():
     policies = args.policies.split(",")
     for pol in policies:
         if pol != "static" and policy_flags(pol) is None:
-            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN, -tolX, -settleN, -lr2, -bnb)")
+            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN, -tolX, -settleN, -lr2, -bnb, -peak)")
     table = {"runs": [], "means": []}
     lines = ["| model | budget | policy | seeds | final acc. % | wall s | to target s (wall) | speedup (wall) |"
              + (" speedup (modelled) |" if costs else "") + " backward FLOPs saved | reference overhead |",

@@ -2,14 +2,15 @@
 """Algorithm 1 replayed offline on a run's recorded plasticity readings.
 
   bench/replay_freezing.py RUN [RUN ...] [--window W] [--tolerance C]
-      [--reading sp-loss|per-lr2|recorded]
+      [--tolerance-from first3|peak] [--reading sp-loss|per-lr2|recorded]
 
 RUN is a finished run's folder (config.json and freeze.jsonl, or freeze.jsonl.xz). The
 readings a unit gets before it freezes do not depend on the freezing criterion, so the
 criterion can be tried again on them without training: this replays Egeria's decisions
 (freeze/tracker.cpp: the moving average over W readings, least-squares fits of the last W
-full averages, T = C x the largest |slope| of a unit's first 3 fits, W stale fits in a row
-freeze it, each unit's readings counted from the step the unit before it froze) and prints
+full averages, T = C x the largest |slope| of a unit's first 3 fits, or with --tolerance-from
+peak of its fits so far, W stale fits in a row freeze it, each unit's readings counted from
+the step the unit before it froze) and prints
 the step each unit would freeze at, up to the run's first unfreeze. At the run's own W and
 C it gives the steps the run froze at; a step earlier than the run's is what the other
 criterion would have done, a later one only a bound (the run's readings of a unit stop when
@@ -39,9 +40,11 @@ def fit_slope(ys):
     return num / sum((i - xm) ** 2 for i in range(n))
 
 
-def first_freeze(readings, window, coef):
-    """The step of the reading that freezes a unit, or None: Algorithm 1 on (step, reading)s."""
-    raw, smoothed, first, counter = [], [], [], 0
+def first_freeze(readings, window, coef, peak=False):
+    """The step of the reading that freezes a unit, or None: Algorithm 1 on (step, reading)s.
+    T is C x the largest |slope| of the first 3 fits, or with peak of every fit so far, the
+    current one included (freeze/tracker.cpp's tolerance())."""
+    raw, smoothed, first, counter, steepest = [], [], [], 0, 0.0
     for step, p in readings:
         raw.append(p)
         k = min(len(raw), window)
@@ -54,7 +57,8 @@ def first_freeze(readings, window, coef):
                 first.append(abs(s))
                 counter = 0
             else:
-                counter = counter + 1 if abs(s) < coef * max(first) else 0
+                steepest = max(steepest, abs(s))
+                counter = counter + 1 if abs(s) < coef * max(max(first), steepest if peak else 0) else 0
         if counter >= window:
             return step
     return None
@@ -108,8 +112,9 @@ def unit_readings(events, cfg, reading, steps_per_epoch):
     return out
 
 
-def replay(run, window=None, coef=None, reading="sp-loss"):
-    """[(unit, step)] each unit would freeze at, front first, with the run's W and C unless given."""
+def replay(run, window=None, coef=None, reading="sp-loss", tolerance_from=None):
+    """[(unit, step)] each unit would freeze at, front first, with the run's W, C and T's source
+    (first3 or peak) unless given."""
     with open(os.path.join(run, "config.json")) as f:
         cfg = json.load(f)
     spe = cfg["train_limit"] // cfg["batch_size"] if cfg.get("train_limit") else None
@@ -117,10 +122,11 @@ def replay(run, window=None, coef=None, reading="sp-loss"):
         sys.exit("replay_freezing: --reading per-lr2 needs the run's train_limit for its schedule")
     window = window or cfg.get("freeze_window", 10)
     coef = coef or cfg.get("freeze_tolerance", 0.2)
+    peak = (tolerance_from or cfg.get("freeze_tolerance_from", "first3")) == "peak"
     readings = unit_readings(events_of(run), cfg, reading, spe)
     frozen, start = [], 0
     for unit in sorted(readings):
-        step = first_freeze([r for r in readings[unit] if r[0] > start], window, coef)
+        step = first_freeze([r for r in readings[unit] if r[0] > start], window, coef, peak)
         if step is None:
             break
         frozen.append((unit, step))
@@ -133,10 +139,12 @@ def main():
     p.add_argument("runs", nargs="+")
     p.add_argument("--window", type=int, default=0, help="W (default: the run's)")
     p.add_argument("--tolerance", type=float, default=0, help="T's coefficient (default: the run's)")
+    p.add_argument("--tolerance-from", choices=["first3", "peak"], default=None,
+                   help="T from a unit's first 3 fits or its steepest so far (default: the run's)")
     p.add_argument("--reading", choices=["sp-loss", "per-lr2", "recorded"], default="sp-loss")
     args = p.parse_args()
     for run in args.runs:
-        frozen = replay(run, args.window, args.tolerance, args.reading)
+        frozen = replay(run, args.window, args.tolerance, args.reading, args.tolerance_from)
         said = ", ".join(f"unit {u} at step {s}" for u, s in frozen) or "nothing"
         print(f"{run}: {said}")
 

@@ -80,6 +80,17 @@ class ReplayFreezing(unittest.TestCase):
         slows = [(i, 1000.0 - 5.0 * i) for i in range(200)]  # the same slope throughout
         self.assertIsNone(rf.first_freeze(slows, 5, 0.2))
 
+    def test_t_from_the_steepest_fit_so_far_freezes_a_unit_whose_first_fits_were_flat(self):
+        # Flat first fits (a pretrained unit), then a rise, then as flat as at first: T from the
+        # first 3 fits is under the flat part's slope for good, T from the steepest is not.
+        ys = [0.01 * i for i in range(15)] + [0.15 + 1.0 * i for i in range(10)]
+        ys += [ys[-1] + 0.01 * i for i in range(1, 60)]
+        readings = list(enumerate(ys))
+        self.assertIsNone(rf.first_freeze(readings, 5, 0.2))
+        step = rf.first_freeze(readings, 5, 0.2, peak=True)
+        self.assertIsNotNone(step)
+        self.assertGreater(step, 25)
+
 
 if __name__ == "__main__":
     unittest.main()
