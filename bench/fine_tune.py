@@ -25,7 +25,10 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    (--freeze-reading per-lr2), -bnb with the batch's statistics (--freeze-reference-bn batch);
    -settleN settles the frozen batch norms' running statistics over N steps (--freeze-bn-settle N:
    egeria-cache only, the policy with running statistics, whose default since 2026-12-06 is 20;
-   -settle0 switches at the freeze, as the egeria-cache runs kept from before did).
+   -settle0 switches at the freeze, as the egeria-cache runs kept from before did); -peak and
+   -first3 take T from a unit's steepest fit so far or from its first 3 (--freeze-tolerance-from:
+   peak, the default for a pretrained run since 2026-12-07; Egeria runs kept from before took
+   first3, and are refused under a name without -first3).
 Each run's final accuracy, wall time, the time to come within 0.3 pt of the seed's
 `none` run's final accuracy (wall, at epoch ends, and modelled from eg_bench_freeze's
 step costs with --step-costs, as bench/time_to_accuracy.py), the speedups, the share of
@@ -64,7 +67,7 @@ POLICIES = {"none": ["none"], "none-sample": ["none", "--augment-mode", "sample"
 
 
 SUFFIXES = {"lr2": ["--freeze-reading", "per-lr2"], "bnb": ["--freeze-reference-bn", "batch"],
-            "peak": ["--freeze-tolerance-from", "peak"]}
+            "peak": ["--freeze-tolerance-from", "peak"], "first3": ["--freeze-tolerance-from", "first3"]}
 SETTINGS = {"la": "--freeze-lookahead", "tol": "--freeze-tolerance", "settle": "--freeze-bn-settle"}
 
 
@@ -73,7 +76,8 @@ def policy_flags(policy):
     ahead of the front (--freeze-lookahead N), -tolX sets T's coefficient (--freeze-tolerance X),
     -lr2 reads the SP loss per squared LR (--freeze-reading per-lr2), -bnb gives the reference
     the batch's statistics (--freeze-reference-bn batch), -peak takes T from a unit's steepest fit
-    so far (--freeze-tolerance-from peak), -settleN settles the frozen batch norms over N steps
+    so far (--freeze-tolerance-from peak, a pretrained run's default since 2026-12-07), -first3 from
+    its first 3 fits (the paper's, the default before), -settleN settles the frozen batch norms over N steps
     (--freeze-bn-settle N); e.g. egeria-la1, egeria-cache-tol0.5, egeria-peak,
     egeria-bnb-lr2. A policy with fixed augmentations (egeria-cache, none-sample) may end in -vN: each
     sample's N of them, in turn (--augment-variants N), e.g. egeria-cache-v4."""
@@ -117,12 +121,31 @@ def pretrained(args, model):
     return os.path.join(out, "model.safetensors")
 
 
+def check_tolerance_source(out, policy, flags):
+    """A finished Egeria run is reused only if its T came from the slopes its flags (the policy's,
+    then --extra's) now mean: a fine-tuning run's default is peak since 2026-12-07 (auto: peak
+    from --init-from), and the runs kept from before took the first 3 fits (a policy with
+    -first3, or --extra "--freeze-tolerance-from first3", reuses them)."""
+    if flags[0] != "egeria":
+        return
+    given = [i for i, f in enumerate(flags) if f == "--freeze-tolerance-from"]
+    want = flags[given[-1] + 1] if given else "auto"
+    with open(os.path.join(out, "config.json")) as f:
+        had = json.load(f).get("freeze_tolerance_from", "first3")
+    peak = {"auto": "peak", "peak": "peak", "first3": "first3"}  # every run here starts from --init-from
+    if peak.get(had) != peak.get(want):
+        sys.exit(f"fine_tune: {out} was trained with --freeze-tolerance-from {had}, but the policy '{policy}' "
+                 f"means {want} ({peak.get(want)} for a pretrained run); name the policy for what it was run "
+                 f"with (e.g. {policy}-first3, or --extra \"--freeze-tolerance-from {had}\"), or use another --out")
+
+
 def fine_tune(args, model, budget, seed, policy, k=None):
     name = f"{model}-b{budget}-s{seed}-{policy}" + (f"{k}" if k is not None else "")
     out = os.path.join(args.out, name)
-    if os.path.exists(os.path.join(out, "summary.json")):
-        return out  # finished (a kept run's report needs no pretrained model)
     flags = policy_flags(policy) if policy != "static" else ["static", "--static-modules", str(k), "--static-epoch", "0"]
+    if os.path.exists(os.path.join(out, "summary.json")):
+        check_tolerance_source(out, policy, flags + args.extra.split())
+        return out  # finished (a kept run's report needs no pretrained model)
     cmd = ["--model", model, "--classes", TASK_CLASSES, "--train-limit", str(budget), "--epochs", str(args.epochs),
            "--seed", str(seed), "--init-from", pretrained(args, model), "--freeze", flags[0]] + flags[1:] + recipe(budget, args.epochs)
     if args.extra:
@@ -189,7 +212,7 @@ def main():
     policies = args.policies.split(",")
     for pol in policies:
         if pol != "static" and policy_flags(pol) is None:
-            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN, -tolX, -settleN, -lr2, -bnb, -peak)")
+            sys.exit(f"fine_tune: unknown policy '{pol}' (static, {', '.join(POLICIES)}; egeria's with -laN, -tolX, -settleN, -lr2, -bnb, -peak, -first3)")
     table = {"runs": [], "means": []}
     lines = ["| model | budget | policy | seeds | final acc. % | wall s | to target s (wall) | speedup (wall) |"
              + (" speedup (modelled) |" if costs else "") + " backward FLOPs saved | reference overhead |",

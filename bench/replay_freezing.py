@@ -2,7 +2,7 @@
 """Algorithm 1 replayed offline on a run's recorded plasticity readings.
 
   bench/replay_freezing.py RUN [RUN ...] [--window W] [--tolerance C]
-      [--tolerance-from first3|peak] [--reading sp-loss|per-lr2|recorded]
+      [--tolerance-from first3|peak|auto] [--reading sp-loss|per-lr2|recorded]
 
 RUN is a finished run's folder (config.json and freeze.jsonl, or freeze.jsonl.xz). The
 readings a unit gets before it freezes do not depend on the freezing criterion, so the
@@ -122,7 +122,8 @@ def replay(run, window=None, coef=None, reading="sp-loss", tolerance_from=None):
         sys.exit("replay_freezing: --reading per-lr2 needs the run's train_limit for its schedule")
     window = window or cfg.get("freeze_window", 10)
     coef = coef or cfg.get("freeze_tolerance", 0.2)
-    peak = (tolerance_from or cfg.get("freeze_tolerance_from", "first3")) == "peak"
+    source = tolerance_from or cfg.get("freeze_tolerance_from", "first3")
+    peak = source == "peak" or (source == "auto" and bool(cfg.get("init_from")))  # auto: peak when pretrained
     readings = unit_readings(events_of(run), cfg, reading, spe)
     frozen, start = [], 0
     for unit in sorted(readings):
@@ -139,7 +140,7 @@ def main():
     p.add_argument("runs", nargs="+")
     p.add_argument("--window", type=int, default=0, help="W (default: the run's)")
     p.add_argument("--tolerance", type=float, default=0, help="T's coefficient (default: the run's)")
-    p.add_argument("--tolerance-from", choices=["first3", "peak"], default=None,
+    p.add_argument("--tolerance-from", choices=["first3", "peak", "auto"], default=None,
                    help="T from a unit's first 3 fits or its steepest so far (default: the run's)")
     p.add_argument("--reading", choices=["sp-loss", "per-lr2", "recorded"], default="sp-loss")
     args = p.parse_args()

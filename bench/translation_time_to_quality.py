@@ -99,8 +99,29 @@ def finished(args, policy, seed):
     for root in ([args.keep] if args.keep else []) + [args.out]:
         d = run_dir(root, args.model, policy, seed)
         if os.path.exists(os.path.join(d, "summary.json")):
+            check_tolerance_source(d, policy_args(policy) + args.extra.split())
             return d
     return None
+
+
+def check_tolerance_source(d, flags):
+    """A finished Egeria fine-tuning run is reused only if its T came from the slopes its flags
+    now mean: since 2026-12-07 a run from --init-from takes peak by default (auto), and the runs
+    kept from before took the first 3 fits (--extra "--freeze-tolerance-from first3" reuses them)."""
+    try:
+        with open(os.path.join(d, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return  # no readable config.json: nothing to compare
+    if config.get("freeze") != "egeria" or not config.get("init_from"):
+        return
+    given = [i for i, f in enumerate(flags) if f == "--freeze-tolerance-from"]
+    want = flags[given[-1] + 1] if given else "auto"
+    had = config.get("freeze_tolerance_from", "first3")
+    if {"auto": "peak"}.get(had, had) != {"auto": "peak"}.get(want, want):
+        sys.exit(f"translation_time_to_quality: {d} was fine-tuned with --freeze-tolerance-from {had}, but this "
+                 f"run asks for {want}; add --extra \"--freeze-tolerance-from {had}\" to report it, or use "
+                 f"another --out/--keep")
 
 
 def keep(args, d):

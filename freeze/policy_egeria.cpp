@@ -144,6 +144,7 @@ class EgeriaPolicy : public FreezePolicy {
               {"interval", n()},
               {"bootstrap_interval", bootstrap_n()},
               {"window", tracker_.window()},
+              {"tolerance_from", tracker_.options().tolerance_from_peak() ? "peak" : "first3"},
               {"reference", c_.reference.precision},
               {"reference_bn", c_.reference.bn == quant::ReferenceBn::batch ? "batch" : "running"},
               {"unit_scope_submissions", unit_scope_submissions_},

@@ -149,7 +149,7 @@ void FreezeTracker::start_module() {
 double FreezeTracker::tolerance(const Readings& r, double lr) const {
   if (r.first_slopes.size() < 3) return 0;
   const double first = *std::max_element(r.first_slopes.begin(), r.first_slopes.end());
-  const double t = opt_.tolerance_coef * (opt_.tolerance_from_peak ? std::max(first, r.peak_slope) : first);
+  const double t = opt_.tolerance_coef * (opt_.tolerance_from_peak() ? std::max(first, r.peak_slope) : first);
   if (opt_.refreeze_tolerance == RefreezeTolerance::scaled && r.tolerance_lr > 0) return t * lr / r.tolerance_lr;
   return t;
 }

@@ -42,7 +42,8 @@
 //     already settled when bootstrapping ends shows tiny first slopes, so the paper's
 //     T sits below its own noise and it does not freeze until the LR drops; with peak,
 //     stale means "moving at under 20% of its fastest observed rate". first3 (the
-//     paper) stays the default.
+//     paper) stays the default from scratch; a pretrained run takes peak (Note [T for
+//     a pretrained network]).
 //   * Optionally (min_window, --freeze-window-min) the halving of W after an unfreeze
 //     stops at a floor. W is the moving-average span, the slope-fit span, the stale
 //     count and the refresh period at once; W = 10 halves to 2 after a step schedule's
@@ -81,6 +82,9 @@
 namespace eg::freeze {
 
 enum class RefreezeTolerance { remeasure, keep, scaled };
+// Whose slopes T is a share of: a unit's first 3 fits (the paper), all its fits so far,
+// or automatic: peak for a pretrained run, first3 otherwise (Note [T for a pretrained network]).
+enum class ToleranceFrom { first3, peak, automatic };
 
 struct TrackerOptions {
   int64_t interval = 0;  // n: iterations between evaluations (0: derive, see default_interval)
@@ -94,7 +98,10 @@ struct TrackerOptions {
   int64_t window = 10;  // W: stale readings to freeze; moving-average and fit window
   int64_t min_window = 1;  // halving W after an unfreeze stops here (1: the paper)
   double tolerance_coef = 0.2;  // T = coef x the largest |slope| of a module's first 3 fits
-  bool tolerance_from_peak = false;  // ... or of all its fits so far (Note [Egeria's freezing decisions])
+  ToleranceFrom tolerance_from = ToleranceFrom::automatic;  // ... or of all its fits so far
+  bool tolerance_from_peak() const {
+    return tolerance_from == ToleranceFrom::peak || (tolerance_from == ToleranceFrom::automatic && pretrained);
+  }
   // The T a module refreezes with after an unfreeze (Note [Egeria's freezing decisions]).
   RefreezeTolerance refreeze_tolerance = RefreezeTolerance::remeasure;
   double bootstrap_change = 0.10;  // bootstrapping ends when the loss changes by less than this
@@ -143,6 +150,21 @@ int64_t default_interval(int64_t total_iterations, int64_t modules, int64_t wind
 // from its first third. So with --init-from the guideline's floor is
 // kMinPretrainedInterval. Measured on that task (3 seeds, against n = 2 and 10, and
 // W = 5): docs/freezing.md, "n for a pretrained network".
+
+// Note [T for a pretrained network]
+// The paper's T is 20% of the steepest of a unit's first 3 slopes: from scratch those
+// fits fall in the early fast stage, and "stale" means moving far slower than then
+// (§6.4: "considerably lower compared to itself during the early fast training
+// stage"). A pretrained unit has no such stage, and without bootstrapping its first
+// fits are those of the run's first steps: where they happen to fall on a flat stretch
+// of its smoothed plasticity, T lands under the slopes its own noise gives later, and
+// the unit freezes late or never (fine-tuning, ResNet-56 on all 30,000 images of
+// docs/fine-tuning.md's task, seed 1: T = 1.3e-7 against later slopes of a median
+// 3.8e-6, its front frozen at 78% of the run; seed 0, T from steeper first fits:
+// 11%). So with --init-from T is a share of the steepest slope the unit has shown so
+// far (peak): a unit freezes once it moves at under 20% of the fastest rate it was seen
+// moving at, whichever fits showed it. --freeze-tolerance-from first3|peak sets either
+// way. Measured on the fine-tuning task: docs/freezing.md, "T for a pretrained network".
 
 // Note [The bootstrapping check's span]
 // Bootstrapping ends when the mean training loss over one check's span differs by less

@@ -82,6 +82,25 @@ class FineTuneTable(unittest.TestCase):
                     "egeria-v2", "none-v2", "egeria-cache-vx", "egeria-settle1.5"):
             self.assertIsNone(ft.policy_flags(bad), bad)
 
+    def test_a_kept_egeria_run_is_reused_only_under_the_tolerance_it_was_run_with(self):
+        def kept(name, tolerance_from):
+            out = os.path.join(self.dir.name, name)
+            os.makedirs(out)
+            with open(os.path.join(out, "config.json"), "w") as f:
+                json.dump({} if tolerance_from is None else {"freeze_tolerance_from": tolerance_from}, f)
+            return out
+        first3, auto, older = kept("first3", "first3"), kept("auto", "auto"), kept("older", None)
+        for out, policy in ((first3, "egeria-first3"), (first3, "egeria-cache-first3-v4"), (auto, "egeria"),
+                            (auto, "egeria-peak"), (older, "egeria-bnb-lr2-first3"), (first3, "static")):
+            with self.subTest(out=out, policy=policy):
+                flags = ["static"] if policy == "static" else ft.policy_flags(policy)
+                ft.check_tolerance_source(out, policy, flags)  # accepted
+        ft.check_tolerance_source(first3, "egeria", ["egeria", "--freeze-tolerance-from", "first3"])  # as --extra gives
+        for out, policy in ((first3, "egeria"), (older, "egeria-cache-v4"), (auto, "egeria-first3")):
+            with self.subTest(out=out, policy=policy), self.assertRaises(SystemExit) as e:
+                ft.check_tolerance_source(out, policy, ft.policy_flags(policy))
+            self.assertIn("--freeze-tolerance-from", str(e.exception))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1147,6 +1147,30 @@ TEST(FreezeTrainer, ResumeRefusesAnotherReferenceScope) {
   EXPECT_FALSE(train::run_training(c).completed) << "resumed, and stopped again";
 }
 
+// --freeze-tolerance-from auto compares as what it means for the run (Note [T for a
+// pretrained network]): a checkpoint that named first3 resumes a run from scratch under auto,
+// not a run from --init-from, where auto is peak.
+TEST(FreezeTrainer, ResumeComparesTheToleranceSourceAsAutoMeansIt) {
+  train::TrainConfig c;
+  train::set_option(c, "--freeze", "egeria");
+  nlohmann::json saved = train::to_json(c);
+  EXPECT_EQ(saved["freeze_tolerance_from"], "auto");
+  saved["freeze_tolerance_from"] = "first3";
+  EXPECT_NO_THROW(train::check_resume(c, saved, 10, 5, "ckpt"));
+  c.init_from = "pretrained.safetensors";
+  saved["init_from"] = c.init_from;
+  try {
+    train::check_resume(c, saved, 10, 5, "ckpt");
+    ADD_FAILURE() << "a pretrained run's first3 checkpoint resumed under auto (peak)";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--freeze-tolerance-from first3"), std::string::npos) << e.what();
+  }
+  saved["freeze_tolerance_from"] = "peak";
+  EXPECT_NO_THROW(train::check_resume(c, saved, 10, 5, "ckpt"));
+  train::set_option(c, "--freeze-tolerance-from", "first3");
+  EXPECT_THROW(train::check_resume(c, saved, 10, 5, "ckpt"), Error);
+}
+
 // Likewise the int8 reference's calibration (a checkpoint from before the flag
 // quantised every batch with its own scales, as --freeze-reference-calibration 0).
 TEST(FreezeTrainer, ResumeRefusesAnotherReferenceCalibration) {
@@ -1210,6 +1234,7 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   EXPECT_EQ(sum["freeze_stats"]["bootstrap_interval"], freeze::kNoBootstrapping);
   EXPECT_NE(train::run_report(d, "").find("from the first step, without bootstrapping"), std::string::npos);
   EXPECT_EQ(sum["freeze_stats"]["reference_bn"], "running") << "the default, pretrained or not";
+  EXPECT_EQ(sum["freeze_stats"]["tolerance_from"], "peak") << "auto, pretrained (Note [T for a pretrained network])";
   // n from the guideline: a pretrained run's floor is lower than one from scratch
   // (Note [n for a pretrained network]); this run's guideline gives less than either.
   auto a = c;
@@ -1222,8 +1247,9 @@ TEST(FreezeTrainer, APretrainedRunIsNotBootstrapped) {
   scratch_n.out = tmpdir("boot_scratch_auto_n");
   scratch_n.init_from.clear();
   ASSERT_TRUE(train::run_training(scratch_n).completed);
-  EXPECT_EQ(nlohmann::json::parse(std::ifstream(scratch_n.out + "/summary.json"))["freeze_stats"]["interval"],
-            freeze::kMinDefaultInterval);
+  const auto scratch_sum = nlohmann::json::parse(std::ifstream(scratch_n.out + "/summary.json"));
+  EXPECT_EQ(scratch_sum["freeze_stats"]["interval"], freeze::kMinDefaultInterval);
+  EXPECT_EQ(scratch_sum["freeze_stats"]["tolerance_from"], "first3") << "auto, from scratch: the paper's";
   // Killed right after the first step's reference was taken, and again later, resumed:
   // the same readings and weights as the run that was never stopped.
   auto k = c;
@@ -1310,7 +1336,7 @@ TEST(FreezeTrainer, EgeriaFlagsReachTheTracker) {
     EXPECT_EQ(pc.tracker.bootstrap_interval, 11);
     EXPECT_EQ(pc.tracker.min_window, 3);
     EXPECT_DOUBLE_EQ(pc.tracker.tolerance_coef, 0.3);
-    EXPECT_TRUE(pc.tracker.tolerance_from_peak);
+    EXPECT_TRUE(pc.tracker.tolerance_from_peak());
     EXPECT_FALSE(pc.tracker.freeze_last_phase);
   }
   auto bad = run_cfg(tmpdir("bad_refreeze"), "egeria");

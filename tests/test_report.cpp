@@ -113,6 +113,23 @@ TEST(Report, SaysWhatFrozeWhyAndWhatItSaved) {
   EXPECT_EQ(r.find("step 100 (epoch 1)"), std::string::npos) << r;
 }
 
+// T from the steepest slope so far (--freeze-tolerance-from peak, or auto on a pretrained
+// run): the run's freeze_stats say which, and a run from before they did, its config.
+TEST(Report, SaysWhoseSlopesTheToleranceCameFrom) {
+  const std::string d = hand_made_run();
+  auto sum = json::parse(std::ifstream(d + "/summary.json"));
+  sum["freeze_stats"]["tolerance_from"] = "peak";
+  write(d + "/summary.json", sum.dump());
+  const std::string want = "(0.2 x the steepest of its slopes so far)";
+  EXPECT_NE(eg::train::run_report(d).find(want), std::string::npos) << eg::train::run_report(d);
+  sum["freeze_stats"].erase("tolerance_from");
+  write(d + "/summary.json", sum.dump());
+  write(d + "/config.json", json{{"freeze_tolerance", 0.2}, {"freeze_tolerance_from", "peak"}}.dump());
+  EXPECT_NE(eg::train::run_report(d).find(want), std::string::npos) << eg::train::run_report(d);
+  write(d + "/config.json", json{{"freeze_tolerance", 0.2}, {"freeze_tolerance_from", "first3"}}.dump());
+  EXPECT_NE(eg::train::run_report(d).find("(0.2 x the steepest of its first 3 slopes)"), std::string::npos);
+}
+
 TEST(Report, ClaimsNoSavingWhenNothingFroze) {
   const std::string d = hand_made_run();
   std::vector<json> m;

@@ -501,10 +501,16 @@ TEST(Tracker, ASettledModuleFreezesWithPeakToleranceButNotWithTheFirstThree) {
     if (i < 29) return 1.0 + 0.5 * std::sin(3.14159265 * (i - 9) / 20.0);  // one swing
     return 1.0 + 0.02 * double(noise.data<float>()[i]);  // noise, 25x under the swing
   };
-  for (bool peak : {false, true}) {
+  // auto takes peak for a pretrained run (Note [T for a pretrained network]), first3 otherwise.
+  using TF = ToleranceFrom;
+  for (auto [from, pretrained, peak] : {std::tuple{TF::first3, false, false}, std::tuple{TF::peak, false, true},
+                                        std::tuple{TF::automatic, false, false}, std::tuple{TF::automatic, true, true},
+                                        std::tuple{TF::first3, true, false}}) {
+    SCOPED_TRACE(testing::Message() << "tolerance from " << int(from) << ", pretrained " << pretrained);
     TrackerOptions o;
     o.window = 5;
-    o.tolerance_from_peak = peak;
+    o.tolerance_from = from;
+    o.pretrained = pretrained;
     FreezeTracker t = started(4, o);
     int froze_at = -1;
     for (int i = 0; i < 300 && froze_at < 0; ++i)
@@ -574,7 +580,7 @@ TEST(Tracker, StateRoundTripContinuesTheSameDecisions) {
         std::pair{false, RefreezeTolerance::keep}, std::pair{true, RefreezeTolerance::scaled}}) {
     TrackerOptions o;
     o.window = 4;
-    o.tolerance_from_peak = peak;
+    o.tolerance_from = peak ? ToleranceFrom::peak : ToleranceFrom::first3;
     o.refreeze_tolerance = mode;
     auto run = [&](FreezeTracker& t, int from, int to, std::vector<int>& decisions) {
       for (int i = from; i < to; ++i) {

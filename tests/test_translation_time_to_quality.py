@@ -158,6 +158,24 @@ class TranslationTimeToQuality(unittest.TestCase):
         ttq.main(args + ["--out", other, "--report-only"])
         self.assertFalse(os.path.exists(ttq.run_dir(other, MODEL, "none", 1)))
 
+    def test_a_kept_fine_tuning_run_is_reused_only_under_the_tolerance_it_was_run_with(self):
+        # The kept es-web runs were fine-tuned before a pretrained run's T came from its steepest
+        # fit (auto = peak since 2026-12-07): they took the first 3 fits.
+        kept = os.path.join(HERE, "..", "docs", "runs", "ft-translation", "es-web")
+        egeria = ttq.run_dir(kept, MODEL, "egeria", 1)
+        with self.assertRaises(SystemExit) as e:
+            ttq.check_tolerance_source(egeria, ttq.policy_args("egeria"))
+        self.assertIn("--freeze-tolerance-from first3", str(e.exception))
+        ttq.check_tolerance_source(egeria, ttq.policy_args("egeria") + ["--freeze-tolerance-from", "first3"])
+        ttq.check_tolerance_source(ttq.run_dir(kept, MODEL, "none", 1), ttq.policy_args("none"))
+        args = ["--egeria", "/nonexistent/egeria", "--model", MODEL, "--policies", "egeria", "--seeds", "1",
+                "--keep", kept, "--out", self.out, "--report-only"]
+        with self.assertRaises(SystemExit):
+            ttq.main(args)
+        ttq.main(args + ["--extra", "--freeze-tolerance-from first3"])
+        with open(os.path.join(self.out, "table.json")) as f:
+            self.assertIn("egeria", [r.get("policy") for r in json.load(f)["per_seed"]])
+
     def test_policy_variants_run_with_their_flags(self):
         args = ttq.argparse.Namespace(egeria="egeria", model=MODEL, data_dir="data", epochs=2, threads=2,
                                       eval_every=5, extra="--train-limit 100")

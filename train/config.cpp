@@ -156,6 +156,14 @@ void check_resume(const TrainConfig& c, const json& saved, int64_t spe, int64_t 
   // Checkpoints from before an option existed ran with its then behaviour: the reference
   // read the network, and the int8 reference quantised every batch with its own scales.
   const json legacy = {{"freeze_reference_scope", "network"}, {"freeze_reference_calibration", 0}};
+  // An auto that means one value or another by the run compares as what it means for this run,
+  // so that a checkpoint naming that value (from before auto) resumes under auto: the T of a
+  // run from --init-from comes from the steepest fit, of others from the first 3 (Note [T for
+  // a pretrained network]).
+  auto meant = [&](const std::string& key, const json& v) {
+    if (key == "freeze_tolerance_from" && v == "auto") return json(c.init_from.empty() ? "first3" : "peak");
+    return v;
+  };
   const json now = to_json(c);
   for (auto& o : options()) {
     if (o.group == OptionGroup::hidden || !now.contains(o.key)) continue;
@@ -167,7 +175,7 @@ void check_resume(const TrainConfig& c, const json& saved, int64_t spe, int64_t 
       was = o.get(as_saved);
     } catch (const Error&) {
     }
-    if (was == now[o.key]) continue;
+    if (meant(o.key, was) == meant(o.key, now[o.key])) continue;
     if (o.on_resume == OnResume::warn) {
       std::printf(
           "warning: --resume with %s %s (the checkpoint's run used %s): results are no longer bit-identical "

@@ -120,10 +120,13 @@ void add_egeria_decision_options(std::vector<Option>& t) {
   t.push_back(number("--freeze-tolerance", "freeze_tolerance", G::freezing, F, "egeria: T coefficient",
                      EG_FIELD(freezing.tracker.tolerance_coef),
                      Rule<double>{[](double v) { return v > 0; }, "positive"}));
+  using TF = freeze::ToleranceFrom;
   t.push_back(choice("--freeze-tolerance-from", "freeze_tolerance_from", G::freezing, F,
                      "egeria: T = coefficient x the largest |slope| of a module's first 3 fits (first3, the paper) or "
-                     "of all its fits so far (peak: for modules already settled when bootstrapping ends)",
-                     EG_FIELD(freezing.tracker.tolerance_from_peak), Names<bool>{{"first3", false}, {"peak", true}}));
+                     "of all its fits so far (peak: for modules already settled when readings start); auto: peak "
+                     "for a run from --init-from's pretrained weights, first3 otherwise",
+                     EG_FIELD(freezing.tracker.tolerance_from),
+                     Names<TF>{{"auto", TF::automatic}, {"first3", TF::first3}, {"peak", TF::peak}}));
   t.push_back(choice("--freeze-reading", "freeze_reading", G::freezing, F,
                      "egeria: what Algorithm 1 reads of a unit: its SP loss against the reference (sp-loss, the "
                      "paper), or that divided by the sum of the squared LRs of the updates since the reference "

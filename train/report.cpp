@@ -97,8 +97,9 @@ struct Units {
   }
 };
 
-// Egeria's decisions, each with the readings behind it (freeze/tracker.h's events).
-void egeria_story(const std::vector<json>& log, const Units& units, double coef, std::string& r) {
+// Egeria's decisions, each with the readings behind it (freeze/tracker.h's events). `peak`:
+// T was a share of the steepest slope so far, not of the first 3 (--freeze-tolerance-from).
+void egeria_story(const std::vector<json>& log, const Units& units, double coef, bool peak, std::string& r) {
   const json* last_boot = nullptr;
   bool evaluated = false;
   for (auto& e : log) evaluated |= e.value("type", "") == "evaluation";
@@ -146,9 +147,9 @@ void egeria_story(const std::vector<json>& log, const Units& units, double coef,
           slopes.empty()
               ? std::string("its readings were stale W times in a row")
               : fmt("the slope of its smoothed plasticity stayed under its tolerance T = %.2e (%s the steepest "
-                    "of its first 3 slopes) for W = %lld readings in a row, steps %lld-%lld (|slope| %.2e to %.2e)",
-                    tol, coef > 0 ? fmt("%g x", coef).c_str() : "a share of", (long long)w, (long long)first,
-                    (long long)step, *lo, *hi);
+                    "of its %s) for W = %lld readings in a row, steps %lld-%lld (|slope| %.2e to %.2e)",
+                    tol, coef > 0 ? fmt("%g x", coef).c_str() : "a share of", peak ? "slopes so far" : "first 3 slopes",
+                    (long long)w, (long long)first, (long long)step, *lo, *hi);
       if (type == "hold")
         r += at + "would freeze " + units.name(m) + ", held until the LR first falls 10x: " + why + "\n";
       else {
@@ -402,7 +403,8 @@ std::string report_text(const std::string& dir, const std::string& against) {
       if (cfg.value("freeze_reading", "") == "per-lr2")
         r += "(Each reading is the plasticity divided by the sum of the squared LRs of the updates since the "
              "reference, --freeze-reading per-lr2: the slopes and T below are of those.)\n";
-      egeria_story(log, units, cfg.value("freeze_tolerance", 0.0), r);
+      egeria_story(log, units, cfg.value("freeze_tolerance", 0.0),
+                   st.value("tolerance_from", cfg.value("freeze_tolerance_from", "")) == "peak", r);
     } else if (policy == "smartfrz") {
       r +=
           fmt("What froze and why (predictor %s; a stage reads each active unit's last %lld records of %lld "
