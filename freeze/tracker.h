@@ -93,7 +93,7 @@ struct TrackerOptions {
   // -2: no bootstrapping, Note [Bootstrapping a pretrained network]).
   int64_t bootstrap_interval = 0;
   // The run starts from a pretrained network's weights (--init-from): the auto
-  // bootstrapping interval is then none.
+  // bootstrapping interval is then none, and the auto T from the steepest fit.
   bool pretrained = false;
   int64_t window = 10;  // W: stale readings to freeze; moving-average and fit window
   int64_t min_window = 1;  // halving W after an unfreeze stops here (1: the paper)
@@ -158,13 +158,12 @@ int64_t default_interval(int64_t total_iterations, int64_t modules, int64_t wind
 // stage"). A pretrained unit has no such stage, and without bootstrapping its first
 // fits are those of the run's first steps: where they happen to fall on a flat stretch
 // of its smoothed plasticity, T lands under the slopes its own noise gives later, and
-// the unit freezes late or never (fine-tuning, ResNet-56 on all 30,000 images of
-// docs/fine-tuning.md's task, seed 1: T = 1.3e-7 against later slopes of a median
-// 3.8e-6, its front frozen at 78% of the run; seed 0, T from steeper first fits:
-// 11%). So with --init-from T is a share of the steepest slope the unit has shown so
-// far (peak): a unit freezes once it moves at under 20% of the fastest rate it was seen
-// moving at, whichever fits showed it. --freeze-tolerance-from first3|peak sets either
-// way. Measured on the fine-tuning task: docs/freezing.md, "T for a pretrained network".
+// the unit freezes late or never, where another seed of the same run, whose first fits
+// were steeper, freezes it early. So with --init-from T is a share of the steepest slope
+// the unit has shown so far (peak): a unit freezes once it moves at under 20% of the
+// fastest rate it was seen moving at, whichever fits showed it. --freeze-tolerance-from
+// first3|peak sets either way. Measured on the fine-tuning task: docs/freezing.md, "T for
+// a pretrained network".
 
 // Note [The bootstrapping check's span]
 // Bootstrapping ends when the mean training loss over one check's span differs by less
