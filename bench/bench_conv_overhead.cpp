@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench/machine_context.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 
@@ -157,6 +158,7 @@ int main(int argc, char** argv) {
                                      [&l](benchmark::State& st) { bm_onednn(st, l, true); })};
     for (auto* bm : bms) bm->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
   }
+  eg::add_machine_context();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/machine_context.h"
 #include "cache/activation_cache.h"
 #include "core/allocator.h"
 #include "core/rng.h"
@@ -194,6 +195,7 @@ int main(int argc, char** argv) {
   const BenchImage im = bench_image();
   benchmark::AddCustomContext(
       "image", std::to_string(im.channels) + "x" + std::to_string(im.size) + "x" + std::to_string(im.size));
+  eg::add_machine_context();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

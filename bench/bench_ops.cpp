@@ -3,6 +3,7 @@
 // CUDA cases are registered only when a GPU is present.
 #include <benchmark/benchmark.h>
 
+#include "bench/machine_context.h"
 #include "tests/op_cases.h"
 
 using namespace eg;
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
       bm->Unit(benchmark::kMillisecond)->UseRealTime();
     }
   }
+  eg::add_machine_context();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -12,6 +12,7 @@
 #include <benchmark/benchmark.h>
 
 #include "autograd/node.h"
+#include "bench/machine_context.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "freeze/partition.h"
@@ -203,6 +204,7 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
   }
+  eg::add_machine_context();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -158,19 +158,23 @@ def summary(out):
         return json.load(f)
 
 
-def row(out, target, base, costs):
+def row(out, target, base, costs, base_out=None):
+    """One run's figures against its seed's `none` (base, from base_out). No wall speedup where the
+    two ran on different machines or boots (other_machine: a kept `none` from an earlier VM, say);
+    runs from before summary.json named its machine cannot tell, and are compared as before."""
     s = summary(out)
     r = {"run": os.path.basename(out), "final_accuracy": s["final_test_accuracy"], "train_seconds": s["train_seconds"],
          "time_to_target": mt.time_to_accuracy(out, target),
          "backward_flops_saved": s.get("backward_flops_saved_fraction", 0.0),
-         "reference_overhead": s.get("reference_overhead_fraction", 0.0)}
+         "reference_overhead": s.get("reference_overhead_fraction", 0.0),
+         "other_machine": base_out is not None and mt.same_machine(out, base_out) is False}
     if costs:
         r["modelled_time_to_target"] = mt.modelled_time_to_accuracy(out, target, costs)
     for key in ("time_to_target", "modelled_time_to_target"):
         if key in r:
             mine, theirs = r[key], base.get(key)
             r["speedup" if key == "time_to_target" else "modelled_speedup"] = (
-                theirs / mine if mine and theirs else None)
+                theirs / mine if mine and theirs and not (key == "time_to_target" and r["other_machine"]) else None)
     return r
 
 
@@ -226,11 +230,11 @@ def main():
                 base = row(base_out, target, {}, costs)
                 for pol in policies:
                     if pol == "static":
-                        cands = [row(fine_tune(args, model, budget, seed, "static", int(k)), target, base, costs)
-                                 for k in args.static_k.split(",")]
+                        cands = [row(fine_tune(args, model, budget, seed, "static", int(k)), target, base, costs,
+                                     base_out) for k in args.static_k.split(",")]
                         r = best_static(cands)
                     else:
-                        r = row(fine_tune(args, model, budget, seed, pol), target, base, costs)
+                        r = row(fine_tune(args, model, budget, seed, pol), target, base, costs, base_out)
                     r.update(model=model, budget=budget, seed=seed, policy=pol, target=target)
                     table["runs"].append(r)
                     by_policy.setdefault(pol, []).append(r)
@@ -241,18 +245,22 @@ def main():
                 m = {k: mean(k) for k in ("final_accuracy", "train_seconds", "time_to_target", "speedup",
                                           "modelled_speedup", "backward_flops_saved", "reference_overhead")}
                 m.update(model=model, budget=budget, policy=pol, seeds=len(rs),
+                         other_machine=any(r["other_machine"] for r in rs),
                          static_k=[r["run"].rsplit("static", 1)[1] for r in rs] if pol == "static" else None)
                 table["means"].append(m)
                 lines.append(f"| {model} | {budget} | {pol}" + (f" (best K per seed: {','.join(m['static_k'])})"
                                                                  if pol == "static" else "")
                              + f" | {len(rs)} | {fmt(m['final_accuracy'], pct=True)} | {fmt(m['train_seconds'])} | "
-                             f"{fmt(m['time_to_target'])} | {fmt(m['speedup'], x=True)} |"
+                             f"{fmt(m['time_to_target'])} | "
+                             + ("other machine |" if m["other_machine"] else f"{fmt(m['speedup'], x=True)} |")
                              + (f" {fmt(m['modelled_speedup'], x=True)} |" if costs else "")
                              + f" {fmt(m['backward_flops_saved'], pct=True)}% | "
                              f"{fmt(m['reference_overhead'], pct=True)}% |")
     os.makedirs(args.out, exist_ok=True)
     text = ("Means over the seeds; the target is each seed's `none` run's final accuracy less 0.3 pt, times at "
-            "epoch ends; a mean with a dash has a seed that never reached it.\n\n" + "\n".join(lines) + "\n")
+            "epoch ends; a mean with a dash has a seed that never reached it. Wall speedups compare runs of one "
+            "machine in one boot (summary.json's machine): \"other machine\" where a seed's run and its `none` "
+            "ran on different ones.\n\n" + "\n".join(lines) + "\n")
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "table.json"), "w") as f:

@@ -1,6 +1,7 @@
 """A finished run's logs read back, and its training time modelled from measured step costs.
 
-The readers of a run folder's metrics.jsonl and freeze.jsonl (kept runs' .xz too), and the time
+The readers of a run folder's metrics.jsonl and freeze.jsonl (kept runs' .xz too) and of the
+machine it ran on (wall times compare only within one), and the time
 model bench/time_to_accuracy.py describes under --step-costs: each step priced at
 eg_bench_freeze's median cost of a step with the units frozen then (the activation cache's
 served share of each epoch at the cached cost), times 1 + the run's reference overhead. Used by
@@ -34,6 +35,24 @@ def epochs_of(out):
 def time_to_accuracy(out, acc):
     """Training seconds at the first epoch end with test accuracy >= acc, or None."""
     return next((e["train_seconds"] for e in epochs_of(out) if e["test_accuracy"] >= acc - 1e-12), None)
+
+
+def machine_of(out):
+    """The machine a finished run ran on, (host, boot id) from its summary.json's `machine`; None
+    for a run from before summary.json named it (2026-12-07)."""
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            m = json.load(f).get("machine")
+    except (OSError, ValueError):
+        return None
+    return (m.get("host"), m.get("boot_id")) if m else None
+
+
+def same_machine(a, b):
+    """Whether two runs ran on one machine in one boot, so that their wall times compare: True or
+    False where both say, None where either does not."""
+    ma, mb = machine_of(a), machine_of(b)
+    return None if ma is None or mb is None else ma == mb
 
 
 def frozen_records(out):

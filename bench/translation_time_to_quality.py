@@ -25,8 +25,9 @@ counts as the slowest, and the table says in how many it was reached): `none`'s 
 validation perplexity is the target; the time to reach it within 1% (wall: training
 seconds, evaluation left out; modelled: each step's target tokens priced at the measured
 cost per token of the prefix frozen then, times 1 + the run's reference overhead), the
-speedups against `none` of the same seed, the same for the whole run (all its epochs,
-reached or not), final test BLEU, the reference's overhead, and what froze when. Written
+speedups against `none` of the same seed (wall speedups only where the two ran on one
+machine in one boot, summary.json's `machine`: "other machine" where they did not), the same
+for the whole run (all its epochs, reached or not), final test BLEU, the reference's overhead, and what froze when. Written
 to OUT/table.md and OUT/table.json.
 
 --step-costs FILE: JSON lines of `egeria bench step --model MODEL --freeze-modules layers
@@ -213,6 +214,7 @@ def analyse(d, costs=None):
     return {"dir": d, "curve": curve, "freezes": freezes, "overhead": overhead,
             "final_ppl": curve[-1]["ppl"] if curve else math.nan,
             "test_bleu": summary.get("final_test_bleu"), "train_seconds": summary.get("train_seconds"),
+            "machine": (lambda m: (m.get("host"), m.get("boot_id")) if m else None)(summary.get("machine")),
             "run_modelled": t * (1 + overhead) if modelled else None,
             "backward_flops_saved": summary.get("backward_flops_saved_fraction", 0.0)}
 
@@ -250,22 +252,27 @@ def table(runs, seeds, policies, modelled):
                 continue
             row = {"seed": seed, "policy": policy, "final_ppl": r["final_ppl"], "test_bleu": r["test_bleu"],
                    "overhead": r["overhead"], "target_ppl": target, "freezes": r["freezes"],
-                   "backward_flops_saved": r["backward_flops_saved"]}
+                   "backward_flops_saved": r["backward_flops_saved"],
+                   # wall times compare within one machine and boot (runs from before summary.json
+                   # named it cannot tell, and are compared)
+                   "other_machine": None not in (r["machine"], base["machine"]) and r["machine"] != base["machine"]}
             for key in ["seconds"] + (["modelled"] if modelled else []):
                 mine, theirs = time_to(r, target, key), time_to(base, target, key)
                 row["time_" + key] = mine
-                row["speedup_" + key] = theirs / mine if mine and theirs else None
+                comparable = key == "modelled" or not row["other_machine"]
+                row["speedup_" + key] = theirs / mine if mine and theirs and comparable else None
             # The whole run (all its epochs), whether or not it reached the target.
             for key, field in (("seconds", "train_seconds"), ("modelled", "run_modelled")):
                 mine, theirs = r.get(field), base.get(field)
-                row["run_speedup_" + key] = theirs / mine if mine and theirs else None
+                comparable = key == "modelled" or not row["other_machine"]
+                row["run_speedup_" + key] = theirs / mine if mine and theirs and comparable else None
             rows.append(row)
     med = []
     for policy in policies:
         mine = [r for r in rows if r["policy"] == policy]
         if not mine:
             continue
-        m = {"policy": policy, "seeds": len(mine)}
+        m = {"policy": policy, "seeds": len(mine), "other_machine": any(r["other_machine"] for r in mine)}
         for k in ("final_ppl", "test_bleu", "overhead", "run_speedup_seconds", "run_speedup_modelled"):
             v = [r[k] for r in mine if r.get(k) is not None]
             m[k] = statistics.median(v) if v else None
@@ -295,15 +302,18 @@ def markdown(rows, med, bounds):
         out.append(f"| {m['policy']} | {m['seeds']} | {fmt(m['final_ppl'], '.2f')} | {fmt(m['test_bleu'], '.2f')}"
                    f" ({fmt(band[0], '.2f') if band else '—'}–{fmt(band[1], '.2f') if band else '—'}) | "
                    f"{m['reached']} of {m['seeds']} | "
-                   f"{times(m['speedup_seconds'], 'never')} | {times(m['speedup_modelled'], 'never')} | "
-                   f"{times(m['run_speedup_seconds'])} | {times(m['run_speedup_modelled'])} | "
+                   + ("other machine | " if m["other_machine"] else f"{times(m['speedup_seconds'], 'never')} | ")
+                   + f"{times(m['speedup_modelled'], 'never')} | "
+                   + ("other machine | " if m["other_machine"] else f"{times(m['run_speedup_seconds'])} | ")
+                   + f"{times(m['run_speedup_modelled'])} | "
                    f"{fmt(m['overhead'] and 100 * m['overhead'], '.1f')}% |")
     out += ["", "| seed | policy | final ppl | target | time to it (s) | speedup | modelled speedup | "
             "whole run, modelled | BLEU | froze (step: units) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         froze = ", ".join(f"{s}: {k}" for s, k in r["freezes"][:8]) + (" ..." if len(r["freezes"]) > 8 else "")
         out.append(f"| {r['seed']} | {r['policy']} | {fmt(r['final_ppl'], '.2f')} | {fmt(r['target_ppl'], '.2f')} | "
-                   f"{fmt(r['time_seconds'], '.0f')} | {fmt(r['speedup_seconds'], '.3f')} | "
+                   f"{fmt(r['time_seconds'], '.0f')} | "
+                   f"{'other machine' if r['other_machine'] else fmt(r['speedup_seconds'], '.3f')} | "
                    f"{fmt(r.get('speedup_modelled'), '.3f')} | {fmt(r.get('run_speedup_modelled'), '.3f')} | "
                    f"{fmt(r['test_bleu'], '.2f')} | {froze or '—'} |")
     if bounds:

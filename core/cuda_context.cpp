@@ -112,6 +112,12 @@ int compute_capability(int device) {
   return major * 10 + minor;
 }
 
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  EG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 int device_count() {
   // No driver (35) or no device (100) means "no GPU". cudaGetLastError clears the
   // error so it does not resurface at the next unrelated check.

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <string>
+
 #include "core/device.h"
 #include "core/error.h"
 
@@ -16,6 +18,7 @@ const char* cublas_status_string(cublasStatus_t s);
 
 int device_count();  // 0 when there is no driver or no device
 int compute_capability(int device);  // major * 10 + minor, e.g. 90 for an H100
+std::string device_name(int device);  // "NVIDIA H100 80GB HBM3"
 // The stream this thread's work on `device` goes to (-1: the current device): the
 // device's compute stream, or the side stream the thread has borrowed there.
 cudaStream_t current_stream(int device = -1);

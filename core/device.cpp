@@ -53,6 +53,15 @@ int cuda_compute_capability(int index) {
 #endif
 }
 
+std::string cuda_device_name(int index) {
+#ifdef EG_WITH_CUDA
+  return index < cuda_device_count() ? cuda::device_name(index) : "";
+#else
+  (void)index;
+  return "";
+#endif
+}
+
 namespace {
 std::atomic<bool>& tf32_flag() {
   static std::atomic<bool> flag{[] {

@@ -104,6 +104,11 @@ grep -q -- "--threads must be 0 (all cores) or a count up to this machine's" <<<
 out=$("$egeria" bench step --threads -1 2>&1) && fail "bench step --threads -1 accepted"
 grep -q -- "--threads must be 0 (all cores)" <<<"$out" || fail "bench threads message: $out"
 ok
+# --- bench step's JSON names the machine it ran on (every CPU figure names its CPU)
+out=$("$egeria" bench step --model resnet20 --batch-size 4 --iterations 2 --threads 1) || fail "bench step failed: $out"
+grep -q '"machine":{[^}]*"cpu":"[^"]' <<<"$out" || fail "bench step has no machine.cpu: $out"
+grep -q '"cpu_isa":"[a-z]' <<<"$out" || fail "bench step has no machine.cpu_isa: $out"
+ok
 # --- egeria report: a finished run (here one without freezing) beside another; an unfinished one refused
 out=$("$egeria" report --out "$work/full" --against "$work/replay") || fail "report failed: $out"
 grep -q "^Accuracy: final test accuracy" <<<"$out" || fail "report has no accuracy line: $out"

@@ -24,7 +24,7 @@ class FineTuneTable(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def make_run(self, name, accuracies, seconds_per_epoch, saved=0.0):
+    def make_run(self, name, accuracies, seconds_per_epoch, saved=0.0, machine=None):
         out = os.path.join(self.dir.name, name)
         os.makedirs(out)
         with open(os.path.join(out, "metrics.jsonl"), "w") as f:
@@ -34,7 +34,7 @@ class FineTuneTable(unittest.TestCase):
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump({"model": "resnet20", "final_test_accuracy": accuracies[-1],
                        "train_seconds": seconds_per_epoch * len(accuracies), "backward_flops_saved_fraction": saved,
-                       "reference_overhead_fraction": 0.01}, f)
+                       "reference_overhead_fraction": 0.01, **({"machine": machine} if machine else {})}, f)
         return out
 
     def test_speedup_is_against_the_seeds_none_run_at_its_target(self):
@@ -48,6 +48,23 @@ class FineTuneTable(unittest.TestCase):
         never = ft.row(self.make_run("static1", [0.9, 0.95, 0.96], 5.0), target, base, None)
         self.assertIsNone(never["time_to_target"])
         self.assertIsNone(never["speedup"])
+
+    def test_wall_times_compare_only_within_one_machine_and_boot(self):
+        here = {"cpu": "AMD EPYC", "host": "vm", "boot_id": "a"}
+        none = self.make_run("none", [0.90, 0.95, 0.97], 10.0, machine=here)
+        target = 0.97 - ft.NEAR
+        base = ft.row(none, target, {}, None)
+        same = ft.row(self.make_run("same", [0.91, 0.968, 0.969], 8.0, machine=here), target, base, None, none)
+        self.assertFalse(same["other_machine"])
+        self.assertAlmostEqual(same["speedup"], 30.0 / 16.0)
+        later = dict(here, boot_id="b")  # a fresh VM of the same name
+        other = ft.row(self.make_run("other", [0.91, 0.968, 0.969], 8.0, machine=later), target, base, None, none)
+        self.assertTrue(other["other_machine"])
+        self.assertIsNone(other["speedup"])
+        self.assertEqual(other["time_to_target"], 16.0)  # its own wall time stays
+        older = ft.row(self.make_run("older", [0.91, 0.968, 0.969], 8.0), target, base, None, none)
+        self.assertFalse(older["other_machine"])  # from before runs named their machine: cannot tell
+        self.assertAlmostEqual(older["speedup"], 30.0 / 16.0)
 
     def test_best_static_k_is_the_fastest_that_reaches_the_target_else_the_most_accurate(self):
         k1 = {"run": "static1", "time_to_target": 20.0, "final_accuracy": 0.97}

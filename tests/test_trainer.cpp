@@ -45,6 +45,14 @@ TEST(Trainer, WritesItsFilesAndResumesBitIdentically) {
                         "time_to_target_seconds", "images_per_second"})
     EXPECT_TRUE(sum.contains(k)) << k;
   EXPECT_GT(sum["final_test_accuracy"].get<double>(), 0.2);  // 10 classes: better than chance
+  // The machine it ran on: the bench scripts compare wall times only within one (core/machine.h).
+  ASSERT_TRUE(sum.contains("machine"));
+  for (const char* k : {"cpu", "cpu_isa", "host", "boot_id"}) {
+    ASSERT_TRUE(sum["machine"].contains(k)) << k;
+    EXPECT_FALSE(sum["machine"][k].get<std::string>().empty()) << k;
+  }
+  EXPECT_EQ(sum["machine"]["hardware_threads"].get<int>(), int(std::thread::hardware_concurrency()));
+  EXPECT_NE(sum["machine"]["cpu_isa"], "other") << "an ISA oneDNN names that core/machine.cpp does not";
 
   // Interrupted at step 4 (mid-epoch 1), then at step 9 (epoch 2), resumed each time.
   auto c = small_run(b);

@@ -34,7 +34,7 @@ class TranslationTimeToQuality(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def make_run(self, policy, seed, frozen, ppl, bleu, overhead=0.0):
+    def make_run(self, policy, seed, frozen, ppl, bleu, overhead=0.0, machine=None):
         """Ten steps of 100 tokens, one second each; frozen[i] units after step i + 1;
         an evaluation every 2 steps with ppl[i]."""
         d = ttq.run_dir(self.out, MODEL, policy, seed)
@@ -51,7 +51,8 @@ class TranslationTimeToQuality(unittest.TestCase):
                                         "valid_loss": math.log(ppl[step // 2 - 1]),
                                         "valid_perplexity": ppl[step // 2 - 1]}) + "\n")
         with open(os.path.join(d, "summary.json"), "w") as f:
-            json.dump({"final_test_bleu": bleu, "train_seconds": 10.0, "reference_overhead_fraction": overhead}, f)
+            json.dump({"final_test_bleu": bleu, "train_seconds": 10.0, "reference_overhead_fraction": overhead,
+                       **({"machine": machine} if machine else {})}, f)
 
     def test_times_speedups_bound_and_report(self):
         self.make_run("none", 1, [0] * 10, [9, 7, 6, 5.5, 5.0], 20.0)
@@ -105,6 +106,23 @@ class TranslationTimeToQuality(unittest.TestCase):
         self.assertIn("k=2: 4.00×", md)
         with open(os.path.join(self.out, "table.json")) as f:
             self.assertEqual(len(json.load(f)["per_seed"]), 4)
+
+    def test_wall_times_compare_only_within_one_machine_and_boot(self):
+        vm = {"host": "vm", "boot_id": "a"}
+        self.make_run("none", 1, [0] * 10, [9, 7, 6, 5.5, 5.0], 20.0, machine=vm)
+        self.make_run("egeria", 1, [0, 2, 2, 2, 2, 2, 2, 2, 2, 2], [9, 7, 6, 5.04, 4.9], 19.5,
+                      machine=dict(vm, boot_id="b"))  # the next VM, of the same name
+        costs = ttq.load_step_costs(os.path.join(self.out, "costs.jsonl"), MODEL)
+        runs = {(p, 1): ttq.analyse(ttq.run_dir(self.out, MODEL, p, 1), costs) for p in ("none", "egeria")}
+        rows, med = ttq.table(runs, [1], ["none", "egeria"], True)
+        e1 = next(r for r in rows if r["policy"] == "egeria")
+        self.assertTrue(e1["other_machine"])
+        self.assertEqual(e1["time_seconds"], 8.0)  # its own wall time stays
+        self.assertIsNone(e1["speedup_seconds"])
+        self.assertIsNone(e1["run_speedup_seconds"])
+        self.assertAlmostEqual(e1["speedup_modelled"], 1.0 / (0.2 + 6 * 0.025))  # modelled times compare anywhere
+        md = ttq.markdown(rows, med, {})
+        self.assertIn("| egeria | 1 | 4.90 | 19.50 (19.50–19.50) | 1 of 1 | other machine |", md)
 
     def test_epoch_ends_are_points_of_the_curve(self):
         """The epoch-end validation is a point of the curve (the same per-token loss), and

@@ -395,7 +395,8 @@ int run_cli(int argc, char** argv) {
                           {"frozen_parameters", r.frozen_parameters},
                           {"parameters", r.parameters},
                           {"host_syncs_per_step", r.host_syncs_per_step},
-                          {"cuda_graphs", bgraphs}};
+                          {"cuda_graphs", bgraphs},
+                          {"machine", eg::train::machine_json()}};
       if (bo.cuda_graphs) j["graph_replays"] = r.graph_replays, j["graph_bytes"] = r.graph_bytes;
       if (eg::models::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
       if (r.world_size > 1) {

@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/gpu_info.h"
+#include "core/machine.h"
 #include "data/dataset.h"
 #include "freeze/policy.h"
 #include "models/model.h"
@@ -239,6 +240,17 @@ json to_json(const TrainConfig& c) {
   json j = json::object();
   for (auto& o : options())
     if (o.group != OptionGroup::hidden && o.key != "resume") j[o.key] = o.get(c);
+  return j;
+}
+
+json machine_json() {
+  const Machine& m = this_machine();
+  json j = {{"cpu", m.cpu},
+            {"cpu_isa", m.cpu_isa},
+            {"hardware_threads", m.hardware_threads},
+            {"host", m.host},
+            {"boot_id", m.boot_id}};
+  if (!m.gpu.empty()) j["gpu"] = m.gpu;
   return j;
 }
 

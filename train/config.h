@@ -182,6 +182,10 @@ TrainConfig from_json(const nlohmann::json& j, TrainConfig base = {}, const std:
 void check_resume(const TrainConfig& c, const nlohmann::json& saved, int64_t steps_per_epoch, int64_t resume_step,
                   const std::string& ckpt);
 
+// The machine this process runs on (core/machine.h), as summary.json and `egeria bench step`
+// record it.
+nlohmann::json machine_json();
+
 std::unique_ptr<optim::LrSchedule> make_schedule(const TrainConfig& c, int64_t steps_per_epoch);
 
 }  // namespace eg::train

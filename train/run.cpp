@@ -322,7 +322,8 @@ json summary_json(const Run& r, const SplitMetrics& last) {
              {"precision", option("--precision").get(c)},
              {"world_size", r.dp.size()},
              {"batch_size", c.batch_size},
-             {"global_batch_size", c.batch_size * r.dp.size()}};
+             {"global_batch_size", c.batch_size * r.dp.size()},
+             {"machine", machine_json()}};
   r.dp.summarize(sj);
   if (r.graphed) {  // Note [Graphed steps]: graphs captured, and the steps that replayed one
     sj["cuda_graph_captures"] = r.graphed->captures();
