@@ -77,7 +77,29 @@ std::atomic<bool>& winograd_flag() {
   }()};
   return flag;
 }
+std::atomic<CpuLayout>& layout_setting() {
+  static std::atomic<CpuLayout> setting{[] {
+    const char* e = std::getenv("EG_CPU_LAYOUT");
+    const std::string v = e ? e : "";
+    if (v.empty() || v == "auto") return CpuLayout::automatic;
+    if (v == "blocked") return CpuLayout::blocked;
+    EG_CHECK(v == "nhwc", "EG_CPU_LAYOUT must be auto, blocked or nhwc, got '", v, "'");
+    return CpuLayout::nhwc;
+  }()};
+  return setting;
+}
 }  // namespace
+
+void set_cpu_layout(CpuLayout layout) { layout_setting().store(layout); }
+CpuLayout cpu_layout() { return layout_setting().load(); }
+const char* cpu_layout_name(CpuLayout layout) {
+  switch (layout) {
+    case CpuLayout::automatic: return "auto";
+    case CpuLayout::blocked: return "blocked";
+    case CpuLayout::nhwc: return "nhwc";
+  }
+  return "?";
+}
 
 void set_allow_tf32(bool on) { tf32_flag().store(on); }
 bool allow_tf32() { return tf32_flag().load(); }

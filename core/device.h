@@ -1,5 +1,6 @@
 // Where a tensor lives: the CPU or one CUDA device.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace eg {
@@ -46,6 +47,18 @@ bool allow_tf32();
 // --cpu-winograd off`. It takes effect at the next convolution.
 void set_cpu_winograd(bool on);
 bool cpu_winograd();
+
+// The activation layout between CPU convolutions (Note [Activation layouts follow the
+// convolutions] in kernels/cpu/conv2d.cpp): automatic, the one oneDNN's convolutions pick on
+// this CPU (NHWC where its AMX bf16 kernels run, nChw16c on AVX-512 without AMX); or one
+// forced for every convolution: blocked (nChw16c where C % 16 == 0, plain otherwise), or
+// nhwc. Set by EG_CPU_LAYOUT=auto|blocked|nhwc in the environment at start-up. Training
+// computes the same values in each (convolutions and batch norms may round differently); it
+// takes effect at the next convolution.
+enum class CpuLayout : uint8_t { automatic, blocked, nhwc };
+void set_cpu_layout(CpuLayout layout);
+CpuLayout cpu_layout();
+const char* cpu_layout_name(CpuLayout layout);  // "auto", "blocked", "nhwc"
 
 // Note [Host syncs]
 // A host sync is a point where the calling thread waits for a device: on CUDA a

@@ -60,7 +60,8 @@ bool Tensor::blockable() const {
 // s32: max pooling's argmax indices, held in its output's layout.
 bool Tensor::nhwc_capable() const {
   if (!defined() || dim() != 4) return false;
-  return device().is_cuda() ? is_floating(dtype()) || dtype() == DType::s32 : dtype() == DType::f32;
+  return device().is_cuda() ? is_floating(dtype()) || dtype() == DType::s32
+                            : dtype() == DType::f32 || dtype() == DType::bf16;
 }
 
 void Tensor::set_format(Format f) const {
@@ -85,12 +86,13 @@ void reorder_blocked(const T* src, T* dst, int64_t N, int64_t C, int64_t L, bool
         }
     }
 }
-// [N, C, L] <-> [N, L, C] (NCHW <-> NHWC) of floats on the CPU, parallel over images.
-void reorder_nhwc_cpu(const float* src, float* dst, int64_t N, int64_t C, int64_t L, bool to_nhwc) {
+// [N, C, L] <-> [N, L, C] (NCHW <-> NHWC) on the CPU, parallel over images.
+template <class T>
+void reorder_nhwc_cpu(const T* src, T* dst, int64_t N, int64_t C, int64_t L, bool to_nhwc) {
 #pragma omp parallel for schedule(static) if (N * C * L > 65536)
   for (int64_t n = 0; n < N; ++n) {
-    const float* s = src + n * C * L;
-    float* d = dst + n * C * L;
+    const T* s = src + n * C * L;
+    T* d = dst + n * C * L;
     if (to_nhwc) {
       for (int64_t l = 0; l < L; ++l)
         for (int64_t c = 0; c < C; ++c) d[l * C + c] = s[c * L + l];
@@ -119,8 +121,10 @@ Tensor Tensor::to_format(Format f) const {
     Tensor t = empty(shape(), dtype(), device());
     t.impl().format = f;
     if (device().is_cpu()) {
-      reorder_nhwc_cpu(data_any<float>(), t.data_any<float>(), shape()[0], shape()[1], shape()[2] * shape()[3],
-                       f == Format::nhwc);
+      const int64_t N = shape()[0], C = shape()[1], L = shape()[2] * shape()[3];
+      if (dtype() == DType::bf16)
+        reorder_nhwc_cpu(data_any<bf16_t>(), t.data_any<bf16_t>(), N, C, L, f == Format::nhwc);
+      else reorder_nhwc_cpu(data_any<float>(), t.data_any<float>(), N, C, L, f == Format::nhwc);
       return t;
     }
 #ifdef EG_WITH_CUDA

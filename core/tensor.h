@@ -134,12 +134,13 @@ class Tensor {
   // ---- memory format (Note [Blocked activations])
   Format format() const { return impl().format; }
   bool is_blocked() const { return impl_ && impl_->format != Format::plain; }
-  // Whether this tensor could be held as nchw16c: 4-D f32 on the CPU, C % 16 == 0.
+  // Whether this tensor could be held as nchw16c: 4-D f32 or bf16 on the CPU, C % 16 == 0.
   bool blockable() const;
-  // Whether it could be held as nhwc: 4-D, floating, on a GPU; or 4-D f32 on the CPU,
-  // where only the int8 reference's convolutions write it (Note [int8 convolution
-  // pipeline] in quant/int8.cpp) and only the elementwise CPU kernels take it as it comes
-  // (kernels/registry.cpp).
+  // Whether it could be held as nhwc: 4-D, floating, on a GPU; or 4-D f32 or bf16 on the
+  // CPU, where the int8 reference's convolutions write it (Note [int8 convolution
+  // pipeline] in quant/int8.cpp), and the training convolutions where the CPU's pick it
+  // (Note [Activation layouts follow the convolutions] in kernels/cpu/conv2d.cpp); the CPU
+  // kernels that take it as it comes are listed in kernels/registry.cpp.
   bool nhwc_capable() const;
   // Declares how a kernel laid out the output it is about to write (the tensor's data
   // is not touched: only for outputs that will be overwritten whole).

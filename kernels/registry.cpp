@@ -28,12 +28,14 @@ constexpr bool cpu_any_format(const char* n) {
   return false;
 }
 
-// Of those, the elementwise ones and the batch norm forwards, whose cpu implementations
-// also take the NHWC tensors of the int8 reference (Note [int8 convolution pipeline] in
-// quant/int8.cpp; its batch norms on the batch's statistics sit between its convolutions).
+// Of those, the ones whose cpu implementations also take NHWC tensors: those of the int8
+// reference (Note [int8 convolution pipeline] in quant/int8.cpp; its batch norms on the
+// batch's statistics sit between its convolutions) and of the training convolutions where
+// the CPU's pick NHWC (Note [Activation layouts follow the convolutions] in
+// kernels/cpu/conv2d.cpp). Pooling takes a plain copy.
 constexpr bool cpu_nhwc(const char* n) {
-  for (const char* op :
-       {"act_fwd", "act_bwd", "binary_fwd", "scale", "axpy", "batchnorm_fwd_train", "batchnorm_fwd_infer"})
+  for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "act_fwd", "act_bwd", "binary_fwd",
+                         "scale", "axpy", "batchnorm_fwd_train", "batchnorm_fwd_infer", "batchnorm_bwd"})
     if (same(n, op)) return true;
   return false;
 }

@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "models/transformer.h"
 #include "optim/optimizer.h"
+#include "tests/test_util.h"
 
 using namespace eg;
 
@@ -320,52 +321,56 @@ TEST(Models, EveryBuiltInModelFitsAFixedBatch) {
 }
 
 // The CPU fast path keeps activations blocked between convolutions (Note [Blocked
-// activations]); a whole training step must still agree with the plain reference
-// kernels. ResNet-20 is blocked end to end; MobileNetV2 mixes blocked (16, 32, 96...
-// channels) and plain (24) tensors.
+// activations]), or NHWC where the convolutions pick it (Note [Activation layouts follow the
+// convolutions]: forced here with CpuLayout::nhwc); a whole training step must still agree
+// with the plain reference kernels. ResNet-20 is blocked end to end; MobileNetV2 mixes
+// blocked (16, 32, 96... channels) and plain (24) tensors; forced NHWC holds every one NHWC.
 TEST(Models, CpuFastPathMatchesTheReferenceKernelsOnAWholeStep) {
-  for (const std::string name : {"resnet20", "mobilenetv2"}) {
-    std::vector<std::vector<float>> grads[2];
-    std::vector<std::string> names;
-    double loss[2];
-    for (int ref = 0; ref < 2; ++ref) {
-      Generator g(3);
-      models::ModelConfig c;
-      c.name = name;
-      c.image_size = 32;
-      auto m = models::build_model(c, g);
-      m->train(true);
-      Tensor x = Tensor::randn({8, 3, 32, 32}, g);
-      Tensor y = Tensor::from_vector(std::vector<int64_t>{1, 7, 3, 0, 2, 9, 4, 4}, {8});
-      ops::set_forced_cpu_backend(ref ? int(ops::Backend::ref) : -1);
-      Tensor l = fn::cross_entropy(m->forward(x), y);
-      l.backward();
-      ops::set_forced_cpu_backend(-1);
-      loss[ref] = l.item();
-      for (auto& p : m->parameters()) grads[ref].push_back(p.grad().to_vector<float>());
-      if (ref == 0)
-        for (auto& np : m->named_parameters()) names.push_back(np.first);
-    }
-    EXPECT_NEAR(loss[0], loss[1], 1e-4 * std::fabs(loss[1])) << name;
-    ASSERT_EQ(grads[0].size(), grads[1].size());
-    // Float summation order differs between the paths, and MobileNetV2's batch norms
-    // amplify it (the plain fast path differs from ref as much as the blocked one). So:
-    // the whole gradient within 1%, and each parameter's within 5% unless its gradient
-    // is noise-sized (a batch norm shift followed by another batch norm has a zero
-    // gradient in exact arithmetic).
-    double d2all = 0, n2all = 0, biggest = 0;
-    std::vector<double> d2(grads[0].size()), n2(grads[0].size());
-    for (size_t k = 0; k < grads[0].size(); ++k) {
-      for (size_t i = 0; i < grads[0][k].size(); ++i) {
-        const double d = double(grads[0][k][i]) - double(grads[1][k][i]);
-        d2[k] += d * d, n2[k] += double(grads[1][k][i]) * double(grads[1][k][i]);
+  for (const CpuLayout layout : {CpuLayout::automatic, CpuLayout::nhwc})
+    for (const std::string name : {"resnet20", "mobilenetv2"}) {
+      SCOPED_TRACE(std::string("layout ") + cpu_layout_name(layout));
+      const eg::testing::CpuLayoutSetting setting(layout);
+      std::vector<std::vector<float>> grads[2];
+      std::vector<std::string> names;
+      double loss[2];
+      for (int ref = 0; ref < 2; ++ref) {
+        Generator g(3);
+        models::ModelConfig c;
+        c.name = name;
+        c.image_size = 32;
+        auto m = models::build_model(c, g);
+        m->train(true);
+        Tensor x = Tensor::randn({8, 3, 32, 32}, g);
+        Tensor y = Tensor::from_vector(std::vector<int64_t>{1, 7, 3, 0, 2, 9, 4, 4}, {8});
+        ops::set_forced_cpu_backend(ref ? int(ops::Backend::ref) : -1);
+        Tensor l = fn::cross_entropy(m->forward(x), y);
+        l.backward();
+        ops::set_forced_cpu_backend(-1);
+        loss[ref] = l.item();
+        for (auto& p : m->parameters()) grads[ref].push_back(p.grad().to_vector<float>());
+        if (ref == 0)
+          for (auto& np : m->named_parameters()) names.push_back(np.first);
       }
-      d2all += d2[k], n2all += n2[k], biggest = std::max(biggest, std::sqrt(n2[k]));
-    }
-    EXPECT_LT(std::sqrt(d2all / n2all), 1e-2) << name;
-    for (size_t k = 0; k < grads[0].size(); ++k)
-      if (std::sqrt(n2[k]) > 1e-3 * biggest) {
-        EXPECT_LT(std::sqrt(d2[k] / n2[k]), 5e-2) << name << " " << names[k];
+      EXPECT_NEAR(loss[0], loss[1], 1e-4 * std::fabs(loss[1])) << name;
+      ASSERT_EQ(grads[0].size(), grads[1].size());
+      // Float summation order differs between the paths, and MobileNetV2's batch norms
+      // amplify it (the plain fast path differs from ref as much as the blocked one). So:
+      // the whole gradient within 1%, and each parameter's within 5% unless its gradient
+      // is noise-sized (a batch norm shift followed by another batch norm has a zero
+      // gradient in exact arithmetic).
+      double d2all = 0, n2all = 0, biggest = 0;
+      std::vector<double> d2(grads[0].size()), n2(grads[0].size());
+      for (size_t k = 0; k < grads[0].size(); ++k) {
+        for (size_t i = 0; i < grads[0][k].size(); ++i) {
+          const double d = double(grads[0][k][i]) - double(grads[1][k][i]);
+          d2[k] += d * d, n2[k] += double(grads[1][k][i]) * double(grads[1][k][i]);
+        }
+        d2all += d2[k], n2all += n2[k], biggest = std::max(biggest, std::sqrt(n2[k]));
       }
-  }
+      EXPECT_LT(std::sqrt(d2all / n2all), 1e-2) << name;
+      for (size_t k = 0; k < grads[0].size(); ++k)
+        if (std::sqrt(n2[k]) > 1e-3 * biggest) {
+          EXPECT_LT(std::sqrt(d2[k] / n2[k]), 5e-2) << name << " " << names[k];
+        }
+    }
 }

@@ -8,6 +8,7 @@
 #include "autograd/functions.h"
 #include "kernels/autotune.h"
 #include "tests/op_cases.h"
+#include "tests/test_util.h"
 
 namespace eg::testing {
 namespace {
@@ -318,7 +319,7 @@ TEST(NhwcOnTheCpu, ElementwiseOpsKeepItAndTheOthersGetPlainCopies) {
   Tensor c1 = Tensor::empty({2, 8, 3, 5}), c2 = Tensor::empty({2, 8, 3, 5});
   ops::run(ops::conv2d_fwd, ops::Backend::cpu, x, w, Tensor(), c1, p);
   ops::run(ops::conv2d_fwd, ops::Backend::cpu, xn, w, Tensor(), c2, p);
-  EXPECT_EQ(c2.format(), Format::plain) << "a convolution gets a plain copy";
+  EXPECT_EQ(c2.format(), Format::plain) << "a convolution takes NHWC as it comes; 8 channels are written plain";
   EXPECT_EQ(c2.to_vector<float>(), c1.to_vector<float>());
   // Batch norm forwards keep NHWC: inference bit for bit as on plain (the same scale and
   // shift per element), training with the statistics summed in another order.
@@ -331,6 +332,65 @@ TEST(NhwcOnTheCpu, ElementwiseOpsKeepItAndTheOthersGetPlainCopies) {
   ops::call(ops::global_avgpool_fwd, x, g1);
   ops::call(ops::global_avgpool_fwd, xn, g2);
   EXPECT_EQ(g2.to_vector<float>(), g1.to_vector<float>());
+}
+
+// Note [Activation layouts follow the convolutions]: with NHWC chosen (forced here; what the
+// automatic choice gives where oneDNN's convolutions pick it, on AMX), a convolution's output
+// and dx are NHWC, its weight gradient reads NHWC x and dy as they come, and the batch norm
+// backward takes and gives NHWC; each as the blocked path computes it (the same sums in
+// another order: different oneDNN kernels, f32 and bf16), with the fused ReLU and the
+// residual's gradient.
+TEST(NhwcOnTheCpu, ForcedConvolutionsWriteItAndTheBatchNormBackwardTakesIt) {
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double tol = dt == DType::bf16 ? 2e-2 : 1e-4;
+    const Shape xs{4, 16, 6, 6}, ys{4, 32, 6, 6};
+    const Tensor x = randn(xs, dt, 11), w = randn({32, 16, 3, 3}, dt, 12, 0.2), dy = randn(ys, dt, 13);
+    ops::Conv2dParams p;
+    p.pad_h = p.pad_w = 1;
+    auto passes = [&](CpuLayout l) {
+      const CpuLayoutSetting setting(l);
+      Tensor y = Tensor::empty(ys, dt), dx = Tensor::empty(xs, dt), dw = Tensor::empty(w.shape(), DType::f32);
+      ops::call(ops::conv2d_fwd, x, w, Tensor(), y, p);
+      ops::call(ops::conv2d_bwd_data, dy.to_format(y.format()), w, dx, p, false);
+      Tensor db;
+      ops::call(ops::conv2d_bwd_weight, dy.to_format(y.format()), x.to_format(dx.format()), dw, db, p, false);
+      return std::vector<Tensor>{y, dx, dw};
+    };
+    const auto blocked = passes(CpuLayout::blocked), nhwc = passes(CpuLayout::nhwc);
+    EXPECT_EQ(blocked[0].format(), Format::nchw16c);
+    EXPECT_EQ(nhwc[0].format(), Format::nhwc) << "y";
+    EXPECT_EQ(nhwc[1].format(), Format::nhwc) << "dx";
+    const char* names[] = {"y", "dx", "dw"};
+    for (size_t k = 0; k < 3; ++k) {
+      const auto a = nhwc[k].to(DType::f32).to_vector<float>(), b = blocked[k].to(DType::f32).to_vector<float>();
+      double scale = 0;
+      for (float v : b) scale = std::max(scale, double(std::fabs(v)));
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], tol * scale) << names[k] << " [" << i << "]";
+    }
+
+    const Tensor gamma = randn({32}, DType::f32, 14), mean = randn({32}, DType::f32, 15),
+                 invstd = Tensor::full({32}, 0.8), yv = nhwc[0];
+    Tensor ry = Tensor::empty(ys, dt);  // the fused ReLU's output
+    ops::call(ops::act_fwd, ops::Act::relu, yv, ry);
+    auto bwd = [&](Format f) {
+      Tensor dxb = Tensor::empty(ys, dt), dg = Tensor::empty({32}), dbeta = Tensor::empty({32}),
+             dres = Tensor::empty(ys, dt);
+      ops::run(ops::batchnorm_bwd, ops::Backend::cpu, dy.to_format(f), yv.to_format(f), gamma, mean, invstd, dxb, dg,
+               dbeta, true, ops::BnAct::relu, ry.to_format(f), dres, false);
+      return std::vector<Tensor>{dxb, dg, dbeta, dres};
+    };
+    const auto plain = bwd(Format::plain), channels_last = bwd(Format::nhwc);
+    EXPECT_EQ(channels_last[0].format(), Format::nhwc);
+    EXPECT_EQ(channels_last[3].format(), Format::nhwc);
+    const char* bn_names[] = {"dx", "dgamma", "dbeta", "dresidual"};
+    for (size_t k = 0; k < 4; ++k) {
+      const auto a = channels_last[k].to(DType::f32).to_vector<float>(), b = plain[k].to(DType::f32).to_vector<float>();
+      double scale = 0;
+      for (float v : b) scale = std::max(scale, double(std::fabs(v)));
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], tol * scale) << bn_names[k] << " [" << i << "]";
+    }
+  }
 }
 
 // The batch norm forward on each batch's statistics (the int8 reference's ReferenceBn::batch)

@@ -53,6 +53,7 @@ TEST(Trainer, WritesItsFilesAndResumesBitIdentically) {
   }
   EXPECT_EQ(sum["machine"]["hardware_threads"].get<int>(), int(std::thread::hardware_concurrency()));
   EXPECT_NE(sum["machine"]["cpu_isa"], "other") << "an ISA oneDNN names that core/machine.cpp does not";
+  EXPECT_EQ(sum["cpu_layout"], cpu_layout_name(cpu_layout()));
 
   // Interrupted at step 4 (mid-epoch 1), then at step 9 (epoch 2), resumed each time.
   auto c = small_run(b);

@@ -1,4 +1,4 @@
-// Small helpers shared by the tests that write files.
+// Small helpers shared by the tests.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/safetensors.h"
@@ -22,6 +23,18 @@ inline std::string fresh_dir(const std::string& name) {
   std::filesystem::create_directories(d);
   return d;
 }
+
+// The CPU's activation layout (core/device.h) set for a scope, the one before restored.
+class CpuLayoutSetting {
+ public:
+  explicit CpuLayoutSetting(CpuLayout l) { set_cpu_layout(l); }
+  ~CpuLayoutSetting() { set_cpu_layout(was_); }
+  CpuLayoutSetting(const CpuLayoutSetting&) = delete;
+  CpuLayoutSetting& operator=(const CpuLayoutSetting&) = delete;
+
+ private:
+  CpuLayout was_ = cpu_layout();
+};
 
 // The message of the eg::Error `f` throws ("" when it throws none).
 inline std::string error_of(const std::function<void()>& f) {

@@ -383,6 +383,7 @@ int run_cli(int argc, char** argv) {
                           {"batch_size", bo.batch_size},
                           {"device", bo.device},
                           {"cpu_winograd", eg::cpu_winograd() ? "on" : "off"},
+                          {"cpu_layout", eg::cpu_layout_name(eg::cpu_layout())},
                           {eg::models::is_translation_model(bo.model) ? "tokens_per_second" : "images_per_second",
                            r.samples_per_second},
                           {"median_step_ms", r.median_step_ms},

@@ -323,7 +323,8 @@ json summary_json(const Run& r, const SplitMetrics& last) {
              {"world_size", r.dp.size()},
              {"batch_size", c.batch_size},
              {"global_batch_size", c.batch_size * r.dp.size()},
-             {"machine", machine_json()}};
+             {"machine", machine_json()},
+             {"cpu_layout", cpu_layout_name(cpu_layout())}};
   r.dp.summarize(sj);
   if (r.graphed) {  // Note [Graphed steps]: graphs captured, and the steps that replayed one
     sj["cuda_graph_captures"] = r.graphed->captures();

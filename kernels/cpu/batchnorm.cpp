@@ -25,11 +25,12 @@
 // combined per channel in double; the variance combines each tile's own mean and
 // squared deviations (Chan et al.), so it needs no second pass over memory.
 //
-// NHWC, forward only (Note [int8 convolution pipeline] in quant/int8.cpp: the int8
-// reference's convolutions write it, and its batch norms on each batch's statistics,
-// ReferenceBn::batch, sit between them): x is [N, L, C], one image's L rows of C channels
-// a tile, the channels in the SIMD lanes, parallel over images; the statistics combine as
-// the blocked ones do. Taking it as it comes spares a reorder to plain and one back.
+// NHWC (the int8 reference's convolutions write it, Note [int8 convolution pipeline] in
+// quant/int8.cpp, and its batch norms on each batch's statistics, ReferenceBn::batch, sit
+// between them; and the training convolutions where the CPU's pick it, Note [Activation
+// layouts follow the convolutions] in conv2d.cpp): x is [N, L, C], one image's L rows of C
+// channels a tile, the channels in the SIMD lanes, parallel over images; the statistics
+// combine as the blocked ones do. Taking it as it comes spares a reorder to plain and one back.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -290,6 +291,27 @@ void tile_dx(const bf16_t* dr, const bf16_t* rr, const bf16_t* xr, const float* 
 }
 #endif
 
+// The backward's per-channel results from its sums over the m = N x L values of a channel
+// (sdy: of the gradient, sdyx: of the gradient x (x - mu)): dgamma and dbeta where wanted,
+// and dx's terms, dx = gi dy - a (x - mu) - b (b folds the mean term).
+struct DxTerms {
+  std::vector<float> gi, a, b;
+};
+DxTerms finish_sums(const std::vector<double>& sdy, const std::vector<double>& sdyx, const float* gp, const float* ip,
+                    double m, bool training, float* dgp, float* dbp) {
+  const size_t C = sdy.size();
+  DxTerms k{std::vector<float>(C), std::vector<float>(C), std::vector<float>(C)};
+  for (size_t c = 0; c < C; ++c) {
+    const double sx = sdyx[c] * double(ip[c]);
+    if (dgp) dgp[c] = float(sx);
+    if (dbp) dbp[c] = float(sdy[c]);
+    k.gi[c] = gp[c] * ip[c];
+    k.a[c] = training ? float(double(k.gi[c]) * double(ip[c]) * sx / m) : 0.f;
+    k.b[c] = training ? float(double(k.gi[c]) * sdy[c] / m) : 0.f;
+  }
+  return k;
+}
+
 // act, ryp: the fused activation and its output (nullptr without one); the gradient is
 // dy where it passes. dres (defined: wanted): the gradient of the forward's residual,
 // that masked dy.
@@ -326,24 +348,14 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
         sdyx[size_t(t.channel0(i) + j)] += double(pb[size_t(i * kBlock + j)]);
       }
   }
-  const double m = double(t.N * t.L);
-  std::vector<float> gi(size_t(t.C)), ca(size_t(t.C)), cb(size_t(t.C));
-  for (int64_t c = 0; c < t.C; ++c) {
-    const double sx = sdyx[size_t(c)] * double(ip[c]);
-    if (dgp) dgp[c] = float(sx);
-    if (dbp) dbp[c] = float(sdy[size_t(c)]);
-    gi[size_t(c)] = gp[c] * ip[c];
-    ca[size_t(c)] = training ? float(double(gi[size_t(c)]) * double(ip[c]) * sx / m) : 0.f;
-    // b folds the mean term: dx = gi dy - a (x - mu) - b = gi dy - a x + (a mu - b).
-    cb[size_t(c)] = training ? float(double(gi[size_t(c)]) * sdy[size_t(c)] / m) : 0.f;
-  }
+  const DxTerms k = finish_sums(sdy, sdyx, gp, ip, double(t.N * t.L), training, dgp, dbp);
   if (!dx.defined()) return;
   dx.set_format(Format::nchw16c);
   T* dxp = dx.data_any<T>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < t.count(); ++i) {
     const int64_t c0 = t.channel0(i);
-    const float *g = gi.data() + c0, *a = ca.data() + c0, *b = cb.data() + c0, *mu = mp + c0;
+    const float *g = k.gi.data() + c0, *a = k.a.data() + c0, *b = k.b.data() + c0, *mu = mp + c0;
     const int64_t off = i * t.L * kBlock;
     const T* xr = xp + off;
     T* o = dxp + off;
@@ -356,6 +368,65 @@ void bn_bwd_blocked(const Tensor& dy, const Tensor& x, const float* gp, const fl
       tile_dx<A>(dyp + off, ryp ? ryp + off : nullptr, xr, mu, g, a, b, t.L, o);
     });
   }
+}
+
+// NHWC [N, L, C] (Note [Activation layouts follow the convolutions] in conv2d.cpp): per
+// image, float partial sums over its L rows with the channels in the SIMD lanes, combined per
+// channel in double, then dx row by row; ryp and dres as bn_bwd_blocked's.
+template <class T>
+void bn_bwd_nhwc(const Tensor& dy, const Tensor& x, const float* gp, const float* mp, const float* ip, Tensor& dx,
+                 float* dgp, float* dbp, bool training, ops::BnAct act, const T* ryp, Tensor& dres) {
+  const int64_t N = x.size(0), C = x.size(1), L = x.size(2) * x.size(3);
+  const T *dyp = dy.data_any<T>(), *xp = x.data_any<T>();
+  T* drp = nullptr;
+  if (dres.defined()) {
+    dres.set_format(Format::nhwc);
+    drp = dres.data_any<T>();
+  }
+  const bool need_sums = dgp || dbp || (dx.defined() && training);
+  std::vector<double> sdy(static_cast<size_t>(C)), sdyx(static_cast<size_t>(C));
+  with_act(act, [&](auto a_) {
+    constexpr ops::BnAct A = decltype(a_)::value;
+    if (!need_sums && !drp) return;
+    std::vector<float> pa(static_cast<size_t>(N * C)), pb(static_cast<size_t>(N * C));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      float *a = pa.data() + n * C, *b = pb.data() + n * C;
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t off = (n * L + l) * C;
+        const T *dr = dyp + off, *xr = xp + off, *rr = ryp ? ryp + off : nullptr;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          const float g = grad_at<A>(rr, dr, c);
+          if (drp) st(drp + off, c, g);
+          a[c] += g;
+          b[c] += g * (ld(xr, c) - mp[c]);
+        }
+      }
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        sdy[size_t(c)] += double(pa[size_t(n * C + c)]);
+        sdyx[size_t(c)] += double(pb[size_t(n * C + c)]);
+      }
+  });
+  const DxTerms k = finish_sums(sdy, sdyx, gp, ip, double(N * L), training, dgp, dbp);
+  if (!dx.defined()) return;
+  dx.set_format(Format::nhwc);
+  T* dxp = dx.data_any<T>();
+  const float *g = k.gi.data(), *a = k.a.data(), *b = k.b.data();
+  with_act(drp ? ops::BnAct::none : act, [&](auto a_) {  // a stored residual gradient is already masked
+    constexpr ops::BnAct A = decltype(a_)::value;
+    const T* src = drp ? drp : dyp;
+    const T* rrp = drp ? nullptr : ryp;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N * L; ++r) {
+      const T *dr = src + r * C, *xr = xp + r * C, *rr = rrp ? rrp + r * C : nullptr;
+      T* o = dxp + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) st(o, c, g[c] * grad_at<A>(rr, dr, c) - a[c] * (ld(xr, c) - mp[c]) - b[c]);
+    }
+  });
 }
 
 // Inference on blocked x: the running statistics folded into one scale and shift per channel.
@@ -646,6 +717,17 @@ void batchnorm_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& gamma, co
   }
   float* dgp = dgamma.defined() ? dgamma.data<float>() : nullptr;
   float* dbp = dbeta.defined() ? dbeta.data<float>() : nullptr;
+  if (x.format() == Format::nhwc || dy_in.format() == Format::nhwc) {
+    Tensor kx, kdy, kry;
+    const Tensor& xn = in_format(x, Format::nhwc, kx);
+    const Tensor& dyn = in_format(dy_in, Format::nhwc, kdy);
+    const Tensor& ryn = in_format(act_y, Format::nhwc, kry);
+    return with_storage(x, [&](auto t) {
+      using T = decltype(t);
+      bn_bwd_nhwc(dyn, xn, gamma.data<float>(), mean.data<float>(), invstd.data<float>(), dx, dgp, dbp, training, act,
+                  ryn.defined() ? ryn.data_any<T>() : static_cast<T*>(nullptr), dresidual);
+    });
+  }
   const bool blocked = runs_blocked(x, dy_in);
   if (blocked) {
     Tensor kx, kdy, kry;

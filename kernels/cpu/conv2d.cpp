@@ -1,11 +1,12 @@
 // 2-D convolution, fast CPU path: oneDNN 2.6 convolution_forward /
 // convolution_backward_data / convolution_backward_weights (bias gradient fused).
-// Layout: our tensors are plain NCHW / OIHW (goihw for groups); oneDNN picks its own
-// layouts (format_tag::any, in practice nChw16c / OIhw16i16o on AVX-512) and we
-// reorder in and out around each call through per-thread scratch buffers. f32, and bf16
-// with f32 accumulation (Note [bf16 kernels] in kernels/ops.h; oneDNN's avx512_core_bf16
-// kernels where the CPU has them, AMX where it has that): bf16 tensors stay plain NCHW
-// outside the call (Note [Blocked activations] holds f32 only), f32 dw and db.
+// Layout: weights are plain OIHW (goihw for groups) and reordered into the primitive's
+// layout each call; activations come and go in the layout Note [Activation layouts follow
+// the convolutions] below chooses (nChw16c on AVX-512, NHWC for AMX's bf16 kernels, plain
+// NCHW otherwise), and where a tensor's layout is not the primitive's, it is reordered in
+// and out around the call through per-thread scratch buffers. f32, and bf16 with f32
+// accumulation (Note [bf16 kernels] in kernels/ops.h; oneDNN's avx512_core_bf16 kernels
+// where the CPU has them, AMX where it has that), f32 dw and db.
 //
 // Napkin math (ResNet-56, batch 128, 16 channels at 32x32, 3x3, pad 1): one pass is
 // 2*N*K*P*Q*C*R*S = 604 MFLOP. Measured on one AVX-512 core (oneDNN 2.6): the blocked
@@ -135,12 +136,42 @@ struct Types {
 };
 
 memory::desc plain(const Shape& s, Tag tag, DT d = kF32) { return {onednn::dims(s), d, tag}; }
+Tag tag_of(Format f) { return f == Format::nchw16c ? Tag::nChw16c : f == Format::nhwc ? Tag::nhwc : Tag::nchw; }
 // The user-side descriptor of an activation, in the format the tensor is in.
-memory::desc user(const Tensor& t) { return plain(t.shape(), t.is_blocked() ? Tag::nChw16c : Tag::nchw, dt_of(t)); }
-// Outputs are written blocked whenever the tensor can be held so.
-void choose_format(Tensor& out) { out.set_format(out.blockable() ? Format::nchw16c : Format::plain); }
-const char* fmt(const Tensor& t) { return t.is_blocked() ? "|B" : "|P"; }
+memory::desc user(const Tensor& t) { return plain(t.shape(), tag_of(t.format()), dt_of(t)); }
+const char* fmt(const Tensor& t) { return t.format() == Format::nchw16c ? "|B" : t.is_blocked() ? "|N" : "|P"; }
 memory::desc any(const memory::dims& d, DT t) { return {d, t, Tag::any}; }
+
+// Note [Activation layouts follow the convolutions]
+// Which layout a convolution's output (and its dx) is written in, cpu_layout() deciding
+// (core/device.h). automatic: the layout the primitive picks for it (format_tag::any),
+// asked once per shape with the plans: NHWC where oneDNN's kernels want it (its AMX bf16
+// convolutions, brgconv:avx512_core_amx_bf16, take acdb), so that the kernels between
+// convolutions (batch norm, activations, residual adds, gradient sums: kernels/registry.cpp)
+// take it as it comes and no reorder wraps the call; otherwise nChw16c where the channels
+// allow (Note [Blocked activations]; what the AVX-512 kernels without AMX pick for every
+// shape we run, a padded nChw16c for MobileNetV2's 24 channels, which we keep plain) and
+// plain NCHW elsewhere. blocked: the rule before, whatever the CPU. nhwc: NHWC everywhere,
+// the primitives asked for NHWC kernels (no Winograd: it is blocked only); for tests on a
+// CPU whose kernels pick blocked, and to compare the two where both run.
+bool forced_nhwc() { return cpu_layout() == CpuLayout::nhwc; }
+// An activation's descriptor for a primitive: any, or NHWC where forced.
+memory::desc activation_desc(const memory::dims& d, DT t) { return {d, t, forced_nhwc() ? Tag::nhwc : Tag::any}; }
+// Keys of plans made with forced NHWC descriptors.
+const char* layout_key() { return forced_nhwc() ? "|Lnhwc" : ""; }
+
+// out's layout, given what the primitive picked for it (picked(), asked only where it decides).
+template <class Picked>
+void choose_format(Tensor& out, Picked picked) {
+  Format f = out.blockable() ? Format::nchw16c : Format::plain;
+  if (cpu_layout() == CpuLayout::nhwc && out.nhwc_capable()) {
+    f = Format::nhwc;
+  } else if (cpu_layout() == CpuLayout::automatic && out.nhwc_capable()) {
+    const memory::desc d = picked();
+    if (d == memory::desc(d.dims(), d.data_type(), Tag::nhwc)) f = Format::nhwc;
+  }
+  out.set_format(f);
+}
 
 // Weights as oneDNN sees them: [K, C/g, R, S] oihw, or [g, K/g, C/g, R, S] goihw.
 memory::dims weight_dims(const Shape& w, int64_t groups) {
@@ -207,8 +238,8 @@ bool winograd_wanted(const Shape& y, const Shape& w, const ops::Conv2dParams& p,
 dnnl::convolution_forward::primitive_desc fwd_pd(const Shape& x, const Shape& w, const Shape& y,
                                                  const ops::Conv2dParams& p, bool bias, dnnl::algorithm alg, Types t) {
   const Geometry g = geometry(p);
-  const memory::desc xm = any(onednn::dims(x), t.x), wm = any(weight_dims(w, p.groups), t.w),
-                     ym = any(onednn::dims(y), t.y);
+  const memory::desc xm = activation_desc(onednn::dims(x), t.x), wm = any(weight_dims(w, p.groups), t.w),
+                     ym = activation_desc(onednn::dims(y), t.y);
   using Fwd = dnnl::convolution_forward;
   auto d = bias ? Fwd::desc(dnnl::prop_kind::forward_training, alg, xm, wm, plain({w[0]}, Tag::x), ym, g.strides,
                             g.dilates, g.pad, g.pad)
@@ -247,8 +278,8 @@ dnnl::convolution_backward_data::primitive_desc bwd_data_pd(const Shape& dx, con
   const Geometry g = geometry(p);
   using Bwd = dnnl::convolution_backward_data;
   return with_algorithm(winograd_wanted(dy, w, p, Pass::bwd_data, t.y), [&](dnnl::algorithm a) {
-    Bwd::desc d(a, any(onednn::dims(dx), t.x), any(weight_dims(w, p.groups), t.w), any(onednn::dims(dy), t.y),
-                g.strides, g.dilates, g.pad, g.pad);
+    Bwd::desc d(a, activation_desc(onednn::dims(dx), t.x), any(weight_dims(w, p.groups), t.w),
+                activation_desc(onednn::dims(dy), t.y), g.strides, g.dilates, g.pad, g.pad);
     return Bwd::primitive_desc(d, onednn::engine(), fwd_pd(dx, w, dy, p, false, a, hint(t)));
   });
 }
@@ -257,8 +288,8 @@ dnnl::convolution_backward_weights::primitive_desc bwd_weight_pd(const Shape& x,
                                                                  const ops::Conv2dParams& p, bool bias, Types t) {
   const Geometry g = geometry(p);
   using Bwd = dnnl::convolution_backward_weights;
-  const memory::desc xm = any(onednn::dims(x), t.x), wm = any(weight_dims(dw, p.groups), t.w);
-  const memory::desc ym = any(onednn::dims(dy), t.y), bm = plain({dw[0]}, Tag::x);
+  const memory::desc xm = activation_desc(onednn::dims(x), t.x), wm = any(weight_dims(dw, p.groups), t.w);
+  const memory::desc ym = activation_desc(onednn::dims(dy), t.y), bm = plain({dw[0]}, Tag::x);
   return with_algorithm(winograd_wanted(dy, dw, p, Pass::bwd_weights, t.x), [&](dnnl::algorithm a) {
     auto d = bias ? Bwd::desc(a, xm, wm, bm, ym, g.strides, g.dilates, g.pad, g.pad)
                   : Bwd::desc(a, xm, wm, ym, g.strides, g.dilates, g.pad, g.pad);
@@ -269,9 +300,13 @@ dnnl::convolution_backward_weights::primitive_desc bwd_weight_pd(const Shape& x,
 void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const ops::Conv2dParams& p) {
   const bool has_bias = bias.defined();
   const Types t{dt_of(x), dt_of(w), dt_of(y)};
-  choose_format(y);
-  const std::string k = key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + fmt(x) + fmt(y) + t.key() +
-                        wino_key(winograd_wanted(y.shape(), w.shape(), p, Pass::fwd, t.x));
+  const std::string shape_key = key("fwd", x.shape(), w.shape(), y.shape(), p, has_bias) + t.key() +
+                                wino_key(winograd_wanted(y.shape(), w.shape(), p, Pass::fwd, t.x)) + layout_key();
+  choose_format(y, [&] {
+    return onednn::cached<memory::desc>(
+        shape_key, [&] { return fwd_plan_pd(x.shape(), w.shape(), y.shape(), p, has_bias, t).dst_desc(); });
+  });
+  const std::string k = shape_key + fmt(x) + fmt(y);
   const Plan& plan = onednn::cached<Plan>(k, [&] {
     auto pd = fwd_plan_pd(x.shape(), w.shape(), y.shape(), p, has_bias, t);
     Plan pl{dnnl::convolution_forward(pd), {}};
@@ -286,9 +321,13 @@ void fwd(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, const 
 
 void bwd_data(const Tensor& dy, const Tensor& w, Tensor& dx, const ops::Conv2dParams& p) {
   const Types t{dt_of(dx), dt_of(w), dt_of(dy)};
-  choose_format(dx);
-  const std::string k = key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + fmt(dy) + fmt(dx) + t.key() +
-                        wino_key(winograd_wanted(dy.shape(), w.shape(), p, Pass::bwd_data, t.y));
+  const std::string shape_key = key("bwd_data", dx.shape(), w.shape(), dy.shape(), p, false) + t.key() +
+                                wino_key(winograd_wanted(dy.shape(), w.shape(), p, Pass::bwd_data, t.y)) + layout_key();
+  choose_format(dx, [&] {
+    return onednn::cached<memory::desc>(
+        shape_key, [&] { return bwd_data_pd(dx.shape(), w.shape(), dy.shape(), p, t).diff_src_desc(); });
+  });
+  const std::string k = shape_key + fmt(dy) + fmt(dx);
   const Plan& plan = onednn::cached<Plan>(k, [&] {
     auto pd = bwd_data_pd(dx.shape(), w.shape(), dy.shape(), p, t);
     Plan pl{dnnl::convolution_backward_data(pd), {}};
@@ -350,7 +389,7 @@ void bwd_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db, const
   const Types t = bwd_weight_compute_types(dy.shape(), dw.shape(), p, {dt_of(x), dt_of(dw), dt_of(dy)});
   const std::string k = key("bwd_weight", x.shape(), dw.shape(), dy.shape(), p, has_bias) + fmt(x) + fmt(dy) +
                         dt_key(dt_of(x)) + dt_key(dt_of(dy)) + t.key() +
-                        wino_key(winograd_wanted(dy.shape(), dw.shape(), p, Pass::bwd_weights, t.x));
+                        wino_key(winograd_wanted(dy.shape(), dw.shape(), p, Pass::bwd_weights, t.x)) + layout_key();
   const Plan& plan = onednn::cached<Plan>(k, [&] {
     auto pd = bwd_weight_pd(x.shape(), dw.shape(), dy.shape(), p, has_bias, t);
     const memory::desc bm = plain({dw.size(0)}, Tag::x);
