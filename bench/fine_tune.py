@@ -160,8 +160,8 @@ def summary(out):
 
 def row(out, target, base, costs, base_out=None):
     """One run's figures against its seed's `none` (base, from base_out). No wall speedup where the
-    two ran on different machines or boots (other_machine: a kept `none` from an earlier VM, say);
-    runs from before summary.json named its machine cannot tell, and are compared as before."""
+    two ran on different machines or boots, or only one says which (other_machine: a kept `none`
+    from an earlier VM, say); two runs from before summary.json named its machine are compared."""
     s = summary(out)
     r = {"run": os.path.basename(out), "final_accuracy": s["final_test_accuracy"], "train_seconds": s["train_seconds"],
          "time_to_target": mt.time_to_accuracy(out, target),
@@ -260,7 +260,7 @@ def main():
     text = ("Means over the seeds; the target is each seed's `none` run's final accuracy less 0.3 pt, times at "
             "epoch ends; a mean with a dash has a seed that never reached it. Wall speedups compare runs of one "
             "machine in one boot (summary.json's machine): \"other machine\" where a seed's run and its `none` "
-            "ran on different ones.\n\n" + "\n".join(lines) + "\n")
+            "ran on different ones, or only one of them says which.\n\n" + "\n".join(lines) + "\n")
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "table.json"), "w") as f:

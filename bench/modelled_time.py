@@ -49,10 +49,11 @@ def machine_of(out):
 
 
 def same_machine(a, b):
-    """Whether two runs ran on one machine in one boot, so that their wall times compare: True or
-    False where both say, None where either does not."""
+    """Whether two runs ran on one machine in one boot, so that their wall times compare: None
+    where neither says (runs from before), False where only one does (made with builds of
+    different days, on this project's fresh VMs another machine)."""
     ma, mb = machine_of(a), machine_of(b)
-    return None if ma is None or mb is None else ma == mb
+    return None if ma is None and mb is None else ma == mb
 
 
 def frozen_records(out):

@@ -26,7 +26,8 @@ validation perplexity is the target; the time to reach it within 1% (wall: train
 seconds, evaluation left out; modelled: each step's target tokens priced at the measured
 cost per token of the prefix frozen then, times 1 + the run's reference overhead), the
 speedups against `none` of the same seed (wall speedups only where the two ran on one
-machine in one boot, summary.json's `machine`: "other machine" where they did not), the same
+machine in one boot, summary.json's `machine`: "other machine" where they did not, or only
+one says which), the same
 for the whole run (all its epochs, reached or not), final test BLEU, the reference's overhead, and what froze when. Written
 to OUT/table.md and OUT/table.json.
 
@@ -253,9 +254,9 @@ def table(runs, seeds, policies, modelled):
             row = {"seed": seed, "policy": policy, "final_ppl": r["final_ppl"], "test_bleu": r["test_bleu"],
                    "overhead": r["overhead"], "target_ppl": target, "freezes": r["freezes"],
                    "backward_flops_saved": r["backward_flops_saved"],
-                   # wall times compare within one machine and boot (runs from before summary.json
-                   # named it cannot tell, and are compared)
-                   "other_machine": None not in (r["machine"], base["machine"]) and r["machine"] != base["machine"]}
+                   # wall times compare within one machine and boot; two runs from before summary.json
+                   # named it are compared, one from before and one since are not
+                   "other_machine": r["machine"] != base["machine"]}
             for key in ["seconds"] + (["modelled"] if modelled else []):
                 mine, theirs = time_to(r, target, key), time_to(base, target, key)
                 row["time_" + key] = mine

@@ -63,8 +63,13 @@ class FineTuneTable(unittest.TestCase):
         self.assertIsNone(other["speedup"])
         self.assertEqual(other["time_to_target"], 16.0)  # its own wall time stays
         older = ft.row(self.make_run("older", [0.91, 0.968, 0.969], 8.0), target, base, None, none)
-        self.assertFalse(older["other_machine"])  # from before runs named their machine: cannot tell
-        self.assertAlmostEqual(older["speedup"], 30.0 / 16.0)
+        self.assertTrue(older["other_machine"])  # one from before runs named their machine: another day's
+        self.assertIsNone(older["speedup"])
+        old_none = self.make_run("old-none", [0.90, 0.95, 0.97], 10.0)
+        both_old = ft.row(self.make_run("both-old", [0.91, 0.968, 0.969], 8.0), target, ft.row(old_none, target, {}, None),
+                          None, old_none)
+        self.assertFalse(both_old["other_machine"])  # two from before: compared, as the tables before did
+        self.assertAlmostEqual(both_old["speedup"], 30.0 / 16.0)
 
     def test_best_static_k_is_the_fastest_that_reaches_the_target_else_the_most_accurate(self):
         k1 = {"run": "static1", "time_to_target": 20.0, "final_accuracy": 0.97}
