@@ -184,7 +184,7 @@ void ActivationCache::store(const std::vector<int64_t>& ids, const Tensor& h) {
     sample_shape_ = sample;
     dtype_ = p.dtype();
     // See Note [Entries in the convolutions' layout]
-    format_ = p.format() == Format::nchw16c ? Format::nchw16c : Format::plain;
+    format_ = p.format();
   }
   EG_CHECK(sample == sample_shape_ && p.dtype() == dtype_, "activation cache: store of ", p.str(),
            " into a cache of per-sample ", Tensor::empty(sample_shape_, dtype_).str());

@@ -44,12 +44,14 @@
 // numbers as a step that recomputes the prefix.
 //
 // Note [Entries in the convolutions' layout]
-// A CPU prefix ending in a convolution's output gives its batch channel-blocked (nChw16c,
-// Note [Blocked activations] in core/tensor.h), whose bytes keep each sample whole and in
-// one run, as a plain tensor's do. So a store sized by a blocked batch keeps its entries
-// blocked, and gathers them blocked for the next convolution, which reads them as they
-// come: converting each batch to plain when stored and back when served cost several
-// times the copy itself (eg_bench_freeze CacheStore).
+// A CPU prefix ending in a convolution's output gives its batch in the convolutions'
+// layout (nChw16c, Note [Blocked activations] in core/tensor.h, or NHWC where the CPU's
+// convolutions pick it, Note [Activation layouts follow the convolutions] in
+// kernels/cpu/conv2d.cpp), whose bytes keep each sample whole and in one run, as a plain
+// tensor's do. So a store sized by such a batch keeps its entries in that layout, and
+// gathers them so for the next convolution, which reads them as they come: converting
+// each batch to plain when stored and back when served cost several times the copy
+// itself (eg_bench_freeze CacheStore).
 // A batch of the other layout is converted to the store's. The values are the same either
 // way, so is the training.
 //

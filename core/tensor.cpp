@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
@@ -52,16 +53,17 @@ std::string Tensor::str() const {
                         " on ", device().str());
 }
 
+// s32: max pooling's argmax indices, held in its output's layout (Note [Pooling in the
+// convolutions' layout] in kernels/cpu/pool.cpp).
 bool Tensor::blockable() const {
-  return defined() && dim() == 4 && (dtype() == DType::f32 || dtype() == DType::bf16) && device().is_cpu() &&
-         shape()[1] % kBlock == 0;
+  return defined() && dim() == 4 && (dtype() == DType::f32 || dtype() == DType::bf16 || dtype() == DType::s32) &&
+         device().is_cpu() && shape()[1] % kBlock == 0;
 }
 
-// s32: max pooling's argmax indices, held in its output's layout.
 bool Tensor::nhwc_capable() const {
   if (!defined() || dim() != 4) return false;
   return device().is_cuda() ? is_floating(dtype()) || dtype() == DType::s32
-                            : dtype() == DType::f32 || dtype() == DType::bf16;
+                            : dtype() == DType::f32 || dtype() == DType::bf16 || dtype() == DType::s32;
 }
 
 void Tensor::set_format(Format f) const {
@@ -104,8 +106,32 @@ void reorder_nhwc_cpu(const T* src, T* dst, int64_t N, int64_t C, int64_t L, boo
 }
 }  // namespace
 
+namespace {
+thread_local LayoutConversions* g_conversions = nullptr;
+thread_local bool g_converting = false;  // inside a counted conversion (NHWC <-> nChw16c goes through plain)
+}  // namespace
+
+LayoutConversions* layout_conversion_counter() { return g_conversions; }
+void set_layout_conversion_counter(LayoutConversions* c) { g_conversions = c; }
+
 Tensor Tensor::to_format(Format f) const {
   if (!defined() || format() == f) return *this;
+  if (g_conversions && !g_converting) {
+    g_converting = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor t;
+    try {
+      t = to_format(f);
+    } catch (...) {
+      g_converting = false;
+      throw;
+    }
+    g_converting = false;
+    ++g_conversions->count;
+    g_conversions->bytes += int64_t(nbytes());
+    g_conversions->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return t;
+  }
   if (format() == Format::nhwc || f == Format::nhwc) {  // Note [Channels-last activations on CUDA]
     if (format() != Format::plain && f != Format::plain) return to_plain().to_format(f);
     EG_CHECK(nhwc_capable(), "internal: ", str(), " cannot be converted to NHWC");
@@ -122,9 +148,13 @@ Tensor Tensor::to_format(Format f) const {
     t.impl().format = f;
     if (device().is_cpu()) {
       const int64_t N = shape()[0], C = shape()[1], L = shape()[2] * shape()[3];
-      if (dtype() == DType::bf16)
-        reorder_nhwc_cpu(data_any<bf16_t>(), t.data_any<bf16_t>(), N, C, L, f == Format::nhwc);
-      else reorder_nhwc_cpu(data_any<float>(), t.data_any<float>(), N, C, L, f == Format::nhwc);
+      // Moved, not converted: by element size (f32 and s32 alike).
+      if (dtype_size(dtype()) == 2)
+        reorder_nhwc_cpu(static_cast<const uint16_t*>(raw_any()), static_cast<uint16_t*>(t.raw_any()), N, C, L,
+                         f == Format::nhwc);
+      else
+        reorder_nhwc_cpu(static_cast<const uint32_t*>(raw_any()), static_cast<uint32_t*>(t.raw_any()), N, C, L,
+                         f == Format::nhwc);
       return t;
     }
 #ifdef EG_WITH_CUDA
@@ -138,8 +168,12 @@ Tensor Tensor::to_format(Format f) const {
   Tensor t = empty(shape(), dtype(), device());
   t.impl().format = f;
   const int64_t N = shape()[0], C = shape()[1], L = shape()[2] * shape()[3];
-  if (dtype() == DType::bf16) reorder_blocked(data_any<bf16_t>(), t.data_any<bf16_t>(), N, C, L, f == Format::nchw16c);
-  else reorder_blocked(data_any<float>(), t.data_any<float>(), N, C, L, f == Format::nchw16c);
+  if (dtype_size(dtype()) == 2)
+    reorder_blocked(static_cast<const uint16_t*>(raw_any()), static_cast<uint16_t*>(t.raw_any()), N, C, L,
+                    f == Format::nchw16c);
+  else
+    reorder_blocked(static_cast<const uint32_t*>(raw_any()), static_cast<uint32_t*>(t.raw_any()), N, C, L,
+                    f == Format::nchw16c);
   return t;
 }
 

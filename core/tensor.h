@@ -134,10 +134,11 @@ class Tensor {
   // ---- memory format (Note [Blocked activations])
   Format format() const { return impl().format; }
   bool is_blocked() const { return impl_ && impl_->format != Format::plain; }
-  // Whether this tensor could be held as nchw16c: 4-D f32 or bf16 on the CPU, C % 16 == 0.
+  // Whether this tensor could be held as nchw16c: 4-D f32 or bf16 on the CPU, C % 16 == 0
+  // (or s32: max pooling's indices, in its output's layout).
   bool blockable() const;
-  // Whether it could be held as nhwc: 4-D, floating, on a GPU; or 4-D f32 or bf16 on the
-  // CPU, where the int8 reference's convolutions write it (Note [int8 convolution
+  // Whether it could be held as nhwc: 4-D, floating or s32, on a GPU; or 4-D f32, bf16 or
+  // s32 (pooling's indices) on the CPU, where the int8 reference's convolutions write it (Note [int8 convolution
   // pipeline] in quant/int8.cpp), and the training convolutions where the CPU's pick it
   // (Note [Activation layouts follow the convolutions] in kernels/cpu/conv2d.cpp); the CPU
   // kernels that take it as it comes are listed in kernels/registry.cpp.
@@ -186,5 +187,16 @@ class Tensor {
 
 // Copies raw bytes between host and device memory (cudaMemcpy on CUDA builds).
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n);
+
+// Layout conversions (Tensor::to_format between plain, nChw16c and NHWC) made by this
+// thread while a counter is set: how many, their bytes and wall time (an op profile's
+// share of reorders, Note [Op profiles] in kernels/ops.h). Null, the default: nothing
+// counted, one thread-local read per conversion.
+struct LayoutConversions {
+  int64_t count = 0, bytes = 0;
+  double seconds = 0;
+};
+LayoutConversions* layout_conversion_counter();
+void set_layout_conversion_counter(LayoutConversions* c);
 
 }  // namespace eg

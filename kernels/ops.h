@@ -11,6 +11,7 @@
 // an undefined dx does not compute dx (that is how a frozen conv skips its
 // weight-gradient kernel). Shapes are validated by the autograd layer, not here.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -444,6 +445,42 @@ class OpRecorder {
   OpRecorder* prev_ = nullptr;
 };
 
+// Note [Op profiles]
+// Where a step's time goes on the CPU. An OpProfiler, while it lives, sums the wall time
+// of each op its thread runs, by op and backend, and counts the layout conversions made
+// meanwhile (LayoutConversions in core/tensor.h: the plain copies ops::run hands an op
+// that does not take a layout, a kernel's in_format, a reorder before a global pool).
+// Only top-level ops are timed: an op whose implementation calls others counts them in
+// its own time, so the ops' times add up to at most the step's, and what the step took
+// beyond them is the host's own (autograd, allocation, the loop). Conversions happen
+// inside ops or between them, so they are a share of that total, not an addition to it.
+// On the CPU kernels run as they are issued, so an op's wall time is its cost; on a GPU
+// it would be its launch's (bench step refuses --profile there). Without a profiler an
+// op pays one thread-local read.
+struct OpTime {
+  std::string op;
+  Backend backend = Backend::ref;
+  int64_t calls = 0;
+  double seconds = 0;
+};
+class OpProfiler {
+ public:
+  OpProfiler();  // profiles this thread's ops until destroyed (an inner profiler takes them meanwhile)
+  ~OpProfiler();
+  OpProfiler(const OpProfiler&) = delete;
+  OpProfiler& operator=(const OpProfiler&) = delete;
+  std::vector<OpTime> times() const;  // the slowest first
+  const LayoutConversions& conversions() const { return conversions_; }
+  void add(const char* op, Backend b, double seconds);
+  int depth = 0;  // ops::run's nesting: only depth 0 is timed
+
+ private:
+  std::vector<OpTime> times_;
+  LayoutConversions conversions_;
+  OpProfiler* prev_ = nullptr;
+  LayoutConversions* prev_conversions_ = nullptr;
+};
+
 // The optimizer parameters' fields, as records show them (the values a schedule changes
 // between steps live there).
 std::string record_str(const SgdParams& p);
@@ -451,6 +488,29 @@ std::string record_str(const AdamWParams& p);
 
 namespace detail {
 OpRecorder* current_recorder();  // this thread's, or nullptr
+OpProfiler* current_profiler();  // this thread's, or nullptr
+
+// Times the op it lives through where a profiler listens (Note [Op profiles]).
+class OpTimer {
+ public:
+  OpTimer(const char* op, Backend b) : p_(current_profiler()), op_(op), b_(b) {
+    if (p_ && p_->depth++ == 0) t0_ = std::chrono::steady_clock::now(), timing_ = true;
+  }
+  ~OpTimer() {
+    if (!p_) return;
+    --p_->depth;
+    if (timing_) p_->add(op_, b_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  OpProfiler* p_;
+  const char* op_;
+  Backend b_;
+  bool timing_ = false;
+  std::chrono::steady_clock::time_point t0_;
+};
 std::string number_str(double v);  // every digit it takes to tell two values apart
 template <class T, class = void>
 struct has_record_str : std::false_type {};
@@ -486,6 +546,7 @@ void run(const Op<Fn>& op, Backend b, A&&... a) {
   if (OpRecorder* r = detail::current_recorder()) r->add({op.name, b, {detail::describe(a)...}});
   EG_CHECK(op.bf16 || b == Backend::cuda || !(detail::is_bf16(a) || ...), "op ", op.name,
            " has no bf16 implementation on the CPU (Note [bf16 kernels])");
+  const detail::OpTimer timer(op.name, b);
   if ((b == Backend::cpu && op.cpu_any_format && (op.cpu_nhwc || !(detail::nhwc(a) || ...))) ||
       (b == Backend::cuda && op.cuda_any_format) || !(detail::blocked(a) || ...))
     op.impl[int(b)](std::forward<A>(a)...);

@@ -1,5 +1,6 @@
 // The one place that wires implementations to ops. Every op has all three: ref
 // (ground truth), cpu (fast path) and, in CUDA builds, cuda.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <type_traits>
@@ -22,8 +23,9 @@ namespace eg::ops {
 // the convolutions that produce them and the ops that sit between convolutions.
 constexpr bool same(const char* a, const char* b) { return *a == *b && (*a == 0 || same(a + 1, b + 1)); }
 constexpr bool cpu_any_format(const char* n) {
-  for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train",
-                         "batchnorm_fwd_infer", "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy"})
+  for (const char* op :
+       {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "batchnorm_fwd_train", "batchnorm_fwd_infer",
+        "batchnorm_bwd", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy", "pool2d_fwd", "pool2d_bwd"})
     if (same(n, op)) return true;
   return false;
 }
@@ -32,10 +34,12 @@ constexpr bool cpu_any_format(const char* n) {
 // reference (Note [int8 convolution pipeline] in quant/int8.cpp; its batch norms on the
 // batch's statistics sit between its convolutions) and of the training convolutions where
 // the CPU's pick NHWC (Note [Activation layouts follow the convolutions] in
-// kernels/cpu/conv2d.cpp). Pooling takes a plain copy.
+// kernels/cpu/conv2d.cpp), and max and average pooling (Note [Pooling in the convolutions'
+// layout] in kernels/cpu/pool.cpp). Global average pooling takes a plain copy.
 constexpr bool cpu_nhwc(const char* n) {
-  for (const char* op : {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "act_fwd", "act_bwd", "binary_fwd",
-                         "scale", "axpy", "batchnorm_fwd_train", "batchnorm_fwd_infer", "batchnorm_bwd"})
+  for (const char* op :
+       {"conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weight", "act_fwd", "act_bwd", "binary_fwd", "scale", "axpy",
+        "batchnorm_fwd_train", "batchnorm_fwd_infer", "batchnorm_bwd", "pool2d_fwd", "pool2d_bwd"})
     if (same(n, op)) return true;
   return false;
 }
@@ -184,10 +188,34 @@ const char* backend_name(Backend b) {
 namespace {
 thread_local int g_forced = -1;
 thread_local OpRecorder* g_recorder = nullptr;
+thread_local OpProfiler* g_profiler = nullptr;
 }  // namespace
 
 OpRecorder::OpRecorder() : prev_(g_recorder) { g_recorder = this; }
 OpRecorder::~OpRecorder() { g_recorder = prev_; }
+
+OpProfiler::OpProfiler() : prev_(g_profiler), prev_conversions_(layout_conversion_counter()) {
+  g_profiler = this;
+  set_layout_conversion_counter(&conversions_);
+}
+OpProfiler::~OpProfiler() {
+  g_profiler = prev_;
+  set_layout_conversion_counter(prev_conversions_);
+}
+void OpProfiler::add(const char* op, Backend b, double seconds) {
+  // A step runs a few dozen distinct ops: a linear search beats a map here.
+  for (OpTime& t : times_)
+    if (t.backend == b && t.op == op) {
+      ++t.calls, t.seconds += seconds;
+      return;
+    }
+  times_.push_back({op, b, 1, seconds});
+}
+std::vector<OpTime> OpProfiler::times() const {
+  std::vector<OpTime> v = times_;
+  std::stable_sort(v.begin(), v.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  return v;
+}
 
 std::string OpRecord::str() const {
   std::string s = op + " on " + backend_name(backend) + "(";
@@ -211,6 +239,7 @@ int forced_cpu_backend() { return g_forced; }
 
 namespace detail {
 OpRecorder* current_recorder() { return g_recorder; }
+OpProfiler* current_profiler() { return g_profiler; }
 std::string number_str(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);

@@ -2,8 +2,8 @@
 # The README and docs/ against the code: every flag they mention is one that `egeria`
 # (train, eval, report, bench step, export, smartfrz-train), tools/torch-to-safetensors, bench/fine_tune.py,
 # bench/time_to_accuracy.py, bench/data_parallel.py,
-# bench/translation_time_to_quality.py, bench/fine_tune_translation.py, bench/replay_freezing.py or
-# bench/compare_pytorch.py takes,
+# bench/translation_time_to_quality.py, bench/fine_tune_translation.py, bench/replay_freezing.py,
+# bench/compare_pytorch.py or bench/cpu_step.py takes,
 # and every repository file they name exists.
 set -u
 egeria=$1
@@ -17,7 +17,7 @@ known=$({ "$egeria" train --help; "$egeria" eval --help; "$egeria" report --help
           python3 "$root/bench/time_to_accuracy.py" --help; python3 "$root/bench/data_parallel.py" --help
           python3 "$root/bench/translation_time_to_quality.py" --help
           python3 "$root/bench/fine_tune_translation.py" --help; python3 "$root/bench/compare_pytorch.py" --help
-          python3 "$root/bench/replay_freezing.py" --help
+          python3 "$root/bench/replay_freezing.py" --help; python3 "$root/bench/cpu_step.py" --help
         } 2>&1 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u)
 others="--help --prefix --install --hostfile --mca"  # cmake's, mpirun's, and every tool's
 passed=0 failed=0

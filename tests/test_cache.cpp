@@ -94,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(MemoryAndDisk, ActivationCacheTiers,
 
 // Entries keep the layout of the batch that sized the store (Note [Entries in the
 // convolutions' layout]); a batch of the other layout is converted to it.
-TEST(ActivationCache, StoresBlockedAndPlainAlike) {
+TEST(ActivationCache, StoresBlockedNhwcAndPlainAlike) {
   cache::ActivationCache c(tmpdir("blocked"), 4);
   c.set_key(0);
   Generator g(4);
@@ -110,6 +110,12 @@ TEST(ActivationCache, StoresBlockedAndPlainAlike) {
   got = c.gather({0, 2});
   EXPECT_EQ(got.format(), Format::plain);
   EXPECT_EQ(got.to_vector<float>(), h.slice(0, 2).to_vector<float>());
+  c.set_key(2);  // sized by an NHWC batch (what the CPU's convolutions write where they pick it)
+  c.store({1, 2}, h.slice(1, 3).to_format(Format::nhwc));
+  c.store({0}, h.slice(0, 1).to_format(Format::nchw16c));
+  got = c.gather({0, 1, 2});
+  EXPECT_EQ(got.format(), Format::nhwc);
+  EXPECT_EQ(got.to_vector<float>(), h.to_vector<float>());
 }
 
 // Under --precision bf16 the prefix outputs bf16: entries keep it, in half the bytes.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -97,6 +98,92 @@ TEST(HostSyncs, ABenchmarkStepMakesNone) {
     std::vector<double> sorted = r.step_ms;
     std::sort(sorted.begin(), sorted.end());
     EXPECT_EQ(sorted[1], r.median_step_ms) << model;
+  }
+}
+
+// Note [Op profiles]: bench step --profile counts every op of a step once per call (a
+// ResNet-20 step: 19 convolutions and 2 option-A shortcuts, fixed 1x1 convolutions,
+// forward; the 19 for their weights; all but the stem for their inputs, the image needing
+// no gradient), times them within the step, and counts the layout
+// conversions (here the global pool's plain copy of the last nChw16c feature map and the
+// ReLU backward's conversion of the pool's plain gradient back to it).
+TEST(StepProfile, CountsEachOpOfAStepAndTheLayoutConversions) {
+  auto local = dist::make_local();
+  const testing::CpuLayoutSetting blocked(CpuLayout::blocked);
+  train::StepBenchOptions o;
+  o.model = "resnet20";
+  o.batch_size = 4;
+  o.iterations = 2;
+  o.threads = 1;
+  o.profile = true;
+  const train::StepBench r = train::bench_step(o, *local);
+  std::map<std::string, double> calls;
+  double ops_ms = 0;
+  for (const ops::OpTime& t : r.op_times) {
+    EXPECT_EQ(t.backend, ops::Backend::cpu) << t.op;
+    EXPECT_GT(t.seconds, 0) << t.op;
+    calls[t.op] += double(t.calls) / r.iterations;
+    ops_ms += 1000 * t.seconds / r.iterations;
+  }
+  EXPECT_EQ(calls["conv2d_fwd"], 21);
+  EXPECT_EQ(calls["conv2d_bwd_weight"], 19);
+  EXPECT_EQ(calls["conv2d_bwd_data"], 20);
+  EXPECT_EQ(calls["global_avgpool_fwd"], 1);
+  EXPECT_GE(calls["sgd_step_multi"] + calls["sgd_step"], 1);
+  double step_ms = 0;
+  for (double t : r.step_ms) step_ms += t / r.iterations;
+  EXPECT_GT(ops_ms, 0);
+  EXPECT_LE(ops_ms, step_ms);
+  EXPECT_EQ(r.conversions.count, 2 * r.iterations);
+  EXPECT_EQ(r.conversions.bytes, 2 * r.iterations * 4 * 64 * 8 * 8 * 4);  // f32 [4, 64, 8, 8] each way
+  EXPECT_LE(r.conversions.seconds * 1000 / r.iterations, step_ms);
+  const nlohmann::json j = train::step_profile_json(r);
+  EXPECT_EQ(j["steps"], 2);
+  EXPECT_NEAR(j["ops_ms_per_step"].get<double>() + j["outside_ops_ms_per_step"].get<double>(),
+              j["mean_step_ms"].get<double>(), 1e-9);
+  EXPECT_EQ(j["layout_conversions_per_step"], 2.0);
+  ASSERT_FALSE(j["ops"].empty());
+  EXPECT_GE(j["ops"][0]["ms_per_step"].get<double>(), j["ops"].back()["ms_per_step"].get<double>()) << "slowest first";
+
+  o.profile = false;  // and nothing is kept without it
+  const train::StepBench quiet = train::bench_step(o, *local);
+  EXPECT_TRUE(quiet.op_times.empty());
+  EXPECT_EQ(quiet.conversions.count, 0);
+}
+
+// An op run inside another op counts in the outer one's time only; a profiler inside
+// another takes the ops meanwhile and gives them back when it goes.
+TEST(StepProfile, NestedOpsAndProfilers) {
+  const Tensor x = Tensor::ones({2, 16, 4, 4}).to_format(Format::nchw16c);
+  Tensor y = Tensor::empty({2, 16});
+  ops::OpProfiler outer;
+  ops::call(ops::global_avgpool_fwd, x, y);  // converts x to plain inside the op
+  {
+    ops::OpProfiler inner;
+    ops::call(ops::global_avgpool_fwd, x, y);
+    ops::call(ops::global_avgpool_fwd, x, y);
+    ASSERT_EQ(inner.times().size(), 1u);
+    EXPECT_EQ(inner.times()[0].calls, 2);
+    EXPECT_EQ(inner.conversions().count, 2);
+  }
+  ops::call(ops::global_avgpool_fwd, x, y);
+  ASSERT_EQ(outer.times().size(), 1u);
+  EXPECT_EQ(outer.times()[0].calls, 2);
+  EXPECT_EQ(outer.conversions().count, 2);
+  EXPECT_EQ(outer.conversions().bytes, 2 * x.nbytes());
+  {
+    ops::detail::OpTimer nested_by_hand("outer_op", ops::Backend::cpu);
+    ops::call(ops::global_avgpool_fwd, x.to_plain(), y);  // inside: not timed on its own
+  }
+  const auto t = outer.times();
+  EXPECT_EQ(t.size(), 2u);
+  bool outer_op = false;
+  for (const auto& e : t) outer_op |= e.op == "outer_op" && e.calls == 1;
+  EXPECT_TRUE(outer_op);
+  for (const auto& e : t) {
+    if (e.op == "global_avgpool_fwd") {
+      EXPECT_EQ(e.calls, 2) << "the nested call is the outer op's";
+    }
   }
 }
 

@@ -283,8 +283,9 @@ TEST(BlockedFormat, AxpyScaleAndPlainOnlyOpsConvert) {
 
 namespace eg::testing {
 // Note [int8 convolution pipeline]: the int8 reference's CPU NHWC tensors convert both
-// ways, stay NHWC through the elementwise ops and the batch norm forwards, and reach every
-// other CPU op (a convolution, a pool) as plain copies, with the plain input's results.
+// ways, stay NHWC through the elementwise ops and the batch norm forwards, and reach the
+// CPU ops that do not take them (a global average pool) as plain copies, with the plain
+// input's results; a convolution of 8 output channels takes NHWC and writes plain.
 TEST(NhwcOnTheCpu, ElementwiseOpsKeepItAndTheOthersGetPlainCopies) {
   const Shape s{2, 32, 3, 5};
   const Tensor x = randn(s, DType::f32, 1), y = randn(s, DType::f32, 2);
@@ -427,6 +428,74 @@ TEST(NhwcOnTheCpu, TheTrainingBatchNormForwardMatchesThePlainOne) {
 }  // namespace eg::testing
 
 namespace eg::testing {
+// Note [Pooling in the convolutions' layout]: max and average pooling take NHWC and nChw16c
+// inputs as they come and write their outputs (and max pooling its indices) in the same
+// layout; backward, max pooling's dx comes in the forward's layout (its indices') whatever
+// dy's, average pooling's in dy's. Max pooling gives the
+// plain kernel's outputs, indices and gradients exactly, f32 and bf16; average pooling
+// (oneDNN's kernels of each layout) to float rounding.
+TEST(NhwcOnTheCpu, PoolingTakesItAndTheBlockedLayoutAsTheyCome) {
+  struct Case {
+    const char* name;
+    Shape x;
+    ops::Pool2dParams p;
+  };
+  auto params = [](ops::PoolKind k, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                   bool incl = false) { return ops::Pool2dParams{k, kh, kw, sh, sw, ph, pw, incl}; };
+  const std::vector<Case> cases = {
+      {"max 3x3 s2 pad1 (a ResNet stem's)", {2, 32, 9, 9}, params(ops::PoolKind::max, 3, 3, 2, 2, 1, 1)},
+      {"max 2x2 s2", {3, 16, 6, 8}, params(ops::PoolKind::max, 2, 2, 2, 2, 0, 0)},
+      {"max 2x3 s1x3 pad1", {2, 16, 5, 9}, params(ops::PoolKind::max, 2, 3, 1, 3, 1, 1)},
+      {"avg 3x3 s2 pad1, padding counted", {2, 32, 7, 7}, params(ops::PoolKind::avg, 3, 3, 2, 2, 1, 1, true)},
+      {"avg 3x3 s2 pad1, padding not counted", {2, 16, 7, 6}, params(ops::PoolKind::avg, 3, 3, 2, 2, 1, 1)},
+  };
+  for (const DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : cases)
+      for (const Format f : {Format::nhwc, Format::nchw16c}) {
+        SCOPED_TRACE(std::string(c.name) + ", " + dtype_name(dt) + (f == Format::nhwc ? ", NHWC" : ", nChw16c"));
+        const bool max = c.p.kind == ops::PoolKind::max;
+        const Shape ys = ops::pool2d_out_shape(c.x, c.p);
+        // bf16 rounds some neighbours equal: both kernels give a tie to the window's first
+        // maximum in row-major order, so indices and gradients still agree exactly.
+        const Tensor x = randn(c.x, dt, 21);
+        const Tensor dy = randn(ys, dt, 22);
+        auto pass = [&](const Tensor& xin, const Tensor& dyin, bool want_indices = true) {
+          Tensor y = Tensor::empty(ys, dt), idx, dx = Tensor::empty(c.x, dt);
+          if (max && want_indices) idx = Tensor::empty(ys, DType::s32);
+          ops::run(ops::pool2d_fwd, ops::Backend::cpu, xin, y, idx, c.p);
+          if (max && !want_indices) return std::vector<Tensor>{y};
+          ops::run(ops::pool2d_bwd, ops::Backend::cpu, dyin, idx, dx, c.p);
+          return std::vector<Tensor>{y, dx, idx};
+        };
+        const auto plain = pass(x, dy);
+        for (const Format fdy : {f, Format::plain}) {
+          const auto got = pass(x.to_format(f), dy.to_format(fdy));
+          EXPECT_EQ(got[0].format(), f) << "y";
+          // Max pooling's indices keep the forward's layout; average pooling follows dy's.
+          EXPECT_EQ(got[1].format(), max ? f : fdy) << "dx, dy " << (fdy == f ? "in the same layout" : "plain");
+          const char* names[] = {"y", "dx"};
+          for (size_t k = 0; k < 2; ++k) {
+            const auto a = got[k].to(DType::f32).to_vector<float>(), b = plain[k].to(DType::f32).to_vector<float>();
+            if (max) {
+              ASSERT_EQ(a, b) << names[k];
+              continue;
+            }
+            const double tol = dt == DType::bf16 ? 1e-2 : 1e-6;
+            for (size_t i = 0; i < a.size(); ++i)
+              ASSERT_NEAR(a[i], b[i], tol * (1 + std::abs(b[i]))) << names[k] << " [" << i << "]";
+          }
+          if (max) {
+            EXPECT_EQ(got[2].format(), f) << "indices";
+            EXPECT_EQ(got[2].to_vector<int32_t>(), plain[2].to_vector<int32_t>()) << "indices";
+          }
+        }
+        if (max) {  // no indices asked for (inference)
+          const auto y = pass(x.to_format(f), dy, false);
+          EXPECT_EQ(y[0].to(DType::f32).to_vector<float>(), plain[0].to(DType::f32).to_vector<float>());
+        }
+      }
+}
+
 // Note [bf16 kernels]: bf16 activations stay nChw16c between the ops that take bf16 (a
 // convolution's output, batch norm and ReLU through it), on the fast path; an op that
 // does not take bf16 refuses it on the CPU rather than reading its bytes as f32.

@@ -305,6 +305,8 @@ int run_cli(int argc, char** argv) {
   std::string bwino;
   step->add_option("--cpu-winograd", bwino, eg::train::option("--cpu-winograd").help)
       ->check(CLI::IsMember({"on", "off"}));
+  step->add_flag("--profile", bo.profile,
+                 "CPU: each op's time per step and the layout conversions, as \"profile\" in the JSON");
   std::string bgraphs = "off";
   step->add_option("--cuda-graphs", bgraphs,
                    "on: capture the step as a CUDA graph after the warm-up and replay it (one GPU, one process)")
@@ -399,6 +401,7 @@ int run_cli(int argc, char** argv) {
                           {"cuda_graphs", bgraphs},
                           {"machine", eg::train::machine_json()}};
       if (bo.cuda_graphs) j["graph_replays"] = r.graph_replays, j["graph_bytes"] = r.graph_bytes;
+      if (bo.profile) j["profile"] = eg::train::step_profile_json(r);
       if (eg::models::is_translation_model(bo.model)) j["seq_len"] = bo.seq_len;
       if (r.world_size > 1) {
         j["world_size"] = r.world_size;

@@ -226,6 +226,8 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   check_precision_on(dev, o.precision);
   EG_CHECK(!o.cuda_graphs || dev.is_cuda(), "bench step: --cuda-graphs on runs on a GPU (--device cuda); on ",
            dev.str(), " a step has no kernel launches to save");
+  EG_CHECK(!o.profile || dev.is_cpu(), "bench step: --profile times ops as the CPU runs them; on ", dev.str(),
+           " an op's time would be its launch's (profile a GPU with Nsight Systems or Compute)");
   const models::ModelConfig mc = bench_model_config(o);
   const bool transformer = models::is_translation_model(o.model);
   Generator g(0);
@@ -257,8 +259,10 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   // timed step a replay (Note [Graphed steps]).
   std::unique_ptr<GraphedStep> graphed;
   if (o.cuda_graphs) graphed = std::make_unique<GraphedStep>(dp, opt, &g, GraphedStep::Options{warmup - 1, 0.0, {}, 1});
+  std::unique_ptr<ops::OpProfiler> profiler;
   for (int i = 0; i < warmup + o.iterations; ++i) {
     if (i == warmup) timed0 = alloc.stats();
+    if (i == warmup && o.profile) profiler = std::make_unique<ops::OpProfiler>();
     comm.barrier();  // the ranks start each step together
     const auto t0 = Clock::now();
     const double wait0 = sync ? sync->stats().wait_seconds : 0, comm0 = sync ? sync->stats().comm_seconds : 0;
@@ -312,7 +316,34 @@ StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm) {
   r.median_comm_ms = median(comm_ms);
   r.host_syncs_per_step = std::llround(median(syncs));
   if (graphed) r.graph_replays = graphed->replays() - 1, r.graph_bytes = int64_t(graphed->graph_bytes());
+  if (profiler) r.op_times = profiler->times(), r.conversions = profiler->conversions();
   return r;
+}
+
+nlohmann::json step_profile_json(const StepBench& r) {
+  const double steps = std::max(1, r.iterations);
+  double step_ms = 0, ops_ms = 0;
+  for (double t : r.step_ms) step_ms += t / steps;
+  nlohmann::json ops = nlohmann::json::array();
+  for (const ops::OpTime& t : r.op_times) {
+    const double ms = 1000 * t.seconds / steps;
+    ops_ms += ms;
+    ops.push_back({{"op", t.op},
+                   {"backend", ops::backend_name(t.backend)},
+                   {"calls_per_step", double(t.calls) / steps},
+                   {"ms_per_step", ms},
+                   {"share_of_step", step_ms > 0 ? ms / step_ms : 0.0}});
+  }
+  const double conv_ms = 1000 * r.conversions.seconds / steps;
+  return {{"steps", r.iterations},
+          {"mean_step_ms", step_ms},
+          {"ops_ms_per_step", ops_ms},
+          {"outside_ops_ms_per_step", step_ms - ops_ms},
+          {"layout_conversions_per_step", double(r.conversions.count) / steps},
+          {"layout_conversion_mb_per_step", double(r.conversions.bytes) / steps / 1e6},
+          {"layout_conversion_ms_per_step", conv_ms},
+          {"layout_conversion_share_of_step", step_ms > 0 ? conv_ms / step_ms : 0.0},
+          {"ops", ops}};
 }
 
 }  // namespace eg::train

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "train/config.h"
 #include "train/image_task.h"
 #include "train/run.h"
@@ -77,6 +78,7 @@ struct StepBenchOptions {
   DType precision = DType::f32;  // the forward and loss under autograd::Autocast (--precision)
   bool cuda_graphs =
       false;  // --cuda-graphs on: the step captured after the warm-up, then replayed (Note [Graphed steps])
+  bool profile = false;  // --profile: the timed steps' op times (CPU; Note [Op profiles] in kernels/ops.h)
 };
 struct StepBench {
   double samples_per_second = 0, median_step_ms = 0;  // samples (target tokens) of every rank
@@ -98,7 +100,15 @@ struct StepBench {
   int64_t system_allocs = 0, system_frees = 0;
   int64_t graph_replays = 0;  // --cuda-graphs on: the timed steps that were replays (all of them)
   int64_t graph_bytes = 0;  // what the graph's allocations hold on the device
+  // --profile: the timed steps' ops (rank 0's thread; the slowest first) and the layout
+  // conversions made meanwhile, summed over all timed steps.
+  std::vector<ops::OpTime> op_times;
+  LayoutConversions conversions;
 };
 StepBench bench_step(const StepBenchOptions& o, dist::Communicator& comm);
+// --profile's JSON: per step (the timed steps' mean), each op's calls and milliseconds and
+// its share of the step; the ops' total, the rest of the step (the host's own), and the
+// layout conversions (a share of those, Note [Op profiles]).
+nlohmann::json step_profile_json(const StepBench& r);
 
 }  // namespace eg::train

@@ -136,9 +136,8 @@ struct Types {
 };
 
 memory::desc plain(const Shape& s, Tag tag, DT d = kF32) { return {onednn::dims(s), d, tag}; }
-Tag tag_of(Format f) { return f == Format::nchw16c ? Tag::nChw16c : f == Format::nhwc ? Tag::nhwc : Tag::nchw; }
 // The user-side descriptor of an activation, in the format the tensor is in.
-memory::desc user(const Tensor& t) { return plain(t.shape(), tag_of(t.format()), dt_of(t)); }
+memory::desc user(const Tensor& t) { return plain(t.shape(), onednn::tag_of(t.format()), dt_of(t)); }
 const char* fmt(const Tensor& t) { return t.format() == Format::nchw16c ? "|B" : t.is_blocked() ? "|N" : "|P"; }
 memory::desc any(const memory::dims& d, DT t) { return {d, t, Tag::any}; }
 

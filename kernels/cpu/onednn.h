@@ -32,6 +32,12 @@ inline dnnl::memory::data_type data_type(DType t) {
   }
 }
 
+// oneDNN's tag for a CPU activation layout (Note [Blocked activations], and NHWC).
+inline dnnl::memory::format_tag tag_of(Format f) {
+  using Tag = dnnl::memory::format_tag;
+  return f == Format::nchw16c ? Tag::nChw16c : f == Format::nhwc ? Tag::nhwc : Tag::nchw;
+}
+
 // A memory object over the tensor's own buffer (no copy). The caller's descriptor
 // says the layout, nChw16c included (Note [Blocked activations]).
 inline dnnl::memory wrap(const Tensor& t, dnnl::memory::format_tag tag) {

@@ -1,14 +1,31 @@
 // Pooling, fast CPU path. Max pooling: OpenMP loops over (n, c) planes, vectorised
 // along output columns (our s32 argmax indices, flat h*W+w in the input plane, are not
-// oneDNN's workspace format). Average pooling: oneDNN 2.6 pooling forward/backward on
-// NCHW. Global average pooling: vectorised row sums. Layout NCHW contiguous; f32, bf16
-// through f32.
+// oneDNN's workspace format); on NHWC and nChw16c inputs, loops vectorised along the
+// channels (Note [Pooling in the convolutions' layout]). Average pooling: oneDNN 2.6
+// pooling forward/backward in the input's layout. Global average pooling: vectorised
+// row sums on NCHW. f32; bf16 max pooling forward as it comes, the rest through f32.
 //
 // Napkin math (max 3x3/s2/pad1 on 32x64x56x56): x is 25.7 MB, y and indices 6.4 MB
 // each: ~39 MB of traffic, ~2 ms at ~20 GB/s per core; 14.5 M window compares are
 // 0.9 M 16-lane vector compares, well under that. Measured on one core: forward
 // 4.2 ms (ref 9.6 ms; oneDNN's avg pooling of the same shape 1.7 ms), backward 1.5 ms
 // (zero-fill dx, 25.7 MB, then scatter dy through the indices).
+//
+// Note [Pooling in the convolutions' layout]
+// A ResNet stem's max pool sits between convolutions whose activations are nChw16c or
+// NHWC (Note [Activation layouts follow the convolutions] in kernels/cpu/conv2d.cpp):
+// taking a plain copy of its input and handing the next convolution a plain output cost
+// two reorders forward and two backward of the stem's largest tensors. Both layouts
+// hold an image's (or a 16-channel block's) values as [H][W][c], channels innermost
+// (NHWC: one group of C channels an image; nChw16c: C/16 groups of 16), so one kernel
+// takes both, over N * groups "images" of c channels. Its indices mean what the plain
+// kernel's do (h * W + w within the (n, channel) plane), held in x's layout, and each
+// output visits its window in the same order with the same strict >, so output and
+// indices are the plain kernel's exactly, in either layout and dtype.
+// Global average pooling still takes a plain copy in either layout: a head's last feature
+// map is about 0.1% of a ResNet step's bytes, and summing it in another order would change
+// the last bits of every run's logits (the training model's, on nChw16c, and the int8
+// reference's, on NHWC), so no run would repeat an earlier one bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -142,6 +159,84 @@ void max_bwd(const Tensor& dy, const Tensor& indices, Tensor& dx) {
   }
 }
 
+// ---- max pooling with the channels innermost (Note [Pooling in the convolutions' layout])
+
+struct Inner {
+  int64_t images, c;  // [images][H][W][c]
+};
+Inner inner_of(const Tensor& t) {
+  const int64_t N = t.size(0), C = t.size(1);
+  return t.format() == Format::nhwc ? Inner{N, C} : Inner{N * (C / kBlock), kBlock};
+}
+
+// x and y of one storage type T (max is exact, so bf16 needs no widening pass).
+template <class T>
+void max_fwd_inner(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dParams& p) {
+  const Inner g = inner_of(x);
+  const int64_t H = x.size(2), W = x.size(3), P = y.size(2), Q = y.size(3), c = g.c;
+  y.set_format(x.format());
+  if (indices.defined()) indices.set_format(x.format());
+  const T* xp = x.data_any<T>();
+  T* yp = y.data_any<T>();
+  int32_t* ip = indices.defined() ? indices.data_any<int32_t>() : nullptr;
+#pragma omp parallel
+  {
+    std::vector<float> best(static_cast<size_t>(c));
+    std::vector<int32_t> unused(ip ? 0 : size_t(c));  // indices asked for by nobody
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t n = 0; n < g.images; ++n)
+      for (int64_t op = 0; op < P; ++op) {
+        // The window's rows and columns in range (padding <= half the kernel: never empty).
+        const int64_t h0 = std::max<int64_t>(op * p.stride_h - p.pad_h, 0),
+                      h1 = std::min(op * p.stride_h - p.pad_h + p.kernel_h, H);
+        for (int64_t oq = 0; oq < Q; ++oq) {
+          const int64_t w0 = std::max<int64_t>(oq * p.stride_w - p.pad_w, 0),
+                        w1 = std::min(oq * p.stride_w - p.pad_w + p.kernel_w, W);
+          const int64_t o = (n * P + op) * Q + oq;
+          T* yo = yp + o * c;
+          int32_t* io = ip ? ip + o * c : unused.data();
+          const T* x0 = xp + ((n * H + h0) * W + w0) * c;
+          const int32_t at0 = int32_t(h0 * W + w0);
+          for (int64_t k = 0; k < c; ++k) best[size_t(k)] = ld(x0, k), yo[k] = x0[k], io[k] = at0;
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = h == h0 ? w0 + 1 : w0; w < w1; ++w) {
+              const T* xv = xp + ((n * H + h) * W + w) * c;
+              const int32_t at = int32_t(h * W + w);
+              float* b = best.data();
+#pragma omp simd
+              for (int64_t k = 0; k < c; ++k) {
+                const float v = ld(xv, k);
+                const bool better = v > b[k];
+                b[k] = better ? v : b[k];
+                yo[k] = better ? xv[k] : yo[k];
+                io[k] = better ? at : io[k];
+              }
+            }
+        }
+      }
+  }
+}
+
+// dx in indices' layout (set by the caller); each dx element sums its dy values in
+// output order, as the plain kernel does.
+void max_bwd_inner(const Tensor& dy, const Tensor& indices, Tensor& dx) {
+  const Inner g = inner_of(dx);
+  const int64_t HW = dx.size(2) * dx.size(3), PQ = dy.size(2) * dy.size(3), c = g.c;
+  const float* dyp = dy.data_any<float>();
+  const int32_t* ip = indices.data_any<int32_t>();
+  float* dxp = dx.data_any<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < g.images; ++n) {
+    float* dxn = dxp + n * HW * c;
+    std::fill(dxn, dxn + HW * c, 0.f);
+    for (int64_t o = 0; o < PQ; ++o) {
+      const float* d = dyp + (n * PQ + o) * c;
+      const int32_t* io = ip + (n * PQ + o) * c;
+      for (int64_t k = 0; k < c; ++k) dxn[int64_t(io[k]) * c + k] += d[k];
+    }
+  }
+}
+
 // ---- average pooling through oneDNN
 
 using dnnl::memory;
@@ -158,40 +253,45 @@ AvgGeometry avg_geometry(const ops::Pool2dParams& p) {
                               : dnnl::algorithm::pooling_avg_exclude_padding};
 }
 
-std::string avg_key(const char* kind, const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
-  return std::string(kind) + "|" + onednn::key_of(x) + "|" + onednn::key_of(y) + "|" + std::to_string(p.kernel_h) +
-         "," + std::to_string(p.kernel_w) + "," + std::to_string(p.stride_h) + "," + std::to_string(p.stride_w) + "," +
-         std::to_string(p.pad_h) + "," + std::to_string(p.pad_w) + (p.count_include_pad ? "|incl" : "");
+std::string avg_key(const char* kind, Format f, const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
+  return std::string(kind) + "|" + std::to_string(int(f)) + "|" + onednn::key_of(x) + "|" + onednn::key_of(y) + "|" +
+         std::to_string(p.kernel_h) + "," + std::to_string(p.kernel_w) + "," + std::to_string(p.stride_h) + "," +
+         std::to_string(p.stride_w) + "," + std::to_string(p.pad_h) + "," + std::to_string(p.pad_w) +
+         (p.count_include_pad ? "|incl" : "");
 }
 
-dnnl::pooling_forward::primitive_desc avg_fwd_pd(const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
+dnnl::pooling_forward::primitive_desc avg_fwd_pd(Format f, const Shape& x, const Shape& y, const ops::Pool2dParams& p) {
   const AvgGeometry g = avg_geometry(p);
-  const memory::desc xm(onednn::dims(x), memory::data_type::f32, memory::format_tag::nchw);
-  const memory::desc ym(onednn::dims(y), memory::data_type::f32, memory::format_tag::nchw);
+  const memory::desc xm(onednn::dims(x), memory::data_type::f32, onednn::tag_of(f));
+  const memory::desc ym(onednn::dims(y), memory::data_type::f32, onednn::tag_of(f));
   dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_training, g.alg, xm, ym, g.strides, g.kernel, g.pad, g.pad);
   return dnnl::pooling_forward::primitive_desc(d, onednn::engine());
 }
 
 void avg_fwd(const Tensor& x, Tensor& y, const ops::Pool2dParams& p) {
-  auto& prim = onednn::cached<dnnl::pooling_forward>(avg_key("fwd", x.shape(), y.shape(), p), [&] {
-    return dnnl::pooling_forward(avg_fwd_pd(x.shape(), y.shape(), p));
+  const Format f = x.format();
+  y.set_format(f);
+  auto& prim = onednn::cached<dnnl::pooling_forward>(avg_key("fwd", f, x.shape(), y.shape(), p), [&] {
+    return dnnl::pooling_forward(avg_fwd_pd(f, x.shape(), y.shape(), p));
   });
-  prim.execute(onednn::stream(), {{DNNL_ARG_SRC, onednn::wrap(x, memory::format_tag::nchw)},
-                                  {DNNL_ARG_DST, onednn::wrap(y, memory::format_tag::nchw)}});
+  prim.execute(onednn::stream(), {{DNNL_ARG_SRC, onednn::wrap(x, onednn::tag_of(f))},
+                                  {DNNL_ARG_DST, onednn::wrap(y, onednn::tag_of(f))}});
   onednn::stream().wait();
 }
 
+// dx in dy's layout (set by the caller).
 void avg_bwd(const Tensor& dy, Tensor& dx, const ops::Pool2dParams& p) {
-  auto& prim = onednn::cached<dnnl::pooling_backward>(avg_key("bwd", dx.shape(), dy.shape(), p), [&] {
+  const Format f = dy.format();
+  auto& prim = onednn::cached<dnnl::pooling_backward>(avg_key("bwd", f, dx.shape(), dy.shape(), p), [&] {
     const AvgGeometry g = avg_geometry(p);
-    const memory::desc xm(onednn::dims(dx.shape()), memory::data_type::f32, memory::format_tag::nchw);
-    const memory::desc ym(onednn::dims(dy.shape()), memory::data_type::f32, memory::format_tag::nchw);
+    const memory::desc xm(onednn::dims(dx.shape()), memory::data_type::f32, onednn::tag_of(f));
+    const memory::desc ym(onednn::dims(dy.shape()), memory::data_type::f32, onednn::tag_of(f));
     dnnl::pooling_backward::desc d(g.alg, xm, ym, g.strides, g.kernel, g.pad, g.pad);
     return dnnl::pooling_backward(
-        dnnl::pooling_backward::primitive_desc(d, onednn::engine(), avg_fwd_pd(dx.shape(), dy.shape(), p)));
+        dnnl::pooling_backward::primitive_desc(d, onednn::engine(), avg_fwd_pd(f, dx.shape(), dy.shape(), p)));
   });
-  prim.execute(onednn::stream(), {{DNNL_ARG_DIFF_DST, onednn::wrap(dy, memory::format_tag::nchw)},
-                                  {DNNL_ARG_DIFF_SRC, onednn::wrap(dx, memory::format_tag::nchw)}});
+  prim.execute(onednn::stream(), {{DNNL_ARG_DIFF_DST, onednn::wrap(dy, onednn::tag_of(f))},
+                                  {DNNL_ARG_DIFF_SRC, onednn::wrap(dx, onednn::tag_of(f))}});
   onednn::stream().wait();
 }
 
@@ -199,8 +299,9 @@ void avg_bwd(const Tensor& dy, Tensor& dx, const ops::Pool2dParams& p) {
 
 namespace {
 // bf16 (Note [bf16 kernels]): the f32 kernels between a widening and one rounding of
-// each output; pooling is a small share of a step's bytes (a stem's max pool, a head's
-// global average), and the casts are the ones autocast made before pooling took bf16.
+// each output, in the tensors' own layout; pooling is a small share of a step's bytes (a
+// stem's max pool, a head's global average), and the casts are the ones autocast made
+// before pooling took bf16.
 bool any_half(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (t->dtype() != DType::f32) return true;
@@ -209,31 +310,67 @@ bool any_half(std::initializer_list<const Tensor*> ts) {
 Tensor f32_of(const Tensor& t) {
   if (t.dtype() == DType::f32) return t;
   Tensor w = Tensor::empty(t.shape(), DType::f32, t.device());
-  cast(t, w);
+  if (t.format() == Format::plain) {
+    cast(t, w);
+    return w;
+  }
+  EG_CHECK(t.dtype() == DType::bf16, "internal: pooling of ", t.str(), " in a kernels' layout");
+  w.set_format(t.format());
+  const bf16_t* s = t.data_any<bf16_t>();
+  float* d = w.data_any<float>();
+  const int64_t n = t.numel();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
   return w;
+}
+// y = w rounded, in w's layout.
+void narrow_into(const Tensor& w, Tensor& y) {
+  if (w.format() == Format::plain) {
+    y.set_format(Format::plain);
+    return cast(w, y);
+  }
+  EG_CHECK(y.dtype() == DType::bf16, "internal: pooling into ", y.str(), " in a kernels' layout");
+  y.set_format(w.format());
+  const float* s = w.data_any<float>();
+  bf16_t* d = y.data_any<bf16_t>();
+  const int64_t n = w.numel();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
 }
 }  // namespace
 
+// Pooling takes its input in any CPU layout and writes its output in the same
+// (kernels/registry.cpp lists it with the ops between convolutions).
 // EG_DNNL_TRY names its first parameter `what`, the same token as dnnl::error::what(),
 // so the op name is passed as a variable of that name to keep the expansion valid.
 void pool2d_fwd(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dParams& p) {
+  if (p.kind == ops::PoolKind::max && x.format() != Format::plain && x.dtype() == y.dtype()) {
+    if (x.dtype() == DType::bf16) return max_fwd_inner<bf16_t>(x, y, indices, p);
+    if (x.dtype() == DType::f32) return max_fwd_inner<float>(x, y, indices, p);
+  }
   if (any_half({&x, &y})) {
     Tensor y32 = Tensor::empty(y.shape(), DType::f32, y.device());
     pool2d_fwd(f32_of(x), y32, indices, p);
-    return cast(y32, y);
+    return narrow_into(y32, y);
   }
   if (p.kind == ops::PoolKind::max) return max_fwd(x, y, indices, p);
   const char* what = "pool2d_fwd (avg)";
   EG_DNNL_TRY(what, avg_fwd(x, y, p));
 }
 
-void pool2d_bwd(const Tensor& dy, const Tensor& indices, Tensor& dx, const ops::Pool2dParams& p) {
-  if (any_half({&dy, &dx})) {
+// dx in the forward's layout: the indices' (max) or dy's (average).
+void pool2d_bwd(const Tensor& dy_in, const Tensor& indices, Tensor& dx, const ops::Pool2dParams& p) {
+  if (any_half({&dy_in, &dx})) {
     Tensor dx32 = Tensor::empty(dx.shape(), DType::f32, dx.device());
-    pool2d_bwd(f32_of(dy), indices, dx32, p);
-    return cast(dx32, dx);
+    pool2d_bwd(f32_of(dy_in), indices, dx32, p);
+    return narrow_into(dx32, dx);
   }
-  if (p.kind == ops::PoolKind::max) return max_bwd(dy, indices, dx);
+  const bool max = p.kind == ops::PoolKind::max;
+  const Format f = max ? indices.format() : dy_in.format();
+  Tensor keep;
+  const Tensor& dy = in_format(dy_in, f, keep);
+  dx.set_format(f);
+  if (max) return f == Format::plain ? max_bwd(dy, indices, dx) : max_bwd_inner(dy, indices, dx);
   const char* what = "pool2d_bwd (avg)";
   EG_DNNL_TRY(what, avg_bwd(dy, dx, p));
 }
