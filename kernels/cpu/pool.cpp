@@ -169,7 +169,8 @@ Inner inner_of(const Tensor& t) {
   return t.format() == Format::nhwc ? Inner{N, C} : Inner{N * (C / kBlock), kBlock};
 }
 
-// x and y of one storage type T (max is exact, so bf16 needs no widening pass).
+// x and y of one storage type T, compared in float (max is exact, so bf16 needs no
+// widening pass of its own).
 template <class T>
 void max_fwd_inner(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2dParams& p) {
   const Inner g = inner_of(x);
@@ -197,21 +198,22 @@ void max_fwd_inner(const Tensor& x, Tensor& y, Tensor& indices, const ops::Pool2
           int32_t* io = ip ? ip + o * c : unused.data();
           const T* x0 = xp + ((n * H + h0) * W + w0) * c;
           const int32_t at0 = int32_t(h0 * W + w0);
-          for (int64_t k = 0; k < c; ++k) best[size_t(k)] = ld(x0, k), yo[k] = x0[k], io[k] = at0;
+          float* b = best.data();
+          for (int64_t k = 0; k < c; ++k) b[k] = ld(x0, k), io[k] = at0;
           for (int64_t h = h0; h < h1; ++h)
             for (int64_t w = h == h0 ? w0 + 1 : w0; w < w1; ++w) {
               const T* xv = xp + ((n * H + h) * W + w) * c;
               const int32_t at = int32_t(h * W + w);
-              float* b = best.data();
 #pragma omp simd
               for (int64_t k = 0; k < c; ++k) {
                 const float v = ld(xv, k);
                 const bool better = v > b[k];
                 b[k] = better ? v : b[k];
-                yo[k] = better ? xv[k] : yo[k];
                 io[k] = better ? at : io[k];
               }
             }
+          // A bf16 input's maximum widened and rounded back is its own bits (exact).
+          for (int64_t k = 0; k < c; ++k) st(yo, k, b[k]);
         }
       }
   }
