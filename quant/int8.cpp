@@ -114,10 +114,11 @@ ActQuant ActObserver::quant(const Tensor& x) {
 // convolutions write (asked for nChw16c they fall to ref_int8, hundreds of times
 // slower), and its output stays NHWC (Format::nhwc on the CPU): what comes next is the
 // next convolution's quantising reorder, which then keeps the layout, the elementwise
-// ops of a residual block's end or the batch norms on the batch's statistics
-// (ReferenceBn::batch), which take it as it comes (kernels/registry.cpp); any other CPU
-// op gets a plain copy. Reordering every output to nChw16c and back (with ReLU6
-// in its own pass) had been half of MobileNetV2's int8 forward. Another dst layout is
+// ops of a residual block's end, the batch norms on the batch's statistics
+// (ReferenceBn::batch) or a max pool (ResNet-50's stem), which take it as it comes
+// (kernels/registry.cpp); any other CPU op (the global average pool) gets a plain copy.
+// Reordering every output to nChw16c and back (with ReLU6 in its own pass) had been half
+// of MobileNetV2's int8 forward. Another dst layout is
 // reordered to NCHW.
 // The input and output scales change with every calibration batch, and every batch
 // with dynamic scales (Note [Static activation scales]), so both are runtime arguments
