@@ -138,10 +138,11 @@ class Tensor {
   // (or s32: max pooling's indices, in its output's layout).
   bool blockable() const;
   // Whether it could be held as nhwc: 4-D, floating or s32, on a GPU; or 4-D f32, bf16 or
-  // s32 (pooling's indices) on the CPU, where the int8 reference's convolutions write it (Note [int8 convolution
-  // pipeline] in quant/int8.cpp), and the training convolutions where the CPU's pick it
-  // (Note [Activation layouts follow the convolutions] in kernels/cpu/conv2d.cpp); the CPU
-  // kernels that take it as it comes are listed in kernels/registry.cpp.
+  // s32 (pooling's indices) on the CPU, where the int8 reference's convolutions write it
+  // (Note [int8 convolution pipeline] in quant/int8.cpp), and the training convolutions
+  // where the CPU's pick it (Note [Activation layouts follow the convolutions] in
+  // kernels/cpu/conv2d.cpp); the CPU kernels that take it as it comes are listed in
+  // kernels/registry.cpp.
   bool nhwc_capable() const;
   // Declares how a kernel laid out the output it is about to write (the tensor's data
   // is not touched: only for outputs that will be overwritten whole).
