@@ -109,6 +109,18 @@ void reorder_nhwc_cpu(const T* src, T* dst, int64_t N, int64_t C, int64_t L, boo
 namespace {
 thread_local LayoutConversions* g_conversions = nullptr;
 thread_local bool g_converting = false;  // inside a counted conversion (NHWC <-> nChw16c goes through plain)
+struct Converting {
+  Converting() { g_converting = true; }
+  ~Converting() { g_converting = false; }
+};
+
+// Runs f(E{}) with E an unsigned integer of t's element size: a layout change moves
+// elements and never converts them, so f32 and s32 (pooling's indices) share one path.
+template <class F>
+void with_element_bits(const Tensor& t, F&& f) {
+  if (dtype_size(t.dtype()) == 2) f(uint16_t{});
+  else f(uint32_t{});
+}
 }  // namespace
 
 LayoutConversions* layout_conversion_counter() { return g_conversions; }
@@ -117,16 +129,12 @@ void set_layout_conversion_counter(LayoutConversions* c) { g_conversions = c; }
 Tensor Tensor::to_format(Format f) const {
   if (!defined() || format() == f) return *this;
   if (g_conversions && !g_converting) {
-    g_converting = true;
     const auto t0 = std::chrono::steady_clock::now();
     Tensor t;
-    try {
+    {
+      const Converting inside;
       t = to_format(f);
-    } catch (...) {
-      g_converting = false;
-      throw;
     }
-    g_converting = false;
     ++g_conversions->count;
     g_conversions->bytes += int64_t(nbytes());
     g_conversions->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -148,13 +156,10 @@ Tensor Tensor::to_format(Format f) const {
     t.impl().format = f;
     if (device().is_cpu()) {
       const int64_t N = shape()[0], C = shape()[1], L = shape()[2] * shape()[3];
-      // Moved, not converted: by element size (f32 and s32 alike).
-      if (dtype_size(dtype()) == 2)
-        reorder_nhwc_cpu(static_cast<const uint16_t*>(raw_any()), static_cast<uint16_t*>(t.raw_any()), N, C, L,
-                         f == Format::nhwc);
-      else
-        reorder_nhwc_cpu(static_cast<const uint32_t*>(raw_any()), static_cast<uint32_t*>(t.raw_any()), N, C, L,
-                         f == Format::nhwc);
+      with_element_bits(*this, [&](auto e) {
+        using E = decltype(e);
+        reorder_nhwc_cpu(static_cast<const E*>(raw_any()), static_cast<E*>(t.raw_any()), N, C, L, f == Format::nhwc);
+      });
       return t;
     }
 #ifdef EG_WITH_CUDA
@@ -168,12 +173,10 @@ Tensor Tensor::to_format(Format f) const {
   Tensor t = empty(shape(), dtype(), device());
   t.impl().format = f;
   const int64_t N = shape()[0], C = shape()[1], L = shape()[2] * shape()[3];
-  if (dtype_size(dtype()) == 2)
-    reorder_blocked(static_cast<const uint16_t*>(raw_any()), static_cast<uint16_t*>(t.raw_any()), N, C, L,
-                    f == Format::nchw16c);
-  else
-    reorder_blocked(static_cast<const uint32_t*>(raw_any()), static_cast<uint32_t*>(t.raw_any()), N, C, L,
-                    f == Format::nchw16c);
+  with_element_bits(*this, [&](auto e) {
+    using E = decltype(e);
+    reorder_blocked(static_cast<const E*>(raw_any()), static_cast<E*>(t.raw_any()), N, C, L, f == Format::nchw16c);
+  });
   return t;
 }
 
