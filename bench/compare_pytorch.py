@@ -167,34 +167,83 @@ def torch_setup(model_name, bs, threads, config, device, seq_len=32):
     return _torch_setups[key]
 
 
-def bench_torch(model_name, bs, threads, iters, config, device="cpu", seq_len=32):
-    """config: "contiguous", "channels_last" or "compile" (torch.compile of the model).
-    Images per second, or a Transformer's target tokens per second."""
+OPTIMIZER_LABEL = "eg::optimizer"  # the optimizer's part of a step, in profiles
+TORCH_WARMUP = 3
+
+
+def torch_step(model_name, bs, threads, config, device="cpu", seq_len=32):
+    """One training step of the configuration as a function of no arguments (forward and loss
+    under autocast where TORCH_PRECISION asks, backward, the optimizer within OPTIMIZER_LABEL's
+    record_function), returning when the device is done."""
     fwd, opt, x, y, F, scaler = torch_setup(model_name, bs, threads, config, device, seq_len)
     transformer = model_name in TRANSFORMERS
     import contextlib
     import torch
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(TORCH_PRECISION)
     autocast = torch.autocast(torch.device(device).type, dtype=low) if low else contextlib.nullcontext()
-    warmup = 3
-    times = []
-    for i in range(warmup + iters):
-        t = time.perf_counter()
+
+    def step():
         with autocast:
             out = fwd(*x) if transformer else fwd(x)
             loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y)
-        opt.zero_grad()
+        with torch.profiler.record_function(OPTIMIZER_LABEL):
+            opt.zero_grad()
         if scaler is None:
             loss.backward()
-            opt.step()
+            with torch.profiler.record_function(OPTIMIZER_LABEL):
+                opt.step()
         else:
             scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            with torch.profiler.record_function(OPTIMIZER_LABEL):
+                scaler.step(opt)
+                scaler.update()
         loss.item()  # waits for the device, as egeria's bench step does
-        if i >= warmup:
+    return step
+
+
+def bench_torch(model_name, bs, threads, iters, config, device="cpu", seq_len=32):
+    """config: "contiguous", "channels_last" or "compile" (torch.compile of the model).
+    Images per second, or a Transformer's target tokens per second."""
+    step = torch_step(model_name, bs, threads, config, device, seq_len)
+    times = []
+    for i in range(TORCH_WARMUP + iters):
+        t = time.perf_counter()
+        step()
+        if i >= TORCH_WARMUP:
             times.append(time.perf_counter() - t)
-    return bs * (seq_len if transformer else 1) / statistics.median(times)
+    return bs * (seq_len if model_name in TRANSFORMERS else 1) / statistics.median(times)
+
+
+def profile_torch(model_name, bs, threads, iters, config, device="cpu", seq_len=32):
+    """The step on the CPU under torch.profiler, after the warm-up: {"step_ms": the step's wall
+    time under the profiler, "optimizer_ms": the CPU time of everything under OPTIMIZER_LABEL,
+    "ops_ms": the rest by the op the user's code or autograd called (each event's own CPU time
+    counted to the outermost aten:: op it ran within: a convolution's backward takes its fills,
+    a ReLU its clamp_min; autograd's own wrappers by their names)}, a step's worth of each (the
+    profiler adds a few microseconds an op)."""
+    import torch
+    step = torch_step(model_name, bs, threads, config, device, seq_len)
+    for _ in range(TORCH_WARMUP):
+        step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(iters):
+            step()
+        wall = time.perf_counter() - t
+    ops, optimizer = {}, 0.0
+    for e in prof.events():
+        called, up = e.name, e
+        while up is not None and called != OPTIMIZER_LABEL:
+            if up.name.startswith("aten::") or up.name == OPTIMIZER_LABEL:
+                called = up.name
+            up = up.cpu_parent
+        if called == OPTIMIZER_LABEL:
+            optimizer += e.self_cpu_time_total
+        else:
+            ops[called] = ops.get(called, 0.0) + e.self_cpu_time_total
+    per_step = 1e-3 / iters  # microseconds in all -> ms a step
+    return {"step_ms": 1e3 * wall / iters, "optimizer_ms": optimizer * per_step,
+            "ops_ms": {k: v * per_step for k, v in sorted(ops.items(), key=lambda kv: -kv[1])}}
 
 
 def bench_egeria(exe, model, bs, threads, device, iters, winograd=None, seq_len=32):

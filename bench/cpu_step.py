@@ -13,9 +13,12 @@ step), so the machine's drift falls on all of them alike: medians and per-round 
 Then one `bench step --profile` (Note [Op profiles] in kernels/ops.h: each op's time a
 step, the layout conversions, the time outside ops) and one run under ONEDNN_VERBOSE=1
 (every primitive oneDNN executed, summed by kind and implementation: the reorders, and
-whether the convolutions are the AMX kernels), both at the default layout. The JSON
-names the machine (egeria's `machine`, lscpu's model name and flags of interest); the
-table printed at the end is what docs/results pages quote.
+whether the convolutions are the AMX kernels), both at the default layout, and PyTorch's
+step under torch.profiler: the two steps' times side by side by what they do (forward and
+backward convolutions, batch norm with the ReLUs and residual adds egeria fuses into it,
+the optimizer, autocast's casts, other ops, and the time between ops). The JSON names the
+machine (egeria's `machine`, lscpu's model name and flags of interest); the tables printed
+at the end are what docs/results pages quote.
 PyTorch missing: egeria's figures alone.
 """
 import argparse
@@ -104,6 +107,55 @@ def lscpu():
     return info
 
 
+# Where a step's time goes, in categories both engines have. egeria's batch norm carries the
+# ReLU and the residual add it fuses, so PyTorch's ReLUs and adds (outside its optimizer) go
+# beside its batch norms.
+CATEGORIES = ("convolutions, forward", "convolutions, backward", "batch norm, ReLU, residual adds",
+              "optimizer", "casts", "other ops", "outside ops")
+
+
+def egeria_op_category(op):
+    if op == "conv2d_fwd":
+        return CATEGORIES[0]
+    if op.startswith("conv2d_bwd"):
+        return CATEGORIES[1]
+    if op.startswith(("batchnorm_", "act_", "binary_")):
+        return CATEGORIES[2]
+    if op.startswith(("sgd_step", "adamw_step", "amp_", "clip_coef", "sum_squares")):
+        return "optimizer"
+    return "casts" if op == "cast" else "other ops"
+
+
+def torch_op_category(name):
+    n = name.lower()
+    if "convolution" in n or "conv2d" in n:
+        return CATEGORIES[1] if "backward" in n else CATEGORIES[0]
+    if "batch_norm" in n or "batchnorm" in n or "relu" in n or "threshold" in n or n in ("aten::add", "aten::add_"):
+        return CATEGORIES[2]
+    if n in ("aten::to", "aten::_to_copy", "aten::copy_"):  # autocast's casts
+        return "casts"
+    return "other ops"
+
+
+def step_breakdown(egeria_profile, torch_profile=None):
+    """ms a step by category: egeria's from bench step --profile's ops (outside ops: the step's
+    time no op covers), PyTorch's from compare_pytorch.profile_torch (outside ops: the step's
+    wall time less every op's own time, the Python and autograd between ops)."""
+    eg = dict.fromkeys(CATEGORIES, 0.0)
+    for op in egeria_profile["ops"]:
+        eg[egeria_op_category(op["op"])] += op["ms_per_step"]
+    eg["outside ops"] = egeria_profile["outside_ops_ms_per_step"]
+    out = {"egeria_ms": eg, "egeria_step_ms": egeria_profile["mean_step_ms"]}
+    if torch_profile:
+        pt = dict.fromkeys(CATEGORIES, 0.0)
+        for name, ms in torch_profile["ops_ms"].items():
+            pt[torch_op_category(name)] += ms
+        pt["optimizer"] += torch_profile["optimizer_ms"]
+        pt["outside ops"] = max(0.0, torch_profile["step_ms"] - sum(pt.values()))
+        out.update(pytorch_ms=pt, pytorch_step_ms=torch_profile["step_ms"])
+    return out
+
+
 def measure(a, model, bs, precision, torch_ok):
     layouts = a.layouts.split(",")
     eg = {lay: [] for lay in layouts}
@@ -130,6 +182,8 @@ def measure(a, model, bs, precision, torch_ok):
     j, _ = egeria_step(a.egeria, model, bs, precision, a.threads, a.iterations, "auto", ["--profile"])
     res["profile"] = j["profile"]
     res["cpu_layout_profiled"] = j.get("cpu_layout")
+    res["breakdown"] = step_breakdown(j["profile"], cp.profile_torch(model, bs, a.threads, a.iterations,
+                                                                     "channels_last") if torch_ok else None)
     _, text = egeria_step(a.egeria, model, bs, precision, a.threads, a.iterations, "auto",
                           env_extra={"ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1"})
     res["onednn"] = onednn_summary(text, WARMUP_STEPS + a.iterations)
@@ -149,6 +203,29 @@ def table(results):
         rows.append(f"| {r['model']} | {r['batch_size']} | {r['precision']} | {eg} | {pt} | {ratio} | "
                     f"{o['reorders_per_step']:.0f} ({o['reorder_ms_per_step']:.1f}) | "
                     f"{p['layout_conversions_per_step']:.0f} ({p['layout_conversion_ms_per_step']:.1f}) |")
+    return "\n".join(rows)
+
+
+def breakdown_table(results):
+    """ms a step by category, egeria beside PyTorch, a column pair per run."""
+    runs = [r for r in results if "breakdown" in r]
+    head = "| ms a step | " + " | ".join(f"{r['model']} {r['precision']} egeria | PyTorch" for r in runs) + " |"
+    rows = [head, "|---|" + "---:|---:|" * len(runs)]
+
+    def cell(b, key, cat=None):
+        v = b.get(key)
+        if v is None:
+            return "—"
+        return f"{(v[cat] if cat else v):.1f}"
+    for cat in CATEGORIES + ("step",):
+        cells = []
+        for r in runs:
+            b = r["breakdown"]
+            if cat == "step":
+                cells += [cell(b, "egeria_step_ms"), cell(b, "pytorch_step_ms")]
+            else:
+                cells += [cell(b, "egeria_ms", cat), cell(b, "pytorch_ms", cat)]
+        rows.append(f"| {cat} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -189,9 +266,10 @@ def main():
     blas = subprocess.run(["dpkg", "-s", "libopenblas0-pthread"], capture_output=True, text=True).returncode == 0
     if torch_ok and not blas:
         print("cpu_step: libopenblas0-pthread is not installed: PyTorch's figures are not its users'", file=sys.stderr)
-    out = {"lscpu": lscpu(), "libopenblas0_pthread": blas, "results": results, "table": table(results)}
+    out = {"lscpu": lscpu(), "libopenblas0_pthread": blas, "results": results, "table": table(results),
+           "breakdown_table": breakdown_table(results)}
     print(json.dumps(out, indent=2))
-    print(out["table"], file=sys.stderr)
+    print(out["table"] + "\n\n" + out["breakdown_table"], file=sys.stderr)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=2)

@@ -52,6 +52,42 @@ class CpuStep(unittest.TestCase):
         self.assertEqual(t[2], "| resnet56 | 128 | bf16 | 850 | 690 | 550 | 1.55× | 1 (0.5) | 2 (0.2) |")
         self.assertEqual(t[1].count("|"), t[0].count("|"))
 
+    def test_both_steps_are_broken_down_into_the_same_categories(self):
+        eg = {"mean_step_ms": 100.0, "outside_ops_ms_per_step": 1.0,
+              "ops": [{"op": "conv2d_fwd", "ms_per_step": 30.0}, {"op": "conv2d_bwd_data", "ms_per_step": 20.0},
+                      {"op": "conv2d_bwd_weight", "ms_per_step": 25.0}, {"op": "batchnorm_bwd", "ms_per_step": 9.0},
+                      {"op": "batchnorm_fwd_train", "ms_per_step": 6.0}, {"op": "sgd_step_multi", "ms_per_step": 0.5},
+                      {"op": "cast", "ms_per_step": 0.75}, {"op": "global_avgpool_fwd", "ms_per_step": 0.25}]}
+        pt = {"step_ms": 150.0, "optimizer_ms": 4.0,
+              "ops_ms": {"aten::mkldnn_convolution": 40.0, "aten::convolution_backward": 60.0,
+                         "autograd::engine::evaluate_function: ConvolutionBackward0": 1.0,
+                         "aten::native_batch_norm": 10.0, "aten::native_batch_norm_backward": 15.0,
+                         "aten::relu_": 3.0, "aten::threshold_backward": 2.0, "aten::add": 1.0,
+                         "aten::_to_copy": 5.0, "aten::addmm": 0.5, "aten::empty": 0.5}}
+        b = cs.step_breakdown(eg, pt)
+        e, p = b["egeria_ms"], b["pytorch_ms"]
+        self.assertEqual(list(e), list(cs.CATEGORIES))
+        self.assertEqual(e["convolutions, forward"], 30.0)
+        self.assertEqual(e["convolutions, backward"], 45.0)
+        self.assertEqual(e["batch norm, ReLU, residual adds"], 15.0)
+        self.assertEqual((e["optimizer"], e["casts"], e["other ops"], e["outside ops"]), (0.5, 0.75, 0.25, 1.0))
+        self.assertEqual(p["convolutions, forward"], 40.0)
+        self.assertEqual(p["convolutions, backward"], 61.0)
+        self.assertEqual(p["batch norm, ReLU, residual adds"], 31.0)
+        self.assertEqual((p["optimizer"], p["casts"], p["other ops"]), (4.0, 5.0, 1.0))
+        self.assertEqual(p["outside ops"], 150.0 - 142.0)
+        self.assertEqual((b["egeria_step_ms"], b["pytorch_step_ms"]), (100.0, 150.0))
+        self.assertNotIn("pytorch_ms", cs.step_breakdown(eg))
+
+    def test_breakdown_table_pairs_the_engines(self):
+        eg = {"mean_step_ms": 10.0, "outside_ops_ms_per_step": 0.5, "ops": [{"op": "conv2d_fwd", "ms_per_step": 9.5}]}
+        r = {"model": "resnet56", "precision": "bf16", "breakdown": cs.step_breakdown(eg)}
+        t = cs.breakdown_table([r]).splitlines()
+        self.assertEqual(t[0], "| ms a step | resnet56 bf16 egeria | PyTorch |")
+        self.assertEqual(t[2], "| convolutions, forward | 9.5 | — |")
+        self.assertEqual(t[-1], "| step | 10.0 | — |")
+        self.assertEqual(len(t), 2 + len(cs.CATEGORIES) + 1)
+
 
 if __name__ == "__main__":
     unittest.main()
