@@ -46,12 +46,10 @@ def egeria_step(exe, model, bs, precision, threads, iters, layout, extra=(), env
     return json.loads(last), out
 
 
-def parse_verbose(text):
-    """oneDNN's `exec` lines summed: {"kind": {count, ms}}, {"kind impl": {count, ms}} and
-    the source layouts the convolutions ran on. Both prefixes (dnnl_verbose, onednn_verbose)."""
-    kinds = defaultdict(lambda: {"count": 0, "ms": 0.0})
-    impls = defaultdict(lambda: {"count": 0, "ms": 0.0})
-    conv_src = defaultdict(int)
+def verbose_execs(text):
+    """oneDNN's `exec` lines in order, as (kind, implementation, source layout or None, ms).
+    Both prefixes (dnnl_verbose, onednn_verbose)."""
+    execs = []
     for line in text.splitlines():
         if not (line.startswith("onednn_verbose,") or line.startswith("dnnl_verbose,")):
             continue
@@ -65,24 +63,47 @@ def parse_verbose(text):
             ms = float(parts[-1])
         except ValueError:
             continue
-        kind, impl = parts[i + 2], parts[i + 3]
+        src = None
+        if parts[i + 2] == "convolution":
+            for md in parts[i + 5].split():
+                if md.startswith("src_"):
+                    f = md.split(":")
+                    src = f[3] if len(f) > 3 else md
+        execs.append((parts[i + 2], parts[i + 3], src, ms))
+    return execs
+
+
+def parse_verbose(text, warmup=0, steps=1):
+    """The `exec` lines summed: {"kind": {count, ms}}, {"kind impl": {count, ms}} and the source
+    layouts the convolutions ran on. With warmup > 0, the lines of the first `warmup` of the
+    warmup + steps steps logged are left out (their first executions take up to a second) where
+    the lines split into that many equal steps; the number of warm-up steps left out comes last."""
+    execs = verbose_execs(text)
+    dropped = 0
+    if warmup and execs and len(execs) % (warmup + steps) == 0:
+        execs = execs[warmup * len(execs) // (warmup + steps):]
+        dropped = warmup
+    kinds = defaultdict(lambda: {"count": 0, "ms": 0.0})
+    impls = defaultdict(lambda: {"count": 0, "ms": 0.0})
+    conv_src = defaultdict(int)
+    for kind, impl, src, ms in execs:
         kinds[kind]["count"] += 1
         kinds[kind]["ms"] += ms
         impls[kind + " " + impl]["count"] += 1
         impls[kind + " " + impl]["ms"] += ms
-        if kind == "convolution":
-            for md in parts[i + 5].split():
-                if md.startswith("src_"):
-                    f = md.split(":")
-                    conv_src[f[3] if len(f) > 3 else md] += 1
-    return dict(kinds), dict(impls), dict(conv_src)
+        if src is not None:
+            conv_src[src] += 1
+    return dict(kinds), dict(impls), dict(conv_src), dropped
 
 
-def onednn_summary(text, steps):
-    kinds, impls, conv_src = parse_verbose(text)
+def onednn_summary(text, steps, warmup=0):
+    """Per step of the `steps` timed ones; the warm-up's lines left out where they can be told
+    apart (parse_verbose), else every logged step counted (steps_logged says which)."""
+    kinds, impls, conv_src, dropped = parse_verbose(text, warmup, steps)
+    steps = steps if dropped else steps + warmup
     total = sum(k["ms"] for k in kinds.values())
     reorder = kinds.get("reorder", {"count": 0, "ms": 0.0})
-    return {"steps_logged": steps, "onednn_ms_per_step": total / steps,
+    return {"steps_logged": steps, "warmup_steps_left_out": dropped, "onednn_ms_per_step": total / steps,
             "reorders_per_step": reorder["count"] / steps, "reorder_ms_per_step": reorder["ms"] / steps,
             "reorder_share_of_onednn": reorder["ms"] / total if total else 0.0,
             "by_kind": {k: {"per_step": v["count"] / steps, "ms_per_step": v["ms"] / steps} for k, v in kinds.items()},
@@ -186,7 +207,7 @@ def measure(a, model, bs, precision, torch_ok):
                                                                      "channels_last") if torch_ok else None)
     _, text = egeria_step(a.egeria, model, bs, precision, a.threads, a.iterations, "auto",
                           env_extra={"ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1"})
-    res["onednn"] = onednn_summary(text, WARMUP_STEPS + a.iterations)
+    res["onednn"] = onednn_summary(text, a.iterations, WARMUP_STEPS)
     return res
 
 

@@ -25,7 +25,8 @@ dnnl_verbose,exec,cpu,convolution,jit:avx512_core,backward_data,src_f32::blocked
 
 class CpuStep(unittest.TestCase):
     def test_verbose_is_summed_by_kind_and_implementation(self):
-        kinds, impls, src = cs.parse_verbose(LOG)
+        kinds, impls, src, dropped = cs.parse_verbose(LOG)
+        self.assertEqual(dropped, 0)
         self.assertEqual(kinds["reorder"], {"count": 2, "ms": 1.0})
         self.assertEqual(kinds["convolution"], {"count": 2, "ms": 5.0})  # exec lines only: not the creation's
         self.assertEqual(impls["convolution brgconv:avx512_core_amx_bf16"]["count"], 1)
@@ -39,6 +40,17 @@ class CpuStep(unittest.TestCase):
         self.assertEqual(s["onednn_ms_per_step"], 3.0)
         self.assertAlmostEqual(s["reorder_share_of_onednn"], 1.0 / 6.0)
         self.assertEqual(list(s["by_implementation"])[0], "convolution jit:avx512_core", "slowest first")
+
+    def test_the_warm_up_steps_are_left_out_where_the_log_splits_into_steps(self):
+        s = cs.onednn_summary(LOG, steps=1, warmup=1)  # 4 exec lines: 2 a step, the first 2 left out
+        self.assertEqual((s["steps_logged"], s["warmup_steps_left_out"]), (1, 1))
+        self.assertEqual(s["reorders_per_step"], 1.0)
+        self.assertEqual(s["reorder_ms_per_step"], 0.75)
+        self.assertEqual(s["onednn_ms_per_step"], 3.75)
+        self.assertEqual(s["convolution_source_layouts"], {"aBcd16b": 1})
+        s = cs.onednn_summary(LOG, steps=2, warmup=1)  # 4 lines are not 3 equal steps: all counted
+        self.assertEqual((s["steps_logged"], s["warmup_steps_left_out"]), (3, 0))
+        self.assertAlmostEqual(s["onednn_ms_per_step"], 6.0 / 3)
 
     def test_table_has_a_row_per_run(self):
         r = {"model": "resnet56", "batch_size": 128, "precision": "bf16",
