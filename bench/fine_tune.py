@@ -67,6 +67,7 @@ POLICIES = {"none": ["none"], "none-sample": ["none", "--augment-mode", "sample"
 
 
 SUFFIXES = {"lr2": ["--freeze-reading", "per-lr2"], "bnb": ["--freeze-reference-bn", "batch"],
+            "bnr": ["--freeze-bn", "running"],
             "peak": ["--freeze-tolerance-from", "peak"], "first3": ["--freeze-tolerance-from", "first3"]}
 SETTINGS = {"la": "--freeze-lookahead", "tol": "--freeze-tolerance", "settle": "--freeze-bn-settle"}
 
@@ -75,7 +76,9 @@ def policy_flags(policy):
     """A policy's `egeria train` flags. An Egeria policy may carry suffixes: -laN reads N units
     ahead of the front (--freeze-lookahead N), -tolX sets T's coefficient (--freeze-tolerance X),
     -lr2 reads the SP loss per squared LR (--freeze-reading per-lr2), -bnb gives the reference
-    the batch's statistics (--freeze-reference-bn batch), -peak takes T from a unit's steepest fit
+    the batch's statistics (--freeze-reference-bn batch), -bnr has the frozen units' batch norms
+    normalise with their running statistics (--freeze-bn running, settled first as the cache's
+    are: --freeze-bn-settle auto), -peak takes T from a unit's steepest fit
     so far (--freeze-tolerance-from peak, a pretrained run's default since 2026-12-07), -first3 from
     its first 3 fits (the paper's, the default before), -settleN settles the frozen batch norms over N steps
     (--freeze-bn-settle N); e.g. egeria-la1, egeria-cache-tol0.5, egeria-peak,

@@ -95,6 +95,8 @@ class FineTuneTable(unittest.TestCase):
         self.assertEqual(ft.policy_flags("egeria-bnb-lr2"),
                          ["egeria", "--freeze-reference-bn", "batch", "--freeze-reading", "per-lr2"])
         self.assertEqual(ft.policy_flags("egeria-peak"), ["egeria", "--freeze-tolerance-from", "peak"])
+        self.assertEqual(ft.policy_flags("egeria-bnr-peak"),
+                         ["egeria", "--freeze-bn", "running", "--freeze-tolerance-from", "peak"])
         self.assertEqual(ft.policy_flags("egeria-lr2-la1")[1:], ["--freeze-reading", "per-lr2", "--freeze-lookahead", "1"])
         self.assertEqual(ft.policy_flags("egeria-cache-v4")[-2:], ["--augment-variants", "4"])
         self.assertEqual(ft.policy_flags("egeria-cache-bnb-lr2-settle20-v4")[-6:],
