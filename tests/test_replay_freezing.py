@@ -31,7 +31,8 @@ def logged_freezes(run):
 
 class ReplayFreezing(unittest.TestCase):
     def test_a_run_replayed_at_its_own_settings_freezes_where_it_froze(self):
-        runs = [r for pattern in ("ft-*/*-egeria", "ft-*/*-egeria-tol0.5", "ft-*/*-egeria-bnb", "ft-*/*-egeria-peak")
+        runs = [r for pattern in ("ft-*/*-egeria", "ft-*/*-egeria-tol0.5", "ft-*/*-egeria-bnb", "ft-*/*-egeria-peak",
+                                  "ft-*/*-egeria-bnr-peak", "ft-*/*-egeria-cache-peak-v4")
                 for r in sorted(glob.glob(os.path.join(RUNS, pattern))) if os.path.exists(os.path.join(r, "summary.json"))]
         self.assertGreater(len(runs), 15)
         froze = 0
