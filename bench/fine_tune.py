@@ -23,8 +23,10 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    (--freeze-lookahead N); with -tolX its T is X times its largest early slope
    (--freeze-tolerance X; egeria-tol0.5); -lr2 reads the SP loss per squared LR
    (--freeze-reading per-lr2), -bnb with the batch's statistics (--freeze-reference-bn batch);
+   -bnr has the frozen units' batch norms normalise with their running statistics, as the
+   cache's do (--freeze-bn running; egeria-bnr-peak);
    -settleN settles the frozen batch norms' running statistics over N steps (--freeze-bn-settle N:
-   egeria-cache only, the policy with running statistics, whose default since 2026-12-06 is 20;
+   egeria-cache or -bnr, the policies with running statistics, whose default since 2026-12-06 is 20;
    -settle0 switches at the freeze, as the egeria-cache runs kept from before did); -peak and
    -first3 take T from a unit's steepest fit so far or from its first 3 (--freeze-tolerance-from:
    peak, the default for a pretrained run since 2026-12-07; Egeria runs kept from before took
