@@ -5,6 +5,7 @@
       [--budgets 6000,30000] [--policies none,static,autofreeze,egeria,egeria-cache,smartfrz,smartfrz-any]
       [--static-k 1,2,3] [--epochs 10] [--pretrain-epochs 10] [--threads 2]
       [--pretrained datasets/pretrained] [--out runs/ft] [--step-costs FILE] [--extra "..."]
+      [--smartfrz-predictor FILE --smartfrz-tag NAME]
 
 The task: Fashion-MNIST's classes 0-4 (T-shirt, trouser, pullover, dress, coat) are the
 pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the new one.
@@ -18,7 +19,10 @@ pretraining task, its classes 5-9 (sandal, shirt, sneaker, bag, ankle boot) the 
    `static` runs once per K of --static-k (the first K freezing units frozen from step
    0: what a careful practitioner hand-tunes); the table keeps the best K (the fastest
    to the target at the target accuracy, else the most accurate). smartfrz and
-   smartfrz-any are SmartFRZ with the shipped predictor in its two orders. An Egeria policy
+   smartfrz-any are SmartFRZ with the shipped predictor in its two orders, or with
+   --smartfrz-predictor FILE ("{model}" in it replaced by the model's name: a predictor left
+   out of that model's runs, bench/train_smartfrz_predictor.py's loo-MODEL.safetensors), their
+   runs and rows then named smartfrz-NAME, smartfrz-any-NAME by --smartfrz-tag. An Egeria policy
    with -laN appended (egeria-la1, egeria-cache-la2) reads N units ahead of the front
    (--freeze-lookahead N); with -tolX its T is X times its largest early slope
    (--freeze-tolerance X; egeria-tol0.5); -lr2 reads the SP loss per squared LR
@@ -144,10 +148,19 @@ def check_tolerance_source(out, policy, flags):
                  f"with (e.g. {policy}-first3, or --extra \"--freeze-tolerance-from {had}\"), or use another --out")
 
 
+def label(args, policy):
+    """A policy's name in run folders and the table: a SmartFRZ policy with another predictor
+    carries its tag."""
+    flags = policy_flags(policy) if policy != "static" else ["static"]
+    return f"{policy}-{args.smartfrz_tag}" if flags[0] == "smartfrz" and args.smartfrz_predictor else policy
+
+
 def fine_tune(args, model, budget, seed, policy, k=None):
-    name = f"{model}-b{budget}-s{seed}-{policy}" + (f"{k}" if k is not None else "")
+    name = f"{model}-b{budget}-s{seed}-{label(args, policy)}" + (f"{k}" if k is not None else "")
     out = os.path.join(args.out, name)
     flags = policy_flags(policy) if policy != "static" else ["static", "--static-modules", str(k), "--static-epoch", "0"]
+    if flags[0] == "smartfrz" and args.smartfrz_predictor:
+        flags = flags + ["--smartfrz-predictor", args.smartfrz_predictor.replace("{model}", model)]
     if os.path.exists(os.path.join(out, "summary.json")):
         check_tolerance_source(out, policy, flags + args.extra.split())
         return out  # finished (a kept run's report needs no pretrained model)
@@ -185,9 +198,12 @@ def row(out, target, base, costs, base_out=None):
 
 def best_static(cands):
     """The static K a careful practitioner keeps: the fastest to the target among the Ks that
-    reach it, else the most accurate; with the sweep's runs beside."""
-    reached = [c for c in cands if c["time_to_target"] is not None]
-    r = dict(min(reached, key=lambda c: c["time_to_target"]) if reached
+    reach it, else the most accurate; with the sweep's runs beside. Fastest by the modelled
+    time where every candidate has one: the sweep's runs may come from different machines or
+    boots (a kept K = 1 beside a K = 2 of today), whose wall times do not compare."""
+    key = "modelled_time_to_target" if all("modelled_time_to_target" in c for c in cands) else "time_to_target"
+    reached = [c for c in cands if c[key] is not None]
+    r = dict(min(reached, key=lambda c: c[key]) if reached
              else max(cands, key=lambda c: c["final_accuracy"]))
     r["static_sweep"] = [c["run"] for c in cands]
     return r
@@ -215,8 +231,16 @@ def main():
     p.add_argument("--out", default="runs/ft")
     p.add_argument("--step-costs", default="")
     p.add_argument("--extra", default="", help="flags added to every fine-tuning run")
+    p.add_argument("--smartfrz-predictor", default="",
+                   help="SmartFRZ's predictor for the smartfrz policies ({model}: the model's name)")
+    p.add_argument("--smartfrz-tag", default="", help="with --smartfrz-predictor: its name in run folders")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
+    if bool(args.smartfrz_predictor) != bool(args.smartfrz_tag):
+        sys.exit("fine_tune: --smartfrz-predictor and --smartfrz-tag go together (the tag names its runs apart "
+                 "from the shipped predictor's)")
+    if not re.fullmatch(r"[A-Za-z0-9_.]*", args.smartfrz_tag):
+        sys.exit(f"fine_tune: --smartfrz-tag '{args.smartfrz_tag}': letters, digits, '_' and '.' only")
     costs = mt.load_step_costs(args.step_costs) if args.step_costs else None
     policies = args.policies.split(",")
     for pol in policies:
@@ -240,9 +264,9 @@ def main():
                         r = best_static(cands)
                     else:
                         r = row(fine_tune(args, model, budget, seed, pol), target, base, costs, base_out)
-                    r.update(model=model, budget=budget, seed=seed, policy=pol, target=target)
+                    r.update(model=model, budget=budget, seed=seed, policy=label(args, pol), target=target)
                     table["runs"].append(r)
-                    by_policy.setdefault(pol, []).append(r)
+                    by_policy.setdefault(label(args, pol), []).append(r)
             for pol, rs in by_policy.items():
                 def mean(key):
                     vals = [r.get(key) for r in rs]

@@ -3,7 +3,7 @@
 
     bench/train_smartfrz_predictor.py [--egeria build/egeria] [--datasets datasets]
         [--out runs/smartfrz-data] [--predictor share/smartfrz-predictor.safetensors]
-        [--seeds 1,2] [--threads 2] [--quick]
+        [--seeds 1,2] [--threads 2] [--quick] [--long-finetune-from datasets/pretrained]
 
 1. Source runs, each with --freeze none --smartfrz-record on (train/smartfrz_record.h):
    ResNet-20, ResNet-56 and MobileNetV2 on Fashion-MNIST from scratch (the first 3,072
@@ -15,9 +15,16 @@
    pretrained on 4,000 pairs of en-es then fine-tuned on 2,000 of web-es (linear decay
    after a 5% warmup). A finished run (its smartfrz-records.safetensors) is kept; delete
    its folder to run it again. About 40 minutes on 2 cores.
+   With --long-finetune-from DIR, also each image model fine-tuned as bench/fine_tune.py
+   fine-tunes it (its pretraining on all 30,000 images of classes 0-4, 10 epochs, cached in
+   DIR and made there if missing; 6,000 images of classes 5-9, 10 epochs, its recipe,
+   seed 3, beside the seeds 0-2 its tables run): a front that starts converged, which the
+   short pretraining above gives less of. About 10 minutes more.
 2. Leave-one-model-out: for each model, `egeria smartfrz-train --hold-out MODEL` trains
    the predictor on the other models' runs and scores "freeze" on the held-out model's
-   (precision and recall, labels of Note [SmartFRZ's labels] in train/smartfrz_train.h).
+   (precision and recall, labels of Note [SmartFRZ's labels] in train/smartfrz_train.h);
+   that predictor is kept as OUT/loo-MODEL.safetensors, one that has never seen MODEL
+   (bench/fine_tune.py --smartfrz-predictor OUT/loo-{model}.safetensors runs it).
 3. The predictor trained on every run, written to --predictor (the file that ships).
 Results: OUT/summary.json and OUT/summary.md (the table), each LOO run's JSON beside.
 """
@@ -27,6 +34,10 @@ import os
 import shutil
 import subprocess
 import sys
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fine_tune  # noqa: E402  (the fine-tuning task, its recipe and pretrained models)
 
 IMAGE_MODELS = ("resnet20", "resnet56", "mobilenetv2")
 MODELS = IMAGE_MODELS + ("transformer-tiny",)
@@ -76,6 +87,9 @@ def source_runs(args):
                             "--epochs", str(ep), "--init-from", pre, "--init-exclude", "head", "--lr", "0.1",
                             "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 20)), "--freeze", "none",
                             "--smartfrz-record", "on"] + fm))
+    if args.long_finetune_from:
+        for model in IMAGE_MODELS:
+            records.append(long_finetune(args, model))
     n_tr, ep_tr = (600, 2) if q else (2000, 5)
     steps = (n_tr // 64) * ep_tr
     tr = ["--model", "transformer-tiny", "--dataset", "en-es", "--lr-schedule", "linear",
@@ -91,6 +105,26 @@ def source_runs(args):
                "--epochs", str(ep_tr), "--init-from", pre, "--freeze", "none", "--smartfrz-record", "on"]
     records.append(run(args, "transformer-tiny-finetune-s1", ft))
     return records
+
+
+LONG_FT_BUDGET, LONG_FT_EPOCHS, LONG_FT_SEED = 6000, 10, 3
+
+
+def long_finetune(args, model):
+    """A recorded fine-tuning run of bench/fine_tune.py's task from its pretrained model (made in
+    --long-finetune-from if missing, as fine_tune.py makes it)."""
+    q = args.quick  # a one-epoch pretraining of its own, never cached beside the real ones
+    ft = types.SimpleNamespace(egeria=args.egeria, threads=args.threads, quiet=True,
+                               data_dir=os.path.join(args.datasets, "fashion-mnist"),
+                               pretrained=os.path.join(args.out, "pretrained-quick") if q else args.long_finetune_from,
+                               pretrain_epochs=1 if q else 10)
+    epochs = 2 if args.quick else LONG_FT_EPOCHS
+    budget = 1024 if args.quick else LONG_FT_BUDGET
+    return run(args, f"{model}-finetune-long-s{LONG_FT_SEED}",
+               ["--model", model, "--dataset", "fashion-mnist", "--data-dir", ft.data_dir,
+                "--classes", fine_tune.TASK_CLASSES, "--train-limit", str(budget), "--epochs", str(epochs),
+                "--seed", str(LONG_FT_SEED), "--init-from", fine_tune.pretrained(ft, model), "--freeze", "none",
+                "--smartfrz-record", "on"] + fine_tune.recipe(budget, epochs))
 
 
 def web_es_with_en_es_tokenizer(args):
@@ -138,13 +172,17 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--cka-tolerance", type=float, default=0.02)
     p.add_argument("--quick", action="store_true", help="short runs (a smoke test of the pipeline)")
+    p.add_argument("--long-finetune-from", default="",
+                   help="pretrained models of bench/fine_tune.py (made there if missing): add its fine-tuning runs")
     args = p.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     os.makedirs(args.out, exist_ok=True)
     records = source_runs(args)
     loo = {}
     for model in MODELS:
-        loo[model] = smartfrz_train(args, records, ["--hold-out", model], os.path.join(args.out, f"loo-{model}.json"))
+        loo[model] = smartfrz_train(args, records, ["--hold-out", model, "--out",
+                                                    os.path.join(args.out, f"loo-{model}.safetensors")],
+                                    os.path.join(args.out, f"loo-{model}.json"))
     final = smartfrz_train(args, records, ["--out", args.predictor], os.path.join(args.out, "final.json"))
     rows = []
     for model, r in loo.items():

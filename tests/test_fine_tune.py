@@ -80,6 +80,11 @@ class FineTuneTable(unittest.TestCase):
         self.assertEqual(best["static_sweep"], ["static1", "static2", "static3"])
         none_reach = ft.best_static([dict(k1, time_to_target=None), dict(k3, final_accuracy=0.96)])
         self.assertEqual(none_reach["run"], "static1")
+        # With step costs the modelled time decides: K = 2's wall time is shorter only because it
+        # ran on a faster machine.
+        m1, m2 = dict(k1, modelled_time_to_target=10.0), dict(k2, modelled_time_to_target=11.0)
+        self.assertEqual(ft.best_static([m1, m2, dict(k3, modelled_time_to_target=None)])["run"], "static1")
+        self.assertEqual(ft.best_static([m1, dict(m2, modelled_time_to_target=None)])["run"], "static1")
 
     def test_the_recipe_warms_up_over_five_percent_of_the_steps(self):
         r = ft.recipe(6000, 10)  # 46 steps an epoch
@@ -124,6 +129,33 @@ class FineTuneTable(unittest.TestCase):
             with self.subTest(out=out, policy=policy), self.assertRaises(SystemExit) as e:
                 ft.check_tolerance_source(out, policy, ft.policy_flags(policy))
             self.assertIn("--freeze-tolerance-from", str(e.exception))
+
+    def test_smartfrz_with_another_predictor_runs_under_its_tag_with_the_models_file(self):
+        import types
+        calls = []
+        real_train, real_pretrained = ft.train, ft.pretrained
+        ft.train = lambda args, cmd, out: calls.append((out, cmd)) or out
+        ft.pretrained = lambda args, model: f"pre/{model}.safetensors"
+        try:
+            args = types.SimpleNamespace(out=self.dir.name, epochs=10, extra="", smartfrz_tag="loo",
+                                         smartfrz_predictor="data/loo-{model}.safetensors")
+            for policy in ("smartfrz", "smartfrz-any", "egeria", "none"):
+                ft.fine_tune(args, "resnet56", 6000, 1, policy)
+            ft.fine_tune(args, "resnet56", 6000, 1, "static", 2)
+        finally:
+            ft.train, ft.pretrained = real_train, real_pretrained
+        names = [os.path.basename(out) for out, _ in calls]
+        self.assertEqual(names, ["resnet56-b6000-s1-smartfrz-loo", "resnet56-b6000-s1-smartfrz-any-loo",
+                                 "resnet56-b6000-s1-egeria", "resnet56-b6000-s1-none", "resnet56-b6000-s1-static2"])
+        for out, cmd in calls:
+            given = "--smartfrz-predictor" in cmd
+            self.assertEqual(given, "smartfrz" in out, out)
+            if given:
+                self.assertEqual(cmd[cmd.index("--smartfrz-predictor") + 1], "data/loo-resnet56.safetensors")
+        self.assertEqual(ft.label(args, "smartfrz-any"), "smartfrz-any-loo")
+        self.assertEqual(ft.label(args, "static"), "static")
+        args.smartfrz_predictor = args.smartfrz_tag = ""
+        self.assertEqual(ft.label(args, "smartfrz"), "smartfrz")
 
 
 if __name__ == "__main__":
