@@ -118,8 +118,8 @@ def long_finetune(args, model):
                                data_dir=os.path.join(args.datasets, "fashion-mnist"),
                                pretrained=os.path.join(args.out, "pretrained-quick") if q else args.long_finetune_from,
                                pretrain_epochs=1 if q else 10)
-    epochs = 2 if args.quick else LONG_FT_EPOCHS
-    budget = 1024 if args.quick else LONG_FT_BUDGET
+    epochs = 2 if q else LONG_FT_EPOCHS
+    budget = 1024 if q else LONG_FT_BUDGET
     return run(args, f"{model}-finetune-long-s{LONG_FT_SEED}",
                ["--model", model, "--dataset", "fashion-mnist", "--data-dir", ft.data_dir,
                 "--classes", fine_tune.TASK_CLASSES, "--train-limit", str(budget), "--epochs", str(epochs),
