@@ -167,7 +167,8 @@ def main(argv=None):
     p.add_argument("--predictor", default="share/smartfrz-predictor.safetensors")
     p.add_argument("--seeds", default="1,2")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--window", type=int, default=30)
+    p.add_argument("--window", type=int, default=None, help="records in a window (30; 8 with --quick, whose "
+                   "short runs record 16-24)")
     p.add_argument("--stride", type=int, default=2)
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--cka-tolerance", type=float, default=0.02)
@@ -176,6 +177,8 @@ def main(argv=None):
                    help="pretrained models of bench/fine_tune.py (made there if missing): add its fine-tuning runs")
     args = p.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    if args.window is None:
+        args.window = 8 if args.quick else 30
     os.makedirs(args.out, exist_ok=True)
     records = source_runs(args)
     loo = {}
