@@ -4,6 +4,7 @@
     bench/train_smartfrz_predictor.py [--egeria build/egeria] [--datasets datasets]
         [--out runs/smartfrz-data] [--predictor share/smartfrz-predictor.safetensors]
         [--seeds 1,2] [--threads 2] [--quick] [--long-finetune-from datasets/pretrained]
+        [--input movement|movement-per-lr]
 
 1. Source runs, each with --freeze none --smartfrz-record on (train/smartfrz_record.h):
    ResNet-20, ResNet-56 and MobileNetV2 on Fashion-MNIST from scratch (the first 3,072
@@ -26,6 +27,10 @@
    that predictor is kept as OUT/loo-MODEL.safetensors, one that has never seen MODEL
    (bench/fine_tune.py --smartfrz-predictor OUT/loo-{model}.safetensors runs it).
 3. The predictor trained on every run, written to --predictor (the file that ships).
+--input chooses what the predictors read (Note [SmartFRZ's predictor input] in
+freeze/smartfrz.h): movement (the shipped one's) or movement-per-lr, which needs records
+with their LRs (an egeria of 2026-12-07 or later; delete older source runs to record them
+again).
 Results: OUT/summary.json and OUT/summary.md (the table), each LOO run's JSON beside.
 """
 import argparse
@@ -148,7 +153,8 @@ def web_es_with_en_es_tokenizer(args):
 def smartfrz_train(args, records, extra, json_out):
     cmd = [args.egeria, "smartfrz-train", "--records"] + records + [
         "--threads", str(args.threads), "--window", str(args.window), "--stride", str(args.stride), "--epochs",
-        str(args.epochs), "--cka-tolerance", str(args.cka_tolerance), "--json", json_out] + extra
+        str(args.epochs), "--cka-tolerance", str(args.cka_tolerance), "--input", args.input, "--json",
+        json_out] + extra
     print("+", " ".join(cmd[:3]), f"({len(records)} files)", " ".join(cmd[3 + len(records):]), flush=True)
     subprocess.run(cmd, check=True)
     with open(json_out) as f:
@@ -173,6 +179,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--cka-tolerance", type=float, default=0.02)
     p.add_argument("--quick", action="store_true", help="short runs (a smoke test of the pipeline)")
+    p.add_argument("--input", choices=("movement", "movement-per-lr"), default="movement",
+                   help="what the predictors read (egeria smartfrz-train --input)")
     p.add_argument("--long-finetune-from", default="",
                    help="pretrained models of bench/fine_tune.py (made there if missing): add its fine-tuning runs")
     args = p.parse_args(argv)

@@ -142,16 +142,24 @@ class PredictorWorker {
   std::thread thread_;  // last: started once the rest exists
 };
 
-// A unit's last `window` records, oldest first once read.
+// A unit's last `window` records, oldest first once read, each with the mean LR of the
+// steps since the record before it (Note [SmartFRZ's predictor input]).
 struct Window {
   std::vector<float> rows;  // window x tailor, a ring
+  std::vector<float> lrs;  // window, the same ring
   int64_t count = 0, head = 0;
-  void push(const std::vector<float>& r, int64_t window) {
+  void push(const std::vector<float>& r, float lr, int64_t window) {
     const size_t t = r.size();
-    if (rows.size() != size_t(window) * t) rows.assign(size_t(window) * t, 0.0f);
+    if (rows.size() != size_t(window) * t) rows.assign(size_t(window) * t, 0.0f), lrs.assign(size_t(window), 0.0f);
     std::copy(r.begin(), r.end(), rows.begin() + std::ptrdiff_t(size_t(head) * t));
+    lrs[size_t(head)] = lr;
     head = (head + 1) % window;
     count = std::min(count + 1, window);
+  }
+  std::vector<float> chronological_lrs(int64_t window) const {
+    std::vector<float> out(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) out[size_t(i)] = lrs[size_t((head - count + i + window) % window)];
+    return out;
   }
   Tensor chronological(int64_t window, int64_t tailor) const {
     std::vector<float> out(size_t(count * tailor));
@@ -213,6 +221,7 @@ class SmartFrzPolicy : public FreezePolicy {
     }
     if (ready_) act(*std::exchange(ready_, std::nullopt), s);
     if (!started_ && s.trained) losses_.add(s.loss);
+    lr_sum_ += s.lr, ++lr_steps_;
     if (s.step % record_every_ == 0) record(m);
     if (s.step % stage_every_ == 0 && (started_ || learning_began(s))) stage(s);
   }
@@ -221,8 +230,9 @@ class SmartFrzPolicy : public FreezePolicy {
 
   json state() const override {
     drain();  // the windows travel as state_tensors()
-    json j = {{"frozen", frozen_},   {"stages", stages_},         {"records", records_},      {"streak", streak_},
-              {"started", started_}, {"loss_sum", losses_.sum()}, {"loss_n", losses_.count()}};
+    json j = {{"frozen", frozen_},         {"stages", stages_},   {"records", records_},
+              {"streak", streak_},         {"started", started_}, {"loss_sum", losses_.sum()},
+              {"loss_n", losses_.count()}, {"lr_sum", lr_sum_},   {"lr_steps", lr_steps_}};
     if (ready_) j["ready"] = {{"step", ready_->step}, {"units", ready_->units}, {"p", ready_->p}};
     return j;
   }
@@ -242,6 +252,8 @@ class SmartFrzPolicy : public FreezePolicy {
     // A checkpoint from before the wait ran its stages.
     started_ = j.value("started", true) || !(start_loss_ > 0);
     losses_.restore(j.value("loss_sum", 0.0), j.value("loss_n", int64_t(0)));
+    lr_sum_ = j.value("lr_sum", 0.0);
+    lr_steps_ = j.value("lr_steps", int64_t(0));
     ready_.reset();
     if (j.contains("ready"))
       ready_ = StageResult{j["ready"].at("step").get<int64_t>(), j["ready"].at("units").get<std::vector<int64_t>>(),
@@ -251,21 +263,40 @@ class SmartFrzPolicy : public FreezePolicy {
   std::map<std::string, Tensor> state_tensors() const override {
     std::map<std::string, Tensor> t;
     for (size_t u = 0; u < windows_.size(); ++u)
-      if (windows_[u].count > 0)
-        t["smartfrz/window/" + std::to_string(u)] = windows_[u].chronological(window_, tailor_n());
+      if (windows_[u].count > 0) {
+        const std::string k = std::to_string(u);
+        t["smartfrz/window/" + k] = windows_[u].chronological(window_, tailor_n());
+        t["smartfrz/window_lr/" + k] = Tensor::from_vector(windows_[u].chronological_lrs(window_), {windows_[u].count});
+      }
     return t;
   }
   void load_state_tensors(const std::map<std::string, Tensor>& t) override {
     for (auto& [k, v] : t) {
       if (k.rfind("smartfrz/window/", 0) != 0) continue;
-      const size_t u = size_t(std::stoll(k.substr(16)));
+      const std::string unit = k.substr(16);
+      const size_t u = size_t(std::stoll(unit));
       EG_CHECK(u < windows_.size() && v.dim() == 2 && v.size(0) <= window_ && v.size(1) == tailor_n(),
                "--freeze smartfrz: the checkpoint's window ", k, " ", shape_str(v.shape()), " does not fit this run (",
                window_, " records of ", tailor_n(), " weights)");
+      // A checkpoint of an egeria before the LRs were kept: a predictor of input movement
+      // does not read them; one of movement-per-lr cannot go on from it.
+      std::vector<float> lrs(size_t(v.size(0)), 0.0f);
+      if (auto l = t.find("smartfrz/window_lr/" + unit); l != t.end()) {
+        EG_CHECK(l->second.dim() == 1 && l->second.size(0) == v.size(0), "--freeze smartfrz: the checkpoint's ",
+                 l->first, " ", shape_str(l->second.shape()), " does not match its window's ", v.size(0), " records");
+        lrs = l->second.to_vector<float>();
+      } else {
+        EG_CHECK(geometry_.input == SmartFrzInput::movement,
+                 "--freeze smartfrz: the checkpoint's windows carry no learning rates (written by an older egeria), "
+                 "and predictor ",
+                 file_,
+                 " reads movement per unit of LR: resume with the predictor the run began "
+                 "with, or start the run again");
+      }
       const std::vector<float> rows = v.to_vector<float>();
       windows_[u].clear();
       for (int64_t i = 0; i < v.size(0); ++i)
-        windows_[u].push({rows.begin() + i * v.size(1), rows.begin() + (i + 1) * v.size(1)}, window_);
+        windows_[u].push({rows.begin() + i * v.size(1), rows.begin() + (i + 1) * v.size(1)}, lrs[size_t(i)], window_);
     }
   }
   void quiesce() override { drain(); }
@@ -283,6 +314,7 @@ class SmartFrzPolicy : public FreezePolicy {
             {"start_below", c_.smartfrz.start_below},
             {"constant_loss", c_.constant_loss},
             {"predictor", file_},
+            {"input", smartfrz_input_name(geometry_.input)},
             {"record_seconds", record_seconds_},
             {"predictor_cpu_seconds", worker_->cpu_seconds()},
             {"predictor_wait_seconds", worker_->wait_seconds()}};
@@ -313,8 +345,10 @@ class SmartFrzPolicy : public FreezePolicy {
   void record(models::Model& m) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!tailored_) tailored_ = std::make_unique<TailoredWeights>(m, c_.partition, tailor_n(), c_.seed);
+    const float lr = float(lr_sum_ / double(std::max<int64_t>(1, lr_steps_)));
+    lr_sum_ = 0, lr_steps_ = 0;
     for (int64_t u = 0; u + 1 < units_; ++u)
-      if (!frozen_flag_[size_t(u)] && !tailored_->empty(u)) windows_[size_t(u)].push(tailored_->read(u), window_);
+      if (!frozen_flag_[size_t(u)] && !tailored_->empty(u)) windows_[size_t(u)].push(tailored_->read(u), lr, window_);
     ++records_;
     record_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -323,7 +357,10 @@ class SmartFrzPolicy : public FreezePolicy {
     std::vector<float> feats;
     for (int64_t u = 0; u + 1 < units_; ++u) {
       if (frozen_flag_[size_t(u)] || windows_[size_t(u)].count < window_) continue;
-      const Tensor f = smartfrz_features(windows_[size_t(u)].chronological(window_, tailor_n()), geometry_.gain);
+      const Window& w = windows_[size_t(u)];
+      const Tensor f = smartfrz_features(
+          w.chronological(window_, tailor_n()), geometry_.gain,
+          geometry_.input == SmartFrzInput::movement_per_lr ? w.chronological_lrs(window_) : std::vector<float>());
       const std::vector<float> v = f.to_vector<float>();
       feats.insert(feats.end(), v.begin(), v.end());
       units.push_back(u);
@@ -393,6 +430,9 @@ class SmartFrzPolicy : public FreezePolicy {
   double start_loss_ = 0;
   bool started_ = true;
   StepLosses losses_;
+  // The LRs of the steps since the last record: their mean goes with the next record.
+  double lr_sum_ = 0;
+  int64_t lr_steps_ = 0;
   int64_t stages_ = 0, records_ = 0;
   double record_seconds_ = 0;
   std::vector<json> log_;

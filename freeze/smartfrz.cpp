@@ -36,21 +36,46 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const std::stri
 
 }  // namespace
 
+const char* smartfrz_input_name(SmartFrzInput i) {
+  return i == SmartFrzInput::movement ? "movement" : "movement-per-lr";
+}
+
+SmartFrzInput parse_smartfrz_input(const std::string& name) {
+  if (name == "movement") return SmartFrzInput::movement;
+  if (name == "movement-per-lr") return SmartFrzInput::movement_per_lr;
+  EG_THROW("SmartFRZ predictor input '", name, "' is not one of movement, movement-per-lr");
+}
+
 std::map<std::string, std::string> SmartFrzGeometry::to_metadata() const {
   char gain_text[64];
   std::snprintf(gain_text, sizeof gain_text, "%.17g", gain);
-  return {{"format", kSmartFrzFormat},  {"tailor", std::to_string(tailor)}, {"hidden", std::to_string(hidden)},
-          {"dim", std::to_string(dim)}, {"head", std::to_string(head)},     {"window", std::to_string(window)},
-          {"gain", gain_text}};
+  std::map<std::string, std::string> m = {
+      {"format", kSmartFrzFormat},  {"tailor", std::to_string(tailor)}, {"hidden", std::to_string(hidden)},
+      {"dim", std::to_string(dim)}, {"head", std::to_string(head)},     {"window", std::to_string(window)},
+      {"gain", gain_text}};
+  if (input != SmartFrzInput::movement) {
+    m["format"] = kSmartFrzFormat2;
+    m["input"] = smartfrz_input_name(input);
+  }
+  return m;
 }
 
 SmartFrzGeometry SmartFrzGeometry::from_metadata(const std::map<std::string, std::string>& meta,
                                                  const std::string& file) {
   auto f = meta.find("format");
-  EG_CHECK(f != meta.end() && f->second == kSmartFrzFormat, "SmartFRZ predictor ", file, ": not a predictor file (",
+  const bool v2 = f != meta.end() && f->second == kSmartFrzFormat2;
+  EG_CHECK(f != meta.end() && (f->second == kSmartFrzFormat || v2), "SmartFRZ predictor ", file,
+           ": not a predictor file (",
            f == meta.end() ? std::string("no 'format' in its metadata") : "format '" + f->second + "'", ", expected '",
-           kSmartFrzFormat, "')");
+           kSmartFrzFormat, "' or '", kSmartFrzFormat2, "')");
   SmartFrzGeometry g;
+  if (v2) {
+    auto in = meta.find("input");
+    EG_CHECK(in != meta.end(), "SmartFRZ predictor ", file, ": format 2 and its metadata has no 'input'");
+    EG_CHECK(in->second == "movement" || in->second == "movement-per-lr", "SmartFRZ predictor ", file, ": its input '",
+             in->second, "' is not one of movement, movement-per-lr (written by a newer egeria?)");
+    g.input = parse_smartfrz_input(in->second);
+  }
   g.tailor = meta_int(meta, "tailor", file);
   g.hidden = meta_int(meta, "hidden", file);
   g.dim = meta_int(meta, "dim", file);
@@ -124,21 +149,33 @@ void SmartFrzPredictor::load(const std::map<std::string, Tensor>& weights, const
   load_state_dict(weights, true);
 }
 
-Tensor smartfrz_features(const Tensor& records, double gain) {
+Tensor smartfrz_features(const Tensor& records, double gain, const std::vector<float>& lrs) {
   EG_CHECK(records.dim() == 2 && records.size(0) >= 2, "smartfrz_features: expected records [M >= 2, T], got ",
            shape_str(records.shape()));
   const int64_t m = records.size(0), t = records.size(1);
+  EG_CHECK(lrs.empty() || int64_t(lrs.size()) == m, "smartfrz_features: ", lrs.size(), " learning rates for ", m,
+           " records");
   const std::vector<float> r = records.to_vector<float>();
   double ss = 0;
   for (int64_t j = 0; j < t; ++j) ss += double(r[size_t((m - 1) * t + j)]) * r[size_t((m - 1) * t + j)];
   const double rms = std::sqrt(ss / double(t));
   const double s = rms > 0 ? gain / rms : 0.0;  // all-zero weights: no movement to read
   std::vector<float> out(r.size());
+  std::vector<double> path(static_cast<size_t>(m));
   for (int64_t j = 0; j < t; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      const double w = r[size_t(i * t + j)];
+      if (lrs.empty() || i == 0) {
+        path[size_t(i)] = w;
+      } else {
+        const double step = w - double(r[size_t((i - 1) * t + j)]), lr = lrs[size_t(i)];
+        path[size_t(i)] = path[size_t(i - 1)] + (lr > 0 ? step / lr : 0.0);
+      }
+    }
     double mean = 0;
-    for (int64_t i = 0; i < m; ++i) mean += r[size_t(i * t + j)];
+    for (double v : path) mean += v;
     mean /= double(m);
-    for (int64_t i = 0; i < m; ++i) out[size_t(i * t + j)] = float((r[size_t(i * t + j)] - mean) * s);
+    for (int64_t i = 0; i < m; ++i) out[size_t(i * t + j)] = float((path[size_t(i)] - mean) * s);
   }
   return Tensor::from_vector(out, {m, t});
 }

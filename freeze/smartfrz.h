@@ -19,6 +19,14 @@
 // raw values: one predictor serves units of every size and initialisation, and a unit
 // whose weights stand still gives rows of zeros. `gain` (in the predictor's file) brings
 // the typical movement to order one.
+// Such movement shrinks with the learning rate whatever the unit's representation does:
+// under a linear decay every unit looks converged as the LR nears 0. A predictor of input
+// `movement-per-lr` reads the window's path with each step between records divided by the
+// mean LR of the training steps it spans (u_0 = w_0, u_t = u_{t-1} + (w_t - w_{t-1}) /
+// lr_t), then as above: (u_t - mean of u) / rms(w_newest) * gain. Under SGD (momentum
+// included) and Adam an update is the LR times something the LR does not scale, so this
+// reads the optimiser's direction and its noise, whatever the schedule; a step with LR 0
+// adds nothing. Such a predictor's file is format 2 (format 1 files read `movement`).
 //
 // Note [SmartFRZ's predictor]
 // Three MLPs of the same shape (tailor -> hidden -> hidden -> dim, ReLU between) give the
@@ -42,6 +50,11 @@
 
 namespace eg::freeze {
 
+// What the predictor reads (Note [SmartFRZ's predictor input]).
+enum class SmartFrzInput { movement, movement_per_lr };
+const char* smartfrz_input_name(SmartFrzInput i);
+SmartFrzInput parse_smartfrz_input(const std::string& name);  // a named error for another name
+
 // The predictor's shape and how its input is made: in its file's metadata.
 struct SmartFrzGeometry {
   int64_t tailor = 1024;  // weights per record (the input width)
@@ -50,12 +63,16 @@ struct SmartFrzGeometry {
   int64_t head = 32;
   int64_t window = 30;  // the window it was trained on: the policy's default
   double gain = 100;  // Note [SmartFRZ's predictor input]
+  SmartFrzInput input = SmartFrzInput::movement;
   // The file's metadata, and back; named errors for a missing or malformed entry.
   std::map<std::string, std::string> to_metadata() const;
   static SmartFrzGeometry from_metadata(const std::map<std::string, std::string>& meta, const std::string& file);
 };
 
+// Format 1 reads `movement`; format 2 names its input in the metadata, so that an egeria
+// that knows only format 1 refuses it rather than misread it.
 inline constexpr const char* kSmartFrzFormat = "egeria-smartfrz-predictor-1";
+inline constexpr const char* kSmartFrzFormat2 = "egeria-smartfrz-predictor-2";
 
 class SmartFrzPredictor : public nn::Module {
  public:
@@ -75,8 +92,10 @@ class SmartFrzPredictor : public nn::Module {
   std::shared_ptr<nn::Sequential> query_, key_, value_, head_;
 };
 
-// The rows of Note [SmartFRZ's predictor input] from raw records [M, tailor], oldest first.
-Tensor smartfrz_features(const Tensor& records, double gain);
+// The rows of Note [SmartFRZ's predictor input] from raw records [M, tailor], oldest
+// first. `lrs` (M values, record t's the mean LR of the steps since record t - 1; the
+// oldest one's unused) selects `movement-per-lr`; empty, `movement`.
+Tensor smartfrz_features(const Tensor& records, double gain, const std::vector<float>& lrs = {});
 
 // Note [SmartFRZ's weight histories]: the positions one unit records.
 struct TailorPosition {

@@ -130,6 +130,24 @@ TEST(SmartFrz, ItsInputIsTheMovementWithinTheWindowRelativeToTheWeightsSize) {
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(f2[size_t(i)], want[i], 1e-4) << i;
 }
 
+TEST(SmartFrz, PerLrItsInputIsThePathWithEachStepDividedByItsLr) {
+  // 5 records of 2 weights. The first moves by 0.1 a step at LR 0.1, then 0.01 at LR
+  // 0.01 (per unit of LR the same steps: a path 0, 1, 2, 3), then stands; the second
+  // moves only in the step of LR 0, which adds nothing.
+  const Tensor r =
+      Tensor::from_vector(std::vector<float>{0.0f, 0.5f, 0.1f, 0.5f, 0.2f, 0.5f, 0.21f, 0.5f, 0.21f, 0.7f}, {5, 2});
+  const std::vector<float> lrs = {123.0f, 0.1f, 0.1f, 0.01f, 0.0f};  // the oldest record's is unused
+  const std::vector<float> f = freeze::smartfrz_features(r, 10, lrs).to_vector<float>();
+  const double rms = std::sqrt((0.21 * 0.21 + 0.7 * 0.7) / 2), s = 10 / rms;
+  const double want[10] = {-1.8 * s, 0, -0.8 * s, 0, 0.2 * s, 0, 1.2 * s, 0, 1.2 * s, 0};
+  for (int i = 0; i < 10; ++i) EXPECT_NEAR(f[size_t(i)], want[i], 1e-4) << i;
+  // movement (no LRs) reads the raw path: the fourth step a tenth of the others.
+  const std::vector<float> m = freeze::smartfrz_features(r, 10).to_vector<float>();
+  EXPECT_NEAR(m[6] - m[4], 0.01 * s, 1e-4);
+  EXPECT_NEAR(m[9] - m[7], 0.2 * s, 1e-4);
+  EXPECT_THROW(freeze::smartfrz_features(r, 10, {0.1f, 0.1f}), Error);  // an LR per record
+}
+
 TEST(SmartFrz, TailoredPositionsAreFixedBySeedAndUnitAndCoverSmallUnits) {
   const std::vector<int64_t> numels = {300, 50, 4000};
   const auto a = freeze::tailor_positions(numels, 256, 7, 2), b = freeze::tailor_positions(numels, 256, 7, 2);
@@ -195,6 +213,25 @@ TEST(SmartFrz, APredictorFileRoundTripsAndAnotherShapeOrNoneIsNamed) {
   auto bad = meta;
   bad["window"] = "three";
   EXPECT_NE(message([&] { freeze::SmartFrzGeometry::from_metadata(bad, "m"); }).find("'window' is 'three'"),
+            std::string::npos);
+
+  // A predictor of movement per unit of LR is format 2 and names its input; format 1 reads movement.
+  EXPECT_EQ(meta.at("format"), freeze::kSmartFrzFormat);
+  EXPECT_EQ(meta.count("input"), 0u);
+  EXPECT_EQ(back.input, freeze::SmartFrzInput::movement);
+  auto per_lr = g;
+  per_lr.input = freeze::SmartFrzInput::movement_per_lr;
+  auto meta2 = per_lr.to_metadata();
+  EXPECT_EQ(meta2.at("format"), freeze::kSmartFrzFormat2);
+  EXPECT_EQ(meta2.at("input"), "movement-per-lr");
+  EXPECT_EQ(freeze::SmartFrzGeometry::from_metadata(meta2, "f").input, freeze::SmartFrzInput::movement_per_lr);
+  meta2["input"] = "gradient";
+  EXPECT_NE(message([&] {
+              freeze::SmartFrzGeometry::from_metadata(meta2, "g.safetensors");
+            }).find("g.safetensors: its input 'gradient' is not one of movement, movement-per-lr"),
+            std::string::npos);
+  meta2.erase("input");
+  EXPECT_NE(message([&] { freeze::SmartFrzGeometry::from_metadata(meta2, "g"); }).find("has no 'input'"),
             std::string::npos);
 }
 
@@ -487,6 +524,72 @@ TEST(SmartFrzTrainer, APredictorFileDecidesTheSameInTheBackgroundAsInline) {
   EXPECT_EQ(inline_, background);
 }
 
+// A predictor of movement per unit of LR gets each record's LR, the mean of the steps'
+// since the record before (some spanning the decay of step 33), through a kill between
+// records and another between a stage and the step that acts on it.
+TEST(SmartFrzTrainer, APerLrPredictorReadsTheRecordsLrsAndResumesBitIdentically) {
+  auto g = small_geometry();
+  g.window = 4;
+  Generator gen(12);
+  freeze::SmartFrzPredictor p(g, gen);
+  const std::string dir = testing::fresh_dir("eg_smartfrz_perlr");
+  train::save_safetensors(dir + "/movement.safetensors", p.state_dict(), g.to_metadata());
+  g.input = freeze::SmartFrzInput::movement_per_lr;
+  train::save_safetensors(dir + "/per-lr.safetensors", p.state_dict(), g.to_metadata());
+  auto cfg = [&](const std::string& name, const std::string& file) {
+    train::TrainConfig c = smartfrz_run(name);
+    c.milestones = {2};  // LR / 10 from step 33
+    c.freezing.smartfrz.window = 0;
+    c.freezing.smartfrz.record_every = 3;
+    c.freezing.smartfrz.stage_every = 20;
+    c.freezing.smartfrz.threshold = 0.999999;  // read, never freeze: the stages compare
+    c.freezing.smartfrz.predictor = dir + "/" + file;
+    return c;
+  };
+  auto stages = [](const train::TrainConfig& c) {
+    std::vector<json> s;
+    for (auto& j : jsonl(c.out + "/freeze.jsonl"))
+      if (j["type"] == "stage") s.push_back(j);
+    return s;
+  };
+  const train::TrainConfig a = cfg("perlr_full", "per-lr.safetensors"),
+                           m = cfg("perlr_movement", "movement.safetensors");
+  ASSERT_TRUE(train::run_training(a).completed);
+  ASSERT_TRUE(train::run_training(m).completed);
+  const auto sa = stages(a), sm = stages(m);
+  ASSERT_EQ(sa.size(), 3u) << "stages at steps 20, 40 and 60";
+  ASSERT_EQ(sm.size(), 3u);
+  for (size_t i = 0; i < sa.size(); ++i) EXPECT_NE(sa[i]["p_freeze"], sm[i]["p_freeze"]) << "the same input read";
+  const auto sum = json::parse(std::ifstream(a.out + "/summary.json"));
+  EXPECT_EQ(sum["freeze_stats"]["input"], "movement-per-lr");
+  const train::TrainConfig b = cfg("perlr_killed", "per-lr.safetensors");
+  ASSERT_TRUE(testing::run_killed_twice(b, 31, 9));  // step 31 between records; 40 a stage
+  testing::expect_same_weights(a.out, b.out);
+  EXPECT_EQ(stages(b), sa);
+
+  // A checkpoint whose windows carry no LRs (an older egeria's) cannot go on under it.
+  train::TrainConfig o = cfg("perlr_old", "per-lr.safetensors");
+  o.checkpoint_every = 1;
+  o.stop_after_steps = 31;
+  EXPECT_FALSE(train::run_training(o).completed);
+  train::Metadata meta;
+  auto ck = train::load_safetensors(o.out + "/checkpoint.safetensors", &meta);
+  size_t dropped = 0;
+  for (auto it = ck.begin(); it != ck.end();)
+    it = it->first.find("smartfrz/window_lr/") != std::string::npos ? (++dropped, ck.erase(it)) : std::next(it);
+  ASSERT_GT(dropped, 0u);
+  train::save_safetensors(o.out + "/checkpoint.safetensors", ck, meta);
+  o.resume = true;
+  o.stop_after_steps = 0;
+  try {
+    train::run_training(o);
+    ADD_FAILURE() << "resumed without the windows' LRs";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the checkpoint's windows carry no learning rates"), std::string::npos)
+        << e.what();
+  }
+}
+
 // share/smartfrz-predictor.safetensors (bench/train_smartfrz_predictor.py) is what
 // --freeze smartfrz takes without --smartfrz-predictor.
 TEST(SmartFrzTrainer, TheShippedPredictorIsFoundFitsItsShapeAndIsTheDefault) {
@@ -629,6 +732,9 @@ TEST(SmartFrzRecords, ARunRecordsWeightsAndGramsAndAResumedRunTheSame) {
   ASSERT_EQ(steps.size(), 32u);
   EXPECT_EQ(steps.front(), 1);
   EXPECT_EQ(steps.back(), 32);
+  const std::vector<float> lrs = t.at("lrs").to_vector<float>();  // a record a step: each step's LR
+  ASSERT_EQ(lrs.size(), 32u);
+  for (size_t i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(lrs[i], steps[i] <= 24 ? 0.05f : 0.005f) << "step " << steps[i];
   for (size_t u = 0; u < units.size(); ++u) {
     const Tensor& w = t.at("weights/" + std::to_string(u));
     const Tensor& g = t.at("grams/" + std::to_string(u));
@@ -667,6 +773,7 @@ TEST(SmartFrzTraining, LabelsByCkaTrainAPredictorThatTheSmartFrzPolicyTakes) {
   o.hold_out = "resnet32";
   o.out = testing::fresh_dir("eg_smartfrz_predictor_out") + "/pred.safetensors";
   const json r = train::train_smartfrz_predictor(o);
+  EXPECT_EQ(r["input"], "movement");
   ASSERT_EQ(r["runs"].size(), 2u);
   for (auto& run : r["runs"])
     for (auto& u : run["units"]) {
@@ -713,6 +820,35 @@ TEST(SmartFrzTraining, LabelsByCkaTrainAPredictorThatTheSmartFrzPolicyTakes) {
   bad.hold_out.clear();
   bad.window = 40;
   EXPECT_NE(message(bad).find("fewer than a window (40)"), std::string::npos) << message(bad);
+
+  // movement-per-lr: format 2, and the policy reads it so; records without LRs refused.
+  train::SmartFrzTrainOptions per_lr = o;
+  per_lr.geometry.input = freeze::SmartFrzInput::movement_per_lr;
+  per_lr.hold_out.clear();
+  per_lr.out = testing::fresh_dir("eg_smartfrz_predictor_perlr") + "/pred.safetensors";
+  const json r2 = train::train_smartfrz_predictor(per_lr);
+  EXPECT_EQ(r2["input"], "movement-per-lr");
+  EXPECT_NE(r2["gain"], r["gain"]);
+  train::Metadata pm;
+  train::load_safetensors(per_lr.out, &pm);
+  EXPECT_EQ(pm.at("format"), freeze::kSmartFrzFormat2);
+  train::TrainConfig d = smartfrz_run("trained_perlr");
+  d.freezing.smartfrz.window = 0;
+  d.freezing.smartfrz.predictor = per_lr.out;
+  ASSERT_TRUE(train::run_training(d).completed);
+  EXPECT_EQ(json::parse(std::ifstream(d.out + "/summary.json"))["freeze_stats"]["input"], "movement-per-lr");
+  train::Metadata rm;
+  auto old = train::load_safetensors(a.out + "/smartfrz-records.safetensors", &rm);
+  old.erase("lrs");
+  const std::string old_file = testing::fresh_dir("eg_smartfrz_old_records") + "/smartfrz-records.safetensors";
+  train::save_safetensors(old_file, old, rm);
+  bad = per_lr;
+  bad.out.clear();
+  bad.records = {old_file};
+  EXPECT_NE(message(bad).find("holds no learning rates (recorded by an egeria before they were)"), std::string::npos)
+      << message(bad);
+  bad.geometry.input = freeze::SmartFrzInput::movement;
+  EXPECT_NO_THROW(train::train_smartfrz_predictor(bad)) << "movement reads such a file";
 }
 
 }  // namespace

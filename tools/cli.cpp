@@ -152,7 +152,7 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& a) {
 
 struct SmartFrzTrainArgs {
   eg::train::SmartFrzTrainOptions o;
-  std::string json_out;
+  std::string json_out, input = "movement";
   int threads = 0;
 };
 
@@ -169,6 +169,11 @@ CLI::App* add_smartfrz_train(CLI::App& app, SmartFrzTrainArgs& a) {
                   "above 1 - this")
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
+  sft->add_option("--input", a.input,
+                  "what the predictor reads: movement (of the weights within the window, relative to their size) "
+                  "or movement-per-lr (each step between records divided by the mean LR of its steps)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"movement", "movement-per-lr"}));
   sft->add_option("--stride", a.o.stride, "a sample every N records")->capture_default_str()->check(kPositive);
   sft->add_option("--epochs", a.o.epochs)->capture_default_str()->check(kPositive);
   sft->add_option("--batch-size", a.o.batch_size)->capture_default_str()->check(kPositive);
@@ -181,7 +186,9 @@ CLI::App* add_smartfrz_train(CLI::App& app, SmartFrzTrainArgs& a) {
 
 void run_smartfrz_train(const SmartFrzTrainArgs& a) {
   eg::set_num_threads(a.threads);
-  const nlohmann::json r = eg::train::train_smartfrz_predictor(a.o);
+  eg::train::SmartFrzTrainOptions o = a.o;
+  o.geometry.input = eg::freeze::parse_smartfrz_input(a.input);
+  const nlohmann::json r = eg::train::train_smartfrz_predictor(o);
   if (!a.json_out.empty()) eg::train::write_file_atomic(a.json_out, r.dump(1) + "\n");
   nlohmann::json brief = {{"train", r["train"]}, {"gain", r["gain"]}, {"train_seconds", r["train_seconds"]}};
   if (r.contains("held_out")) brief["held_out"] = r["held_out"];

@@ -309,7 +309,7 @@ void FreezeRun::after_step(const freeze::StepInfo& s, double train_seconds) {
   }
   capture_ = models::Capture();
   host_x_ = nullptr, host_x2_ = Tensor();
-  if (recorder_) recorder_->after_step(s.step);
+  if (recorder_) recorder_->after_step(s.step, s.lr);
   const int64_t prefix = frozen_layers();
   const double prefix_flops = prefix_share(unit_flops_);
   count_down_settling();

@@ -32,7 +32,8 @@ void SmartFrzRecorder::offer_probe(const Tensor& x, const Tensor& x2) {
   if (x2.defined()) probe_x2_ = x2.slice(0, n).clone();
 }
 
-void SmartFrzRecorder::after_step(int64_t step) {
+void SmartFrzRecorder::after_step(int64_t step, double lr) {
+  lr_sum_ += lr, ++lr_steps_;
   if (step % every_ != 0 || !has_probe()) return;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t u = 0; u < weights_.size(); ++u) {
@@ -65,6 +66,8 @@ void SmartFrzRecorder::after_step(int64_t step) {
   }
   m_.train(was_training);
   steps_.push_back(step);
+  lrs_.push_back(float(lr_sum_ / double(lr_steps_)));
+  lr_sum_ = 0, lr_steps_ = 0;
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -72,8 +75,10 @@ void SmartFrzRecorder::save(std::map<std::string, Tensor>& t) const {
   const int64_t r = records(), p = has_probe() ? probe_x_.size(0) : 0;
   if (has_probe()) t["smartfrz_record/probe_x"] = probe_x_.to(Device::cpu());
   if (probe_x2_.defined()) t["smartfrz_record/probe_x2"] = probe_x2_.to(Device::cpu());
+  t["smartfrz_record/lr_since"] = Tensor::from_vector(std::vector<double>{lr_sum_, double(lr_steps_)}, {2});
   if (r == 0) return;
   t["smartfrz_record/steps"] = Tensor::from_vector(steps_, {r});
+  if (lrs_complete_) t["smartfrz_record/lrs"] = Tensor::from_vector(lrs_, {r});
   for (size_t u = 0; u < weights_.size(); ++u) {
     t["smartfrz_record/weights/" + std::to_string(u)] = Tensor::from_vector(weights_[u], {r, tailored_.tailor()});
     t["smartfrz_record/grams/" + std::to_string(u)] = Tensor::from_vector(grams_[u], {r, p, p});
@@ -87,11 +92,27 @@ void SmartFrzRecorder::load(const std::map<std::string, Tensor>& t) {
   probe_x_ = it->second.to(d);
   if (auto j = t.find("smartfrz_record/probe_x2"); j != t.end()) probe_x2_ = j->second.to(d);
   steps_.clear();
+  lrs_.clear();
+  lrs_complete_ = true;
   for (auto& w : weights_) w.clear();
   for (auto& g : grams_) g.clear();
+  lr_sum_ = 0, lr_steps_ = 0;
+  if (auto l = t.find("smartfrz_record/lr_since"); l != t.end()) {
+    const std::vector<double> v = l->second.to_vector<double>();
+    EG_CHECK(v.size() == 2, "--smartfrz-record: the checkpoint's lr_since is malformed");
+    lr_sum_ = v[0], lr_steps_ = int64_t(v[1]);
+  }
   auto s = t.find("smartfrz_record/steps");
   if (s == t.end()) return;
   steps_ = s->second.to_vector<int64_t>();
+  // A checkpoint of an egeria before the LRs were recorded: the file will have none (and
+  // a predictor of input movement-per-lr cannot be trained from it, smartfrz_train.cpp).
+  lrs_complete_ = t.count("smartfrz_record/lrs") > 0;
+  if (lrs_complete_) {
+    lrs_ = t.at("smartfrz_record/lrs").to_vector<float>();
+    EG_CHECK(lrs_.size() == steps_.size(), "--smartfrz-record: the checkpoint's records have ", steps_.size(),
+             " steps and ", lrs_.size(), " learning rates");
+  }
   for (size_t u = 0; u < weights_.size(); ++u) {
     const std::string k = std::to_string(u);
     EG_CHECK(t.count("smartfrz_record/weights/" + k) && t.count("smartfrz_record/grams/" + k),
@@ -106,7 +127,7 @@ void SmartFrzRecorder::write(const std::string& path) const {
   save(t);
   std::map<std::string, Tensor> out;
   for (auto& [k, v] : t)
-    if (k.rfind("smartfrz_record/probe", 0) != 0) out[k.substr(16)] = v;
+    if (k.rfind("smartfrz_record/probe", 0) != 0 && k != "smartfrz_record/lr_since") out[k.substr(16)] = v;
   auto meta = meta_;
   meta["format"] = kSmartFrzRecordsFormat;
   meta["tailor"] = std::to_string(tailored_.tailor());

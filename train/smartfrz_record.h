@@ -6,7 +6,8 @@
 // test split), run in eval mode under no-grad. At the end the run's folder gets
 // smartfrz-records.safetensors: "weights/U" [R, tailor], "grams/U" [R, probe, probe],
 // "steps" [R], and in its metadata the model, the units, the run's length and whether it
-// started from pretrained weights. bench/train_smartfrz_predictor.py turns such files
+// started from pretrained weights; "lrs" [R], record t's the mean LR of the steps since
+// record t - 1 (Note [SmartFRZ's predictor input]). bench/train_smartfrz_predictor.py turns such files
 // into the predictor (train/smartfrz_train.h). A checkpoint holds what was recorded so
 // far, so a resumed run writes the uninterrupted run's file.
 #pragma once
@@ -31,7 +32,7 @@ class SmartFrzRecorder {
   // The step's inputs (x2: a Transformer's target input ids): the first call's first
   // `probe` samples become the probe batch.
   void offer_probe(const Tensor& x, const Tensor& x2);
-  void after_step(int64_t step);
+  void after_step(int64_t step, double lr);
   int64_t records() const { return int64_t(steps_.size()); }
   double seconds() const { return seconds_; }
   void save(std::map<std::string, Tensor>& tensors) const;  // under "smartfrz_record/"
@@ -46,6 +47,10 @@ class SmartFrzRecorder {
   std::map<std::string, std::string> meta_;
   Tensor probe_x_, probe_x2_;
   std::vector<int64_t> steps_;
+  std::vector<float> lrs_;  // a record each
+  bool lrs_complete_ = true;  // false: resumed from a checkpoint of records without them
+  double lr_sum_ = 0;  // the steps' LRs since the last record
+  int64_t lr_steps_ = 0;
   std::vector<std::vector<float>> weights_, grams_;  // a unit each, records appended
   double seconds_ = 0;
 };

@@ -24,6 +24,7 @@ struct Run {
   int64_t records = 0, tailor = 0;
   std::vector<std::string> units;
   std::vector<std::vector<float>> weights;  // a unit each: records x tailor
+  std::vector<float> lrs;  // a record each; empty in files of an egeria before they were recorded
   std::vector<std::vector<double>> cka;  // a unit each: a value per record
   std::vector<int64_t> freeze_from;  // a unit each: its first "freeze" record (records: never)
 };
@@ -54,6 +55,11 @@ Run read_run(const std::string& file, double tolerance) {
   r.units = json::parse(meta.at("units")).get<std::vector<std::string>>();
   EG_CHECK(t.count("steps"), "smartfrz-train: ", file, " holds no records (a run shorter than its record interval?)");
   r.records = t.at("steps").size(0);
+  if (t.count("lrs")) {
+    r.lrs = t.at("lrs").to_vector<float>();
+    EG_CHECK(int64_t(r.lrs.size()) == r.records, "smartfrz-train: ", file, ": ", r.lrs.size(), " learning rates for ",
+             r.records, " records");
+  }
   for (size_t u = 0; u < r.units.size(); ++u) {
     const Tensor& w = t.at("weights/" + std::to_string(u));
     const Tensor& g = t.at("grams/" + std::to_string(u));
@@ -77,37 +83,45 @@ Run read_run(const std::string& file, double tolerance) {
   return r;
 }
 
-Tensor window_features(const Run& r, const Sample& s, int64_t window, double gain) {
-  const int64_t t = r.tailor;
+// How a sample's window becomes the predictor's input.
+struct Features {
+  int64_t window;
+  double gain;
+  freeze::SmartFrzInput input;
+};
+
+Tensor window_features(const Run& r, const Sample& s, const Features& f) {
+  const int64_t t = r.tailor, first = s.t - f.window + 1;
   const std::vector<float>& w = r.weights[s.unit];
-  std::vector<float> rows(w.begin() + (s.t - window + 1) * t, w.begin() + (s.t + 1) * t);
-  return freeze::smartfrz_features(Tensor::from_vector(rows, {window, t}), gain);
+  std::vector<float> rows(w.begin() + first * t, w.begin() + (s.t + 1) * t), lrs;
+  if (f.input == freeze::SmartFrzInput::movement_per_lr) lrs.assign(r.lrs.begin() + first, r.lrs.begin() + s.t + 1);
+  return freeze::smartfrz_features(Tensor::from_vector(rows, {f.window, t}), f.gain, lrs);
 }
 
-Tensor batch_of(const std::vector<Run>& runs, const std::vector<Sample>& s, size_t begin, size_t end, int64_t window,
-                double gain, Tensor* labels) {
+Tensor batch_of(const std::vector<Run>& runs, const std::vector<Sample>& s, size_t begin, size_t end, const Features& f,
+                Tensor* labels) {
   const int64_t t = runs[s[begin].run].tailor, b = int64_t(end - begin);
   std::vector<float> all;
-  all.reserve(size_t(b * window * t));
+  all.reserve(size_t(b * f.window * t));
   std::vector<int64_t> y;
   for (size_t i = begin; i < end; ++i) {
-    const std::vector<float> f = window_features(runs[s[i].run], s[i], window, gain).to_vector<float>();
-    all.insert(all.end(), f.begin(), f.end());
+    const std::vector<float> v = window_features(runs[s[i].run], s[i], f).to_vector<float>();
+    all.insert(all.end(), v.begin(), v.end());
     y.push_back(s[i].label);
   }
   if (labels) *labels = Tensor::from_vector(y, {b});
-  return Tensor::from_vector(all, {b, window, t});
+  return Tensor::from_vector(all, {b, f.window, t});
 }
 
 // Precision and recall of "freeze" at P >= 0.5 and at stricter thresholds
 // (--smartfrz-threshold: a false freeze costs accuracy, a missed one only time).
-json scores(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, const std::vector<Sample>& s, int64_t window,
-            double gain, int64_t batch) {
+json scores(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, const std::vector<Sample>& s, const Features& f,
+            int64_t batch) {
   static const double kThresholds[] = {0.5, 0.7, 0.8, 0.9, 0.95, 0.99};
   std::vector<double> prob;
   for (size_t i = 0; i < s.size(); i += size_t(batch)) {
     const size_t end = std::min(s.size(), i + size_t(batch));
-    const auto pb = p.freeze_probability(batch_of(runs, s, i, end, window, gain, nullptr));
+    const auto pb = p.freeze_probability(batch_of(runs, s, i, end, f, nullptr));
     prob.insert(prob.end(), pb.begin(), pb.end());
   }
   auto at = [&](double thr) {
@@ -138,7 +152,7 @@ json scores(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, const st
 // Trains p on `train` (shuffled every epoch from o.seed) with AdamW and cross-entropy;
 // the mean loss of each epoch.
 json fit(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, std::vector<Sample> train,
-         const SmartFrzTrainOptions& o, double gain) {
+         const SmartFrzTrainOptions& o, const Features& f) {
   p.train();
   optim::AdamW opt(p.parameters(), o.lr);
   std::mt19937_64 shuffle(o.seed);
@@ -150,7 +164,7 @@ json fit(freeze::SmartFrzPredictor& p, const std::vector<Run>& runs, std::vector
     for (size_t i = 0; i < train.size(); i += size_t(o.batch_size)) {
       const size_t end = std::min(train.size(), i + size_t(o.batch_size));
       Tensor y;
-      const Tensor x = batch_of(runs, train, i, end, o.window, gain, &y);
+      const Tensor x = batch_of(runs, train, i, end, f, &y);
       opt.zero_grad();
       const Tensor loss = fn::cross_entropy(p.forward(x), y);
       autograd::backward({loss});
@@ -203,6 +217,9 @@ json train_smartfrz_predictor(const SmartFrzTrainOptions& o) {
              runs[0].file, " ", tailor);
     EG_CHECK(run.records >= o.window, "smartfrz-train: ", run.file, " has ", run.records,
              " records, fewer than a window (", o.window, ")");
+    EG_CHECK(o.geometry.input == freeze::SmartFrzInput::movement || !run.lrs.empty(), "smartfrz-train: ", run.file,
+             " holds no learning rates (recorded by an egeria before they were), and --input movement-per-lr needs "
+             "them: record the run again");
     const bool out = !o.hold_out.empty() && run.model == o.hold_out;
     int64_t pos = 0, n = 0;
     for (size_t u = 0; u < run.units.size(); ++u)
@@ -233,7 +250,7 @@ json train_smartfrz_predictor(const SmartFrzTrainOptions& o) {
   double ss = 0;
   int64_t cnt = 0;
   for (size_t i = 0; i < train.size(); i += std::max<size_t>(1, train.size() / 256)) {
-    for (float v : window_features(runs[train[i].run], train[i], o.window, 1.0).to_vector<float>())
+    for (float v : window_features(runs[train[i].run], train[i], {o.window, 1.0, o.geometry.input}).to_vector<float>())
       ss += double(v) * v, ++cnt;
   }
   const double rms = cnt ? std::sqrt(ss / double(cnt)) : 0.0;
@@ -241,16 +258,18 @@ json train_smartfrz_predictor(const SmartFrzTrainOptions& o) {
   g.tailor = tailor;
   g.window = o.window;
   g.gain = rms > 0 ? 1.0 / rms : 1.0;
+  const Features f{o.window, g.gain, g.input};
 
   Generator gen(o.seed);
   freeze::SmartFrzPredictor p(g, gen);
   const auto t0 = std::chrono::steady_clock::now();
-  const json history = fit(p, runs, train, o, g.gain);
+  const json history = fit(p, runs, train, o, f);
   p.eval();
-  json r = {{"train", scores(p, runs, train, o.window, g.gain, o.batch_size)},
+  json r = {{"train", scores(p, runs, train, f, o.batch_size)},
             {"history", history},
             {"train_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
             {"gain", g.gain},
+            {"input", freeze::smartfrz_input_name(g.input)},
             {"window", o.window},
             {"tailor", tailor},
             {"cka_tolerance", o.cka_tolerance},
@@ -258,8 +277,7 @@ json train_smartfrz_predictor(const SmartFrzTrainOptions& o) {
             {"epochs", o.epochs},
             {"parameters", p.num_parameters()},
             {"runs", runs_json}};
-  if (!held.empty())
-    r["held_out"] = {{"model", o.hold_out}, {"scores", scores(p, runs, held, o.window, g.gain, o.batch_size)}};
+  if (!held.empty()) r["held_out"] = {{"model", o.hold_out}, {"scores", scores(p, runs, held, f, o.batch_size)}};
   if (!o.out.empty()) {
     auto meta = g.to_metadata();
     json from = json::array();
