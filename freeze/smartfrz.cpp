@@ -40,10 +40,16 @@ const char* smartfrz_input_name(SmartFrzInput i) {
   return i == SmartFrzInput::movement ? "movement" : "movement-per-lr";
 }
 
-SmartFrzInput parse_smartfrz_input(const std::string& name) {
+std::optional<SmartFrzInput> find_smartfrz_input(const std::string& name) {
   if (name == "movement") return SmartFrzInput::movement;
   if (name == "movement-per-lr") return SmartFrzInput::movement_per_lr;
-  EG_THROW("SmartFRZ predictor input '", name, "' is not one of movement, movement-per-lr");
+  return std::nullopt;
+}
+
+SmartFrzInput parse_smartfrz_input(const std::string& name) {
+  const auto i = find_smartfrz_input(name);
+  EG_CHECK(i, "SmartFRZ predictor input '", name, "' is not one of movement, movement-per-lr");
+  return *i;
 }
 
 std::map<std::string, std::string> SmartFrzGeometry::to_metadata() const {
@@ -72,9 +78,10 @@ SmartFrzGeometry SmartFrzGeometry::from_metadata(const std::map<std::string, std
   if (v2) {
     auto in = meta.find("input");
     EG_CHECK(in != meta.end(), "SmartFRZ predictor ", file, ": format 2 and its metadata has no 'input'");
-    EG_CHECK(in->second == "movement" || in->second == "movement-per-lr", "SmartFRZ predictor ", file, ": its input '",
-             in->second, "' is not one of movement, movement-per-lr (written by a newer egeria?)");
-    g.input = parse_smartfrz_input(in->second);
+    const auto input = find_smartfrz_input(in->second);
+    EG_CHECK(input, "SmartFRZ predictor ", file, ": its input '", in->second,
+             "' is not one of movement, movement-per-lr (written by a newer egeria?)");
+    g.input = *input;
   }
   g.tailor = meta_int(meta, "tailor", file);
   g.hidden = meta_int(meta, "hidden", file);

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@ namespace eg::freeze {
 // What the predictor reads (Note [SmartFRZ's predictor input]).
 enum class SmartFrzInput { movement, movement_per_lr };
 const char* smartfrz_input_name(SmartFrzInput i);
+std::optional<SmartFrzInput> find_smartfrz_input(const std::string& name);  // nullopt: no such input
 SmartFrzInput parse_smartfrz_input(const std::string& name);  // a named error for another name
 
 // The predictor's shape and how its input is made: in its file's metadata.
